@@ -1,0 +1,178 @@
+"""The Backend protocol: the small set of primitive ops every backend implements.
+
+Everything else (softmax, gelu, layer norm, conv2d, pooling, cross-entropy, ...) is composed
+from these in the tensor layer (`cinders.tensor`, `cinders.functional`), once, for all backends.
+
+Handles
+-------
+A backend stores tensor data in *handles* of its own type (a NumPy array, an `array`-backed
+buffer, a GPU buffer view...). Handles are opaque to the tensor layer. Every handle knows its
+own shape and dtype (`backend.shape(h)`, `backend.dtype(h)`), but the tensor layer tracks both
+too and has validated every call before it reaches the backend, so a primitive may assume:
+
+* shapes fit (same ndim for binary/where/matmul operands, each dim equal or 1 for broadcasting;
+  negative axes already normalised; slice bounds already clipped);
+* dtypes fit (both operands of a binary op share one dtype; `matmul` gets float32);
+* all handles belong to this backend.
+
+Backends never raise ShapeError/DTypeError themselves for these cases; the tensor layer does,
+with a message naming the op. A backend may raise for genuine device limits (buffer too large).
+
+Dtypes are `cinders.dtypes.float32 | int32 | bool_`. Bool tensors hold 0/1 (True/False).
+
+Primitive ops (the whole list)
+------------------------------
+creation/reading
+    from_flat(values, shape, dtype)     values: flat row-major sequence of Python numbers
+    full(shape, value, dtype)
+    random(shape, distribution, seed, dtype)  "uniform" [0,1) or "normal" (0,1); see RANDOM below
+    to_flat(h) -> list                  flat row-major Python list (ints for int32/bool, floats)
+elementwise
+    unary(op, x)          op in UNARY_OPS; result dtype = x's (logical_not: bool)
+    binary(op, a, b)      op in BINARY_OPS; numpy broadcasting between same-ndim shapes;
+                          result dtype = operands' dtype, bool for COMPARISON_OPS
+    where(cond, a, b)     cond bool; broadcasting like binary; result dtype = a's
+    cast(x, dtype)        float->int truncates toward zero; anything->bool is x != 0
+reductions (one axis; the tensor layer loops for several and flattens for axis=None)
+    reduce(op, x, axis, keepdim)  op in REDUCE_OPS; argmax/argmin -> int32, first occurrence;
+                          max/min propagate NaN; sum of an empty axis is 0, prod is 1
+                          (the tensor layer rejects max/min/argmax/argmin over an empty axis)
+linear algebra
+    matmul(a, b)          a (..., M, K), b (..., K, N), same ndim >= 2, batch dims broadcast
+movement (may return views; results must never alias data that a later op mutates)
+    reshape(x, shape)     same number of elements
+    permute(x, dims)
+    expand(x, shape)      same ndim; dims of size 1 grow
+    slice(x, starts, stops, steps)  one (start, stop, step) per dim, 0 <= start <= stop, step >= 1
+    cat(xs, axis)         all same ndim and dtype, equal except along axis
+    pad(x, pads, value)   pads: ((before, after), ...) per dim, each >= 0; constant value
+indexing
+    gather(x, axis, index)          torch.gather: index int32, same ndim as x,
+                                    index.shape[d] <= x.shape[d] for d != axis
+    scatter_add(x, axis, index, src)  copy of x with src[i] added at index (torch.scatter_add);
+                                    the backward of gather
+images (NCHW; what conv2d and the pools are composed from)
+    unfold2d(x, kernel, stride, padding, dilation, pad_value)
+                          x (N, C, H, W) -> (N, C*kh*kw, OH*OW), like torch.nn.functional.unfold
+                          but padded with pad_value (0 for conv, -inf for max pooling)
+    fold2d(cols, size, kernel, stride, padding, dilation)
+                          the adjoint of unfold2d (col2im, overlapping entries summed);
+                          size = (H, W) of the image; cols (N, C*kh*kw, L) -> (N, C, H, W)
+
+Synchronisation
+---------------
+`to_flat` is the only point where a backend must wait for its device. Asynchronous backends
+also offer `async to_flat_async(h)` (the browser cannot block). Backends may implement
+`memory_stats()` and `synchronize()`.
+
+Composite overrides
+-------------------
+A backend may provide a fused kernel for a composite op by defining a method named
+`fused_<name>` (e.g. `fused_gelu(x)`); the tensor layer uses it when present and the tensor
+does not need gradients.
+
+RANDOM (identical numbers on every backend)
+-------------------------------------------
+A counter-based generator, so that Python, NumPy, WGSL and MicroPython draw the same values:
+    hash32(x): x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16
+               (all mod 2**32)
+    key      = hash32(seed mod 2**32)
+    bits(i)  = hash32((i mod 2**32) ^ key)
+    uniform_i = (bits(i) >> 8) * 2**-24                               in [0, 1)
+    normal_i  = sqrt(-2 ln(1 - u(2i))) * cos(2 pi u(2i+1))           (Box-Muller, u = uniform)
+`reference_random` below is the executable definition that backends are tested against.
+"""
+
+import math
+
+UNARY_OPS = (
+    "neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "erf", "abs",
+    "floor", "ceil", "round", "logical_not",
+)
+COMPARISON_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+BINARY_OPS = (
+    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod",
+    "logical_and", "logical_or",
+) + COMPARISON_OPS
+REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
+
+PRIMITIVES = (
+    "from_flat", "full", "random", "to_flat",
+    "unary", "binary", "where", "cast",
+    "reduce", "matmul",
+    "reshape", "permute", "expand", "slice", "cat", "pad",
+    "gather", "scatter_add",
+    "unfold2d", "fold2d",
+)
+
+# Semantics that are easy to get wrong, fixed once here for every backend:
+#   div        true division (the tensor layer casts int operands to float32 first)
+#   floordiv   floor(a / b) (Python semantics, rounds toward -inf); int: floordiv by 0 -> 0
+#   mod        a - floor(a / b) * b, sign of b (Python semantics); int: mod by 0 -> 0
+#   round      half to even (like NumPy and PyTorch)
+#   pow        float only (the tensor layer casts)
+
+
+class Backend:
+    """Base class: documents the protocol and gives the shared helpers.
+
+    Subclasses implement every name in PRIMITIVES. Two backend instances are the same device
+    when their `device_key()` are equal; tensors of different devices never mix.
+    """
+
+    name = "backend"
+
+    def device_key(self):
+        """Hashable identity of the device this backend computes on."""
+        return (type(self).__name__,)
+
+    def __eq__(self, other):
+        return isinstance(other, Backend) and self.device_key() == other.device_key()
+
+    def __hash__(self):
+        return hash(self.device_key())
+
+    def __repr__(self):
+        return "cn.%s()" % type(self).__name__
+
+    # A decorator backend (Autodiff, Fusion) exposes what it wraps; base backends return None.
+    @property
+    def inner(self):
+        return None
+
+    def synchronize(self):
+        """Wait for queued work. CPU backends compute eagerly, so there is nothing to wait for."""
+
+    def shape(self, h):
+        raise NotImplementedError
+
+    def dtype(self, h):
+        raise NotImplementedError
+
+
+def _hash32(x):
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def reference_random(n, distribution, seed):
+    """The first n values of the RANDOM generator above, as Python floats."""
+    key = _hash32(seed)
+
+    def uniform(i):
+        return (_hash32((i & 0xFFFFFFFF) ^ key) >> 8) * (1.0 / 16777216.0)
+
+    if distribution == "uniform":
+        return [uniform(i) for i in range(n)]
+    if distribution == "normal":
+        out = []
+        for i in range(n):
+            u1, u2 = uniform(2 * i), uniform(2 * i + 1)
+            out.append(math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2))
+        return out
+    raise ValueError("unknown distribution %r: use 'uniform' or 'normal'" % (distribution,))

@@ -1,0 +1,1 @@
+"""Base backends: cn.Python() (pure Python, runs anywhere) and cn.NumPy() (desktop CPU)."""

@@ -1,0 +1,3 @@
+"""Ready-made model definitions. Each file is written in the MicroPython subset (no annotations,
+no dataclasses) and imports only `cinders.nn`, so the same file runs on the desktop, in the
+browser and on a board (`cinders export-micro` copies it as model.py)."""
