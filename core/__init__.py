@@ -9,3 +9,31 @@ __version__ = "0.1.0"
 from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bool, like torch.bool)
 from .errors import CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError
 from .backend import Backend
+from .tensor import (
+    Tensor, default_backend, set_default_backend, tensor, full, zeros, ones, zeros_like, ones_like,
+    arange, eye, random, manual_seed, matmul, where, maximum, minimum, cat, pad, unfold2d,
+)
+from .functional import (
+    sigmoid, relu, gelu, softmax, log_softmax, mean, clamp, stack, one_hot,
+    conv2d, max_pool2d, avg_pool2d,
+)
+from . import functional
+from .autodiff import Autodiff, Gradients, no_grad, is_grad_enabled
+from . import nn, optim
+from .profile import profile
+
+# Backends load on first use: NumPy is optional (Pyodide runs without it), so `import cinders`
+# must not import it. Later backends add their `name: module` entry here.
+_LAZY_BACKENDS = {
+    "NumPy": ".backends.numpy_backend",
+    "Python": ".backends.python_backend",
+    "Wgpu": ".wgpu",
+}
+
+
+def __getattr__(name):
+    module = _LAZY_BACKENDS.get(name)
+    if module is None:
+        raise AttributeError("module 'cinders' has no attribute %r" % (name,))
+    import importlib
+    return getattr(importlib.import_module(module, __name__), name)

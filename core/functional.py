@@ -1,0 +1,187 @@
+"""Composite ops, each composed once from Tensor methods (which call backend primitives only).
+
+Because nothing here touches a handle, a decorator backend (Autodiff, Fusion) sees only
+primitives and differentiates / fuses every composite for free. A backend may still replace a
+composite by a kernel of its own: `fused_<name>(handle, *args)` returning a handle of the
+composite's shape and dtype (see core/backend.py, "Composite overrides").
+"""
+
+import math
+
+from .dtypes import float32, int32, bool_
+from .errors import ShapeError, DTypeError
+from .tensor import Tensor, _axis, _axes, _numel, arange, cat, full, unfold2d, window_args
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+def _fused(name, x, *args):
+    """The backend's fused kernel for `name` applied to x, or None when it has none."""
+    kernel = getattr(x.backend, "fused_" + name, None)
+    if kernel is None:
+        return None
+    return Tensor(x.backend, kernel(x.handle, *args), x.shape, x.dtype)
+
+
+def _float(op, x):
+    if not isinstance(x, Tensor):
+        raise TypeError("%s: expected a Tensor, got %s" % (op, type(x).__name__))
+    return x if x.dtype is float32 else x.cast(float32)
+
+
+# -- activations ---------------------------------------------------------------------------------
+
+def sigmoid(x):
+    x = _float("sigmoid", x)
+    fused = _fused("sigmoid", x)
+    return fused if fused is not None else 1.0 / (1.0 + (-x).exp())
+
+
+def relu(x):
+    if x.dtype is bool_:
+        raise DTypeError("relu: not defined for bool tensors")
+    return x.maximum(0)
+
+
+def gelu(x):
+    """The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
+    x = _float("gelu", x)
+    fused = _fused("gelu", x)
+    return fused if fused is not None else x * 0.5 * (1.0 + (x * _INV_SQRT2).erf())
+
+
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along axis, stable: the row max is subtracted first."""
+    x = _float("softmax", x)
+    axis = _axis("softmax", axis, x.ndim, x.shape)
+    fused = _fused("softmax", x, axis)
+    if fused is not None:
+        return fused
+    e = (x - x.max(axis, keepdim=True)).exp()
+    return e / e.sum(axis, keepdim=True)
+
+
+def log_softmax(x, axis=-1):
+    """x - logsumexp(x) along axis, stable: the row max is subtracted first."""
+    x = _float("log_softmax", x)
+    axis = _axis("log_softmax", axis, x.ndim, x.shape)
+    fused = _fused("log_softmax", x, axis)
+    if fused is not None:
+        return fused
+    z = x - x.max(axis, keepdim=True)
+    return z - z.exp().sum(axis, keepdim=True).log()
+
+
+# -- reductions and clamping -------------------------------------------------------------------
+
+def mean(x, axis=None, keepdim=False):
+    x = _float("mean", x)
+    if axis is None or x.ndim == 0:
+        count = _numel(x.shape)
+    else:
+        count = _numel(x.shape[a] for a in _axes("mean", axis, x.shape))
+    total = x.sum(axis, keepdim)
+    return total / float(count)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002  (torch's names)
+    """Elementwise min(max(x, min), max); NaN stays NaN."""
+    if min is None and max is None:
+        raise ValueError("clamp: give min, max or both")
+    if min is not None:
+        x = x.maximum(min)
+    if max is not None:
+        x = x.minimum(max)
+    return x
+
+
+# -- building tensors --------------------------------------------------------------------------
+
+def stack(tensors, axis=0):
+    """Join same-shape tensors along a new axis."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: needs at least one tensor")
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.shape != first.shape:
+            raise ShapeError("stack: shapes %s and %s differ" % (first.shape, t.shape))
+    a = _axis("stack", axis, first.ndim + 1, first.shape)
+    return cat([t.unsqueeze(a) for t in tensors], a)
+
+
+def one_hot(indices, num_classes, dtype=int32):
+    """(...,) int32 class indices -> (..., num_classes); an index outside [0, num_classes) gives a
+    row of zeros."""
+    if not isinstance(indices, Tensor) or indices.dtype is not int32:
+        raise DTypeError("one_hot: indices must be an int32 Tensor, got %r" % (getattr(indices, "dtype", indices),))
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError("one_hot: num_classes must be a positive int, got %r" % (num_classes,))
+    classes = arange(num_classes, backend=indices.backend)
+    return (indices.unsqueeze(-1) == classes).cast(dtype)
+
+
+# -- images (NCHW) ---------------------------------------------------------------------------------
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D cross-correlation like torch.nn.functional.conv2d: x (N, C, H, W), weight
+    (O, C/groups, kh, kw), bias (O,). Composed as unfold2d + one batched matmul over groups."""
+    x._same_device("conv2d", weight)
+    if x.dtype is not float32 or weight.dtype is not float32:
+        raise DTypeError("conv2d: needs float32 input and weight, got %r and %r" % (x.dtype, weight.dtype))
+    if weight.ndim != 4 or x.ndim != 4:
+        raise ShapeError("conv2d: needs input (N, C, H, W) and weight (O, C/groups, kh, kw), got shapes "
+                         "%s and %s" % (x.shape, weight.shape))
+    n, c = x.shape[0], x.shape[1]
+    o, cg, kh, kw = weight.shape
+    if not isinstance(groups, int) or groups < 1 or c % groups or o % groups or c // groups != cg:
+        raise ShapeError("conv2d: input shape %s and weight shape %s do not fit groups=%r "
+                         "(need C == weight.shape[1] * groups and O divisible by groups)"
+                         % (x.shape, weight.shape, groups))
+    _, _, _, _, (oh, ow) = window_args("conv2d", x.shape, (kh, kw), stride, padding, dilation)
+    cols = unfold2d(x, (kh, kw), stride, padding, dilation)          # (N, C*kh*kw, L)
+    cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
+    w = weight.reshape(1, groups, o // groups, cg * kh * kw)
+    out = (w @ cols).reshape(n, o, oh, ow)
+    if bias is not None:
+        if bias.shape != (o,):
+            raise ShapeError("conv2d: bias shape %s does not fit weight shape %s (need (%d,))"
+                             % (bias.shape, weight.shape, o))
+        out = out + bias.reshape(1, o, 1, 1)
+    return out
+
+
+def _pool_args(op, x, kernel_size, stride, padding, dilation=1):
+    if x.dtype is not float32:
+        raise DTypeError("%s: needs a float32 input, got %r" % (op, x.dtype))
+    kernel, stride, padding, dilation, out_hw = window_args(
+        op, x.shape, kernel_size, kernel_size if stride is None else stride, padding, dilation)
+    if padding[0] * 2 > kernel[0] or padding[1] * 2 > kernel[1]:
+        raise ShapeError("%s: padding %s must be at most half the kernel %s" % (op, padding, kernel))
+    return kernel, stride, padding, dilation, out_hw
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1):
+    """Max over each window (stride defaults to the kernel size; padding counts as -inf)."""
+    kernel, stride, padding, dilation, (oh, ow) = _pool_args("max_pool2d", x, kernel_size, stride,
+                                                            padding, dilation)
+    n, c = x.shape[0], x.shape[1]
+    cols = unfold2d(x, kernel, stride, padding, dilation, pad_value=-math.inf)
+    return cols.reshape(n, c, kernel[0] * kernel[1], oh * ow).max(2).reshape(n, c, oh, ow)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
+    """Mean over each window (stride defaults to the kernel size). With count_include_pad=False
+    border windows divide by the number of real pixels they cover."""
+    kernel, stride, padding, _, (oh, ow) = _pool_args("avg_pool2d", x, kernel_size, stride, padding)
+    n, c = x.shape[0], x.shape[1]
+    cols = unfold2d(x, kernel, stride, padding).reshape(n, c, kernel[0] * kernel[1], oh * ow)
+    if count_include_pad or padding == (0, 0):
+        return cols.mean(2).reshape(n, c, oh, ow)
+    ones = full((1, 1) + x.shape[2:], 1.0, backend=x.backend, dtype=float32)
+    counts = unfold2d(ones, kernel, stride, padding).sum(1)          # (1, L) real pixels per window
+    return (cols.sum(2) / counts).reshape(n, c, oh, ow)
+
+
+__all__ = ["sigmoid", "relu", "gelu", "softmax", "log_softmax", "mean", "clamp", "stack", "one_hot",
+           "conv2d", "max_pool2d", "avg_pool2d"]

@@ -1,0 +1,1143 @@
+"""cinders.Tensor: shapes, broadcasting, dtype rules and errors, in pure Python.
+
+A Tensor is (backend, handle, shape, dtype). Every method validates its arguments here, raising
+ShapeError / DTypeError / DeviceError with the op's name, and only then calls one backend
+primitive (see core/backend.py) with exactly what the protocol promises. Composite ops (softmax,
+gelu, conv2d, ...) live in core/functional.py and are built from these methods only, so a
+decorator backend such as Autodiff sees nothing but primitives.
+"""
+
+import math
+
+from . import dtypes
+from .dtypes import float32, int32, bool_
+from .errors import ShapeError, DTypeError, DeviceError, NotDifferentiableError
+
+_FLOAT_UNARY = ("exp", "log", "sqrt", "sin", "cos", "tanh", "erf")
+_ARITHMETIC = ("add", "sub", "mul", "floordiv", "mod")
+_COMPARISON = ("eq", "ne", "lt", "le", "gt", "ge")
+# The Python number a backend receives for a value of each dtype (bool tensors hold 0/1).
+_PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0}
+
+# ---------------------------------------------------------------------------------------------
+# default backend
+
+
+_default_backend = None
+
+
+def default_backend():
+    """The backend used wherever `backend=` is omitted: NumPy when it imports, else Python."""
+    global _default_backend
+    if _default_backend is None:
+        try:
+            from .backends.numpy_backend import NumPy
+            _default_backend = NumPy()
+        except ImportError:  # Pyodide without NumPy, MicroPython-like environments
+            from .backends.python_backend import Python
+            _default_backend = Python()
+    return _default_backend
+
+
+def set_default_backend(backend):
+    """Make `backend` the default for every later creation call that omits `backend=`."""
+    global _default_backend
+    if not hasattr(backend, "from_flat"):
+        raise TypeError("set_default_backend: %r is not a backend" % (backend,))
+    _default_backend = backend
+
+
+# ---------------------------------------------------------------------------------------------
+# shape helpers (pure functions on tuples)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _broadcast_shapes(op, sa, sb):
+    if sa == sb:
+        return sa
+    n = max(len(sa), len(sb))
+    pa = (1,) * (n - len(sa)) + sa
+    pb = (1,) * (n - len(sb)) + sb
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ShapeError("%s: shapes %s and %s do not broadcast (dim %d: %d vs %d)"
+                             % (op, sa, sb, i - n, x, y))
+    return tuple(out)
+
+
+def _axis(op, axis, ndim, shape):
+    if not isinstance(axis, int):
+        raise TypeError("%s: axis must be an int, got %r" % (op, axis))
+    a = axis + ndim if axis < 0 else axis
+    if not 0 <= a < ndim:
+        raise ShapeError("%s: axis %d out of range for shape %s" % (op, axis, shape))
+    return a
+
+
+def _axes(op, axis, shape):
+    """An int or a tuple of axes, normalised, checked for repeats, in descending order."""
+    if isinstance(axis, int):
+        return (_axis(op, axis, len(shape), shape),)
+    axes = tuple(sorted({_axis(op, a, len(shape), shape) for a in axis}, reverse=True))
+    if len(axes) != len(axis):
+        raise ShapeError("%s: repeated axis in %r for shape %s" % (op, tuple(axis), shape))
+    return axes
+
+
+def _shape_arg(op, args):
+    """zeros(2, 3), zeros((2, 3)) and zeros([2, 3]) all mean shape (2, 3)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = args[0]
+    shape = tuple(args)
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise ShapeError("%s: shape %r must be non-negative ints" % (op, shape))
+    return shape
+
+
+def _check_dtype(op, dtype):
+    if isinstance(dtype, str):
+        dtype = dtypes.from_name(dtype)
+    if dtype not in dtypes.COMPUTE_DTYPES:
+        raise DTypeError("%s: tensors compute in float32, int32 or bool, not %r" % (op, dtype))
+    return dtype
+
+
+_scalar_cache = {}
+
+
+def _scalar(backend, value, dtype, ndim):
+    """A handle holding `value` with shape (1,) * ndim, cached for base backends: handles are
+    never mutated while another reference exists, so one constant serves every op."""
+    # Decorators (Autodiff, Fusion) may attach state to handles; -0.0 == 0.0 would share a key.
+    if backend.inner is not None or (value == 0 and isinstance(value, float)):
+        return backend.full((1,) * ndim, _PY_TYPE[dtype](value), dtype)
+    key = (id(backend), value, type(value), dtype, ndim)
+    hit = _scalar_cache.get(key)
+    if hit is not None and hit[0] is backend:
+        return hit[1]
+    if len(_scalar_cache) > 512:
+        _scalar_cache.clear()
+    handle = backend.full((1,) * ndim, _PY_TYPE[dtype](value), dtype)
+    _scalar_cache[key] = (backend, handle)
+    return handle
+
+
+# ---------------------------------------------------------------------------------------------
+# the Tensor
+
+
+class Tensor:
+    """An n-dimensional array on one backend. Immutable: every op returns a new Tensor."""
+
+    __slots__ = ("backend", "handle", "shape", "dtype", "__weakref__")
+
+    def __init__(self, backend, handle, shape, dtype):
+        self.backend = backend
+        self.handle = handle
+        self.shape = shape
+        self.dtype = dtype
+
+    # Tensors are dict keys by identity (like torch); `==` is the elementwise comparison.
+    __hash__ = object.__hash__
+    # NumPy scalars and arrays on the left defer to our reflected operators (np.float32(2) * t).
+    __array_priority__ = 1000
+
+    # -- basic properties ---------------------------------------------------------------------
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def numel(self):
+        return _numel(self.shape)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def _same_device(self, op, other):
+        if other.backend is not self.backend and other.backend != self.backend:
+            raise DeviceError("%s: tensors on different backends: %r and %r (move one with .to(backend))"
+                              % (op, self.backend, other.backend))
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def tolist(self):
+        flat = self.backend.to_flat(self.handle)
+        if self.dtype is bool_:
+            flat = [bool(v) for v in flat]
+        return _nest(flat, self.shape)
+
+    def item(self):
+        if _numel(self.shape) != 1:
+            raise ShapeError("item: needs a tensor with exactly one element, got shape %s" % (self.shape,))
+        value = self.backend.to_flat(self.handle)[0]
+        return bool(value) if self.dtype is bool_ else value
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        if _numel(self.shape) != 1:
+            raise ShapeError("bool: the truth value of a tensor of shape %s is ambiguous; "
+                             "use .any()/.all() or compare an element" % (self.shape,))
+        return bool(self.item())
+
+    def numpy(self):
+        """A NumPy array copy (needs NumPy installed)."""
+        import numpy as np
+        to_numpy = getattr(self.backend, "to_numpy", None)
+        if to_numpy is not None:
+            return to_numpy(self.handle)
+        np_dtype = {float32: np.float32, int32: np.int32, bool_: np.bool_}[self.dtype]
+        return np.asarray(self.backend.to_flat(self.handle), dtype=np_dtype).reshape(self.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def to(self, backend):
+        """The same values on another backend (a copy through Python lists)."""
+        if backend is self.backend:
+            return self
+        return Tensor(backend, backend.from_flat(self.backend.to_flat(self.handle), self.shape, self.dtype),
+                      self.shape, self.dtype)
+
+    def __repr__(self):
+        head = "cn.tensor("
+        if _numel(self.shape) <= 64:
+            body = repr(self.tolist())
+        else:
+            body = "<%d values, shape=%s>" % (_numel(self.shape), self.shape)
+        return "%s%s, dtype=%r, backend=%r)" % (head, body, self.dtype, self.backend)
+
+    # -- autodiff hooks: delegated to the backend, so this class knows nothing of tapes ---------
+
+    def _autodiff(self, name):
+        method = getattr(self.backend, name, None)
+        if method is None:
+            raise NotDifferentiableError(
+                "%s: backend %r does not record gradients; create the tensors on "
+                "cn.Autodiff(%r) to train" % (name, self.backend, self.backend))
+        return method
+
+    def backward(self):
+        """Gradients of this (scalar) tensor w.r.t. every tensor that requires them."""
+        return self._autodiff("backward")(self)
+
+    def require_grad(self):
+        return self._autodiff("require_grad")(self)
+
+    def detach(self):
+        return self._autodiff("detach")(self)
+
+    def grad(self, grads):
+        return self._autodiff("grad")(self, grads)
+
+    # -- dtype --------------------------------------------------------------------------------
+
+    def cast(self, dtype):
+        dtype = _check_dtype("cast", dtype)
+        if dtype is self.dtype:
+            return self
+        return Tensor(self.backend, self.backend.cast(self.handle, dtype), self.shape, dtype)
+
+    def float(self):
+        return self.cast(float32)
+
+    def int(self):
+        return self.cast(int32)
+
+    def bool(self):
+        return self.cast(bool_)
+
+    # -- elementwise ----------------------------------------------------------------------------
+
+    def _unary(self, op):
+        x = self
+        if op in _FLOAT_UNARY:
+            if x.dtype is not float32:
+                x = x.cast(float32)
+        elif op == "logical_not":
+            if x.dtype is not bool_:
+                raise DTypeError("logical_not: needs a bool tensor, got %r (use == 0 for ints)" % (x.dtype,))
+        elif x.dtype is bool_:
+            raise DTypeError("%s: not defined for bool tensors; cast first" % op)
+        elif op in ("floor", "ceil", "round") and x.dtype is int32:
+            return x
+        return Tensor(x.backend, x.backend.unary(op, x.handle), x.shape, x.dtype)
+
+    def exp(self):
+        return self._unary("exp")
+
+    def log(self):
+        return self._unary("log")
+
+    def sqrt(self):
+        return self._unary("sqrt")
+
+    def sin(self):
+        return self._unary("sin")
+
+    def cos(self):
+        return self._unary("cos")
+
+    def tanh(self):
+        return self._unary("tanh")
+
+    def erf(self):
+        return self._unary("erf")
+
+    def abs(self):
+        return self._unary("abs")
+
+    def floor(self):
+        return self._unary("floor")
+
+    def ceil(self):
+        return self._unary("ceil")
+
+    def round(self):
+        return self._unary("round")
+
+    def logical_not(self):
+        return self._unary("logical_not")
+
+    def __neg__(self):
+        return self._unary("neg")
+
+    def __abs__(self):
+        return self._unary("abs")
+
+    def __invert__(self):
+        return self._unary("logical_not")
+
+    def _binary(self, op, other, reverse=False):
+        """self <op> other (other <op> self when reverse); other is a Tensor or a Python number."""
+        backend = self.backend
+        if isinstance(other, Tensor):
+            if other.backend is not backend:
+                self._same_device(op, other)
+            dtype = self.dtype
+            ha, hb, sa, sb = self.handle, other.handle, self.shape, other.shape
+            if other.dtype is not dtype:
+                dtype = dtypes.promote(dtype, other.dtype)
+                if self.dtype is not dtype:
+                    ha = backend.cast(ha, dtype)
+                if other.dtype is not dtype:
+                    hb = backend.cast(hb, dtype)
+            if sa == sb:
+                shape = sa
+            else:
+                shape = _broadcast_shapes(op, sa, sb) if not reverse else _broadcast_shapes(op, sb, sa)
+                n = len(shape)
+                if len(sa) < n:
+                    ha = backend.reshape(ha, (1,) * (n - len(sa)) + sa)
+                if len(sb) < n:
+                    hb = backend.reshape(hb, (1,) * (n - len(sb)) + sb)
+        elif isinstance(other, (int, float)):
+            value_dtype = dtypes.of_python_value(other)
+            dtype = self.dtype
+            ha, shape = self.handle, self.shape
+            if dtype is not float32 and value_dtype is not dtype:
+                dtype = dtypes.promote(dtype, value_dtype)
+                ha = backend.cast(ha, dtype)
+            hb = _scalar(backend, other, dtype, len(shape))
+        elif getattr(other, "shape", None) == () and hasattr(other, "item"):  # a NumPy scalar
+            return self._binary(op, other.item(), reverse)
+        else:
+            return NotImplemented
+        if reverse:
+            ha, hb = hb, ha
+
+        # dtype rules of the protocol: div and pow compute in float, arithmetic never on bool
+        if op in _COMPARISON:
+            out_dtype = bool_
+        elif op == "div" or op == "pow":
+            if dtype is not float32:
+                ha, hb, dtype = backend.cast(ha, float32), backend.cast(hb, float32), float32
+            out_dtype = dtype
+        elif op == "logical_and" or op == "logical_or":
+            if dtype is not bool_:
+                raise DTypeError("%s: needs bool tensors, got %r" % (op, dtype))
+            out_dtype = dtype
+        else:
+            if dtype is bool_ and op in _ARITHMETIC:
+                ha, hb, dtype = backend.cast(ha, int32), backend.cast(hb, int32), int32
+            out_dtype = dtype
+        return Tensor(backend, backend.binary(op, ha, hb), shape, out_dtype)
+
+    def __add__(self, o):
+        return self._binary("add", o)
+
+    def __radd__(self, o):
+        return self._binary("add", o, True)
+
+    def __sub__(self, o):
+        return self._binary("sub", o)
+
+    def __rsub__(self, o):
+        return self._binary("sub", o, True)
+
+    def __mul__(self, o):
+        return self._binary("mul", o)
+
+    def __rmul__(self, o):
+        return self._binary("mul", o, True)
+
+    def __truediv__(self, o):
+        return self._binary("div", o)
+
+    def __rtruediv__(self, o):
+        return self._binary("div", o, True)
+
+    def __floordiv__(self, o):
+        return self._binary("floordiv", o)
+
+    def __rfloordiv__(self, o):
+        return self._binary("floordiv", o, True)
+
+    def __mod__(self, o):
+        return self._binary("mod", o)
+
+    def __rmod__(self, o):
+        return self._binary("mod", o, True)
+
+    def __pow__(self, o):
+        return self._binary("pow", o)
+
+    def __rpow__(self, o):
+        return self._binary("pow", o, True)
+
+    def __eq__(self, o):
+        return self._binary("eq", o)
+
+    def __ne__(self, o):
+        return self._binary("ne", o)
+
+    def __lt__(self, o):
+        return self._binary("lt", o)
+
+    def __le__(self, o):
+        return self._binary("le", o)
+
+    def __gt__(self, o):
+        return self._binary("gt", o)
+
+    def __ge__(self, o):
+        return self._binary("ge", o)
+
+    def __and__(self, o):
+        return self._binary("logical_and", o)
+
+    __rand__ = __and__
+
+    def __or__(self, o):
+        return self._binary("logical_or", o)
+
+    __ror__ = __or__
+
+    def maximum(self, other):
+        return self._binary_or_raise("maximum", other)
+
+    def minimum(self, other):
+        return self._binary_or_raise("minimum", other)
+
+    def _binary_or_raise(self, op, other):
+        out = self._binary(op, other)
+        if out is NotImplemented:
+            raise TypeError("%s: expected a Tensor or a Python number, got %s" % (op, type(other).__name__))
+        return out
+
+    def __matmul__(self, other):
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return matmul(other, self)
+
+    # -- composites (core/functional.py) --------------------------------------------------------
+
+    def sigmoid(self):
+        return functional.sigmoid(self)
+
+    def relu(self):
+        return functional.relu(self)
+
+    def gelu(self):
+        return functional.gelu(self)
+
+    def softmax(self, axis=-1):
+        return functional.softmax(self, axis)
+
+    def log_softmax(self, axis=-1):
+        return functional.log_softmax(self, axis)
+
+    def clamp(self, min=None, max=None):  # noqa: A002  (torch's names)
+        return functional.clamp(self, min, max)
+
+    def mean(self, axis=None, keepdim=False):
+        return functional.mean(self, axis, keepdim)
+
+    # -- reductions ------------------------------------------------------------------------------
+
+    def _reduce(self, op, axis, keepdim):
+        x = self
+        if x.dtype is bool_ and (op == "sum" or op == "prod"):
+            x = x.cast(int32)
+        backend, shape = x.backend, x.shape
+        out_dtype = int32 if op in ("argmax", "argmin") else x.dtype
+        if type(axis) is int and shape:  # the common case, one valid non-empty axis: no loop
+            a = axis + len(shape) if axis < 0 else axis
+            if 0 <= a < len(shape) and (shape[a] or op == "sum" or op == "prod"):
+                out_shape = shape[:a] + (1,) + shape[a + 1:] if keepdim else shape[:a] + shape[a + 1:]
+                return Tensor(backend, backend.reduce(op, x.handle, a, keepdim), out_shape, out_dtype)
+        if axis is None or not shape:
+            if op in ("max", "min", "argmax", "argmin") and _numel(shape) == 0:
+                raise ShapeError("%s: cannot reduce an empty tensor of shape %s" % (op, shape))
+            if axis is not None:  # a 0-d tensor reduced along axis 0 / -1
+                _axis(op, axis, 1, shape)
+            flat = backend.reshape(x.handle, (_numel(shape),))
+            out = backend.reduce(op, flat, 0, False)
+            out_shape = ()
+            if keepdim:
+                out_shape = (1,) * len(shape)
+                out = backend.reshape(out, out_shape)
+            return Tensor(backend, out, out_shape, out_dtype)
+        if not isinstance(axis, int) and op in ("argmax", "argmin"):
+            raise TypeError("%s: axis must be an int or None, got %r" % (op, axis))
+        axes = _axes(op, axis, shape)
+        h = x.handle
+        out_shape = list(shape)
+        for a in axes:  # descending, so the remaining axis numbers stay valid when dims vanish
+            if shape[a] == 0 and op in ("max", "min", "argmax", "argmin"):
+                raise ShapeError("%s: cannot reduce over the empty axis %d of shape %s" % (op, a, shape))
+            h = backend.reduce(op, h, a, keepdim)
+            if keepdim:
+                out_shape[a] = 1
+            else:
+                del out_shape[a]
+        return Tensor(backend, h, tuple(out_shape), out_dtype)
+
+    def sum(self, axis=None, keepdim=False):
+        return self._reduce("sum", axis, keepdim)
+
+    def prod(self, axis=None, keepdim=False):
+        return self._reduce("prod", axis, keepdim)
+
+    def max(self, axis=None, keepdim=False):
+        return self._reduce("max", axis, keepdim)
+
+    def min(self, axis=None, keepdim=False):
+        return self._reduce("min", axis, keepdim)
+
+    def argmax(self, axis=None, keepdim=False):
+        return self._reduce("argmax", axis, keepdim)
+
+    def argmin(self, axis=None, keepdim=False):
+        return self._reduce("argmin", axis, keepdim)
+
+    def any(self, axis=None, keepdim=False):
+        return self.cast(bool_)._reduce("max", axis, keepdim)
+
+    def all(self, axis=None, keepdim=False):
+        return self.cast(bool_)._reduce("min", axis, keepdim)
+
+    # -- movement --------------------------------------------------------------------------------
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = tuple(shape)
+        if shape == self.shape:
+            return self
+        n = _numel(self.shape)
+        if -1 in shape:
+            if shape.count(-1) > 1:
+                raise ShapeError("reshape: only one -1 allowed in %s" % (shape,))
+            known = _numel(d for d in shape if d != -1)
+            if known == 0 or n % known:
+                raise ShapeError("reshape: cannot infer -1 in %s for shape %s (%d elements)"
+                                 % (shape, self.shape, n))
+            shape = tuple(n // known if d == -1 else d for d in shape)
+        if any(not isinstance(d, int) or d < 0 for d in shape) or _numel(shape) != n:
+            raise ShapeError("reshape: cannot reshape shape %s (%d elements) to %s"
+                             % (self.shape, n, shape))
+        return Tensor(self.backend, self.backend.reshape(self.handle, shape), shape, self.dtype)
+
+    view = reshape
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        if not self.shape:
+            return self.reshape(1)
+        s = _axis("flatten", start_dim, self.ndim, self.shape)
+        e = _axis("flatten", end_dim, self.ndim, self.shape)
+        if s > e:
+            raise ShapeError("flatten: start_dim %d after end_dim %d for shape %s" % (start_dim, end_dim, self.shape))
+        return self.reshape(self.shape[:s] + (_numel(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def permute(self, *dims):
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = dims[0]
+        n = self.ndim
+        if len(dims) != n:
+            raise ShapeError("permute: %d dims %s for shape %s" % (len(dims), tuple(dims), self.shape))
+        dims = tuple(_axis("permute", d, n, self.shape) for d in dims)
+        if len(set(dims)) != n:
+            raise ShapeError("permute: %s is not a permutation for shape %s" % (dims, self.shape))
+        if dims == tuple(range(n)):
+            return self
+        return Tensor(self.backend, self.backend.permute(self.handle, dims),
+                      tuple(self.shape[d] for d in dims), self.dtype)
+
+    def transpose(self, dim0=-2, dim1=-1):
+        n = self.ndim
+        a, b = _axis("transpose", dim0, n, self.shape), _axis("transpose", dim1, n, self.shape)
+        dims = list(range(n))
+        dims[a], dims[b] = b, a
+        return self.permute(dims)
+
+    @property
+    def T(self):  # noqa: N802  (numpy/torch name)
+        return self.permute(tuple(range(self.ndim - 1, -1, -1)))
+
+    @property
+    def mT(self):  # noqa: N802
+        return self.transpose(-2, -1)
+
+    def unsqueeze(self, dim):
+        a = _axis("unsqueeze", dim, self.ndim + 1, self.shape)
+        return self.reshape(self.shape[:a] + (1,) + self.shape[a:])
+
+    def squeeze(self, dim=None):
+        """Drop size-1 dims (all of them, or the given ones; a dim of another size is kept, like torch)."""
+        if dim is None:
+            dims = range(self.ndim)
+        elif isinstance(dim, int):
+            dims = (_axis("squeeze", dim, self.ndim, self.shape),)
+        else:
+            dims = tuple(_axis("squeeze", d, self.ndim, self.shape) for d in dim)
+        drop = {d for d in dims if self.shape[d] == 1}
+        return self.reshape(tuple(n for d, n in enumerate(self.shape) if d not in drop))
+
+    def expand(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = tuple(shape)
+        lead = len(shape) - self.ndim
+        if lead < 0:
+            raise ShapeError("expand: cannot expand shape %s to fewer dims %s" % (self.shape, shape))
+        target = []
+        for i, n in enumerate(shape):
+            src = self.shape[i - lead] if i >= lead else None
+            if n == -1:
+                if src is None:
+                    raise ShapeError("expand: -1 not allowed for the new leading dim %d in %s" % (i, shape))
+                n = src
+            if not isinstance(n, int) or n < 0 or (src is not None and src != n and src != 1):
+                raise ShapeError("expand: cannot expand shape %s to %s" % (self.shape, shape))
+            target.append(n)
+        target = tuple(target)
+        if target == self.shape:
+            return self
+        x = self.reshape((1,) * lead + self.shape) if lead else self
+        return Tensor(self.backend, self.backend.expand(x.handle, target), target, self.dtype)
+
+    def expand_as(self, other):
+        return self.expand(other.shape)
+
+    # -- indexing --------------------------------------------------------------------------------
+
+    def __getitem__(self, key):
+        return _index(self, key)
+
+    def gather(self, axis, index):
+        """out[i][j][k] = self[index[i][j][k]][j][k] for axis 0 (torch.gather)."""
+        if not isinstance(index, Tensor):
+            raise TypeError("gather: index must be an int32 Tensor, got %s" % type(index).__name__)
+        self._same_device("gather", index)
+        if index.dtype is not int32:
+            raise DTypeError("gather: index must be int32, got %r" % (index.dtype,))
+        a = _axis("gather", axis, self.ndim, self.shape)
+        if index.ndim != self.ndim or any(
+                i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != a):
+            raise ShapeError("gather: index shape %s does not fit input shape %s along axis %d "
+                             "(same ndim, no dim larger except the axis)" % (index.shape, self.shape, axis))
+        return Tensor(self.backend, self.backend.gather(self.handle, a, index.handle), index.shape, self.dtype)
+
+    def scatter_add(self, axis, index, src):
+        """A copy of self with src[i][j][k] added at [index[i][j][k]][j][k] for axis 0."""
+        for t in (index, src):
+            if not isinstance(t, Tensor):
+                raise TypeError("scatter_add: index and src must be Tensors")
+            self._same_device("scatter_add", t)
+        if index.dtype is not int32:
+            raise DTypeError("scatter_add: index must be int32, got %r" % (index.dtype,))
+        if src.dtype is not self.dtype:
+            raise DTypeError("scatter_add: src dtype %r differs from %r" % (src.dtype, self.dtype))
+        a = _axis("scatter_add", axis, self.ndim, self.shape)
+        if index.ndim != self.ndim or src.ndim != self.ndim or any(
+                i > s or (i > x and d != a)
+                for d, (i, s, x) in enumerate(zip(index.shape, src.shape, self.shape))):
+            raise ShapeError("scatter_add: index shape %s, src shape %s and input shape %s do not fit"
+                             % (index.shape, src.shape, self.shape))
+        return Tensor(self.backend, self.backend.scatter_add(self.handle, a, index.handle, src.handle),
+                      self.shape, self.dtype)
+
+
+def _nest(flat, shape):
+    if not shape:
+        return flat[0]
+    if 0 in shape:
+        return _empty_nest(shape)
+    for n in reversed(shape[1:]):
+        flat = [flat[i:i + n] for i in range(0, len(flat), n)]
+    return flat
+
+
+def _empty_nest(shape):
+    if not shape or shape[0] == 0:
+        return []
+    return [_empty_nest(shape[1:]) for _ in range(shape[0])]
+
+
+# ---------------------------------------------------------------------------------------------
+# indexing: basic indexing is one `slice` + one `reshape`; one tensor/list index is a `gather`
+
+
+def _index(x, key):
+    if type(key) is int and x.shape:  # x[i], the common case: one slice and one reshape
+        n = x.shape[0]
+        i = key + n if key < 0 else key
+        if 0 <= i < n:
+            rest = x.shape[1:]
+            h = x.backend.slice(x.handle, (i,) + (0,) * len(rest), (i + 1,) + rest, (1,) * len(x.shape))
+            return Tensor(x.backend, x.backend.reshape(h, rest), rest, x.dtype)
+    if not isinstance(key, tuple):
+        key = (key,)
+    consuming = sum(1 for k in key if k is not None and k is not Ellipsis)
+    ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
+    if len(ellipses) > 1:
+        raise IndexError("index: only one Ellipsis (...) allowed, got %r" % (key,))
+    if consuming > x.ndim:
+        raise IndexError("index: %d indices for shape %s" % (consuming, x.shape))
+    fill = (slice(None),) * (x.ndim - consuming)
+    if ellipses:
+        key = key[:ellipses[0]] + fill + key[ellipses[0] + 1:]
+    else:
+        key = key + fill
+
+    starts, stops, steps, out_shape = [], [], [], []
+    advanced = None  # (output axis, index, input dim) of the one tensor/list index
+    dim = 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        n = x.shape[dim]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step < 0:
+                raise IndexError("index: negative slice steps are not supported (%r on axis %d of shape %s)"
+                                 % (k, dim, x.shape))
+            count = len(range(start, stop, step))
+            starts.append(start if count else 0)
+            stops.append(start + (count - 1) * step + 1 if count else 0)
+            steps.append(step)
+            out_shape.append(count)
+        elif isinstance(k, (Tensor, list)):
+            if advanced is not None:
+                raise IndexError("index: only one tensor/list index per subscript is supported, got %r" % (key,))
+            advanced = (len(out_shape), k, dim)
+            starts.append(0)
+            stops.append(n)
+            steps.append(1)
+            out_shape.append(n)
+        elif isinstance(k, bool) or not hasattr(k, "__index__"):
+            raise IndexError("index: unsupported index %r (use ints, slices, None, ..., or one int "
+                             "tensor/list)" % (k,))
+        else:
+            i = k.__index__()
+            j = i + n if i < 0 else i
+            if not 0 <= j < n:
+                raise IndexError("index: index %d out of range for axis %d of shape %s" % (i, dim, x.shape))
+            starts.append(j)
+            stops.append(j + 1)
+            steps.append(1)
+        dim += 1
+
+    backend, h = x.backend, x.handle
+    sliced = tuple(len(range(a, b, s)) for a, b, s in zip(starts, stops, steps))
+    if sliced != x.shape:
+        h = backend.slice(h, tuple(starts), tuple(stops), tuple(steps))
+    out_shape = tuple(out_shape)
+    if out_shape != sliced:
+        h = backend.reshape(h, out_shape)
+    out = Tensor(backend, h, out_shape, x.dtype)
+    if advanced is not None:
+        axis, index, dim = advanced
+        out = _take(out, axis, _index_tensor(x, index, dim))
+    return out
+
+
+def _index_tensor(x, index, dim):
+    n = x.shape[dim]
+    if isinstance(index, list):
+        flat, shape = _flatten_nested(index)
+        for i in flat:
+            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+                raise IndexError("index: %r out of range for axis %d of shape %s" % (i, dim, x.shape))
+        return Tensor(x.backend, x.backend.from_flat(flat, shape, int32), shape, int32)
+    x._same_device("index", index)
+    if index.dtype is not int32:
+        raise IndexError("index: tensor indices must be int32, got %r (boolean masks are not supported)"
+                         % (index.dtype,))
+    return index
+
+
+def _take(x, axis, index):
+    """x with `axis` replaced by index's dims, selecting x's entries along axis (numpy.take)."""
+    n = x.shape[axis]
+    flat = index.reshape(-1)
+    flat = where(flat < 0, flat + n, flat)
+    k = flat.shape[0]
+    picked = flat.reshape(tuple(k if d == axis else 1 for d in range(x.ndim)))
+    picked = picked.expand(x.shape[:axis] + (k,) + x.shape[axis + 1:])
+    out = x.gather(axis, picked)
+    return out.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# creation
+
+
+def _flatten_nested(data):
+    shape = []
+    probe = data
+    while isinstance(probe, (list, tuple)):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    shape = tuple(shape)
+    if len(shape) == 1:
+        flat = list(data)
+        for v in flat:
+            if isinstance(v, (list, tuple)):
+                raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
+        return flat, shape
+    flat = []
+
+    def walk(value, depth):
+        if depth == len(shape):
+            if isinstance(value, (list, tuple)):
+                raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
+            flat.append(value)
+            return
+        if not isinstance(value, (list, tuple)) or len(value) != shape[depth]:
+            raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
+        for v in value:
+            walk(v, depth + 1)
+
+    walk(data, 0)
+    return flat, shape
+
+
+def _infer_dtype(flat):
+    if all(isinstance(v, bool) for v in flat):
+        return bool_ if flat else float32
+    if all(isinstance(v, int) for v in flat):
+        return int32
+    return float32
+
+
+_NUMPY_KIND = {"b": bool_, "i": int32, "u": int32, "f": float32}
+
+
+def tensor(data, backend=None, dtype=None):
+    """A tensor from (nested lists of) Python numbers, a NumPy array, or another Tensor."""
+    backend = backend or default_backend()
+    if isinstance(data, Tensor):
+        out = data.to(backend)
+        return out if dtype is None else out.cast(dtype)
+    if hasattr(data, "__array_interface__") and hasattr(data, "astype"):  # a NumPy array/scalar
+        if data.dtype.kind not in _NUMPY_KIND:
+            raise DTypeError("tensor: cannot make a tensor from a NumPy array of dtype %s" % (data.dtype,))
+        dtype = _NUMPY_KIND[data.dtype.kind] if dtype is None else _check_dtype("tensor", dtype)
+        # astype + tolist convert in C: already the Python numbers from_flat takes
+        if dtype is bool_:
+            data = data != 0
+        values = data.astype("float32" if dtype is float32 else "int32").reshape(-1).tolist()
+        shape = tuple(data.shape)
+        return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
+    if isinstance(data, (list, tuple)):
+        flat, shape = _flatten_nested(data)
+        inferred = _infer_dtype(flat)
+    elif isinstance(data, (int, float)):
+        flat, shape = [data], ()
+        inferred = dtypes.of_python_value(data)
+    else:
+        raise TypeError("tensor: cannot make a tensor from %s" % type(data).__name__)
+    dtype = inferred if dtype is None else _check_dtype("tensor", dtype)
+    py = _PY_TYPE[dtype]
+    try:
+        values = [py(v) for v in flat]
+    except (TypeError, ValueError) as e:
+        raise TypeError("tensor: values must be numbers for dtype %r (%s)" % (dtype, e)) from None
+    return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
+
+
+def full(shape, value, backend=None, dtype=None):
+    shape = _shape_arg("full", (shape,) if isinstance(shape, int) else shape)
+    backend = backend or default_backend()
+    dtype = dtypes.of_python_value(value) if dtype is None else _check_dtype("full", dtype)
+    return Tensor(backend, backend.full(shape, _PY_TYPE[dtype](value), dtype), shape, dtype)
+
+
+def zeros(*shape, backend=None, dtype=float32):
+    return full(_shape_arg("zeros", shape), 0, backend=backend, dtype=dtype)
+
+
+def ones(*shape, backend=None, dtype=float32):
+    return full(_shape_arg("ones", shape), 1, backend=backend, dtype=dtype)
+
+
+def zeros_like(x):
+    return full(x.shape, 0, backend=x.backend, dtype=x.dtype)
+
+
+def ones_like(x):
+    return full(x.shape, 1, backend=x.backend, dtype=x.dtype)
+
+
+def arange(start, stop=None, step=1, backend=None, dtype=None):
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be 0")
+    n = max(0, math.ceil((stop - start) / step))
+    if dtype is None:
+        dtype = int32 if all(isinstance(v, int) for v in (start, stop, step)) else float32
+    return tensor([start + i * step for i in range(n)], backend=backend, dtype=dtype) if n else \
+        full((0,), 0, backend=backend, dtype=dtype)
+
+
+def eye(n, m=None, backend=None, dtype=float32):
+    m = n if m is None else m
+    values = [1 if i == j else 0 for i in range(n) for j in range(m)]
+    backend = backend or default_backend()
+    dtype = _check_dtype("eye", dtype)
+    return Tensor(backend, backend.from_flat(values, (n, m), dtype), (n, m), dtype)
+
+
+_seed_counter = [0]
+
+
+def manual_seed(seed):
+    """Restart the sequence of seeds that cn.random uses when it is given none."""
+    _seed_counter[0] = int(seed) * 1000003
+
+
+def random(shape, backend=None, distribution="uniform", seed=None, dtype=float32):
+    """Uniform [0, 1) or standard normal values from the counter-based generator of the backend
+    protocol: the same seed gives the same numbers on every backend."""
+    shape = _shape_arg("random", (shape,) if isinstance(shape, int) else shape)
+    if distribution not in ("uniform", "normal"):
+        raise ValueError("random: unknown distribution %r; use 'uniform' or 'normal'" % (distribution,))
+    dtype = _check_dtype("random", dtype)
+    if dtype is not float32:
+        raise DTypeError("random: draws float32 values, not %r" % (dtype,))
+    if seed is None:
+        seed = _seed_counter[0]
+        _seed_counter[0] += 1
+    backend = backend or default_backend()
+    return Tensor(backend, backend.random(shape, distribution, seed & 0xFFFFFFFF, dtype), shape, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# ops on several tensors
+
+
+def _as_tensors(op, values):
+    """The Tensors among `values` fix the backend; Python numbers join as 0-d tensors there."""
+    ref = next((v for v in values if isinstance(v, Tensor)), None)
+    if ref is None:
+        raise TypeError("%s: needs at least one Tensor argument" % op)
+    out = []
+    for v in values:
+        if isinstance(v, Tensor):
+            ref._same_device(op, v)
+            out.append(v)
+        elif isinstance(v, (int, float)):
+            dt = dtypes.of_python_value(v)
+            out.append(Tensor(ref.backend, ref.backend.full((), _PY_TYPE[dt](v), dt), (), dt))
+        else:
+            raise TypeError("%s: expected Tensors or numbers, got %s" % (op, type(v).__name__))
+    return out
+
+
+def matmul(a, b):
+    """Batched matrix product with torch's rules: 1-D operands become a row/column and that dim
+    is dropped again; batch dims broadcast."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError("matmul: needs two Tensors")
+    a._same_device("matmul", b)
+    if a.dtype is not float32 or b.dtype is not float32:
+        bad = a.dtype if a.dtype is not float32 else b.dtype
+        raise DTypeError("matmul: needs float32 operands, got %r (use .cast(cn.float32))" % (bad,))
+    sa, sb = a.shape, b.shape
+    if len(sa) == len(sb) >= 2 and sa[-1] == sb[-2] and sa[:-2] == sb[:-2]:  # no broadcasting
+        return Tensor(a.backend, a.backend.matmul(a.handle, b.handle), sa[:-1] + sb[-1:], float32)
+    if not sa or not sb:
+        raise ShapeError("matmul: needs at least 1-D operands, got shapes %s and %s" % (sa, sb))
+    ea = (1,) + sa if len(sa) == 1 else sa
+    eb = sb + (1,) if len(sb) == 1 else sb
+    if ea[-1] != eb[-2]:
+        raise ShapeError("matmul: shapes %s and %s do not fit (inner dims %d vs %d)"
+                         % (sa, sb, ea[-1], eb[-2]))
+    try:
+        batch = _broadcast_shapes("matmul", ea[:-2], eb[:-2])
+    except ShapeError:
+        raise ShapeError("matmul: batch dims of shapes %s and %s do not broadcast" % (sa, sb)) from None
+    n = len(batch) + 2
+    backend = a.backend
+    ha, hb = a.handle, b.handle
+    if len(ea) < n or len(sa) == 1:
+        ea = (1,) * (n - len(ea)) + ea
+        ha = backend.reshape(ha, ea)
+    if len(eb) < n or len(sb) == 1:
+        eb = (1,) * (n - len(eb)) + eb
+        hb = backend.reshape(hb, eb)
+    h = backend.matmul(ha, hb)
+    shape = batch + (ea[-2], eb[-1])
+    if len(sa) == 1 or len(sb) == 1:
+        final = batch + ((ea[-2],) if len(sa) > 1 else ()) + ((eb[-1],) if len(sb) > 1 else ())
+        h = backend.reshape(h, final)
+        shape = final
+    return Tensor(backend, h, shape, float32)
+
+
+def where(cond, a, b):
+    """Elementwise `a if cond else b`; a and b may be Python numbers."""
+    cond, a, b = _as_tensors("where", (cond, a, b))
+    if cond.dtype is not bool_:
+        raise DTypeError("where: condition must be bool, got %r" % (cond.dtype,))
+    dtype = dtypes.promote(a.dtype, b.dtype)
+    a, b = a.cast(dtype), b.cast(dtype)
+    shape = _broadcast_shapes("where", _broadcast_shapes("where", cond.shape, a.shape), b.shape)
+    backend, n = cond.backend, len(shape)
+    handles = [t.handle if t.ndim == n else backend.reshape(t.handle, (1,) * (n - t.ndim) + t.shape)
+               for t in (cond, a, b)]
+    return Tensor(backend, backend.where(*handles), shape, dtype)
+
+
+def maximum(a, b):
+    a, b = _as_tensors("maximum", (a, b))
+    return a.maximum(b)
+
+
+def minimum(a, b):
+    a, b = _as_tensors("minimum", (a, b))
+    return a.minimum(b)
+
+
+def cat(tensors, axis=0):
+    """Join tensors along an existing axis (dtypes promote; other dims must match)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: needs at least one tensor")
+    tensors = _as_tensors("cat", tensors)
+    first = tensors[0]
+    if first.ndim == 0:
+        raise ShapeError("cat: cannot join 0-d tensors; use cn.stack")
+    a = _axis("cat", axis, first.ndim, first.shape)
+    dtype = first.dtype
+    for t in tensors[1:]:
+        dtype = dtypes.promote(dtype, t.dtype)
+        if t.ndim != first.ndim or any(x != y for d, (x, y) in enumerate(zip(t.shape, first.shape)) if d != a):
+            raise ShapeError("cat: shapes %s and %s differ outside axis %d" % (first.shape, t.shape, axis))
+    if len(tensors) == 1:
+        return first.cast(dtype)
+    shape = first.shape[:a] + (sum(t.shape[a] for t in tensors),) + first.shape[a + 1:]
+    return Tensor(first.backend, first.backend.cat([t.cast(dtype).handle for t in tensors], a), shape, dtype)
+
+
+def pad(x, pads, value=0):
+    """Constant padding, torch.nn.functional.pad style: pads = (last_before, last_after,
+    second_last_before, second_last_after, ...)."""
+    pads = tuple(pads)
+    if len(pads) % 2 or len(pads) // 2 > x.ndim:
+        raise ShapeError("pad: %d pad values for shape %s (need pairs, at most 2 per dim)" % (len(pads), x.shape))
+    if any(not isinstance(p, int) or p < 0 for p in pads):
+        raise ShapeError("pad: pads must be non-negative ints, got %r for shape %s" % (pads, x.shape))
+    pairs = [(0, 0)] * x.ndim
+    for i in range(len(pads) // 2):
+        pairs[x.ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+    shape = tuple(n + b + e for n, (b, e) in zip(x.shape, pairs))
+    if shape == x.shape:
+        return x
+    if x.dtype is not float32 and isinstance(value, float) and value != int(value):
+        raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
+    value = _PY_TYPE[x.dtype](value)
+    return Tensor(x.backend, x.backend.pad(x.handle, tuple(pairs), value), shape, x.dtype)
+
+
+def window_args(op, shape, kernel, stride=1, padding=0, dilation=1):
+    """Validated ((kh, kw), stride, padding, dilation, (OH, OW)) of a sliding window over NCHW."""
+    if len(shape) != 4:
+        raise ShapeError("%s: needs an (N, C, H, W) input, got shape %s" % (op, shape))
+    kernel, stride, padding, dilation = (_pair(op, v, name) for v, name in
+                                         ((kernel, "kernel"), (stride, "stride"),
+                                          (padding, "padding"), (dilation, "dilation")))
+    if min(kernel + stride + dilation) < 1 or min(padding) < 0:
+        raise ShapeError("%s: kernel/stride/dilation must be >= 1 and padding >= 0, got kernel=%s "
+                         "stride=%s padding=%s dilation=%s" % (op, kernel, stride, padding, dilation))
+    out = tuple((shape[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+                for i in range(2))
+    if min(out) < 1:
+        raise ShapeError("%s: input shape %s too small for kernel %s (padding %s, dilation %s)"
+                         % (op, shape, kernel, padding, dilation))
+    return kernel, stride, padding, dilation, out
+
+
+def _pair(op, v, name):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise ShapeError("%s: %s must be an int or a pair of ints, got %r" % (op, name, v))
+    return v
+
+
+def unfold2d(x, kernel, stride=1, padding=0, dilation=1, pad_value=0.0):
+    """(N, C, H, W) -> (N, C*kh*kw, OH*OW) sliding windows (torch.nn.functional.unfold), the
+    border filled with pad_value (-inf for max pooling)."""
+    kernel, stride, padding, dilation, (oh, ow) = window_args("unfold2d", x.shape, kernel, stride,
+                                                              padding, dilation)
+    if x.dtype is not float32:
+        raise DTypeError("unfold2d: needs a float32 input, got %r" % (x.dtype,))
+    n, c = x.shape[0], x.shape[1]
+    h = x.backend.unfold2d(x.handle, kernel, stride, padding, dilation, float(pad_value))
+    return Tensor(x.backend, h, (n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
+
+
+from . import functional  # noqa: E402  (composites call back into Tensor methods)

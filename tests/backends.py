@@ -1,0 +1,39 @@
+"""The backends every conformance test runs on: name -> factory.
+
+Add a backend by adding one entry, e.g.
+    "wgpu": lambda: cn.Wgpu(),
+    "autodiff-numpy": lambda: cn.Autodiff(cn.NumPy()),
+    "fusion-wgpu": lambda: cn.Fusion(cn.Wgpu()),
+`CINDERS_TEST_BACKENDS=python,numpy` selects a subset; by default every registered backend runs.
+A factory that raises makes that backend's tests FAIL (never skip): a missing backend is a bug.
+"""
+
+import os
+
+import cinders as cn
+
+BACKENDS = {
+    "python": lambda: cn.Python(),
+    "numpy": lambda: cn.NumPy(),
+    "autodiff-python": lambda: cn.Autodiff(cn.Python()),
+    "autodiff-numpy": lambda: cn.Autodiff(cn.NumPy()),
+    # autotune off: tests must not write the on-disk tuning cache (test_wgpu_backend tunes).
+    "wgpu": lambda: cn.Wgpu(autotune=False),
+    "autodiff-wgpu": lambda: cn.Autodiff(cn.Wgpu(autotune=False)),
+}
+
+# Backends whose float kernels are less exact than float32-rounded libm (GPU exp/erf/...): the
+# loosest (rtol, atol) their float results are held to. Others use the suite's defaults.
+TOLERANCES = {}
+
+
+def selected_names():
+    wanted = os.environ.get("CINDERS_TEST_BACKENDS", "").strip()
+    if not wanted:
+        return list(BACKENDS)
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ValueError("CINDERS_TEST_BACKENDS names unknown backends %s; registered: %s"
+                         % (unknown, ", ".join(BACKENDS)))
+    return names
