@@ -1,0 +1,100 @@
+"""MNIST CNN inference latency on cn.Wgpu() against PyTorch (CUDA when present), side by side.
+
+The same weights in both (copied from the cinders model into an identical torch.nn.Sequential);
+latency is one forward pass plus reading the logits back to the host, median of --repeat runs.
+One JSON line per batch size:
+    {"bench": "mnist_cnn", "batch", "cinders_ms", "torch_ms", "ratio", "max_abs_diff", ...}
+
+    python benchmarks/gpu_mnist.py             # batch 1 and 256 (a real GPU)
+    python benchmarks/gpu_mnist.py --small     # fewer repeats: runs on lavapipe
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import cinders as cn
+from cinders.models.mnist import MnistCNN
+
+
+def median_ms(run, repeat):
+    run()
+    run()  # warm up: kernels compiled, pool filled, autotune done
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def torch_model(model):
+    import torch
+    from torch import nn
+    net = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    class Wrapper(nn.Module):  # the same parameter names as MnistCNN's ("layers.0.weight", ...)
+        def __init__(self):
+            super().__init__()
+            self.layers = net
+
+        def forward(self, x):
+            return self.layers(x)
+
+    wrapper = Wrapper()
+    state = {k: torch.from_numpy(np.asarray(v.numpy(), dtype=np.float32))
+             for k, v in model.state_dict().items()}
+    wrapper.load_state_dict(state)
+    return wrapper.eval()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="few repeats (lavapipe)")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 256])
+    parser.add_argument("--repeat", type=int, default=50)
+    args = parser.parse_args()
+    repeat = 3 if args.small else args.repeat
+    backend = cn.Wgpu()
+    model = MnistCNN().to(backend).eval()
+    try:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        net = torch_model(model).to(device)
+    except ImportError:
+        torch, device, net = None, "none", None
+    rng = np.random.default_rng(0)
+    for batch in args.batches:
+        x_np = rng.random((batch, 1, 28, 28), dtype=np.float32)
+        x = cn.tensor(x_np, backend=backend)
+
+        def run_cinders():
+            return model(x).numpy()
+
+        ours = median_ms(run_cinders, repeat)
+        theirs = diff = None
+        if net is not None:
+            xt = torch.from_numpy(x_np).to(device)
+
+            def run_torch():
+                with torch.no_grad():
+                    return net(xt).cpu().numpy()
+
+            theirs = median_ms(run_torch, repeat)
+            diff = float(np.max(np.abs(run_cinders() - run_torch())))
+        print(json.dumps({
+            "bench": "mnist_cnn", "batch": batch, "cinders_ms": round(ours, 4),
+            "torch_ms": round(theirs, 4) if theirs else None,
+            "ratio": round(ours / theirs, 4) if theirs else None,
+            "max_abs_diff": diff, "device": backend.device.name, "torch_device": device}),
+            flush=True)
+
+
+if __name__ == "__main__":
+    main()

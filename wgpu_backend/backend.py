@@ -1,0 +1,560 @@
+"""cn.Wgpu(): the backend whose every primitive is a generated WGSL kernel.
+
+Handles are `GpuArray` views (storage, shape, strides, offset, dtype) over pooled device
+buffers, so reshape of contiguous data, permute, expand and slice cost no kernel; kernels read
+their inputs through strides. Ops only *record* launches on the Device (device.py); the CPU
+waits for the GPU in `to_flat` alone.
+
+In-place reuse: an elementwise op may write its result into an input's buffer when nothing but
+this call can ever see that input again: the handle is a temporary (its reference count is what
+a temporary argument has; calibrated at import, and disabled where the interpreter cannot tell a
+temporary from a held reference) and no other view shares its storage.
+"""
+
+import math
+import struct
+import sys
+from array import array
+
+from cinders import dtypes
+from cinders.profile import ACTIVE as _PROFILING, record as _record
+from cinders.backend import Backend, _hash32
+from cinders.errors import CindersError
+
+from . import codegen
+from .matmul import VARIANTS, Tuner, split_count
+from .pool import BufferPool
+
+_ARRAY_CODE = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "I"}
+_KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
+_TYPE = codegen.WGSL_TYPE
+
+
+class DeviceLimitError(CindersError, MemoryError):
+    """A tensor larger than the device can bind to one kernel."""
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+class GpuArray:
+    """A strided view of a pooled device buffer (counts in elements; every dtype is 4 bytes)."""
+
+    __slots__ = ("storage", "shape", "strides", "offset", "dtype", "__weakref__")
+
+    def __init__(self, storage, shape, strides, offset, dtype):
+        self.storage = storage
+        self.shape = shape
+        self.strides = strides
+        self.offset = offset
+        self.dtype = dtype
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    def is_contiguous(self):
+        step = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != step:
+                return False
+            step *= n
+        return True
+
+    def __repr__(self):
+        return "GpuArray(shape=%r, dtype=%r, strides=%r, offset=%d)" % (
+            self.shape, self.dtype, self.strides, self.offset)
+
+
+def _refcount_of_temporary():
+    """What sys.getrefcount reports inside a method for an argument nobody else holds, or None
+    when a held argument reads the same (then the count cannot prove exclusivity)."""
+    if not hasattr(sys, "getrefcount"):
+        return None
+
+    class Probe:
+        def count(self, op, a):
+            return sys.getrefcount(a)
+
+    probe = Probe()
+    temporary = probe.count("op", GpuArray(None, (), (), 0, None))
+    held = GpuArray(None, (), (), 0, None)
+    if probe.count("op", held) <= temporary:
+        return None
+    return temporary
+
+
+def _storage_refs(h):
+    return sys.getrefcount(h.storage)
+
+
+_TEMPORARY_REFS = _refcount_of_temporary()
+# What _storage_refs reads for a storage that one handle alone references.
+_STORAGE_ALONE = _storage_refs(GpuArray(GpuArray(None, (), (), 0, None), (), (), 0, None)) \
+    if _TEMPORARY_REFS is not None else None
+
+
+class _Runtime:
+    """What every cn.Wgpu() on one adapter shares: the device, its pool, kernels, tuning."""
+
+    def __init__(self, device):
+        self.device = device
+        self.pool = BufferPool(device)
+        self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
+        self.tuner = Tuner(device.name)
+
+
+_RUNTIMES = {}
+
+
+def _runtime(adapter):
+    key = adapter
+    if key not in _RUNTIMES:
+        if sys.platform == "emscripten":
+            from .browser import BrowserDevice  # the browser device adapter (navigator.gpu)
+            device = BrowserDevice(adapter)
+        else:
+            from .desktop import DesktopDevice
+            device = DesktopDevice(adapter)
+        _RUNTIMES[key] = _Runtime(device)
+    return _RUNTIMES[key]
+
+
+class Wgpu(Backend):
+    """WGSL kernels on WebGPU: wgpu-py on the desktop, navigator.gpu in the browser.
+
+    adapter: None (default adapter), an index or a description substring (desktop).
+    autotune: benchmark matmul variants on first use per shape class (False: heuristic)."""
+
+    name = "wgpu"
+
+    def __init__(self, adapter=None, autotune=True):
+        self._rt = _runtime(adapter)
+        self.device = self._rt.device
+        self.autotune = autotune
+
+    def device_key(self):
+        return ("Wgpu", self.device.name)
+
+    def __repr__(self):
+        return "cn.Wgpu(%r)" % (self.device.name,)
+
+    # ---- housekeeping ---------------------------------------------------------------------
+    def shape(self, h):
+        return h.shape
+
+    def dtype(self, h):
+        return h.dtype
+
+    def synchronize(self):
+        self.device.wait_idle()
+
+    def memory_stats(self):
+        stats = self._rt.pool.stats()
+        stats["pipelines"] = len(self._rt.kernels)
+        return stats
+
+    def empty_cache(self):
+        self._rt.pool.empty_cache()
+
+    def profile_start(self):
+        self.device.timing += 1
+
+    def profile_stop(self):
+        self.device.flush()
+        self.device.timing -= 1
+
+    def _new(self, shape, dtype):
+        shape = tuple(shape)
+        n = math.prod(shape)
+        nbytes = 4 * n
+        limit = self._rt.pool.limit
+        if nbytes > limit:
+            raise DeviceLimitError(
+                "cn.Wgpu: a %s tensor of shape %s needs %d bytes, more than this device's "
+                "maxStorageBufferBindingSize of %d bytes (%s); split it into smaller tensors"
+                % (dtype.name, shape, nbytes, limit, self.device.name))
+        return GpuArray(self._rt.pool.allocate(nbytes), shape, _contiguous_strides(shape), 0, dtype)
+
+    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written):
+        found = self._rt.kernels.get(key)
+        if found is None:
+            wgsl = build()
+            pipeline, cached = self.device.pipeline(wgsl)
+            found = self._rt.kernels[key] = pipeline
+            if _PROFILING:
+                _record(self, {"kind": "cache_hit" if cached else "compile", "name": name})
+        elif _PROFILING:
+            _record(self, {"kind": "cache_hit", "name": name})
+        on_time = None
+        if _PROFILING:
+            event = _record(self, {"kind": "kernel", "name": name,
+                                           "bytes_read": bytes_read, "bytes_written": bytes_written})
+            on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
+        self.device.dispatch(found, buffers, params, groups, on_time)
+
+    # ---- the extension surface for generated/custom kernels (Fusion, user kernels) ----------
+    def empty(self, shape, dtype):
+        """A new contiguous handle with undefined contents, for a kernel to write."""
+        return self._new(shape, dtype)
+
+    def run_kernel(self, key, build, handles, params, groups, name="custom", bytes_read=0,
+                   bytes_written=0):
+        """Launch a WGSL kernel: `build()` returns its source (called once per `key`); binding 0
+        is the uniform block holding `params` (u32s), bindings 1.. are `handles`' buffers in
+        order (views: pass offsets/strides in params). Recorded like every op: asynchronous,
+        counted by cn.profile, pipeline cached."""
+        self._launch(key, build, [h.storage.raw for h in handles], params, groups, name,
+                     bytes_read, bytes_written)
+
+    def _donatable(self, h, out_shape, out_dtype, refs):
+        """Can h's buffer take the result (see the module docstring)? refs: getrefcount(h) as
+        seen in the public method that received it."""
+        return (_TEMPORARY_REFS is not None and refs <= _TEMPORARY_REFS
+                and _storage_refs(h) <= _STORAGE_ALONE
+                and h.dtype is out_dtype and h.shape == out_shape and h.offset == 0
+                and h.is_contiguous())
+
+    # ---- creation and reading -------------------------------------------------------------
+    def from_flat(self, values, shape, dtype):
+        code = _ARRAY_CODE[dtype]
+        if dtype is dtypes.bool_:
+            data = array(code, [1 if v else 0 for v in values])
+        else:
+            try:
+                data = array(code, values)
+            except TypeError:
+                data = array(code, [int(v) if code == "i" else float(v) for v in values])
+        out = self._new(shape, dtype)
+        if len(data):
+            self.device.write_buffer(out.storage.raw, 0, data.tobytes())
+        return out
+
+    def full(self, shape, value, dtype):
+        out = self._new(shape, dtype)
+        if dtype is dtypes.float32:
+            bits = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+        elif dtype is dtypes.int32:
+            bits = int(value) & 0xFFFFFFFF
+        else:
+            bits = 1 if value else 0
+        self._fill(out, bits)
+        return out
+
+    def _fill(self, out, bits):
+        n = out.size
+        if n:
+            ty = _TYPE[out.dtype]
+            self._launch(("fill", ty), lambda: codegen.fill_wgsl(ty), [out.storage.raw],
+                         [n, bits], codegen.groups_for(n, codegen.WG), "fill", 0, 4 * n)
+
+    def random(self, shape, distribution, seed, dtype):
+        if distribution not in ("uniform", "normal"):
+            raise ValueError("unknown distribution %r: use 'uniform' or 'normal'" % (distribution,))
+        out = self._new(shape, dtypes.float32)
+        n = out.size
+        if n:
+            self._launch(("random", distribution), lambda: codegen.random_wgsl(distribution),
+                         [out.storage.raw], [n, _hash32(seed)], codegen.groups_for(n, codegen.WG),
+                         "random_" + distribution, 0, 4 * n)
+        return out if dtype is dtypes.float32 else self.cast(out, dtype)
+
+    def _readable(self, h):
+        return h if h.is_contiguous() else self._materialize(h)
+
+    def _decode(self, h, data):
+        values = memoryview(data).cast(_ARRAY_CODE[h.dtype]).tolist()
+        return values
+
+    def to_flat(self, h):
+        h = self._readable(h)
+        return self._decode(h, self.device.read(h.storage.raw, 4 * h.offset, 4 * h.size))
+
+    async def to_flat_async(self, h):
+        h = self._readable(h)
+        return self._decode(h, await self.device.read_async(h.storage.raw, 4 * h.offset,
+                                                            4 * h.size))
+
+    def to_numpy(self, h):
+        import numpy as np  # desktop convenience only; the backend itself never needs NumPy
+        h = self._readable(h)
+        data = self.device.read(h.storage.raw, 4 * h.offset, 4 * h.size)
+        kind = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.uint32}
+        out = np.frombuffer(data, dtype=kind[h.dtype]).reshape(h.shape).copy()
+        return out.astype(np.bool_) if h.dtype is dtypes.bool_ else out
+
+    # ---- elementwise ----------------------------------------------------------------------
+    def _elementwise(self, op, inputs, out_dtype, donor=None, out=None):
+        """Launch op over broadcast inputs. donor: index of an input whose buffer takes the
+        result. out: a strided destination view (copies into cat/pad results)."""
+        ndim = len(inputs[0].shape)
+        shape = tuple(max(h.shape[d] for h in inputs) if all(h.shape[d] for h in inputs) else 0
+                      for d in range(ndim))
+        n = math.prod(shape)
+        if donor is not None:
+            result = inputs[donor]
+            result = GpuArray(result.storage, shape, result.strides, 0, out_dtype)
+            self._rt.pool.inplace += 1
+        elif out is None:
+            result = self._new(shape, out_dtype)
+        else:
+            result = out
+        if n == 0:
+            return result
+        layouts, views = [], []
+        for h in inputs:
+            if h.shape == shape and h.is_contiguous():
+                layouts.append("c")
+                views.append((h.offset, h.strides))
+            else:
+                layouts.append("s")
+                views.append((h.offset, tuple(0 if n_ == 1 else s
+                                              for n_, s in zip(h.shape, h.strides))))
+        out_strided = out is not None and not out.is_contiguous()
+        in_types = tuple(_TYPE[h.dtype] for h in inputs)
+        out_type = _TYPE[out_dtype]
+        layouts = tuple(layouts)
+        key = ("ew", op, in_types, out_type, ndim, layouts, out_strided, donor)
+        params = codegen.elementwise_params(n, result.offset, shape, result.strides, views,
+                                            out_strided)
+        buffers = [h.storage.raw for h in inputs]
+        if donor is None:
+            buffers.append(result.storage.raw)
+        self._launch(key, lambda: codegen.elementwise_wgsl(op, in_types, out_type, ndim, layouts,
+                                                           out_strided, donor),
+                     buffers, params, codegen.groups_for(n, codegen.WG), op,
+                     4 * n * len(inputs), 4 * n)
+        return result
+
+    def _materialize(self, h):
+        return self._elementwise("copy", [h], h.dtype)
+
+    def unary(self, op, x):
+        refs = sys.getrefcount(x)  # first, before x is pushed as anyone's argument
+        out_dtype = dtypes.bool_ if op == "logical_not" else x.dtype
+        donor = 0 if self._donatable(x, x.shape, out_dtype, refs) else None
+        return self._elementwise(op, [x], out_dtype, donor)
+
+    def binary(self, op, a, b):
+        refs_a, refs_b = sys.getrefcount(a), sys.getrefcount(b)
+        out_dtype = dtypes.bool_ if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.dtype
+        shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
+        donor = None
+        if a is not b:
+            if self._donatable(a, shape, out_dtype, refs_a):
+                donor = 0
+            elif self._donatable(b, shape, out_dtype, refs_b):
+                donor = 1
+        return self._elementwise(op, [a, b], out_dtype, donor)
+
+    def where(self, cond, a, b):
+        return self._elementwise("where", [cond, a, b], a.dtype)
+
+    def cast(self, x, dtype):
+        if x.dtype is dtype:
+            return x
+        return self._elementwise("cast_" + _KIND[dtype], [x], dtype)
+
+    # ---- reductions -----------------------------------------------------------------------
+    def reduce(self, op, x, axis, keepdim):
+        out_dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
+        outer = [d for d in range(len(x.shape)) if d != axis]
+        out_shape = tuple(1 if d == axis else x.shape[d] for d in range(len(x.shape))) \
+            if keepdim else tuple(x.shape[d] for d in outer)
+        out = self._new(out_shape, out_dtype)
+        n_out = out.size
+        if n_out == 0:
+            return out
+        alen = x.shape[axis]
+        threads = codegen.REDUCE_WG if alen >= 256 and n_out <= 8192 else 1
+        ty = _TYPE[x.dtype]
+        ndim = len(x.shape)
+        params = codegen.reduce_params(n_out, alen, x.strides[axis], x.offset,
+                                       [x.shape[d] for d in outer], [x.strides[d] for d in outer])
+        groups = codegen.groups_for(n_out, 1 if threads > 1 else codegen.WG)
+        self._launch(("reduce", op, ty, ndim, threads),
+                     lambda: codegen.reduce_wgsl(op, ty, ndim, threads),
+                     [x.storage.raw, out.storage.raw], params, groups, "reduce_" + op,
+                     4 * x.size, 4 * n_out)
+        return out
+
+    # ---- matmul ---------------------------------------------------------------------------
+    def matmul(self, a, b):
+        *abatch, m, k = a.shape
+        *bbatch, _, n = b.shape
+        batch = tuple(max(p, q) for p, q in zip(abatch, bbatch))
+        nb = math.prod(batch)
+        out_shape = batch + (m, n)
+        if m * n * nb == 0:
+            return self._new(out_shape, dtypes.float32)
+        if k == 0:
+            return self.full(out_shape, 0.0, dtypes.float32)
+
+        def run(variant):
+            return self._matmul_variant(variant, a, b, batch, m, n, k)
+
+        variant = self._rt.tuner.select(m, n, k, nb, self.autotune, run, self.synchronize,
+                                        self.device.is_cpu)
+        return run(variant)
+
+    def _matmul_variant(self, variant, a, b, batch, m, n, k):
+        bm, bn, bk, tm, tn, split_k = VARIANTS[variant]
+        nb = math.prod(batch)
+        splits = split_count(m, n, k, nb, bm, bn) if split_k else 1
+        kchunk = -(-k // splits)
+        kchunk = -(-kchunk // max(bk, 1)) * max(bk, 1)
+        splits = -(-k // kchunk)
+        groups = (-(-n // bn), -(-m // bm), nb * splits)
+        if max(groups) > codegen.MAX_GROUPS:
+            raise DeviceLimitError("cn.Wgpu matmul: %s @ %s needs %r workgroups, more than the "
+                                   "device's 65535 per dimension" % (a.shape, b.shape, groups))
+        out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
+                        dtypes.float32)
+        nbd = len(batch)
+        a_bstrides = [a.strides[d] if a.shape[d] > 1 else 0 for d in range(nbd)]
+        b_bstrides = [b.strides[d] if b.shape[d] > 1 else 0 for d in range(nbd)]
+        a_sm, a_sk, b_sk, b_sn = a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1]
+        params = codegen.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
+                                       batch, a_bstrides, b_bstrides)
+        # vec4 loads where the layout allows (4-aligned, unit stride); no bounds checks where the
+        # tiles cover the product exactly. Only tiled variants have these specialisations.
+        vec_a = bool(bk) and a_sk == 1 and k % 4 == 0 and a.offset % 4 == 0 and \
+            (m == 1 or a_sm % 4 == 0) and all(s % 4 == 0 for s in a_bstrides)
+        vec_b = bool(bk) and tn % 4 == 0 and b_sn == 1 and n % 4 == 0 and \
+            b.offset % 4 == 0 and (k == 1 or b_sk % 4 == 0) and all(s % 4 == 0 for s in b_bstrides)
+        exact = bool(bk) and m % bm == 0 and n % bn == 0 and k % kchunk == 0
+        build = (lambda: codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact)) if bk \
+            else (lambda: codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn))
+        self._launch(("matmul", nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact), build,
+                     [a.storage.raw, b.storage.raw, out.storage.raw], params, groups,
+                     "matmul_" + variant, 4 * nb * (m * k + k * n), 4 * splits * nb * m * n)
+        if splits > 1:
+            return self.reduce("sum", out, 0, False)
+        return out
+
+    # ---- movement (views where possible) --------------------------------------------------
+    def reshape(self, x, shape):
+        shape = tuple(shape)
+        if not x.is_contiguous():
+            x = self._materialize(x)
+        return GpuArray(x.storage, shape, _contiguous_strides(shape), x.offset, x.dtype)
+
+    def permute(self, x, dims):
+        return GpuArray(x.storage, tuple(x.shape[d] for d in dims),
+                        tuple(x.strides[d] for d in dims), x.offset, x.dtype)
+
+    def expand(self, x, shape):
+        shape = tuple(shape)
+        strides = tuple(0 if old == 1 and new != 1 else s
+                        for old, new, s in zip(x.shape, shape, x.strides))
+        return GpuArray(x.storage, shape, strides, x.offset, x.dtype)
+
+    def slice(self, x, starts, stops, steps):
+        offset = x.offset + sum(a * s for a, s in zip(starts, x.strides))
+        shape = tuple(max(0, -(-(b - a) // st)) for a, b, st in zip(starts, stops, steps))
+        strides = tuple(s * st for s, st in zip(x.strides, steps))
+        return GpuArray(x.storage, shape, strides, offset, x.dtype)
+
+    def _copy_into(self, src, dst, offset):
+        """Copy src into the region of contiguous dst that starts at element `offset`."""
+        view = GpuArray(dst.storage, src.shape, dst.strides, dst.offset + offset, dst.dtype)
+        self._elementwise("copy", [src], dst.dtype, out=view)
+
+    def cat(self, xs, axis):
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
+        out = self._new(shape, xs[0].dtype)
+        at = 0
+        for x in xs:
+            self._copy_into(x, out, at * out.strides[axis])
+            at += x.shape[axis]
+        return out
+
+    def pad(self, x, pads, value):
+        shape = tuple(n + a + b for n, (a, b) in zip(x.shape, pads))
+        out = self.full(shape, value, x.dtype)
+        self._copy_into(x, out, sum(a * s for (a, _), s in zip(pads, out.strides)))
+        return out
+
+    # ---- indexing -------------------------------------------------------------------------
+    def gather(self, x, axis, index):
+        out = self._new(index.shape, x.dtype)
+        n = out.size
+        if n == 0:
+            return out
+        ndim, ty = len(x.shape), _TYPE[x.dtype]
+        params = codegen.gather_params(n, x.shape[axis], index.shape, index.offset, index.strides,
+                                       x.offset, x.strides)
+        self._launch(("gather", ty, ndim, axis), lambda: codegen.gather_wgsl(ty, ndim, axis),
+                     [x.storage.raw, index.storage.raw, out.storage.raw], params,
+                     codegen.groups_for(n, codegen.WG), "gather", 8 * n, 4 * n)
+        return out
+
+    def scatter_add(self, x, axis, index, src):
+        out = self._new(x.shape, x.dtype)
+        n = out.size
+        if n == 0:
+            return out
+        ndim, ty = len(x.shape), _TYPE[x.dtype]
+        params = codegen.scatter_add_params(
+            n, x.shape, index.shape, (x.offset, x.strides), (index.offset, index.strides),
+            (src.offset, src.strides))
+        self._launch(("scatter_add", ty, ndim, axis),
+                     lambda: codegen.scatter_add_wgsl(ty, ndim, axis),
+                     [x.storage.raw, index.storage.raw, src.storage.raw, out.storage.raw], params,
+                     codegen.groups_for(n, codegen.WG), "scatter_add",
+                     4 * n + 8 * index.size * (n // max(1, x.shape[axis])), 4 * n)
+        return out
+
+    # ---- images ---------------------------------------------------------------------------
+    @staticmethod
+    def _out_hw(h, w, kernel, stride, padding, dilation):
+        return tuple((size + 2 * p - d * (kk - 1) - 1) // s + 1
+                     for size, kk, s, p, d in zip((h, w), kernel, stride, padding, dilation))
+
+    def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
+        n, c, h, w = x.shape
+        oh, ow = self._out_hw(h, w, kernel, stride, padding, dilation)
+        out = self._new((n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
+        total = out.size
+        if total == 0:
+            return out
+        ty = _TYPE[x.dtype]
+        if x.dtype is dtypes.float32:
+            bits = struct.unpack("<I", struct.pack("<f", float(pad_value)))[0]
+        else:
+            bits = int(pad_value) & 0xFFFFFFFF
+        params = codegen.geometry_params(total, x.shape, kernel, stride, padding, dilation,
+                                         (oh, ow)) + [x.offset] + list(x.strides) + [bits]
+        self._launch(("unfold2d", ty), lambda: codegen.unfold2d_wgsl(ty),
+                     [x.storage.raw, out.storage.raw], params,
+                     codegen.groups_for(total, codegen.WG), "unfold2d", 4 * total, 4 * total)
+        return out
+
+    def fold2d(self, cols, size, kernel, stride, padding, dilation):
+        n = cols.shape[0]
+        c = cols.shape[1] // (kernel[0] * kernel[1])
+        h, w = size
+        oh, ow = self._out_hw(h, w, kernel, stride, padding, dilation)
+        out = self._new((n, c, h, w), cols.dtype)
+        total = out.size
+        if total == 0:
+            return out
+        if cols.size == 0:
+            self._fill(out, 0)
+            return out
+        cols = self._readable(cols)
+        if cols.offset:
+            cols = self._materialize(cols)
+        ty = _TYPE[cols.dtype]
+        params = codegen.geometry_params(total, (n, c, h, w), kernel, stride, padding, dilation,
+                                         (oh, ow))
+        self._launch(("fold2d", ty), lambda: codegen.fold2d_wgsl(ty),
+                     [cols.storage.raw, out.storage.raw], params,
+                     codegen.groups_for(total, codegen.WG), "fold2d", 4 * cols.size, 4 * total)
+        return out

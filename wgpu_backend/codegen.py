@@ -1,0 +1,639 @@
+"""WGSL generation: every kernel of the Wgpu backend comes from the generators in this file.
+
+Conventions (see device.py): binding 0 is the uniform parameter block P, an array of vec4<u32>;
+bindings 1.. are storage buffers. Shapes, strides and offsets travel in P (counted in elements),
+so one compiled pipeline serves every shape of the same rank; ranks, dtypes, ops and tile sizes
+are baked into the source (they are the pipeline cache key).
+
+Each generator `foo_wgsl(...)` sits next to `foo_params(...)`, which lays out P in the order the
+generated code reads it. Dtypes: float32 -> f32, int32 -> i32, bool -> u32 holding 0/1.
+
+1-D launches use up to 65535 workgroups in x and spill into y (WebGPU's per-dimension limit);
+`groups_for(n, wg)` gives the counts and `LINEAR_ID` recovers the linear invocation index.
+"""
+
+from cinders import dtypes
+
+WGSL_TYPE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u32"}
+ZERO = {"f32": "0.0", "i32": "0i", "u32": "0u"}
+KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
+WG = 256            # elementwise workgroup size
+MAX_GROUPS = 65535  # WebGPU's default maxComputeWorkgroupsPerDimension
+
+
+def groups_for(n, per_group):
+    total = max(1, -(-n // per_group))
+    x = min(total, MAX_GROUPS)
+    return (x, -(-total // x), 1)
+
+
+def _p(i):
+    """The WGSL expression reading parameter i (u32) from the uniform block."""
+    return "P.v[%d][%d]" % (i // 4, i % 4)
+
+
+def _header(n_params, buffers, shared=""):
+    """Uniform block, storage bindings [(name, wgsl_type, writable)], helpers, entry point."""
+    lines = ["struct Params { v: array<vec4<u32>, %d> }" % max(1, -(-n_params // 4)),
+             "@group(0) @binding(0) var<uniform> P: Params;"]
+    for b, (name, ty, writable) in enumerate(buffers, start=1):
+        access = "read_write" if writable else "read"
+        lines.append("@group(0) @binding(%d) var<storage, %s> %s: array<%s>;" % (b, access, name, ty))
+    lines.append(shared)
+    return "\n".join(lines) + "\n"
+
+
+_ENTRY_1D = """
+@compute @workgroup_size(%d)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * %du;
+"""
+
+
+def _entry_1d(wg=WG):
+    return _ENTRY_1D % (wg, wg)
+
+
+def _unravel(index, shape_p, ndim, prefix="c"):
+    """Lines computing coordinates c0..c{ndim-1} of a row-major linear `index`;
+    shape_p(d) gives the WGSL expression of dim d's size."""
+    if ndim == 0:
+        return ""
+    lines = ["  var rem_%s = %s;" % (prefix, index)]
+    for d in reversed(range(ndim)):
+        lines.append("  let %s%d = rem_%s %% %s; rem_%s = rem_%s / %s;"
+                     % (prefix, d, prefix, shape_p(d), prefix, prefix, shape_p(d)))
+    return "\n".join(lines) + "\n"
+
+
+def _dot(offset, coords, strides):
+    """WGSL for offset + sum(coord * stride)."""
+    return " + ".join([offset] + ["%s * %s" % (c, s) for c, s in zip(coords, strides)])
+
+
+# ---- helper functions, emitted only when an expression names them ------------------------
+HELPERS = {
+    "isnan_f": "fn isnan_f(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }",
+    "fmax_f": "fn fmax_f(a: f32, b: f32) -> f32 { if (isnan_f(a)) { return a; } "
+              "if (isnan_f(b)) { return b; } return max(a, b); }",
+    "fmin_f": "fn fmin_f(a: f32, b: f32) -> f32 { if (isnan_f(a)) { return a; } "
+              "if (isnan_f(b)) { return b; } return min(a, b); }",
+    # tanh through exp overflows to NaN for large |x| on some drivers; clamp where it is +-1.
+    "tanh_f": "fn tanh_f(x: f32) -> f32 { if (isnan_f(x)) { return x; } "
+              "return tanh(clamp(x, -15.0, 15.0)); }",
+    # WGSL pow is exp2(b*log2(a)): undefined for a < 0. NumPy: integer b keeps the sign rule.
+    "pow_f": """fn pow_f(a: f32, b: f32) -> f32 {
+  if (b == 0.0) { return 1.0; }
+  let r = pow(abs(a), b);
+  if (a < 0.0) {
+    if (floor(b) != b) { return bitcast<f32>(0x7fc00000u); }
+    if (fract(b * 0.5) != 0.0) { return -r; }
+  }
+  return r;
+}""",
+    # Python/NumPy modulo: the result takes the sign of the divisor.
+    "mod_f": """fn mod_f(a: f32, b: f32) -> f32 {
+  let r = a - b * trunc(a / b);
+  if (r != 0.0 && ((r < 0.0) != (b < 0.0))) { return r + b; }
+  return r;
+}""",
+    "floordiv_i": """fn floordiv_i(a: i32, b: i32) -> i32 {
+  if (b == 0i) { return 0i; }
+  let q = a / b;
+  if ((a % b != 0i) && ((a < 0i) != (b < 0i))) { return q - 1i; }
+  return q;
+}""",
+    "mod_i": """fn mod_i(a: i32, b: i32) -> i32 {
+  if (b == 0i) { return 0i; }
+  let r = a % b;
+  if (r != 0i && ((r < 0i) != (b < 0i))) { return r + b; }
+  return r;
+}""",
+    # WGSL has no erf. |x| < 0.5: Taylor series to x^11 (error < 2e-8); beyond: Numerical
+    # Recipes' Chebyshev fit of erfc (relative error < 1.2e-7), so |error| stays below 1e-6.
+    "erf_f": """fn erf_f(x: f32) -> f32 {
+  let z = abs(x);
+  if (z < 0.5) {
+    let s = x * x;
+    return x * (1.1283791671 + s * (-0.3761263890 + s * (0.1128379167 + s * (-0.0268661706
+           + s * (0.0052239776 + s * (-0.0008548327 + s * 0.0001205529))))));
+  }
+  let t = 1.0 / (1.0 + 0.5 * z);
+  let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+          + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+          + t * (-0.82215223 + t * 0.17087277)))))))));
+  return sign(x) * (1.0 - r);
+}""",
+    "hash32": """fn hash32(v: u32) -> u32 {
+  var x = v;
+  x = x ^ (x >> 16u); x = x * 0x7feb352du; x = x ^ (x >> 15u); x = x * 0x846ca68bu;
+  return x ^ (x >> 16u);
+}""",
+}
+_HELPER_DEPS = {"fmax_f": ("isnan_f",), "fmin_f": ("isnan_f",), "tanh_f": ("isnan_f",)}
+
+
+def _helpers_for(source):
+    names = []
+    for name in HELPERS:
+        if name + "(" in source:
+            for dep in _HELPER_DEPS.get(name, ()) + (name,):
+                if dep not in names:
+                    names.append(dep)
+    return "\n".join(HELPERS[n] for n in names) + "\n"
+
+
+# ---- the op table: one WGSL expression per (op, operand kind) ----------------------------
+# {a} {b} {c} are the operand values; kinds f (f32), i (i32), b (u32 bool).
+_ARITH = {
+    "add": {"f": "{a} + {b}", "i": "{a} + {b}", "b": "{a} | {b}"},
+    "sub": {"f": "{a} - {b}", "i": "{a} - {b}", "b": "{a} ^ {b}"},
+    "mul": {"f": "{a} * {b}", "i": "{a} * {b}", "b": "{a} & {b}"},
+    "div": {"f": "{a} / {b}", "i": "floordiv_i({a}, {b})"},
+    "pow": {"f": "pow_f({a}, {b})"},
+    "maximum": {"f": "fmax_f({a}, {b})", "i": "max({a}, {b})", "b": "max({a}, {b})"},
+    "minimum": {"f": "fmin_f({a}, {b})", "i": "min({a}, {b})", "b": "min({a}, {b})"},
+    "floordiv": {"f": "floor({a} / {b})", "i": "floordiv_i({a}, {b})"},
+    "mod": {"f": "mod_f({a}, {b})", "i": "mod_i({a}, {b})"},
+}
+# `a != b` compiles to an *ordered* comparison (false for NaN), so ne is written !(a == b).
+_CMP = {"eq": "{a} == {b}", "ne": "!({a} == {b})", "lt": "{a} < {b}", "le": "{a} <= {b}",
+        "gt": "{a} > {b}", "ge": "{a} >= {b}"}
+_UNARY = {
+    "neg": {"f": "-{a}", "i": "-{a}"},
+    "exp": {"f": "exp({a})"}, "log": {"f": "log({a})"}, "sqrt": {"f": "sqrt({a})"},
+    "sin": {"f": "sin({a})"}, "cos": {"f": "cos({a})"}, "tanh": {"f": "tanh_f({a})"},
+    "erf": {"f": "erf_f({a})"},
+    "abs": {"f": "abs({a})", "i": "abs({a})", "b": "{a}"},
+    "floor": {"f": "floor({a})", "i": "{a}", "b": "{a}"},
+    "ceil": {"f": "ceil({a})", "i": "{a}", "b": "{a}"},
+    # WGSL round() rounds half to even, as NumPy and PyTorch do.
+    "round": {"f": "round({a})", "i": "{a}", "b": "{a}"},
+    "copy": {"f": "{a}", "i": "{a}", "b": "{a}"},
+}
+
+
+def op_expression(op, kinds):
+    """WGSL expression for an elementwise op over operands of the given kinds (a, b, c)."""
+    k = kinds[0]
+    if op in _UNARY:
+        return _UNARY[op][k]
+    if op == "logical_not":
+        return "u32({a} == %s)" % ZERO[_KIND_TYPE[k]]
+    if op in _ARITH:
+        return _ARITH[op][k]
+    if op in _CMP:
+        return "u32(%s)" % _CMP[op]
+    if op in ("logical_and", "logical_or"):
+        z = ZERO[_KIND_TYPE[k]]
+        return "u32(!({a} == %s) %s !({b} == %s))" % (z, "&&" if op == "logical_and" else "||", z)
+    if op == "where":
+        return "select({c}, {b}, {a} != 0u)"
+    if op.startswith("cast_"):
+        return _cast(k, op[5:])
+    raise KeyError(op)
+
+
+_KIND_TYPE = {"f": "f32", "i": "i32", "b": "u32"}
+
+
+def _cast(src, dst):
+    if src == dst:
+        return "{a}"
+    if dst == "b":
+        return "u32(!({a} == %s))" % ZERO[_KIND_TYPE[src]]  # NaN -> True
+    return "%s({a})" % _KIND_TYPE[dst]  # f32(i32), i32(f32) truncates toward zero, f32(u32)...
+
+
+# ---- elementwise ---------------------------------------------------------------------------
+def elementwise_wgsl(op, in_types, out_type, ndim, layouts, out_strided=False, inplace=None):
+    """One thread per output element. layouts[k]: "c" operand k is contiguous with the output's
+    shape (read at offset + i), "s" strided (broadcast/view: read through its strides).
+    out_strided: the output is itself a strided view (copies into cat/pad destinations).
+    inplace=k: the output is written into operand k's buffer (declared read_write)."""
+    kinds = [{"f32": "f", "i32": "i", "u32": "b"}[t] for t in in_types]
+    expr = op_expression(op, kinds)
+    n_in = len(in_types)
+    buffers = [("in%d" % k, t, k == inplace) for k, t in enumerate(in_types)]
+    if inplace is None:
+        buffers.append(("out", out_type, True))
+    layout = _elementwise_layout(n_in, ndim, out_strided)
+    body = ["  if (i >= %s) { return; }" % _p(0)]
+    need_coords = out_strided or "s" in layouts
+    code = _unravel("i", lambda d: _p(layout["shape"] + d), ndim) if need_coords else ""
+    coords = ["c%d" % d for d in range(ndim)]
+    values = {}
+    for k in range(n_in):
+        base = layout["inputs"][k]
+        if layouts[k] == "c":
+            index = "%s + i" % _p(base)
+        else:
+            index = _dot(_p(base), coords, [_p(base + 1 + d) for d in range(ndim)])
+        body.append("  let v%d = in%d[%s];" % (k, k, index))
+        values["abc"[k]] = "v%d" % k
+    out_index = _dot(_p(1), coords, [_p(layout["out_strides"] + d) for d in range(ndim)]) \
+        if out_strided else "%s + i" % _p(1)
+    target = "in%d" % inplace if inplace is not None else "out"
+    body.append("  %s[%s] = %s;" % (target, out_index, expr.format(**values)))
+    src = _header(layout["count"], buffers) + _entry_1d() + code + "\n".join(body) + "\n}\n"
+    return _helpers_for(src) + src
+
+
+def _elementwise_layout(n_in, ndim, out_strided):
+    # P: n, out_offset, shape[ndim], (out_strides[ndim]), per input: offset, strides[ndim]
+    shape = 2
+    out_strides = shape + ndim
+    first = out_strides + (ndim if out_strided else 0)
+    inputs = [first + k * (1 + ndim) for k in range(n_in)]
+    return {"shape": shape, "out_strides": out_strides, "inputs": inputs,
+            "count": first + n_in * (1 + ndim)}
+
+
+def elementwise_params(n, out_offset, shape, out_strides, inputs, out_strided=False):
+    """inputs: [(offset, strides)] in operand order."""
+    params = [n, out_offset] + list(shape)
+    if out_strided:
+        params += list(out_strides)
+    for offset, strides in inputs:
+        params += [offset] + list(strides)
+    return params
+
+
+# ---- fill and random -----------------------------------------------------------------------
+def fill_wgsl(out_type):
+    """out[i] = the value whose bits are P[1] (P: n, bits)."""
+    src = _header(2, [("out", out_type, True)]) + _entry_1d() + \
+        "  if (i >= %s) { return; }\n  out[i] = bitcast<%s>(%s);\n}\n" % (_p(0), out_type, _p(1))
+    return src
+
+
+def random_wgsl(distribution):
+    """The RANDOM generator of core/backend.py (P: n, key). Uniform draws are bit-exact."""
+    body = "  if (i >= %s) { return; }\n" % _p(0)
+    body += "  let key = %s;\n" % _p(1)
+    if distribution == "uniform":
+        body += "  out[i] = f32(hash32(i ^ key) >> 8u) * 5.9604644775390625e-8;\n"
+    else:
+        body += ("  let u1 = f32(hash32((2u * i) ^ key) >> 8u) * 5.9604644775390625e-8;\n"
+                 "  let u2 = f32(hash32((2u * i + 1u) ^ key) >> 8u) * 5.9604644775390625e-8;\n"
+                 "  out[i] = sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);\n")
+    src = _header(2, [("out", "f32", True)]) + _entry_1d() + body + "}\n"
+    return _helpers_for(src) + src
+
+
+# ---- reductions ----------------------------------------------------------------------------
+REDUCE_WG = 64
+
+
+def reduce_wgsl(op, in_type, ndim, threads):
+    """Reduce one axis. Output contiguous over the other ndim-1 dims (P: n_out, axis_len,
+    axis_stride, in_offset, outer_shape[ndim-1], outer_strides[ndim-1]).
+    threads=1: one invocation per output loops over the axis (short axes, many outputs);
+    threads=REDUCE_WG: one workgroup per output, strided partial results, tree in shared memory."""
+    outer = ndim - 1
+    arg = op in ("argmax", "argmin")
+    out_type = "i32" if arg else in_type
+    acc_type = in_type
+    kind = {"f32": "f", "i32": "i", "u32": "b"}[in_type]
+    if op in ("max", "argmax"):
+        better = "({v} > {b})"
+    else:
+        better = "({v} < {b})"
+    if kind == "f":
+        # NaN wins (propagates; argmax/argmin point at the first NaN, like NumPy).
+        better = "((isnan_f({v}) && !isnan_f({b})) || (!isnan_f({b}) && %s))" % better
+    cmp = better.format(v="v", b="best")
+    tie = better.format(v="ov", b="best")
+    tie_eq = "(ov == best || (isnan_f(ov) && isnan_f(best)))" if kind == "f" else "(ov == best)"
+
+    lines = []
+    if threads == 1:
+        lines.append(_entry_1d() + "  if (i >= %s) { return; }\n  let o = i;" % _p(0))
+        tid, step = "0u", "1u"
+    else:
+        lines.append("""
+@compute @workgroup_size(%d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+  let o = wid.x + wid.y * nwg.x;
+  let t = lid.x;""" % threads)
+        tid, step = "t", "%du" % threads
+    coords = ["c%d" % d for d in range(outer)]
+    lines.append(_unravel("o", lambda d: _p(4 + d), outer))
+    lines.append("  let base = %s;" % _dot(_p(3), coords, [_p(4 + outer + d) for d in range(outer)]))
+    lines.append("  let alen = %s; let st = %s;" % (_p(1), _p(2)))
+    if op in ("sum", "prod"):
+        identity = {"sum": "0", "prod": "1"}[op]
+        init = {"f": identity + ".0", "i": identity + "i", "b": identity + "u"}[kind]
+        combine = "acc = acc + v;" if op == "sum" else "acc = acc * v;"
+        lines.append("  var acc: %s = %s;" % (acc_type, init))
+        lines.append("  for (var k = %s; k < alen; k = k + %s) { let v = inp[base + k * st]; %s }"
+                     % (tid, step, combine))
+        if threads > 1:
+            lines.append("  red[t] = acc; workgroupBarrier();")
+            lines.append("  for (var s = %du; s > 0u; s = s >> 1u) {" % (threads // 2))
+            lines.append("    if (t < s) { %s }" % combine.replace("v;", "red[t + s]; red[t] = acc;"))
+            lines.append("    workgroupBarrier();\n  }")
+            lines.append("  if (t != 0u || o >= %s) { return; }" % _p(0))
+        result = "acc"
+        if kind == "b":
+            result = "min(acc, 1u)"
+        lines.append("  out[o] = %s;" % result)
+    else:
+        # The first element each thread sees seeds it (max/min have no finite identity);
+        # threads past the axis re-read element 0, harmless for max/min/arg* (index ties go low).
+        lines.append("  let k0 = select(0u, %s, %s < alen);" % (tid, tid))
+        lines.append("  var best = inp[base + k0 * st]; var bi = k0;")
+        lines.append("  for (var k = k0 + %s; k < alen; k = k + %s) {" % (step, step))
+        lines.append("    let v = inp[base + k * st];")
+        lines.append("    if %s { best = v; bi = k; }\n  }" % cmp)
+        if threads > 1:
+            lines.append("  red[t] = best; redi[t] = bi; workgroupBarrier();")
+            lines.append("  for (var s = %du; s > 0u; s = s >> 1u) {" % (threads // 2))
+            lines.append("    if (t < s) {")
+            lines.append("      let ov = red[t + s]; let oi = redi[t + s];")
+            lines.append("      if (%s || (%s && oi < bi)) { best = ov; bi = oi; red[t] = ov; redi[t] = oi; }"
+                         % (tie, tie_eq))
+            lines.append("    }\n    workgroupBarrier();\n  }")
+            lines.append("  if (t != 0u || o >= %s) { return; }" % _p(0))
+        lines.append("  out[o] = %s;" % ("i32(bi)" if arg else "best"))
+    shared = ""
+    if threads > 1:
+        shared = "var<workgroup> red: array<%s, %d>;" % (acc_type, threads)
+        if op not in ("sum", "prod"):
+            shared += "\nvar<workgroup> redi: array<u32, %d>;" % threads
+    src = _header(4 + 2 * outer, [("inp", in_type, False), ("out", out_type, True)], shared)
+    src += "\n".join(lines) + "\n}\n"
+    return _helpers_for(src) + src
+
+
+def reduce_params(n_out, axis_len, axis_stride, offset, outer_shape, outer_strides):
+    return [n_out, axis_len, axis_stride, offset] + list(outer_shape) + list(outer_strides)
+
+
+# ---- matmul --------------------------------------------------------------------------------
+def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False):
+    """Batched C = A @ B, one template for every tiling: a workgroup of (bn/tn, bm/tm) threads
+    computes a bm x bn tile; each thread a tm x tn block of registers (vec4 when tn is a
+    multiple of 4) from bk-deep slices of A and B staged in shared memory. A and B are read
+    through strides (transposed views need no copy). Split-K: grid z = batch * splits; split s
+    covers k in [s*kchunk, (s+1)*kchunk) and writes its partial product into slab s of C.
+    Specialisations (the caller checks they hold): vec_a: A is k-contiguous with every offset,
+    row stride and K a multiple of 4, so A is read as vec4; vec_b: the same for B along n (then
+    C, whose N is a multiple of 4, is written as vec4 too); exact: M, N, K (and every split) are
+    multiples of the tile, so no bounds checks.
+    P: M, N, K, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, nbatch_total,
+       batch_shape[nbatch], a_bstride[nbatch], b_bstride[nbatch]"""
+    wx, wy = bn // tn, bm // tm
+    threads = wx * wy
+    width = 4 if tn % 4 == 0 else 1
+    vec_b = vec_b and width == 4
+    groups = tn // width
+    vt = "vec4<f32>" if width == 4 else "f32"
+    shared = ("var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
+              % (bk * bm, vt, bk * bn // width))
+    src = _header(11 + 3 * nbatch, [("A", "vec4<f32>" if vec_a else "f32", False),
+                                    ("B", "vec4<f32>" if vec_b else "f32", False),
+                                    ("C", "vec4<f32>" if vec_b else "f32", True)], shared)
+    lines = ["""
+@compute @workgroup_size(%d, %d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tx = lid.x; let ty = lid.y; let t = ty * %du + tx;
+  let M = %s; let N = %s; let K = %s; let kchunk = %s;
+  let z = wid.z; let nb = %s;
+  let split = z / nb; let bz = z %% nb;
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, _p(0), _p(1), _p(2), _p(3), _p(10),
+                                                   bm, bn)]
+    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
+    bc = ["b%d" % d for d in range(nbatch)]
+    lines.append("  let a_base = %s;" % _dot(_p(4), bc, [_p(11 + nbatch + d) for d in range(nbatch)]))
+    lines.append("  let b_base = %s;" % _dot(_p(5), bc, [_p(11 + 2 * nbatch + d) for d in range(nbatch)]))
+    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
+                 % (_p(6), _p(7), _p(8), _p(9)))
+    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+    lines.append("  var acc: array<%s, %d>;" % (vt, tm * groups))
+    lines.append("  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk)
+
+    # Stage A[m0.., k0..] as As[kk * bm + mm] (k-major: the compute loop reads rows as a broadcast).
+    if vec_a:
+        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bm // 4, threads))
+        lines.append("      let mm = e / %du; let kq = (e %% %du) * 4u; let gm = m0 + mm; let gk = k0 + kq;"
+                     % (bk // 4, bk // 4))
+        lines.append("      var v = vec4<f32>(0.0);")
+        load = "v = A[(a_base + gm * a_sm + gk) / 4u];"
+        lines.append("      " + load if exact else "      if (gm < M && gk < k_end) { %s }" % load)
+        for j in range(4):
+            lines.append("      As[(kq + %du) * %du + mm] = v[%d];" % (j, bm, j))
+        lines.append("    }")
+    else:
+        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bm, threads))
+        lines.append("      let kk = e / %du; let mm = e %% %du; let gm = m0 + mm; let gk = k0 + kk;" % (bm, bm))
+        load = "v = A[a_base + gm * a_sm + gk * a_sk];"
+        lines.append("      var v = 0.0;")
+        lines.append("      " + load if exact else "      if (gm < M && gk < k_end) { %s }" % load)
+        lines.append("      As[e] = v;\n    }")
+    # Stage B[k0.., n0..] as Bs[kk * bn + nn] (vec4 over nn when width is 4).
+    if vec_b:
+        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bn // 4, threads))
+        lines.append("      let kk = e / %du; let gn = n0 + (e %% %du) * 4u; let gk = k0 + kk;"
+                     % (bn // 4, bn // 4))
+        load = "v = B[(b_base + gk * b_sk + gn) / 4u];"
+        lines.append("      var v = vec4<f32>(0.0);")
+        lines.append("      " + load if exact else "      if (gn < N && gk < k_end) { %s }" % load)
+        lines.append("      Bs[e] = v;\n    }")
+    else:
+        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bn, threads))
+        lines.append("      let kk = e / %du; let nn = e %% %du; let gn = n0 + nn; let gk = k0 + kk;" % (bn, bn))
+        load = "v = B[b_base + gk * b_sk + gn * b_sn];"
+        lines.append("      var v = 0.0;")
+        lines.append("      " + load if exact else "      if (gn < N && gk < k_end) { %s }" % load)
+        lines.append("      Bs[e / %du]%s = v;\n    }" % (width, "[e % 4u]" if width == 4 else ""))
+    lines.append("    workgroupBarrier();")
+    lines.append("    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % bk)
+    for g in range(groups):
+        lines.append("      let bv%d = Bs[kk * %du + %du + tx];" % (g, bn // width, g * wx))
+    for r in range(tm):
+        lines.append("      let av%d = As[kk * %du + %du + ty];" % (r, bm, r * wy))
+        for g in range(groups):
+            lines.append("      acc[%d] = fma(%s(av%d), bv%d, acc[%d]);"
+                         % (r * groups + g, vt, r, g, r * groups + g))
+    lines.append("    }\n    workgroupBarrier();\n  }")
+    # Thread (tx, ty) owns rows m0 + r*wy + ty and columns n0 + (g*wx + tx)*width + j.
+    lines.append("  let c_base = z * M * N;")
+    for r in range(tm):
+        lines.append("  { let m = m0 + %du + ty;" % (r * wy))
+        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
+        for g in range(groups):
+            n = "n0 + (%du + tx) * %du" % (g * wx, width)
+            if vec_b:
+                lines.append("      { let n = %s; if (%s) { C[(c_base + m * N + n) / 4u] = acc[%d]; } }"
+                             % (n, "true" if exact else "n < N", r * groups + g))
+                continue
+            for j in range(width):
+                comp = "[%d]" % j if width == 4 else ""
+                lines.append("      { let n = %s + %du; if (%s) { C[c_base + m * N + n] = acc[%d]%s; } }"
+                             % (n, j, "true" if exact else "n < N", r * groups + g, comp))
+        lines.append("    }\n  }")
+    return src + "\n".join(lines) + "\n}\n"
+
+
+def matmul_direct_wgsl(nbatch, bm, bn, tm, tn):
+    """The matmul without shared memory or barriers: each thread reads its rows of A and
+    columns of B straight from global memory (what CPU adapters such as lavapipe and
+    SwiftShader run fastest: barriers are expensive there). Same parameters and grid as
+    matmul_wgsl, split-K included."""
+    wx, wy = bn // tn, bm // tm
+    src = _header(11 + 3 * nbatch, [("A", "f32", False), ("B", "f32", False), ("C", "f32", True)])
+    lines = ["""
+@compute @workgroup_size(%d, %d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let M = %s; let N = %s; let K = %s; let kchunk = %s;
+  let z = wid.z; let nb = %s;
+  let split = z / nb; let bz = z %% nb;""" % (wx, wy, _p(0), _p(1), _p(2), _p(3), _p(10))]
+    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
+    bc = ["b%d" % d for d in range(nbatch)]
+    lines.append("  let a_base = %s;" % _dot(_p(4), bc, [_p(11 + nbatch + d) for d in range(nbatch)]))
+    lines.append("  let b_base = %s;" % _dot(_p(5), bc, [_p(11 + 2 * nbatch + d) for d in range(nbatch)]))
+    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
+                 % (_p(6), _p(7), _p(8), _p(9)))
+    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+    lines.append("  var acc: array<f32, %d>;" % (tm * tn))
+    # Rows and columns past the edge are clamped for reading and skipped for writing.
+    for r in range(tm):
+        lines.append("  let ar%d = a_base + min(wid.y * %du + %du + lid.y, M - 1u) * a_sm;" % (r, bm, r * wy))
+    for c in range(tn):
+        lines.append("  let bc%d = b_base + min(wid.x * %du + %du + lid.x, N - 1u) * b_sn;" % (c, bn, c * wx))
+    lines.append("  for (var k = k_begin; k < k_end; k = k + 1u) {")
+    for r in range(tm):
+        lines.append("    let a%d = A[ar%d + k * a_sk];" % (r, r))
+    for c in range(tn):
+        lines.append("    let b%d = B[bc%d + k * b_sk];" % (c, c))
+    for r in range(tm):
+        for c in range(tn):
+            lines.append("    acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c))
+    lines.append("  }\n  let c_base = z * M * N;")
+    for r in range(tm):
+        for c in range(tn):
+            lines.append("  { let m = wid.y * %du + %du + lid.y; let n = wid.x * %du + %du + lid.x;"
+                         % (bm, r * wy, bn, c * wx))
+            lines.append("    if (m < M && n < N) { C[c_base + m * N + n] = acc[%d]; } }" % (r * tn + c))
+    return src + "\n".join(lines) + "\n}\n"
+
+
+def matmul_params(m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, batch_shape,
+                  a_bstrides, b_bstrides):
+    nb = 1
+    for s in batch_shape:
+        nb *= s
+    return ([m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, nb] + list(batch_shape)
+            + list(a_bstrides) + list(b_bstrides))
+
+
+# ---- indexing ------------------------------------------------------------------------------
+def gather_wgsl(ty, ndim, axis):
+    """out[c] = x[c with c[axis] = index[c]] (out has index's shape, contiguous).
+    P: n, x_axis_len, shape[ndim], idx_off, idx_strides[ndim], x_off, x_strides[ndim]"""
+    sh, io, xo = 2, 2 + ndim, 3 + 2 * ndim
+    coords = ["c%d" % d for d in range(ndim)]
+    body = _unravel("i", lambda d: _p(sh + d), ndim)
+    body += "  var j = index[%s];\n" % _dot(_p(io), coords, [_p(io + 1 + d) for d in range(ndim)])
+    # Negative indices count from the end (the tensor layer validates the range).
+    body += "  if (j < 0i) { j = j + i32(%s); }\n" % _p(1)
+    xc = ["u32(j)" if d == axis else c for d, c in enumerate(coords)]
+    body += "  out[i] = x[%s];\n" % _dot(_p(xo), xc, [_p(xo + 1 + d) for d in range(ndim)])
+    src = _header(4 + 3 * ndim, [("x", ty, False), ("index", "i32", False), ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
+
+
+def gather_params(n, x_axis_len, shape, idx_off, idx_strides, x_off, x_strides):
+    return [n, x_axis_len] + list(shape) + [idx_off] + list(idx_strides) + [x_off] + list(x_strides)
+
+
+def scatter_add_wgsl(ty, ndim, axis):
+    """Deterministic scatter_add written as a gather: each output element of x's shape sums the
+    src entries whose index points at it, in index order (no atomics, same result every run).
+    P: n, x_shape[ndim], index_shape[ndim], x_off, x_strides[ndim], idx_off, idx_strides[ndim],
+       src_off, src_strides[ndim]"""
+    xs, ish = 1, 1 + ndim
+    xo, io, so = 1 + 2 * ndim, 2 + 3 * ndim, 3 + 4 * ndim
+    coords = ["c%d" % d for d in range(ndim)]
+    body = _unravel("i", lambda d: _p(xs + d), ndim)
+    body += "  var acc = x[%s];\n" % _dot(_p(xo), coords, [_p(xo + 1 + d) for d in range(ndim)])
+    inside = " && ".join(["c%d < %s" % (d, _p(ish + d)) for d in range(ndim) if d != axis]) or "true"
+    jc = ["j" if d == axis else c for d, c in enumerate(coords)]
+    body += "  if (%s) {\n" % inside
+    body += "    for (var j = 0u; j < %s; j = j + 1u) {\n" % _p(ish + axis)
+    body += "      var t = index[%s];\n" % _dot(_p(io), jc, [_p(io + 1 + d) for d in range(ndim)])
+    body += "      if (t < 0i) { t = t + i32(%s); }\n" % _p(xs + axis)
+    body += "      if (u32(t) == c%d) { acc = acc + src[%s]; }\n" % (
+        axis, _dot(_p(so), jc, [_p(so + 1 + d) for d in range(ndim)]))
+    body += "    }\n  }\n  out[i] = acc;\n"
+    src = _header(4 + 5 * ndim, [("x", ty, False), ("index", "i32", False), ("src", ty, False),
+                                 ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
+
+
+def scatter_add_params(n, x_shape, index_shape, x_view, idx_view, src_view):
+    params = [n] + list(x_shape) + list(index_shape)
+    for offset, strides in (x_view, idx_view, src_view):
+        params += [offset] + list(strides)
+    return params
+
+
+# ---- images --------------------------------------------------------------------------------
+# Shared geometry P: n, N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, then per kernel.
+_GEOMETRY = """  let N = %s; let C = %s; let H = %s; let W = %s; let kh = %s; let kw = %s;
+  let sh = %s; let sw = %s; let ph = %s; let pw = %s; let dh = %s; let dw = %s;
+  let OH = %s; let OW = %s;
+""" % tuple(_p(i) for i in range(1, 15))
+
+
+def unfold2d_wgsl(ty):
+    """im2col: out (N, C*kh*kw, OH*OW) contiguous; x (N, C, H, W) read through strides.
+    P: geometry, x_off, x_strides[4], pad_value bits"""
+    body = _GEOMETRY + """  var r = i;
+  let ox = r % OW; r = r / OW; let oy = r % OH; r = r / OH;
+  let j = r % kw; r = r / kw; let ki = r % kh; r = r / kh; let c = r % C; let n = r / C;
+  let y = i32(oy * sh + ki * dh) - i32(ph); let x = i32(ox * sw + j * dw) - i32(pw);
+  var v = bitcast<{T}>({PAD});
+  if (y >= 0i && y < i32(H) && x >= 0i && x < i32(W)) {
+    v = inp[{XO} + n * {XS0} + c * {XS1} + u32(y) * {XS2} + u32(x) * {XS3}];
+  }
+  out[i] = v;
+"""
+    for name, value in (("{T}", ty), ("{PAD}", _p(20)), ("{XO}", _p(15)), ("{XS0}", _p(16)),
+                        ("{XS1}", _p(17)), ("{XS2}", _p(18)), ("{XS3}", _p(19))):
+        body = body.replace(name, value)
+    src = _header(21, [("inp", ty, False), ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
+
+
+def fold2d_wgsl(ty):
+    """col2im as a gather: each image pixel sums the kh*kw column entries that cover it
+    (deterministic, no atomics). cols (N, C*kh*kw, OH*OW) contiguous; out (N, C, H, W).
+    P: geometry"""
+    body = _GEOMETRY + """  var r = i;
+  let x = r % W; r = r / W; let y = r % H; r = r / H; let c = r % C; let n = r / C;
+  var acc: {T} = {Z};
+  for (var ki = 0u; ki < kh; ki = ki + 1u) {
+    let yy = i32(y + ph) - i32(ki * dh);
+    if (yy < 0i || yy % i32(sh) != 0i) { continue; }
+    let oy = u32(yy) / sh;
+    if (oy >= OH) { continue; }
+    for (var j = 0u; j < kw; j = j + 1u) {
+      let xx = i32(x + pw) - i32(j * dw);
+      if (xx < 0i || xx % i32(sw) != 0i) { continue; }
+      let ox = u32(xx) / sw;
+      if (ox >= OW) { continue; }
+      acc = acc + cols[((n * C + c) * kh * kw + ki * kw + j) * OH * OW + oy * OW + ox];
+    }
+  }
+  out[i] = acc;
+""".replace("{T}", ty).replace("{Z}", ZERO[ty])
+    src = _header(15, [("cols", ty, False), ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
+
+
+def geometry_params(n, x_shape, kernel, stride, padding, dilation, out_hw):
+    return [n] + list(x_shape) + list(kernel) + list(stride) + list(padding) + list(dilation) \
+        + list(out_hw)

@@ -1,0 +1,193 @@
+"""The desktop Device: wgpu-py (Vulkan, Metal or DX12; Mesa lavapipe on machines without a GPU).
+
+The only file of cinders.wgpu that imports wgpu.
+"""
+
+import re
+
+import wgpu
+
+from .device import Device
+
+# Limits we ask the adapter for in full (the WebGPU defaults are small, e.g. 128 MiB bindings).
+_WANTED_LIMITS = (
+    "max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroup-size-x", "max-compute-workgroup-size-y",
+)
+_BUFFER_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+_STORAGE_BINDING = re.compile(r"@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>")
+# Every dispatch binds a window of this many bytes of the parameter arena (at a dynamic offset),
+# so one bind group serves every batch in which the same buffers meet the same kernel layout.
+_PARAMS_WINDOW = 256
+_MAX_CACHED_GROUPS = 4096
+
+
+def _adapters():
+    return wgpu.gpu.enumerate_adapters_sync()
+
+
+class DesktopDevice(Device):
+    """A wgpu-py device. `adapter`: None (the default high-performance adapter), an index
+    into `wgpu.gpu.enumerate_adapters_sync()`, or a substring of the adapter's description."""
+
+    def __init__(self, adapter=None):
+        super().__init__()
+        if adapter is None:
+            chosen = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        else:
+            found = _adapters()
+            if isinstance(adapter, int):
+                chosen = found[adapter]
+            else:
+                matches = [a for a in found if str(adapter).lower() in _describe(a).lower()]
+                if not matches:
+                    raise ValueError("cn.Wgpu(adapter=%r): no such adapter; found: %s"
+                                     % (adapter, "; ".join(_describe(a) for a in found)))
+                chosen = matches[0]
+        if chosen is None:
+            raise RuntimeError("cn.Wgpu(): wgpu found no GPU adapter (install a Vulkan driver, "
+                               "e.g. `apt-get install mesa-vulkan-drivers` for lavapipe)")
+        features = []
+        self.has_timestamps = "timestamp-query" in chosen.features
+        if self.has_timestamps:
+            features.append("timestamp-query")
+        limits = {k: chosen.limits[k] for k in _WANTED_LIMITS if k in chosen.limits}
+        self.adapter = chosen
+        self.device = chosen.request_device_sync(required_features=features, required_limits=limits)
+        self.queue = self.device.queue
+        self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()}
+        self.name = _describe(chosen)
+        self.is_cpu = chosen.info.get("adapter_type", "").lower() == "cpu"
+        self._layouts = {}        # pipeline id -> (signature, bind group layout)
+        self._group_layouts = {}  # signature (storage access modes) -> bind group layout
+        self._groups = {}         # (signature, window, buffer ids) -> (bind group, buffers)
+        self._arena = None        # the uniform buffer holding a batch's parameter blocks
+        self._sentinel = None
+
+    # ---- Device primitives --------------------------------------------------------------
+    def _create_buffer(self, nbytes):
+        return self.device.create_buffer(size=nbytes, usage=_BUFFER_USAGE)
+
+    def _destroy_buffer(self, raw):
+        self._groups.clear()  # cached bind groups may name this buffer
+        raw.destroy()
+
+    def _write_buffer(self, raw, offset, data):
+        self.queue.write_buffer(raw, offset, data)
+
+    def _compile(self, wgsl):
+        # An explicit layout (binding 0: the parameter uniform at a dynamic offset; then the
+        # storage buffers as the shader declares them) lets kernels of one signature share
+        # cached bind groups.
+        signature = tuple(mode for _, mode in sorted(
+            (int(b), m) for b, m in _STORAGE_BINDING.findall(wgsl)))
+        layout = self._group_layouts.get(signature)
+        if layout is None:
+            entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": wgpu.BufferBindingType.uniform,
+                                   "has_dynamic_offset": True}}]
+            entries += [{"binding": i + 1, "visibility": wgpu.ShaderStage.COMPUTE,
+                         "buffer": {"type": wgpu.BufferBindingType.storage if mode == "read_write"
+                                    else wgpu.BufferBindingType.read_only_storage}}
+                        for i, mode in enumerate(signature)]
+            layout = self._group_layouts[signature] = self.device.create_bind_group_layout(
+                entries=entries)
+        module = self.device.create_shader_module(code=wgsl)
+        pipeline = self.device.create_compute_pipeline(
+            layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+            compute={"module": module, "entry_point": "main"})
+        self._layouts[id(pipeline)] = (signature, layout)
+        return pipeline
+
+    def _bind_group(self, pipeline, window, buffers):
+        signature, layout = self._layouts[id(pipeline)]
+        key = (signature, window) + tuple(id(b) for b in buffers)
+        found = self._groups.get(key)
+        if found is None:
+            if len(self._groups) >= _MAX_CACHED_GROUPS:
+                self._groups.clear()
+            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
+                                                    "size": window}}]
+            entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                        for j, b in enumerate(buffers)]
+            # The value keeps the buffers alive, so their ids in the key stay unique.
+            found = self._groups[key] = (
+                self.device.create_bind_group(layout=layout, entries=entries), buffers)
+        return found[0]
+
+    def _submit(self, dispatches, params, timed):
+        device = self.device
+        windows = [max(_PARAMS_WINDOW, d.params_size) for d in dispatches]
+        needed = len(params) + max(windows)
+        if self._arena is None or self._arena.size < needed:
+            size = max(needed, 2 * self._arena.size if self._arena is not None else 1 << 16)
+            self._arena = device.create_buffer(
+                size=size, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            self._groups.clear()
+        # Queue-ordered: earlier submissions have read their parameters before this write lands.
+        self.queue.write_buffer(self._arena, 0, params)
+        encoder = device.create_command_encoder()
+        query_set = None
+        if timed and self.has_timestamps:
+            query_set = device.create_query_set(type="timestamp", count=2 * len(dispatches))
+        compute = None if query_set is not None else encoder.begin_compute_pass()
+        for i, d in enumerate(dispatches):
+            group = self._bind_group(d.pipeline, windows[i], d.buffers)
+            if query_set is not None:
+                # A pass per dispatch: timestamps are written at pass boundaries.
+                compute = encoder.begin_compute_pass(timestamp_writes={
+                    "query_set": query_set, "beginning_of_pass_write_index": 2 * i,
+                    "end_of_pass_write_index": 2 * i + 1})
+            compute.set_pipeline(d.pipeline)
+            compute.set_bind_group(0, group, [d.params_offset])
+            compute.dispatch_workgroups(*d.groups)
+            if query_set is not None:
+                compute.end()
+        if query_set is None:
+            compute.end()
+        resolved = None
+        if query_set is not None:
+            resolved = device.create_buffer(
+                size=16 * len(dispatches),
+                usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            encoder.resolve_query_set(query_set, 0, 2 * len(dispatches), resolved, 0)
+        self.queue.submit([encoder.finish()])
+        return (resolved, len(dispatches))
+
+    def _timings(self, token):
+        resolved, count = token
+        if resolved is None:
+            return [None] * count
+        ticks = self.queue.read_buffer(resolved).cast("Q").tolist()
+        # Timestamps are in nanoseconds (wgpu applies the queue's timestamp period).
+        return [max(0, ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(count)]
+
+    def _read_buffer(self, raw, offset, nbytes):
+        return bytes(self.queue.read_buffer(raw, offset, nbytes))
+
+    async def _read_buffer_async(self, raw, offset, nbytes):
+        staging = self.device.create_buffer(
+            size=nbytes, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        encoder = self.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(raw, offset, staging, 0, nbytes)
+        self.queue.submit([encoder.finish()])
+        await staging.map_async(wgpu.MapMode.READ)
+        data = bytes(staging.read_mapped())
+        staging.unmap()
+        staging.destroy()
+        return data
+
+    def wait_idle(self):
+        # A readback completes only after all earlier submissions (on_submitted_work_done_sync
+        # is broken in wgpu-py 0.32 against its bundled wgpu-native).
+        self.flush()
+        if self._sentinel is None:
+            self._sentinel = self._create_buffer(16)
+        self.queue.read_buffer(self._sentinel, 0, 4)
+
+
+def _describe(adapter):
+    info = adapter.info
+    return "%s (%s, %s)" % (info.get("device", "?"), info.get("backend_type", "?"),
+                            info.get("adapter_type", "?"))

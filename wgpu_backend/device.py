@@ -1,0 +1,173 @@
+"""The device interface: the narrow waist between the Wgpu backend and a WebGPU implementation.
+
+Everything above this file (codegen, pool, backend) speaks only to `Device`; nothing above it
+imports wgpu. Two implementations exist or are planned:
+
+    desktop.py   wgpu-py (Vulkan / Metal / DX12), synchronous and asynchronous readback
+    browser      Pyodide's js.navigator.gpu (asynchronous readback only, unless JSPI)
+
+What an implementation provides (the abstract methods below, all small):
+
+    _create_buffer(nbytes) -> raw       a STORAGE | COPY_SRC | COPY_DST buffer (contents undefined)
+    _destroy_buffer(raw)
+    _write_buffer(raw, offset, data)    queue-ordered upload (WebGPU queue.writeBuffer)
+    _compile(wgsl) -> pipeline          one compute pipeline, entry point `main`, layout "auto"
+    _submit(dispatches, params, timed)  encode the recorded dispatches into ONE command encoder
+                                        and submit; returns a token for `_timings` (or None)
+    _timings(token) -> [seconds]        GPU time of each dispatch of a timed submit (blocking)
+    _read_buffer(raw, offset, nbytes) -> bytes            blocking readback
+    async _read_buffer_async(raw, offset, nbytes) -> bytes
+
+and these attributes:
+
+    name            a stable description of the adapter (keys the autotune cache, device_key)
+    limits          dict with at least max_storage_buffer_binding_size,
+                    min_uniform_buffer_offset_alignment (WebGPU limit names in snake_case)
+    has_timestamps  whether `_submit(..., timed=True)` can measure GPU time
+    is_cpu          a software adapter (lavapipe, SwiftShader): matmul heuristics differ
+
+Shared logic lives here, in pure Python, so both implementations batch identically:
+dispatches are *recorded* (pipeline, buffers, a small block of u32 parameters, workgroup counts)
+and only encoded at `flush()`: all parameter blocks of a batch go into one uniform buffer, all
+dispatches into one command encoder, one `queue.submit`. The CPU never waits except in `read`.
+
+Binding convention of every generated kernel (codegen.py relies on it):
+    @group(0) @binding(0)          var<uniform> P  (the dispatch's parameter block)
+    @group(0) @binding(1 .. n)     the storage buffers, in the order given to `dispatch`
+"""
+
+import struct
+
+# A batch is submitted once it holds this many dispatches, so the GPU starts working while
+# Python keeps recording (and recorded bind groups do not pile up without bound).
+MAX_BATCH = 128
+
+
+class Dispatch:
+    """One recorded kernel launch, encoded at flush."""
+
+    __slots__ = ("pipeline", "buffers", "params_offset", "params_size", "groups", "on_time")
+
+    def __init__(self, pipeline, buffers, params_offset, params_size, groups, on_time):
+        self.pipeline = pipeline
+        self.buffers = buffers            # raw buffers, binding 1..n (kept alive until submitted)
+        self.params_offset = params_offset
+        self.params_size = params_size
+        self.groups = groups              # (x, y, z) workgroup counts
+        self.on_time = on_time            # callback(seconds) when timing is on, else None
+
+
+class Device:
+    """Abstract WebGPU compute device with batched submission. See the module docstring."""
+
+    # Filled by implementations from the device's limits (WebGPU names, snake_case).
+    limits = None
+    name = "device"
+    has_timestamps = False
+    is_cpu = False  # a software adapter (lavapipe, SwiftShader): kernel heuristics differ
+
+    def __init__(self):
+        self._pipelines = {}          # wgsl source -> compiled pipeline
+        self._pending = []            # recorded Dispatch objects of the open batch
+        self._pending_buffers = set()  # ids of raw buffers the open batch touches
+        self._params = bytearray()
+        self.timing = 0               # > 0 while some profiler wants GPU time
+        self.pipeline_cache_hits = 0
+        self.pipeline_compiles = 0
+
+    # ---- buffers ------------------------------------------------------------------------
+    def create_buffer(self, nbytes):
+        return self._create_buffer(max(nbytes, 16))
+
+    def destroy_buffer(self, raw):
+        if id(raw) in self._pending_buffers:
+            self.flush()
+        self._destroy_buffer(raw)
+
+    def write_buffer(self, raw, offset, data):
+        # A queue write executes before the command buffers of the *next* submit. If the open
+        # batch still reads this buffer (it came back from the pool), submit that batch first.
+        if id(raw) in self._pending_buffers:
+            self.flush()
+        self._write_buffer(raw, offset, data)
+
+    def read(self, raw, offset, nbytes):
+        """Blocking readback: the one place the CPU waits for the GPU."""
+        self.flush()
+        if nbytes == 0:
+            return b""
+        return self._read_buffer(raw, offset, nbytes)
+
+    async def read_async(self, raw, offset, nbytes):
+        self.flush()
+        if nbytes == 0:
+            return b""
+        return await self._read_buffer_async(raw, offset, nbytes)
+
+    # ---- pipelines and dispatch ---------------------------------------------------------
+    def pipeline(self, wgsl):
+        """Compiled pipeline for a WGSL source (cached: a training loop compiles each once).
+        Returns (pipeline, was_cached)."""
+        found = self._pipelines.get(wgsl)
+        if found is not None:
+            self.pipeline_cache_hits += 1
+            return found, True
+        self.pipeline_compiles += 1
+        found = self._pipelines[wgsl] = self._compile(wgsl)
+        return found, False
+
+    def dispatch(self, pipeline, buffers, params, groups, on_time=None):
+        """Record one launch. params: sequence of u32 (the kernel's uniform block)."""
+        align = self.limits["min_uniform_buffer_offset_alignment"]
+        offset = len(self._params)
+        block = struct.pack("<%dI" % len(params), *params) if params else b"\0" * 16
+        block += b"\0" * (-len(block) % 16)
+        self._params += block
+        self._params += b"\0" * (-len(self._params) % align)
+        self._pending.append(Dispatch(pipeline, buffers, offset, len(block), groups,
+                                      on_time if self.timing else None))
+        self._pending_buffers.update(id(b) for b in buffers)
+        if len(self._pending) >= MAX_BATCH:
+            self.flush()
+
+    def flush(self):
+        """Encode and submit the open batch (returns immediately; the GPU works on)."""
+        if not self._pending:
+            return
+        dispatches, params = self._pending, bytes(self._params)
+        self._pending, self._params, self._pending_buffers = [], bytearray(), set()
+        timed = any(d.on_time is not None for d in dispatches)
+        token = self._submit(dispatches, params, timed)
+        if timed:
+            for d, seconds in zip(dispatches, self._timings(token)):
+                if d.on_time is not None:
+                    d.on_time(seconds)
+
+    # ---- what an implementation provides -------------------------------------------------
+    def _create_buffer(self, nbytes):
+        raise NotImplementedError
+
+    def _destroy_buffer(self, raw):
+        raise NotImplementedError
+
+    def _write_buffer(self, raw, offset, data):
+        raise NotImplementedError
+
+    def _compile(self, wgsl):
+        raise NotImplementedError
+
+    def _submit(self, dispatches, params, timed):
+        raise NotImplementedError
+
+    def _timings(self, token):
+        raise NotImplementedError
+
+    def _read_buffer(self, raw, offset, nbytes):
+        raise NotImplementedError
+
+    async def _read_buffer_async(self, raw, offset, nbytes):
+        raise NotImplementedError
+
+    def wait_idle(self):
+        """Block until all submitted work is done (benchmarks use this for wall-clock timing)."""
+        self.flush()

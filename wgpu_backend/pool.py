@@ -1,0 +1,80 @@
+"""GPU memory: a pool of device buffers by size class, returned when their last view dies.
+
+A `Storage` owns one device buffer. Tensor handles (views) point at a Storage; when the last
+view is garbage collected, `weakref.finalize` hands the buffer back to the pool, where the next
+allocation of the same size class reuses it instead of asking the driver (allocation is slow,
+and a training step allocates the same sizes every iteration).
+"""
+
+import weakref
+
+MIN_CLASS = 256
+
+
+def size_class(nbytes):
+    """Powers of two up to 1 MiB, then eighths of a power of two (at most 12.5 % slack)."""
+    n = max(nbytes, MIN_CLASS)
+    top = 1 << (n - 1).bit_length()
+    if n <= 1 << 20:
+        return top
+    step = top // 8
+    return -(-n // step) * step
+
+
+class Storage:
+    """One pooled device buffer; `raw` is the Device's buffer object."""
+
+    __slots__ = ("raw", "nbytes", "__weakref__")
+
+    def __init__(self, raw, nbytes):
+        self.raw = raw
+        self.nbytes = nbytes
+
+
+class BufferPool:
+    def __init__(self, device):
+        self.device = device
+        self.limit = device.limits["max_storage_buffer_binding_size"]
+        self._free = {}             # size class -> [raw buffers]
+        self.allocated_bytes = 0    # held by live storages (size-class bytes)
+        self.pooled_bytes = 0       # free in the pool, ready for reuse
+        self.peak_bytes = 0         # peak of allocated_bytes
+        self.buffers_created = 0
+        self.reused = 0             # allocations served from the pool
+        self.inplace = 0            # elementwise results written into a dying input's buffer
+
+    def allocate(self, nbytes):
+        """A Storage of at least nbytes (the caller checked the device limit)."""
+        cls = min(size_class(nbytes), max(self.limit, nbytes))
+        free = self._free.get(cls)
+        if free:
+            raw = free.pop()
+            self.pooled_bytes -= cls
+            self.reused += 1
+        else:
+            raw = self.device.create_buffer(cls)
+            self.buffers_created += 1
+        self.allocated_bytes += cls
+        self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
+        storage = Storage(raw, cls)
+        weakref.finalize(storage, self._release, raw, cls)
+        return storage
+
+    def _release(self, raw, cls):
+        self.allocated_bytes -= cls
+        self.pooled_bytes += cls
+        self._free.setdefault(cls, []).append(raw)
+
+    def empty_cache(self):
+        """Destroy every pooled (unused) buffer, e.g. before a phase with different shapes."""
+        for buffers in self._free.values():
+            for raw in buffers:
+                self.device.destroy_buffer(raw)
+        self._free.clear()
+        self.pooled_bytes = 0
+
+    def stats(self):
+        return {"allocated_bytes": self.allocated_bytes, "pooled_bytes": self.pooled_bytes,
+                "reserved_bytes": self.allocated_bytes + self.pooled_bytes,
+                "peak_bytes": self.peak_bytes, "buffers_created": self.buffers_created,
+                "reused": self.reused, "inplace": self.inplace}
