@@ -19,7 +19,11 @@ from .functional import (
 )
 from . import functional
 from .autodiff import Autodiff, Gradients, no_grad, is_grad_enabled
+from .fusion import Fusion
+from . import fusion
 from . import nn, optim
+from . import data, record, train
+from .record import load_model
 from .profile import profile
 
 # Backends load on first use: NumPy is optional (Pyodide runs without it), so `import cinders`

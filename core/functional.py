@@ -10,7 +10,7 @@ import math
 
 from .dtypes import float32, int32, bool_
 from .errors import ShapeError, DTypeError
-from .tensor import Tensor, _axis, _axes, _numel, arange, cat, full, unfold2d, window_args
+from .tensor import Tensor, _axis, _axes, _numel, arange, cat, full, unfold2d, where, window_args
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -40,7 +40,9 @@ def sigmoid(x):
 def relu(x):
     if x.dtype is bool_:
         raise DTypeError("relu: not defined for bool tensors")
-    return x.maximum(0)
+    # where(), not maximum(x, 0): its gradient is one select and 0 at x == 0 (like torch);
+    # `x <= 0` is False for NaN, so NaN propagates.
+    return where(x <= 0, 0.0 if x.dtype is float32 else 0, x)
 
 
 def gelu(x):
@@ -57,7 +59,7 @@ def softmax(x, axis=-1):
     fused = _fused("softmax", x, axis)
     if fused is not None:
         return fused
-    e = (x - x.max(axis, keepdim=True)).exp()
+    e = (x - _shift(x, axis)).exp()
     return e / e.sum(axis, keepdim=True)
 
 
@@ -68,8 +70,15 @@ def log_softmax(x, axis=-1):
     fused = _fused("log_softmax", x, axis)
     if fused is not None:
         return fused
-    z = x - x.max(axis, keepdim=True)
+    z = x - _shift(x, axis)
     return z - z.exp().sum(axis, keepdim=True).log()
+
+
+def _shift(x, axis):
+    """The row max that softmax subtracts for stability. The result does not depend on it, so
+    its exact gradient is 0: on an Autodiff backend it is detached instead of differentiated."""
+    m = x.max(axis, keepdim=True)
+    return m.detach() if hasattr(m.backend, "detach") else m
 
 
 # -- reductions and clamping -------------------------------------------------------------------

@@ -20,6 +20,8 @@ BACKENDS = {
     # autotune off: tests must not write the on-disk tuning cache (test_wgpu_backend tunes).
     "wgpu": lambda: cn.Wgpu(autotune=False),
     "autodiff-wgpu": lambda: cn.Autodiff(cn.Wgpu(autotune=False)),
+    "fusion-wgpu": lambda: cn.Fusion(cn.Wgpu(autotune=False)),
+    "autodiff-fusion-wgpu": lambda: cn.Autodiff(cn.Fusion(cn.Wgpu(autotune=False))),
 }
 
 # Backends whose float kernels are less exact than float32-rounded libm (GPU exp/erf/...): the

@@ -1,0 +1,613 @@
+"""cn.Autodiff(inner): the backend decorator that records a tape and differentiates it.
+
+    backend = cn.Autodiff(cn.NumPy())
+    w = cn.random((3, 2), backend=backend).require_grad()
+    loss = (x @ w).relu().sum()
+    grads = loss.backward()          # a cn.Gradients, never stored on tensors
+    w.grad(grads)                    # a Tensor on the inner backend (cn.NumPy() here)
+
+How it works. An Autodiff handle (`Var`) pairs the inner backend's handle with a tape `Node`
+(None for constants). Each primitive below calls the inner backend and, when an input requires
+grad, records a Node whose backward rule sits right next to the forward call. Backward rules are
+written with Tensor operations on the INNER backend, so they reuse the tensor layer (broadcasting,
+composites) and run on any backend (Python, NumPy, Wgpu, Fusion...). Composite ops (softmax,
+gelu, conv2d = unfold2d + matmul, pooling = unfold2d + reduce) are built from these primitives
+in the tensor layer, so they are differentiated without any rule of their own.
+
+Semantics worth knowing (PyTorch's unless stated):
+* max/min reductions share the gradient evenly among tied maxima (torch.amax/amin, and
+  torch.max()/min() without a dim); maximum/minimum give each side half at a tie.
+* prod: the true product of the other entries, also when entries are zero (one zero: only the
+  zero entry gets a gradient; two or more: none), never via exp(sum(log)).
+* floor/ceil/round/floordiv have zero gradient; comparisons, argmax/argmin, logical ops and casts
+  to int/bool are not differentiable (their results are constants).
+* backward() on a non-scalar tensor seeds with ones (like Burn), i.e. differentiates its sum.
+* backward() frees the tape behind the tensor (like PyTorch without retain_graph): a second
+  backward() through the same graph raises. Leaves (require_grad()) stay usable.
+* require_grad() returns a new leaf that shares the data and starts a fresh history. Only
+  leaves get gradients in the Gradients (intermediate ones are dropped as backward() goes).
+* max pooling is unfold2d + max, so tied window maxima share the gradient (torch's max_pool2d
+  gives it to one of them); relu = where(x <= 0, 0, x) has gradient 0 at 0, like torch.
+* The inner backend's fused_<name> kernels are not used through Autodiff: composites are
+  recorded primitive by primitive, which is what makes them differentiable.
+"""
+
+import threading
+
+from . import dtypes
+from .backend import Backend
+from .errors import DTypeError, NotDifferentiableError
+from .tensor import Tensor, where as _where
+
+
+# ----------------------------------------------------------------------------- grad mode
+
+class _GradMode(threading.local):
+    disabled = 0  # depth of nested no_grad() blocks in this thread
+
+
+_grad_mode = _GradMode()
+
+
+class no_grad:
+    """`with cn.no_grad():` computes without recording (this thread only, nestable); also a
+    decorator, `@cn.no_grad()`."""
+
+    def __call__(self, fn):
+        def wrapper(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        return wrapper
+
+    def __enter__(self):
+        _grad_mode.disabled += 1
+        return self
+
+    def __exit__(self, *exc):
+        _grad_mode.disabled -= 1
+        return False
+
+
+def is_grad_enabled():
+    return _grad_mode.disabled == 0
+
+
+# ----------------------------------------------------------------------------- tape
+
+def _freed_backward(grad):
+    raise NotDifferentiableError(
+        "backward() through a graph whose tape was already freed by an earlier backward(); "
+        "compute the loss again before calling backward() again")
+
+
+class Node:
+    """One tape entry. Leaves have `backward is None`; other nodes map the gradient of their
+    output to gradients of their parents (a tuple aligned with `parents`, None = no gradient)."""
+
+    __slots__ = ("parents", "backward", "__weakref__")
+
+    def __init__(self, parents, backward):
+        self.parents = parents
+        self.backward = backward
+
+
+class Var:
+    """An Autodiff handle: the inner backend's handle and the tape node (None = constant)."""
+
+    __slots__ = ("value", "node")
+
+    def __init__(self, value, node=None):
+        self.value = value
+        self.node = node
+
+
+class Gradients:
+    """The gradients one backward() computed, keyed by leaf. `t.grad(grads)` reads them.
+
+    Immutable once returned, so any number of threads may read it; it is never attached to
+    tensors, so two backward passes never interfere."""
+
+    __slots__ = ("_by_node",)
+
+    def __init__(self, by_node):
+        self._by_node = by_node
+
+    def get(self, tensor):
+        """The gradient of `tensor` (a Tensor on the inner backend), or None when the loss does
+        not depend on it."""
+        handle = tensor.handle
+        node = handle.node if isinstance(handle, Var) else None
+        return self._by_node.get(node) if node is not None else None
+
+    def __len__(self):
+        return len(self._by_node)
+
+    def values(self):
+        return list(self._by_node.values())
+
+    def map(self, fn):
+        """New Gradients with fn(grad) in place of every gradient (e.g. clipping)."""
+        return Gradients({node: fn(g) for node, g in self._by_node.items()})
+
+    def __repr__(self):
+        return "cn.Gradients(%d tensors)" % len(self._by_node)
+
+
+# ----------------------------------------------------------------------------- the backend
+
+class Autodiff(Backend):
+    """Decorator backend: computes on `inner`, records what requires grad, differentiates."""
+
+    name = "autodiff"
+
+    def __init__(self, inner):
+        if not isinstance(inner, Backend):
+            raise TypeError("cn.Autodiff(inner) wraps a backend such as cn.NumPy(), got %r" % (inner,))
+        self._inner = inner
+        self._key = ("Autodiff",) + tuple(inner.device_key())
+
+    @property
+    def inner(self):
+        return self._inner
+
+    def device_key(self):
+        return self._key
+
+    def __repr__(self):
+        return "cn.Autodiff(%r)" % (self._inner,)
+
+    def shape(self, h):
+        return self._inner.shape(h.value)
+
+    def dtype(self, h):
+        return self._inner.dtype(h.value)
+
+    def synchronize(self):
+        self._inner.synchronize()
+
+    def __getattr__(self, name):
+        # Optional extras of the inner backend that take one handle (to_numpy, to_flat_async)
+        # or none (memory_stats) pass straight through.
+        if name in ("to_numpy", "to_flat_async"):
+            fn = getattr(self._inner, name)
+            return lambda h: fn(h.value)
+        if name == "memory_stats":
+            return getattr(self._inner, name)
+        raise AttributeError(name)
+
+    # -- the user-facing hooks, called by Tensor.require_grad/backward/detach/grad ---------
+
+    def _wrap(self, tensor, var):
+        return Tensor(self, var, tensor.shape, tensor.dtype)
+
+    def _inner_tensor(self, value, shape=None, dtype=dtypes.float32):
+        """A Tensor of the inner backend around a handle (float32 unless told: every value
+        that carries a gradient is float32)."""
+        inner = self._inner
+        return Tensor(inner, value, tuple(inner.shape(value)) if shape is None else shape, dtype)
+
+    def require_grad(self, tensor):
+        if not tensor.dtype.is_float:
+            raise DTypeError("require_grad(): only float tensors have gradients, got %r of shape %s"
+                             % (tensor.dtype, tensor.shape))
+        return self._wrap(tensor, Var(tensor.handle.value, Node((), None)))
+
+    def requires_grad(self, tensor):
+        return tensor.handle.node is not None
+
+    def detach(self, tensor):
+        return self._wrap(tensor, Var(tensor.handle.value))
+
+    def grad(self, tensor, grads):
+        if not isinstance(grads, Gradients):
+            raise TypeError("t.grad(grads) takes the cn.Gradients that loss.backward() returned, got %r"
+                            % (type(grads).__name__,))
+        return grads.get(tensor)
+
+    def to_inner(self, tensor):
+        """The tensor's data as a Tensor of the inner backend (no history)."""
+        return self._inner_tensor(tensor.handle.value, tensor.shape, tensor.dtype)
+
+    def from_inner(self, tensor, require_grad=False):
+        """Wrap a Tensor of the inner backend; optionally as a new leaf that requires grad."""
+        node = Node((), None) if require_grad else None
+        return Tensor(self, Var(tensor.handle, node), tensor.shape, tensor.dtype)
+
+    def backward(self, tensor):
+        root = tensor.handle.node
+        if root is None:
+            raise NotDifferentiableError(
+                "backward(): this tensor does not require grad; none of its inputs was marked with "
+                "t.require_grad() (or it was computed inside cn.no_grad())")
+        if not tensor.dtype.is_float:
+            raise DTypeError("backward() needs a float tensor, got %r" % (tensor.dtype,))
+        # Topological order by an iterative depth-first search (graphs can be deep).
+        # A node is marked visited when it is expanded, not when pushed, so that it lands in
+        # `order` only after every node it depends on.
+        order, visited, stack = [], set(), [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in visited:
+                continue
+            visited.add(node)
+            stack.append((node, True))
+            for parent in node.parents:
+                if parent is not None and parent not in visited:
+                    stack.append((parent, False))
+        inner = self._inner
+        seed = inner.full(tuple(tensor.shape), 1.0, dtypes.float32)
+        pending = {root: self._inner_tensor(seed, tuple(tensor.shape), dtypes.float32)}
+        leaves = {}
+        with no_grad():
+            for node in reversed(order):
+                grad = pending.pop(node, None)
+                if node.backward is None:  # a leaf
+                    if grad is not None:
+                        leaves[node] = grad
+                    continue
+                if grad is not None:
+                    for parent, parent_grad in zip(node.parents, node.backward(grad)):
+                        if parent is None or parent_grad is None:
+                            continue
+                        before = pending.get(parent)
+                        pending[parent] = parent_grad if before is None else before + parent_grad
+                # Free the tape as we go: closures hold the saved activations.
+                node.parents = ()
+                node.backward = _freed_backward
+        return Gradients(leaves)
+
+    # -- recording helper ------------------------------------------------------------------
+
+    def _record(self, value, inputs, backward):
+        """A Var for `value`; records `backward` when grad mode is on and an input needs grad."""
+        if _grad_mode.disabled:
+            return Var(value)
+        parents = tuple(x.node for x in inputs)
+        for p in parents:
+            if p is not None:
+                return Var(value, Node(parents, backward))
+        return Var(value)
+
+    # -- creation / reading: constants -----------------------------------------------------
+
+    def from_flat(self, values, shape, dtype):
+        return Var(self._inner.from_flat(values, shape, dtype))
+
+    def full(self, shape, value, dtype):
+        return Var(self._inner.full(shape, value, dtype))
+
+    def random(self, shape, distribution, seed, dtype):
+        return Var(self._inner.random(shape, distribution, seed, dtype))
+
+    def to_flat(self, h):
+        return self._inner.to_flat(h.value)
+
+    # -- elementwise -----------------------------------------------------------------------
+
+    def unary(self, op, x):
+        y = self._inner.unary(op, x.value)
+        entry = _UNARY_GRAD.get(op)
+        if entry is None or x.node is None or _grad_mode.disabled:
+            return Var(y)
+        saves, rule = entry
+        kept = x.value if saves == "x" else y if saves == "y" else None  # only what the rule reads
+        T = self._inner_tensor
+
+        def backward(g):
+            return (rule(None if kept is None else T(kept, g.shape), g),)
+        return Var(y, Node((x.node,), backward))
+
+    def binary(self, op, a, b):
+        out = self._inner.binary(op, a.value, b.value)
+        entry = _BINARY_GRAD.get(op)
+        if entry is None or (a.node is None and b.node is None) or _grad_mode.disabled:
+            return Var(out)
+        saves, rule = entry
+        inner, T = self._inner, self._inner_tensor
+        need_a, need_b = a.node is not None, b.node is not None
+        shape_a, shape_b = inner.shape(a.value), inner.shape(b.value)
+        av = a.value if "a" in saves else None
+        bv = b.value if "b" in saves else None
+        ov = out if "out" in saves else None
+
+        def backward(g):
+            ga, gb = rule(None if av is None else T(av, shape_a), None if bv is None else T(bv, shape_b),
+                          None if ov is None else T(ov, g.shape), g, need_a, need_b)
+            return (_sum_to(ga, shape_a) if need_a else None, _sum_to(gb, shape_b) if need_b else None)
+        return Var(out, Node((a.node, b.node), backward))
+
+    def where(self, cond, a, b):
+        out = self._inner.where(cond.value, a.value, b.value)
+        if (a.node is None and b.node is None) or _grad_mode.disabled:
+            return Var(out)
+        T = self._inner_tensor
+        cv = cond.value
+        ash = self.shape(a) if a.node is not None else None
+        bsh = self.shape(b) if b.node is not None else None
+
+        def backward(g):
+            c = T(cv, None, dtypes.bool_)
+            ga = None if ash is None else _sum_to(_where(c, g, 0.0), ash)
+            gb = None if bsh is None else _sum_to(_where(c, 0.0, g), bsh)
+            return (None, ga, gb)
+        return Var(out, Node((None, a.node, b.node), backward))
+
+    def cast(self, x, dtype):
+        out = self._inner.cast(x.value, dtype)
+        if not dtype.is_float:  # int/bool results are constants
+            return Var(out)
+        return self._record(out, (x,), lambda g: (g,))
+
+    # -- reductions ------------------------------------------------------------------------
+
+    def reduce(self, op, x, axis, keepdim):
+        out = self._inner.reduce(op, x.value, axis, keepdim)
+        if op == "argmax" or op == "argmin" or x.node is None or _grad_mode.disabled:
+            return Var(out)
+        T = self._inner_tensor
+        shape = self.shape(x)
+        kept = shape[:axis] + (1,) + shape[axis + 1:]
+        if op == "sum":  # needs no values: the gradient is g spread over the reduced axis
+            return Var(out, Node((x.node,), lambda g: (g.reshape(kept).expand(shape),)))
+        xv, rule = x.value, _REDUCE_GRAD[op]
+
+        def backward(g):
+            return (rule(T(xv, shape), T(out, kept if keepdim else g.shape).reshape(kept), g.reshape(kept), axis),)
+        return Var(out, Node((x.node,), backward))
+
+    # -- linear algebra --------------------------------------------------------------------
+
+    def matmul(self, a, b):
+        out = self._inner.matmul(a.value, b.value)
+        if (a.node is None and b.node is None) or _grad_mode.disabled:
+            return Var(out)
+        T = self._inner_tensor
+        need_a, need_b = a.node is not None, b.node is not None
+        shape_a, shape_b = self.shape(a), self.shape(b)
+        av = a.value if need_b else None  # d/db reads a, d/da reads b
+        bv = b.value if need_a else None
+
+        def backward(g):
+            # d(a @ b) = da @ b + a @ db; batch dims that were broadcast are summed back.
+            ga = _sum_to(g @ _t(T(bv, shape_b)), shape_a) if need_a else None
+            gb = _sum_to(_t(T(av, shape_a)) @ g, shape_b) if need_b else None
+            return (ga, gb)
+        return Var(out, Node((a.node, b.node), backward))
+
+    # -- movement: each backward is the inverse movement -----------------------------------
+
+    def reshape(self, x, shape):
+        out = self._inner.reshape(x.value, shape)
+        in_shape = self.shape(x) if x.node is not None else None
+        return self._record(out, (x,), lambda g: (g.reshape(in_shape),))
+
+    def permute(self, x, dims):
+        out = self._inner.permute(x.value, dims)
+        inverse = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inverse[d] = i
+        return self._record(out, (x,), lambda g: (g.permute(tuple(inverse)),))
+
+    def expand(self, x, shape):
+        out = self._inner.expand(x.value, shape)
+        in_shape = self.shape(x) if x.node is not None else None
+        return self._record(out, (x,), lambda g: (_sum_to(g, in_shape),))
+
+    def slice(self, x, starts, stops, steps):
+        out = self._inner.slice(x.value, starts, stops, steps)
+        in_shape = self.shape(x) if x.node is not None else None
+
+        def backward(g):
+            # Strided dims: interleave step-1 zeros after each element (unsqueeze, pad, merge),
+            # then pad every dim back to the input's extent.
+            pads = []
+            for d, (start, step, size) in enumerate(zip(starts, steps, in_shape)):
+                n = g.shape[d]
+                if step > 1 and n > 0:
+                    s = g.shape
+                    g = _pad(g.reshape(s[:d + 1] + (1,) + s[d + 1:]),
+                             [(0, 0)] * (d + 1) + [(0, step - 1)] + [(0, 0)] * (len(s) - d - 1))
+                    g = g.reshape(s[:d] + (n * step,) + s[d + 1:])
+                    n = n * step
+                after = size - start - n
+                if after < 0:  # the last interleaved zeros run past the input's end
+                    g = _slice_dim(g, d, 0, n + after)
+                    after = 0
+                pads.append((start, after))
+            return (_pad(g, pads),)
+        return self._record(out, (x,), backward)
+
+    def cat(self, xs, axis):
+        out = self._inner.cat([x.value for x in xs], axis)
+        sizes = [self.shape(x)[axis] for x in xs]
+
+        def backward(g):
+            grads, start = [], 0
+            for size in sizes:
+                grads.append(_slice_dim(g, axis, start, start + size))
+                start += size
+            return tuple(grads)
+        return self._record(out, tuple(xs), backward)
+
+    def pad(self, x, pads, value):
+        out = self._inner.pad(x.value, pads, value)
+        in_shape = self.shape(x) if x.node is not None else None
+
+        def backward(g):
+            return (g[tuple(slice(before, before + n) for (before, _), n in zip(pads, in_shape))],)
+        return self._record(out, (x,), backward)
+
+    # -- indexing: gather and scatter_add are each other's backward ------------------------
+
+    def gather(self, x, axis, index):
+        out = self._inner.gather(x.value, axis, index.value)
+        T = self._inner_tensor
+        iv = index.value
+        in_shape = self.shape(x) if x.node is not None else None
+
+        def backward(g):
+            zeros = T(self._inner.full(in_shape, 0.0, dtypes.float32), in_shape, dtypes.float32)
+            return (zeros.scatter_add(axis, T(iv, None, dtypes.int32), g), None)
+        return self._record(out, (x, index), backward)
+
+    def scatter_add(self, x, axis, index, src):
+        out = self._inner.scatter_add(x.value, axis, index.value, src.value)
+        T = self._inner_tensor
+        iv = index.value
+        src_shape = self.shape(src) if src.node is not None else None
+
+        def backward(g):
+            gsrc = None
+            if src_shape is not None:
+                gsrc = g.gather(axis, T(iv, None, dtypes.int32))
+                gsrc = _pad(gsrc, [(0, s - n) for s, n in zip(src_shape, gsrc.shape)])
+            return (g, None, gsrc)
+        return self._record(out, (x, index, src), backward)
+
+    # -- images: unfold2d and fold2d are adjoint -------------------------------------------
+
+    def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
+        out = self._inner.unfold2d(x.value, kernel, stride, padding, dilation, pad_value)
+        T = self._inner_tensor
+        size = tuple(self.shape(x)[2:])
+
+        def backward(g):
+            return (T(self._inner.fold2d(g.handle, size, kernel, stride, padding, dilation)),)
+        return self._record(out, (x,), backward)
+
+    def fold2d(self, cols, size, kernel, stride, padding, dilation):
+        out = self._inner.fold2d(cols.value, size, kernel, stride, padding, dilation)
+        T = self._inner_tensor
+
+        def backward(g):
+            return (T(self._inner.unfold2d(g.handle, kernel, stride, padding, dilation, 0.0)),)
+        return self._record(out, (cols,), backward)
+
+
+# ----------------------------------------------------------------------------- helpers
+# Written with Tensor operations of the inner backend; `g` is the gradient of the output.
+
+def _sum_to(g, shape):
+    """Reverse of broadcasting: sum g over the dims where `shape` has 1 and g does not."""
+    if g.shape == shape:
+        return g
+    axes = tuple(d for d, n in enumerate(shape) if n == 1 and g.shape[d] != 1)
+    return g.sum(axes, keepdim=True) if axes else g
+
+
+def _t(x):
+    """Swap the last two dims."""
+    n = len(x.shape)
+    return x.permute(tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+def _pad(x, pads):
+    """Zero padding with raw (before, after) pairs per dim, through the inner backend."""
+    pads = tuple((int(a), int(b)) for a, b in pads)
+    if not any(a or b for a, b in pads):
+        return x
+    out = x.backend.pad(x.handle, pads, 0.0)
+    shape = tuple(n + a + b for n, (a, b) in zip(x.shape, pads))
+    return Tensor(x.backend, out, shape, x.dtype)
+
+
+def _slice_dim(x, axis, start, stop):
+    index = [slice(None)] * len(x.shape)
+    index[axis] = slice(start, stop)
+    return x[tuple(index)]
+
+
+def _sign(x):
+    return (x > 0).cast(dtypes.float32) - (x < 0).cast(dtypes.float32)
+
+
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+# Unary backward rules: (x, y = op(x), g = dL/dy) -> dL/dx. Ops not listed have no gradient.
+# Unary backward rules: op -> (what to save: "x", "y" = op(x) or None, rule(saved, g) -> dL/dx)
+# with g = dL/dy. Saving only what the rule reads keeps fewer activations alive. Ops not listed
+# have no gradient.
+_UNARY_GRAD = {
+    "neg": (None, lambda _, g: -g),
+    "exp": ("y", lambda y, g: g * y),
+    "log": ("x", lambda x, g: g / x),
+    "sqrt": ("y", lambda y, g: g / (y * 2.0)),
+    "sin": ("x", lambda x, g: g * x.cos()),
+    "cos": ("x", lambda x, g: -(g * x.sin())),
+    "tanh": ("y", lambda y, g: g * (1.0 - y * y)),
+    "erf": ("x", lambda x, g: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI),
+    "abs": ("x", lambda x, g: g * _sign(x)),
+    # Piecewise constant: zero gradient (PyTorch's convention), not "no gradient".
+    "floor": (None, lambda _, g: g * 0.0),
+    "ceil": (None, lambda _, g: g * 0.0),
+    "round": (None, lambda _, g: g * 0.0),
+}
+
+
+def _pow_grad(a, b, out, g, need_a, need_b):
+    # PyTorch masks the 0 * inf cases: d/da is 0 where b == 0, d/db is 0 where a == 0 and b >= 0.
+    ga = gb = None
+    if need_a:
+        ga = _where(b == 0.0, 0.0, g * b * a ** (b - 1.0))
+    if need_b:
+        gb = _where((a == 0.0) & (b >= 0.0), 0.0, g * out * a.log())
+    return ga, gb
+
+
+def _max_grad(a, b, out, g, need_a, need_b):
+    # The side equal to `out` won; a tie gives each side half (PyTorch's maximum/minimum).
+    tie = a == b
+    shared = _where(tie, g * 0.5, g)
+    ga = _where(a == out, shared, 0.0) if need_a else None
+    gb = _where(b == out, shared, 0.0) if need_b else None
+    return ga, gb
+
+
+def _mod_grad(a, b, out, g, need_a, need_b):
+    return g, (-(g * (a / b).floor()) if need_b else None)
+
+
+# Binary backward rules: op -> (what to save of "a", "b", "out", rule(a, b, out, g, need_a,
+# need_b) -> (dL/da, dL/db)) in the broadcast shape (unsaved inputs arrive as None); the caller
+# sums each back to its operand's shape. Comparisons and logical ops are not listed: constants.
+_BINARY_GRAD = {
+    "add": ((), lambda a, b, out, g, na, nb: (g, g)),
+    "sub": ((), lambda a, b, out, g, na, nb: (g, -g if nb else None)),
+    "mul": (("a", "b"), lambda a, b, out, g, na, nb: (g * b if na else None, g * a if nb else None)),
+    "div": (("b", "out"), lambda a, b, out, g, na, nb: (g / b if na else None, -(g * out / b) if nb else None)),
+    "pow": (("a", "b", "out"), _pow_grad),
+    "maximum": (("a", "b", "out"), _max_grad),
+    "minimum": (("a", "b", "out"), _max_grad),  # same rule: `out` says which side won
+    "floordiv": ((), lambda a, b, out, g, na, nb: (g * 0.0 if na else None, g * 0.0 if nb else None)),
+    "mod": (("a", "b"), _mod_grad),
+}
+
+
+def _prod_grad(x, y, g, axis):
+    # d prod / d x_i = product of the other entries. Without zeros that is prod / x_i; with one
+    # zero only that entry gets the product of the rest; with two or more every gradient is 0.
+    is_zero = x == 0.0
+    zeros = is_zero.cast(dtypes.float32).sum(axis, keepdim=True)
+    x_safe = _where(is_zero, 1.0, x)
+    rest = x_safe.prod(axis, keepdim=True)  # product of the non-zero entries
+    other = _where(zeros == 0.0, rest / x_safe, _where(is_zero, rest, 0.0))
+    return _where(zeros <= 1.0, g * other, 0.0)
+
+
+def _extreme_grad(x, y, g, axis):
+    # Ties share the gradient evenly (torch.amax/amin semantics).
+    hit = (x == y).cast(dtypes.float32)
+    return hit * (g / hit.sum(axis, keepdim=True))
+
+
+# Reduction backward rules: (x, y kept-dims, g kept-dims, axis) -> dL/dx. ("sum" is inline in
+# Autodiff.reduce: it needs only the shape.)
+_REDUCE_GRAD = {
+    "prod": _prod_grad,
+    "max": _extreme_grad,
+    "min": _extreme_grad,
+}

@@ -1,0 +1,239 @@
+"""nn.Module: parameters are found from attributes, no registration needed.
+
+What a module's state is, by attribute:
+* a Tensor                      -> a parameter (trained; requires grad on an Autodiff backend)
+* a Tensor whose name is listed in the class's `buffers` tuple
+                                -> a buffer (state that is saved but not trained, e.g.
+                                   BatchNorm's running statistics)
+* a Module                      -> a child; its state is prefixed with "name."
+* a list/tuple of Modules/Tensors, or a dict of them
+                                -> children named "name.0", "name.1", ... / "name.key"
+                                   (PyTorch's ModuleList / ModuleDict naming)
+* a name starting with "_"      -> private, ignored (constants such as masks live there)
+The names are PyTorch's for the same structure, so torch state dicts load 1:1.
+"""
+
+from .. import record
+from ..dtypes import float32
+from ..errors import RecordError
+from ..tensor import Tensor
+
+
+def _move(t, backend, trainable):
+    """`t` on `backend`; trainable tensors on an Autodiff backend become leaves requiring grad."""
+    inner = getattr(backend, "inner", None)
+    if t.backend is backend:
+        moved = t
+    elif t.backend == backend:  # same device, another instance: adopt it (cheaper checks later)
+        moved = Tensor(backend, t.handle, t.shape, t.dtype)
+    elif inner is not None and hasattr(backend, "from_inner") and (t.backend is inner or t.backend == inner):
+        moved = backend.from_inner(t)
+    elif getattr(t.backend, "inner", None) is not None and hasattr(t.backend, "to_inner"):
+        moved = _move(t.backend.to_inner(t), backend, False)
+    else:
+        moved = t.to(backend)
+    return parameter(moved) if trainable else _detach(moved)
+
+
+def parameter(t):
+    """A fresh leaf that requires grad when t's backend records gradients, else t itself."""
+    if hasattr(t.backend, "require_grad"):
+        return t.require_grad()
+    return t
+
+
+def _detach(t):
+    return t.detach() if hasattr(t.backend, "detach") else t
+
+
+class Module:
+    """Base class of every layer and model: subclasses set attributes in __init__ and define
+    forward(); calling the module calls forward."""
+
+    buffers = ()     # attribute names of Tensors that are saved state but not parameters
+    training = True  # class default, so subclasses that skip super().__init__() still work
+
+    def __init__(self):
+        self.training = True
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("%s.forward() is not defined" % type(self).__name__)
+
+    def config(self):
+        """The constructor arguments that rebuild this module (records store them)."""
+        return {}
+
+    # -- walking the state ---------------------------------------------------------------------
+
+    def _items(self):
+        """(name, value) of the attributes that may hold state, in assignment order."""
+        return [(k, v) for k, v in vars(self).items() if not k.startswith("_")]
+
+    def _walk(self, prefix=""):
+        """Yields (path, owner, key, value, is_buffer) for every tensor; `owner[key]` or
+        `setattr(owner, key, ...)` replaces it (owner is a Module, list or dict)."""
+        own_buffers = self.buffers
+        for name, value in self._items():
+            path = prefix + name
+            if isinstance(value, Tensor):
+                yield path, self, name, value, name in own_buffers
+            elif isinstance(value, Module):
+                yield from value._walk(path + ".")
+            elif isinstance(value, (list, tuple, dict)):
+                yield from _walk_container(value, path + ".")
+
+    def named_parameters(self):
+        """[(path, tensor)] of the trained tensors, e.g. ("layers.1.weight", ...). A tensor held
+        in two places (tied weights) is listed once, under its first path, like torch."""
+        seen, out = set(), []
+        for p, _, _, v, is_buffer in self._walk():
+            if not is_buffer and id(v) not in seen:
+                seen.add(id(v))
+                out.append((p, v))
+        return out
+
+    def parameters(self):
+        return [v for _, v in self.named_parameters()]
+
+    def named_buffers(self):
+        return [(p, v) for p, _, _, v, is_buffer in self._walk() if is_buffer]
+
+    def num_params(self):
+        n = 0
+        for t in self.parameters():
+            n += t.numel()
+        return n
+
+    def modules(self):
+        """This module and every module below it, depth first."""
+        found = [self]
+        for _, value in self._items():
+            for child in _modules_in(value):
+                found.extend(child.modules())
+        return found
+
+    def state_dict(self):
+        """{path: tensor} of parameters and buffers, in PyTorch's key names and order."""
+        return {p: v for p, _, _, v, _ in self._walk()}
+
+    def replace_tensors(self, new):
+        """Put `new[path]` in place of each named tensor (no checks: the callers check). Every
+        place that held the same tensor gets the replacement, so tied weights stay tied."""
+        found = list(self._walk())
+        by_id = {id(value): new[path] for path, _, _, value, _ in found if path in new}
+        for _, owner, key, value, _ in found:
+            replacement = by_id.get(id(value))
+            if replacement is not None:
+                _assign(owner, key, replacement)
+        return self
+
+    def load_state_dict(self, state, strict=True):
+        """Copy `state` ({path: Tensor or array-like}) into this module, all or nothing: every
+        key and shape is checked before anything changes. Raises cn.RecordError listing the
+        missing keys, unexpected keys and shape mismatches."""
+        current = {p: (v, is_buffer) for p, _, _, v, is_buffer in self._walk()}
+        missing = [k for k in current if k not in state]
+        unexpected = [k for k in state if k not in current]
+        converted, mismatched = {}, []
+        for key, value in state.items():
+            if key not in current:
+                continue
+            old, is_buffer = current[key]
+            new = _as_tensor(value, old)
+            if tuple(new.shape) != tuple(old.shape):
+                mismatched.append("%s: expected shape %s, got %s" % (key, tuple(old.shape), tuple(new.shape)))
+                continue
+            if new.dtype is not old.dtype:
+                new = new.cast(old.dtype)
+            converted[key] = _move(new, old.backend, not is_buffer)
+        problems = []
+        if missing and strict:
+            problems.append("missing keys: " + ", ".join(missing))
+        if unexpected and strict:
+            problems.append("unexpected keys: " + ", ".join(unexpected))
+        if mismatched:
+            problems.append("shape mismatch: " + "; ".join(mismatched))
+        if problems:
+            raise RecordError("load_state_dict(%s): %s (nothing was loaded)"
+                              % (type(self).__name__, " | ".join(problems)))
+        return self.replace_tensors(converted)
+
+    # -- records (safetensors files; see cinders.record) ---------------------------------------
+
+    def save(self, path, dtype=float32, metadata=None):
+        """Write parameters and buffers to a safetensors record with the class and config that
+        rebuild the model; dtype: cn.float32 or cn.float16 storage."""
+        return record.save(self, path, dtype, metadata)
+
+    load = record.LoadMethod()  # model.load(path) in place; Model.load(path, backend=None) builds one
+
+    # -- device and mode -------------------------------------------------------------------------
+
+    def to(self, backend):
+        """Move every parameter and buffer to `backend` (in place; returns self). On an Autodiff
+        backend the parameters become leaves that require grad."""
+        moved = {p: _move(v, backend, not is_buffer) for p, _, _, v, is_buffer in self._walk()}
+        return self.replace_tensors(moved)
+
+    def train(self, mode=True):
+        for m in self.modules():
+            m.training = mode
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __repr__(self):
+        children = [(k, v) for k, v in self._items() if isinstance(v, Module)]
+        if not children:
+            return "%s(%s)" % (type(self).__name__, self.extra_repr())
+        lines = ["  (%s): %s" % (k, repr(v).replace("\n", "\n  ")) for k, v in children]
+        return "%s(\n%s\n)" % (type(self).__name__, "\n".join(lines))
+
+    def extra_repr(self):
+        return ""
+
+
+def _walk_container(container, prefix):
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    for key, value in items:
+        path = prefix + str(key)
+        if isinstance(value, Tensor):
+            yield path, container, key, value, False
+        elif isinstance(value, Module):
+            yield from value._walk(path + ".")
+
+
+def _modules_in(value):
+    if isinstance(value, Module):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, Module)]
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, Module)]
+    return []
+
+
+def _assign(owner, key, value):
+    if isinstance(owner, Module):
+        object.__setattr__(owner, key, value)
+    elif isinstance(owner, tuple):
+        raise TypeError("cannot replace a tensor held in a tuple; hold parameters in a list")
+    else:
+        owner[key] = value
+
+
+def _as_tensor(value, like):
+    """A Tensor from a Tensor, NumPy array, PyTorch tensor or nested list (on like's device)."""
+    from ..tensor import tensor
+    if isinstance(value, Tensor):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch.Tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    backend = like.backend
+    inner = getattr(backend, "inner", None)
+    return tensor(value, backend=inner if inner is not None and hasattr(backend, "from_inner") else backend,
+                  dtype=like.dtype)

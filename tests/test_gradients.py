@@ -1,0 +1,380 @@
+"""Every differentiable op's gradient against PyTorch autograd (the test-only oracle), on each
+Autodiff backend of tests/backends.py, with broadcasting shapes; finite differences where
+PyTorch has no equivalent op. Shapes are tiny: the Python backend runs these too.
+
+Each case is (id, cinders fn, torch fn, inputs). Float inputs require grad; int/bool inputs are
+constants. The loss is sum(out * w) with a fixed random w, so every output element matters.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import backends as registry
+import cinders as cn
+from cinders import nn
+
+AUTODIFF = [n for n in registry.selected_names() if n.startswith("autodiff-")]
+
+
+@pytest.fixture(scope="module", params=AUTODIFF)
+def ad(request):
+    return registry.BACKENDS[request.param]()
+
+
+_rng = np.random.default_rng(0)
+
+
+def randn(*shape):
+    return _rng.standard_normal(shape).astype(np.float32)
+
+
+def pos(*shape):  # away from 0, for log/sqrt/pow/div
+    return _rng.uniform(0.5, 2.0, shape).astype(np.float32)
+
+
+def ints(high, *shape):
+    return _rng.integers(0, high, shape).astype(np.int32)
+
+
+def _inputs(backend, arrays):
+    cn_in = []
+    for a in arrays:
+        t = cn.tensor(a, backend=backend)
+        cn_in.append(t.require_grad() if a.dtype == np.float32 else t)
+    t_in = []
+    for a in arrays:
+        t = torch.tensor(a.astype(np.int64) if a.dtype == np.int32 else a)
+        t_in.append(t.requires_grad_() if a.dtype == np.float32 else t)
+    return cn_in, t_in
+
+
+def check_against_torch(backend, cn_fn, torch_fn, arrays, rtol=1e-4, atol=1e-5):
+    cn_in, t_in = _inputs(backend, arrays)
+    t_out = torch_fn(*t_in)
+    weight = randn(*t_out.shape)
+    (t_out * torch.tensor(weight)).sum().backward()
+    out = cn_fn(*cn_in)
+    assert out.shape == tuple(t_out.shape)
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), rtol=rtol, atol=atol)
+    grads = (out * cn.tensor(weight, backend=backend)).sum().backward()
+    for i, (c, t) in enumerate(zip(cn_in, t_in)):
+        if arrays[i].dtype != np.float32:
+            continue
+        g = c.grad(grads)
+        expected = t.grad.numpy() if t.grad is not None else np.zeros(arrays[i].shape, np.float32)
+        assert g is not None, "input %d got no gradient" % i
+        assert g.backend == backend.inner and g.shape == arrays[i].shape
+        np.testing.assert_allclose(g.numpy(), expected, rtol=rtol, atol=atol,
+                                   err_msg="gradient of input %d" % i)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+UNARY = [
+    ("neg", lambda x: -x, lambda x: -x, [randn(2, 3)]),
+    ("exp", lambda x: x.exp(), torch.exp, [randn(2, 3)]),
+    ("log", lambda x: x.log(), torch.log, [pos(2, 3)]),
+    ("sqrt", lambda x: x.sqrt(), torch.sqrt, [pos(2, 3)]),
+    ("sin", lambda x: x.sin(), torch.sin, [randn(2, 3)]),
+    ("cos", lambda x: x.cos(), torch.cos, [randn(2, 3)]),
+    ("tanh", lambda x: x.tanh(), torch.tanh, [randn(2, 3)]),
+    ("erf", lambda x: x.erf(), torch.erf, [randn(2, 3)]),
+    ("abs", lambda x: x.abs(), torch.abs, [randn(2, 3)]),
+    ("floor", lambda x: x.floor(), torch.floor, [randn(2, 3) * 3]),
+    ("ceil", lambda x: x.ceil(), torch.ceil, [randn(2, 3) * 3]),
+    ("round", lambda x: x.round(), torch.round, [randn(2, 3) * 3]),
+    ("sigmoid", lambda x: x.sigmoid(), torch.sigmoid, [randn(2, 3)]),
+    ("relu", lambda x: x.relu(), torch.relu, [randn(3, 4)]),
+    ("gelu", lambda x: x.gelu(), TF.gelu, [randn(3, 4)]),
+    ("softmax", lambda x: x.softmax(-1), lambda x: torch.softmax(x, -1), [randn(2, 5)]),
+    ("softmax_axis0", lambda x: x.softmax(0), lambda x: torch.softmax(x, 0), [randn(3, 2, 2)]),
+    ("log_softmax", lambda x: x.log_softmax(1), lambda x: torch.log_softmax(x, 1), [randn(2, 5)]),
+    ("clamp", lambda x: x.clamp(-0.5, 0.5), lambda x: x.clamp(-0.5, 0.5), [randn(3, 4)]),
+    ("cast_float", lambda x: x.cast(cn.float32) * 2.0, lambda x: x.float() * 2.0, [randn(2, 2)]),
+]
+
+BINARY = [
+    ("add", lambda a, b: a + b, lambda a, b: a + b, [randn(2, 3), randn(3)]),
+    ("add_both_broadcast", lambda a, b: a + b, lambda a, b: a + b, [randn(2, 1, 3), randn(4, 1)]),
+    ("sub", lambda a, b: a - b, lambda a, b: a - b, [randn(2, 1), randn(2, 3)]),
+    ("rsub_scalar", lambda a: 1.5 - a, lambda a: 1.5 - a, [randn(2, 3)]),
+    ("mul", lambda a, b: a * b, lambda a, b: a * b, [randn(2, 3), randn(1, 3)]),
+    ("div", lambda a, b: a / b, lambda a, b: a / b, [randn(2, 3), pos(2, 1)]),
+    ("rdiv_scalar", lambda a: 2.0 / a, lambda a: 2.0 / a, [pos(3)]),
+    ("pow", lambda a, b: a ** b, lambda a, b: a ** b, [pos(2, 3), randn(3)]),
+    ("pow_scalar", lambda a: a ** 3.0, lambda a: a ** 3.0, [randn(2, 3)]),
+    ("pow_zero_base", lambda a, b: a ** b, lambda a, b: a ** b,
+     [np.array([0.0, 0.0, 1.5, 2.0], np.float32), np.array([2.0, 0.0, 0.0, 1.5], np.float32)]),
+    ("maximum", lambda a, b: a.maximum(b), torch.maximum, [randn(2, 3), randn(3)]),
+    ("minimum", lambda a, b: a.minimum(b), torch.minimum, [randn(2, 1), randn(2, 3)]),
+    ("maximum_ties", lambda a, b: a.maximum(b), torch.maximum,
+     [np.array([1.0, 2.0, 3.0], np.float32), np.array([1.0, 0.0, 3.0], np.float32)]),
+    ("minimum_ties", lambda a, b: a.minimum(b), torch.minimum,
+     [np.array([1.0, 2.0, -3.0], np.float32), np.array([1.0, 0.0, -3.0], np.float32)]),
+    ("mod", lambda a, b: a % b, torch.remainder, [randn(2, 3) * 3, pos(3)]),
+    ("floordiv", lambda a, b: a // b, lambda a, b: (a / b).floor(), [randn(2, 3) * 3, pos(3)]),
+    ("where", lambda c, a, b: cn.where(c, a, b), torch.where,
+     [_rng.random((2, 3)) > 0.5, randn(2, 3), randn(1, 3)]),
+    ("where_scalar", lambda c, a: cn.where(c, a, 0.0), lambda c, a: torch.where(c, a, 0.0),
+     [_rng.random((2, 3)) > 0.5, randn(3)]),
+]
+
+REDUCE = [
+    ("sum_axis", lambda x: x.sum(1), lambda x: x.sum(1), [randn(2, 3, 4)]),
+    ("sum_keepdim", lambda x: x.sum(0, keepdim=True), lambda x: x.sum(0, keepdim=True), [randn(3, 2)]),
+    ("sum_axes", lambda x: x.sum((0, 2)), lambda x: x.sum((0, 2)), [randn(2, 3, 4)]),
+    ("sum_all", lambda x: x.sum(), lambda x: x.sum(), [randn(2, 3)]),
+    ("mean", lambda x: x.mean(-1), lambda x: x.mean(-1), [randn(2, 3)]),
+    ("mean_all", lambda x: x.mean(), lambda x: x.mean(), [randn(2, 3)]),
+    ("max_axis", lambda x: x.max(1), lambda x: x.amax(1), [randn(3, 4)]),
+    ("min_axis", lambda x: x.min(0, keepdim=True), lambda x: x.amin(0, keepdim=True), [randn(3, 4)]),
+    ("max_ties", lambda x: x.max(1), lambda x: x.amax(1),
+     [np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]], np.float32)]),
+    ("max_all_ties", lambda x: x.max(), lambda x: x.max(), [np.array([[1.0, 3.0], [3.0, 0.0]], np.float32)]),
+    ("min_all", lambda x: x.min(), lambda x: x.min(), [randn(2, 3)]),
+    ("prod_axis", lambda x: x.prod(1), lambda x: x.prod(1), [randn(2, 4)]),
+    ("prod_zeros_negatives", lambda x: x.prod(1), lambda x: x.prod(1),
+     [np.array([[0.0, -2.0, 3.0], [0.0, 0.0, 4.0], [-1.5, 2.0, -0.5], [2.0, -3.0, 0.0]], np.float32)]),
+    ("prod_all", lambda x: x.prod(), lambda x: x.prod(), [np.array([[1.5, -2.0], [0.0, 3.0]], np.float32)]),
+]
+
+LINALG_MOVEMENT = [
+    ("matmul", lambda a, b: a @ b, torch.matmul, [randn(2, 3), randn(3, 4)]),
+    ("matmul_batched_broadcast", lambda a, b: a @ b, torch.matmul, [randn(2, 1, 3, 4), randn(3, 4, 2)]),
+    ("matmul_vec", lambda a, b: a @ b, torch.matmul, [randn(3), randn(2, 3, 4)]),
+    ("matmul_mat_vec", lambda a, b: a @ b, torch.matmul, [randn(2, 3), randn(3)]),
+    ("reshape", lambda x: x.reshape(3, 4) * 2.0, lambda x: x.reshape(3, 4) * 2.0, [randn(2, 6)]),
+    ("permute", lambda x: x.permute(2, 0, 1), lambda x: x.permute(2, 0, 1), [randn(2, 3, 4)]),
+    ("transpose", lambda x: x.transpose(0, 1), lambda x: x.transpose(0, 1), [randn(2, 3)]),
+    ("expand", lambda x: x.expand(2, 3, 4), lambda x: x.expand(2, 3, 4), [randn(3, 1)]),
+    ("slice_steps", lambda x: x[1:, ::2, 1:4:2], lambda x: x[1:, ::2, 1:4:2], [randn(3, 5, 5)]),
+    ("slice_step_runs_past_end", lambda x: x[::3], lambda x: x[::3], [randn(7, 2)]),
+    ("index_int", lambda x: x[1, :, 0], lambda x: x[1, :, 0], [randn(2, 3, 2)]),
+    ("index_list", lambda x: x[:, [2, 0, 2]], lambda x: x[:, [2, 0, 2]], [randn(2, 3)]),
+    ("cat", lambda a, b: cn.cat([a, b], 1), lambda a, b: torch.cat([a, b], 1), [randn(2, 3), randn(2, 1)]),
+    ("stack", lambda a, b: cn.stack([a, b], 0), lambda a, b: torch.stack([a, b], 0), [randn(2, 3), randn(2, 3)]),
+    ("pad", lambda x: cn.pad(x, (1, 2, 0, 1), 0.5), lambda x: TF.pad(x, (1, 2, 0, 1), value=0.5), [randn(2, 3)]),
+    ("gather", lambda x, i: x.gather(1, i), lambda x, i: x.gather(1, i), [randn(3, 4), ints(4, 2, 5)]),
+    ("gather_axis0", lambda x, i: x.gather(0, i), lambda x, i: x.gather(0, i), [randn(3, 4), ints(3, 4, 2)]),
+    ("scatter_add", lambda x, i, s: x.scatter_add(1, i, s), lambda x, i, s: x.scatter_add(1, i, s),
+     [randn(2, 4), ints(4, 2, 3), randn(2, 3)]),
+]
+
+IMAGES_LOSSES = [
+    ("conv2d", lambda x, w, b: cn.conv2d(x, w, b), TF.conv2d, [randn(2, 3, 5, 5), randn(4, 3, 3, 3), randn(4)]),
+    ("conv2d_stride_pad_dilation",
+     lambda x, w: cn.conv2d(x, w, None, stride=2, padding=2, dilation=2),
+     lambda x, w: TF.conv2d(x, w, None, stride=2, padding=2, dilation=2), [randn(1, 2, 6, 5), randn(3, 2, 3, 2)]),
+    ("conv2d_groups", lambda x, w, b: cn.conv2d(x, w, b, padding=1, groups=2),
+     lambda x, w, b: TF.conv2d(x, w, b, padding=1, groups=2), [randn(1, 4, 4, 4), randn(6, 2, 3, 3), randn(6)]),
+    ("max_pool2d", lambda x: cn.max_pool2d(x, 2), lambda x: TF.max_pool2d(x, 2), [randn(2, 2, 4, 6)]),
+    ("max_pool2d_stride_pad", lambda x: cn.max_pool2d(x, 3, stride=2, padding=1),
+     lambda x: TF.max_pool2d(x, 3, stride=2, padding=1), [randn(1, 2, 5, 5)]),
+    ("avg_pool2d", lambda x: cn.avg_pool2d(x, 2), lambda x: TF.avg_pool2d(x, 2), [randn(2, 2, 4, 4)]),
+    ("avg_pool2d_pad_exclude", lambda x: cn.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+     lambda x: TF.avg_pool2d(x, 3, 2, 1, count_include_pad=False), [randn(1, 2, 5, 5)]),
+    ("cross_entropy", lambda x, y: nn.cross_entropy(x, y), lambda x, y: TF.cross_entropy(x, y),
+     [randn(4, 5), ints(5, 4)]),
+    ("cross_entropy_smoothing_sum", lambda x, y: nn.cross_entropy(x, y, "sum", 0.1),
+     lambda x, y: TF.cross_entropy(x, y, reduction="sum", label_smoothing=0.1), [randn(3, 4), ints(4, 3)]),
+    ("cross_entropy_probs", lambda x, p: nn.cross_entropy(x, p.softmax(1)),
+     lambda x, p: TF.cross_entropy(x, p.softmax(1)), [randn(3, 4), randn(3, 4)]),
+    ("mse_loss", nn.mse_loss, TF.mse_loss, [randn(3, 4), randn(3, 4)]),
+    ("binary_cross_entropy", lambda x, t: nn.binary_cross_entropy(x.sigmoid(), t),
+     lambda x, t: TF.binary_cross_entropy(x.sigmoid(), t), [randn(3, 4), _rng.random((3, 4)).astype(np.float32)]),
+    ("bce_with_logits", nn.binary_cross_entropy_with_logits, TF.binary_cross_entropy_with_logits,
+     [randn(3, 4), _rng.random((3, 4)).astype(np.float32)]),
+    ("layer_norm", lambda x, w, b: nn.functional.layer_norm(x, (4,), w, b),
+     lambda x, w, b: TF.layer_norm(x, (4,), w, b), [randn(2, 3, 4), randn(4), randn(4)]),
+    ("batch_norm_train", lambda x, w, b: _batch_norm_train(x, w, b),
+     lambda x, w, b: TF.batch_norm(x, None, None, w, b, training=True), [randn(3, 2, 2, 2), randn(2), randn(2)]),
+    ("embedding", lambda i, w: nn.functional.embedding(i, w), TF.embedding, [ints(5, 2, 3), randn(5, 4)]),
+]
+
+
+def _batch_norm_train(x, w, b):
+    layer = nn.BatchNorm2d(2, backend=x.backend)
+    layer.weight, layer.bias = w, b
+    return layer(x)
+
+
+CASES = UNARY + BINARY + REDUCE + LINALG_MOVEMENT + IMAGES_LOSSES
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gradient_matches_torch(ad, case):
+    _, cn_fn, torch_fn, arrays = case
+    check_against_torch(ad, cn_fn, torch_fn, arrays)
+
+
+def _random_broadcast_shapes(rng):
+    """Two shapes that broadcast: random rank 1-4, dims 1-3, some set to 1, ranks may differ."""
+    rank = int(rng.integers(1, 5))
+    full = [int(d) for d in rng.integers(1, 4, rank)]
+    a = [1 if rng.random() < 0.3 else d for d in full]
+    b = [1 if rng.random() < 0.3 else d for d in full]
+    return tuple(a[int(rng.integers(0, rank)):]) or (1,), tuple(b)
+
+
+BROADCAST_OPS = [
+    ("add", lambda a, b: a + b, lambda a, b: a + b),
+    ("mul", lambda a, b: a * b, lambda a, b: a * b),
+    ("div", lambda a, b: a / (b.abs() + 0.5), lambda a, b: a / (b.abs() + 0.5)),
+    ("maximum", lambda a, b: a.maximum(b), torch.maximum),
+    ("matmul_like_sum", lambda a, b: (a * b).sum(-1), lambda a, b: (a * b).sum(-1)),
+]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_broadcast_shapes(ad, seed):
+    rng = np.random.default_rng(100 + seed)
+    shape_a, shape_b = _random_broadcast_shapes(rng)
+    for _, cn_fn, torch_fn in BROADCAST_OPS:
+        check_against_torch(ad, cn_fn, torch_fn, [randn(*shape_a), randn(*shape_b)])
+    cond = rng.random(shape_b) > 0.5
+    check_against_torch(ad, lambda c, a, b: cn.where(c, a, b), torch.where, [cond, randn(*shape_a), randn(*shape_b)])
+
+
+# -- finite differences, for ops PyTorch has no equivalent of ----------------------------------
+
+def finite_difference_check(backend, fn, arrays, eps=1e-2, rtol=2e-2, atol=2e-3):
+    """Central differences in float64 on the host vs the tape's gradient of sum(fn(x) * w)."""
+    inputs = [cn.tensor(a, backend=backend).require_grad() for a in arrays]
+    out = fn(*inputs)
+    weight = randn(*out.shape)
+    grads = (out * cn.tensor(weight, backend=backend)).sum().backward()
+
+    def loss(values):
+        ts = [cn.tensor(v.astype(np.float32), backend=backend) for v in values]
+        return float((fn(*ts).numpy().astype(np.float64) * weight).sum())
+
+    for i, a in enumerate(arrays):
+        numeric = np.zeros(a.shape)
+        for j in range(a.size):
+            for sign in (1, -1):
+                shifted = [v.astype(np.float64).copy() for v in arrays]
+                shifted[i].reshape(-1)[j] += sign * eps
+                numeric.reshape(-1)[j] += sign * loss(shifted) / (2 * eps)
+        np.testing.assert_allclose(inputs[i].grad(grads).numpy(), numeric, rtol=rtol, atol=atol,
+                                   err_msg="input %d" % i)
+
+
+def test_unfold2d_with_pad_value_finite_differences(ad):
+    # unfold with a non-zero pad value (what max pooling uses) has no torch counterpart.
+    fn = lambda x: cn.unfold2d(x, (2, 3), stride=(2, 1), padding=1, dilation=(1, 2), pad_value=0.25)[0].tanh()
+    finite_difference_check(ad, fn, [randn(1, 2, 3, 4)])
+
+
+def test_fold2d_finite_differences(ad):
+    # fold2d is a primitive only (torch's fold has no pad/dilation pairing with our layout test).
+    def fn(cols):
+        out = ad.fold2d(cols.handle, (3, 4), (2, 2), (1, 1), (1, 0), (1, 1))
+        return cn.Tensor(ad, out, (1, 2, 3, 4), cn.float32).sin()
+    finite_difference_check(ad, fn, [randn(1, 8, 12)])
+
+
+def test_scatter_add_with_larger_src_finite_differences(ad):
+    # torch's autograd rejects src larger than index; the protocol allows it (src is cropped).
+    index = cn.tensor(ints(4, 2, 3), backend=ad)
+    fn = lambda x, src: x.scatter_add(1, index, src).sin()
+    finite_difference_check(ad, fn, [randn(2, 4), randn(3, 5)])
+
+
+# -- the autodiff API ---------------------------------------------------------------------------
+
+def test_grad_accumulates_over_reuse_and_ignores_unused(ad):
+    x = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    unused = cn.tensor([5.0], backend=ad).require_grad()
+    y = (x * x + x * 3.0).sum()
+    grads = y.backward()
+    assert x.grad(grads).tolist() == [5.0, 7.0]
+    assert unused.grad(grads) is None
+
+
+def test_no_grad_records_nothing(ad):
+    x = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    with cn.no_grad():
+        assert not cn.is_grad_enabled()
+        y = (x * 2.0).sum()
+    assert cn.is_grad_enabled()
+    with pytest.raises(cn.NotDifferentiableError, match="does not require grad"):
+        y.backward()
+
+
+def test_no_grad_is_per_thread(ad):
+    import threading
+    x = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    inside, done = threading.Event(), threading.Event()
+    results = {}
+
+    def other_thread():
+        inside.wait()
+        results["grad"] = x.grad((x * x).sum().backward()).tolist()  # records despite main's no_grad
+        done.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with cn.no_grad():
+        inside.set()
+        done.wait(60)
+    worker.join()
+    assert results["grad"] == [2.0, 4.0]
+
+
+def test_no_grad_as_decorator(ad):
+    x = cn.tensor([1.0], backend=ad).require_grad()
+    double = cn.no_grad()(lambda t: t * 2.0)
+    assert not ad.requires_grad(double(x)) and ad.requires_grad(x * 2.0)
+
+
+def test_detach_stops_gradient(ad):
+    x = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    grads = (x * x.detach()).sum().backward()
+    assert x.grad(grads).tolist() == [1.0, 2.0]
+
+
+def test_backward_frees_the_tape(ad):
+    x = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    y = (x.exp() * 2.0).sum()
+    y.backward()
+    with pytest.raises(cn.NotDifferentiableError, match="already freed"):
+        y.backward()
+    # leaves survive: a new graph from x differentiates again
+    assert x.grad((x * 3.0).sum().backward()).tolist() == [3.0, 3.0]
+
+
+def test_backward_needs_autodiff_backend():
+    x = cn.tensor([1.0, 2.0], backend=cn.NumPy())
+    with pytest.raises(cn.NotDifferentiableError, match=r"cn\.Autodiff"):
+        x.require_grad()
+    with pytest.raises(cn.NotDifferentiableError, match=r"cn\.Autodiff"):
+        x.sum().backward()
+
+
+def test_int_tensors_cannot_require_grad(ad):
+    with pytest.raises(cn.DTypeError, match="float"):
+        cn.tensor([1, 2], backend=ad).require_grad()
+
+
+def test_device_key_and_inner(ad):
+    assert ad.device_key() != ad.inner.device_key()
+    assert ad != ad.inner
+    x = cn.tensor([1.0], backend=ad)
+    with pytest.raises(cn.DeviceError):
+        x + cn.tensor([1.0], backend=ad.inner)
+
+
+def test_gradients_are_per_backward_call(ad):
+    # Two graphs over one parameter, e.g. two threads: each backward returns its own gradients.
+    w = cn.tensor([1.0, 2.0], backend=ad).require_grad()
+    g1 = (w * 2.0).sum().backward()
+    g2 = (w * w).sum().backward()
+    assert w.grad(g1).tolist() == [2.0, 2.0]
+    assert w.grad(g2).tolist() == [2.0, 4.0]
+
+
+def test_non_scalar_backward_seeds_ones(ad):
+    x = cn.tensor([[1.0, 2.0]], backend=ad).require_grad()
+    assert x.grad((x * 3.0).backward()).tolist() == [[3.0, 3.0]]
