@@ -1,0 +1,251 @@
+"""Model records: a module's tensors in a safetensors file, with the metadata to rebuild it.
+
+    model.save("mnist-cnn.safetensors", dtype=cn.float16)
+    model.load("mnist-cnn.safetensors")            # in place, all or nothing
+    MnistCNN.load("mnist-cnn.safetensors")         # a new model, config from the file
+    cn.load_model("mnist-cnn.safetensors")         # class and config from the file
+
+The byte format is in `safetensors.py` (shared with the micro runtime and Pyodide). Metadata
+(all strings, as the format requires):
+    format="cinders", cinders_version, model_class ("cinders.models.mnist.MnistCNN"),
+    model_config (JSON of model.config()), dtype ("float32" | "float16")
+plus whatever a caller adds (checkpoints add their own keys).
+
+Loading validates everything first (header, names, shapes, dtypes, every tensor's bytes) and
+only then assigns, so a bad file leaves the model exactly as it was. Rebuilding a model from a
+file imports only classes under `cinders.` or ones the caller allows: a record never names code
+that gets run otherwise.
+"""
+
+import importlib
+import json
+import os
+
+from .. import dtypes
+from ..errors import RecordError
+from ..tensor import Tensor
+from . import safetensors
+
+FORMAT = "cinders"
+
+_CODE_OF = {dtypes.float32: "F32", dtypes.float16: "F16", dtypes.int32: "I32", dtypes.bool_: "BOOL"}
+# What each stored dtype becomes in memory (float16 is storage only; tensors compute in float32).
+_TENSOR_DTYPE = {"F32": dtypes.float32, "F16": dtypes.float32, "I32": dtypes.int32,
+                 "I8": dtypes.int32, "U8": dtypes.int32, "BOOL": dtypes.bool_}
+
+
+def _version():
+    from .. import __version__
+    return __version__
+
+
+def class_path(cls):
+    return cls.__module__ + "." + cls.__qualname__
+
+
+def model_metadata(model, dtype):
+    config = model.config() if hasattr(model, "config") else {}
+    return {"format": FORMAT, "cinders_version": _version(), "model_class": class_path(type(model)),
+            "model_config": json.dumps(config, sort_keys=True), "dtype": dtype.name}
+
+
+def _storage_dtype(dtype):
+    dtype = dtypes.from_name(dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (dtypes.float32, dtypes.float16):
+        raise RecordError("records store float tensors as cn.float32 or cn.float16, not %r" % (dtype,))
+    return dtype
+
+
+def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
+    """Write {name: Tensor} atomically (temp file + os.replace): a crash never leaves half a file.
+
+    Float tensors are stored as `dtype` (float32 or float16); int32 and bool keep theirs.
+    """
+    dtype = _storage_dtype(dtype)
+    entries = []
+    for name, t in tensors.items():
+        code = _CODE_OF[dtype] if t.dtype is dtypes.float32 else _CODE_OF[t.dtype]
+
+        def payload(t=t, code=code, name=name):  # encode one tensor at a time, while writing
+            return safetensors.encode(t.backend.to_flat(t.handle), code, name)
+
+        entries.append((name, code, t.shape, payload))
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            safetensors.write(f, entries, metadata)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _open(path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise RecordError("cannot open record %r: %s" % (path, e.strerror or e)) from None
+
+
+def read_tensors(path, backend, expected=None):
+    """(metadata, {name: Tensor on backend}) of a record, everything validated before returning.
+
+    expected: optional {name: (shape, dtype)}; names missing or unexpected and shape or dtype
+    mismatches raise RecordError listing all of them.
+    """
+    with _open(path) as f:
+        reader = safetensors.Reader(f)
+        if expected is not None:
+            _check_expected(path, reader, expected)
+        out = {}
+        for name in reader.names():
+            info = reader.info(name)
+            dtype = _TENSOR_DTYPE[info.dtype]
+            values = reader.read(name)
+            out[name] = Tensor(backend, backend.from_flat(values, info.shape, dtype), info.shape, dtype)
+        return reader.metadata, out
+
+
+def _check_expected(path, reader, expected):
+    have = {}
+    for name in reader.names():
+        info = reader.info(name)
+        have[name] = (info.shape, _TENSOR_DTYPE[info.dtype])
+    check_match(path, have, expected)
+
+
+def check_match(where, have, expected):
+    """Raise RecordError listing every difference between two {name: (shape, dtype)} tables."""
+    problems = []
+    missing = [n for n in expected if n not in have]
+    unexpected = [n for n in have if n not in expected]
+    if missing:
+        problems.append("missing tensors: " + ", ".join(missing))
+    if unexpected:
+        problems.append("unexpected tensors: " + ", ".join(unexpected))
+    for name, (shape, dtype) in expected.items():
+        if name not in have:
+            continue
+        got_shape, got_dtype = have[name]
+        if tuple(got_shape) != tuple(shape):
+            problems.append("%s: shape %s in the file, %s in the model" % (name, tuple(got_shape), tuple(shape)))
+        elif got_dtype is not dtype:
+            problems.append("%s: %r in the file, %r in the model" % (name, got_dtype, dtype))
+    if problems:
+        raise RecordError("record %r does not match the model: %s" % (where, "; ".join(problems)))
+
+
+def spec_of(state):
+    """{name: (shape, dtype)} of a state_dict, what check_match compares."""
+    return {n: (t.shape, t.dtype) for n, t in state.items()}
+
+
+# ---------------------------------------------------------------- modules
+
+def save(model, path, dtype=dtypes.float32, metadata=None):
+    """model.save(path, dtype): its state_dict plus the metadata that rebuilds it."""
+    dtype = _storage_dtype(dtype)
+    meta = model_metadata(model, dtype)
+    if metadata:
+        meta.update(metadata)
+    save_tensors(path, model.state_dict(), meta, dtype)
+    return path
+
+
+def backend_of(state):
+    for t in state.values():
+        return t.backend
+    from ..tensor import default_backend
+    return default_backend()
+
+
+def _quantized(path):
+    return bool(read_metadata(path).get("quantization"))  # RecordError for a missing/bad file
+
+
+def load_into(model, path):
+    """model.load(path): replace the model's tensors with the record's, all or nothing."""
+    if _quantized(path):  # int8 records (`cinders quantize`) load dequantized to float32
+        from ..micro.quantize import load_into as load_quantized
+        return load_quantized(model, path)
+    state = model.state_dict()
+    _, tensors = read_tensors(path, backend_of(state), spec_of(state))
+    model.load_state_dict(tensors)
+    return model
+
+
+def _resolve_class(name, allow):
+    for cls in allow or ():
+        if not isinstance(cls, str) and class_path(cls) == name:
+            return cls
+    if not (name.startswith("cinders.") or name in [a for a in (allow or ()) if isinstance(a, str)]):
+        raise RecordError("record names model class %r, which is outside cinders; pass it in "
+                          "allow=[TheClass] to load it (records never import arbitrary code)" % (name,))
+    module_name, _, qualname = name.rpartition(".")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise RecordError("record names model class %r, which cannot be found (%s)" % (name, e)) from None
+    return obj
+
+
+def read_metadata(path):
+    with _open(path) as f:
+        return safetensors.Reader(f).metadata
+
+
+def build_model(cls, metadata, path, backend=None):
+    """cls(**model_config) from the record's metadata, moved to backend."""
+    try:
+        config = json.loads(metadata.get("model_config", "{}"))
+    except ValueError:
+        raise RecordError("record %r: model_config is not JSON" % (path,)) from None
+    if not isinstance(config, dict):
+        raise RecordError("record %r: model_config is not a JSON object" % (path,))
+    try:
+        model = cls(**config)
+    except TypeError as e:
+        raise RecordError("record %r: model_config %s does not fit %s (%s)"
+                          % (path, metadata.get("model_config"), class_path(cls), e)) from None
+    return model.to(backend) if backend is not None else model
+
+
+def load_model(path, backend=None, allow=()):
+    """Rebuild the model a record describes (class and config from its metadata) and load it.
+
+    allow: classes (or their dotted names) outside `cinders.` that the record may name.
+    """
+    from ..nn import Module
+    metadata = read_metadata(path)
+    name = metadata.get("model_class")
+    if not name:
+        raise RecordError("record %r names no model_class; load it into a model with model.load()" % (path,))
+    cls = _resolve_class(name, allow)
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise RecordError("record %r: %s is not a cinders.nn.Module" % (path, name))
+    return load_into(build_model(cls, metadata, path, backend), path)
+
+
+def load_as(cls, path, backend=None):
+    """Model.load(path) on the class: a new `cls` from the record's config, then its tensors."""
+    metadata = read_metadata(path)
+    return load_into(build_model(cls, metadata, path, backend), path)
+
+
+class LoadMethod:
+    """Module.load: `Model.load(path, backend=None)` on the class builds a new model from the
+    record's config; `model.load(path)` on an instance loads in place and returns the model."""
+
+    def __get__(self, model, cls):
+        if model is None:
+            def load(path, backend=None):
+                return load_as(cls, path, backend)
+        else:
+            def load(path):
+                return load_into(model, path)
+        load.__doc__ = LoadMethod.__doc__
+        return load
