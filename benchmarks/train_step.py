@@ -1,0 +1,162 @@
+"""One MNIST training step (forward + backward + Adam) at batch 64: cn.Autodiff(cn.NumPy())
+against PyTorch CPU eager, same weights, same real digits, same thread count, side by side.
+
+Prints one JSON line per model:
+    {"bench": "train_step", "model", "batch", "threads", "cinders_ms", "torch_ms", "ratio",
+     "cinders_forward_ms", "cinders_backward_ms", "cinders_optimizer_ms", "max_param_diff"}
+ratio = cinders_ms / torch_ms (goal: <= 1.0 MLP, <= 2.0 CNN). Timings are best-of-R means over
+blocks of steps, cinders and torch blocks interleaved so both see the same machine load.
+max_param_diff: largest difference between the two frameworks' parameters after one identical
+step from identical weights (they must compute the same thing).
+With --profile, also one JSON line per hot function of the cinders step (cProfile, own time).
+
+    python benchmarks/train_step.py [--threads 1] [--repeat 5] [--steps 20] [--profile]
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+
+
+def parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1, help="BLAS/torch threads for both (default 1)")
+    parser.add_argument("--repeat", type=int, default=5, help="blocks per side; the best counts")
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--profile", action="store_true", help="where the cinders step spends its time")
+    return parser.parse_args()
+
+
+ARGS = parse()
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = str(ARGS.threads)  # before NumPy and torch load their thread pools
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import cinders as cn  # noqa: E402
+from cinders.data.mnist import MnistDigits  # noqa: E402
+from cinders.models.mnist import MnistCNN, MnistMLP  # noqa: E402
+from cinders.nn import functional as F  # noqa: E402
+
+torch.set_num_threads(ARGS.threads)
+BATCH = 64
+
+
+def torch_model(name):
+    if name == "mlp":
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                   torch.nn.Linear(128, 10))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(1568, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+class Pair:
+    """The same model, weights, optimizer and batch in both frameworks."""
+
+    def __init__(self, name, images, labels):
+        backend = cn.Autodiff(cn.NumPy())
+        cn.manual_seed(0)
+        self.model = (MnistMLP() if name == "mlp" else MnistCNN()).to(backend)
+        self.opt = cn.optim.Adam(1e-3)
+        self.tmodel = torch_model(name)
+        # torch's Sequential keys ("1.weight") are ours without the "layers." prefix.
+        self.tmodel.load_state_dict({k[len("layers."):]: torch.from_numpy(v.numpy().copy())
+                                     for k, v in self.model.state_dict().items()})
+        self.topt = torch.optim.Adam(self.tmodel.parameters(), 1e-3)
+        self.x = cn.tensor(images, backend=backend)
+        self.y = cn.tensor(labels, backend=backend)
+        self.tx = torch.from_numpy(images.copy())
+        self.ty = torch.from_numpy(labels.astype(np.int64))
+
+    def cinders_step(self):
+        loss = F.cross_entropy(self.model(self.x), self.y)
+        grads = loss.backward()
+        self.model = self.opt.step(self.model, grads)
+
+    def torch_step(self):
+        self.topt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(self.tmodel(self.tx), self.ty)
+        loss.backward()
+        self.topt.step()
+
+    def max_param_diff(self):
+        theirs = self.tmodel.state_dict()
+        return max(float(np.abs(v.numpy() - theirs[k[len("layers."):]].numpy()).max())
+                   for k, v in self.model.state_dict().items())
+
+    def phases_ms(self, steps):
+        """Mean ms of forward+loss, backward and optimizer step of the cinders step."""
+        total = [0.0, 0.0, 0.0]
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(self.model(self.x), self.y)
+            t1 = time.perf_counter()
+            grads = loss.backward()
+            t2 = time.perf_counter()
+            self.model = self.opt.step(self.model, grads)
+            t3 = time.perf_counter()
+            for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+                total[i] += dt
+        return [round(t / steps * 1e3, 3) for t in total]
+
+
+def block_ms(fn, steps):
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def profile(pair, name, steps):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        pair.cinders_step()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:15]
+    for (path, line, func), (_, ncalls, tottime, cumtime, _) in rows:
+        where = "%s:%d(%s)" % (os.path.relpath(path) if path.startswith("/") else path, line, func)
+        print(json.dumps({"profile": name, "function": where, "own_ms_per_step": round(tottime / steps * 1e3, 3),
+                          "cum_ms_per_step": round(cumtime / steps * 1e3, 3),
+                          "calls_per_step": round(ncalls / steps, 1)}), flush=True)
+
+
+def main():
+    heldout = MnistDigits("train")
+    images = np.stack([heldout[i][0] for i in range(0, BATCH * 100, 100)]).reshape(BATCH, 1, 28, 28)
+    labels = np.asarray([heldout.labels[i] for i in range(0, BATCH * 100, 100)], dtype=np.int32)
+    for name in ARGS.models.split(","):
+        check = Pair(name, images, labels)
+        check.cinders_step()
+        check.torch_step()
+        diff = check.max_param_diff()
+        pair = Pair(name, images, labels)
+        for _ in range(3):  # warm up: lazy imports, allocator, torch's kernels
+            pair.cinders_step()
+            pair.torch_step()
+        best_c = best_t = float("inf")
+        for _ in range(ARGS.repeat):
+            best_c = min(best_c, block_ms(pair.cinders_step, ARGS.steps))
+            best_t = min(best_t, block_ms(pair.torch_step, ARGS.steps))
+        forward, backward, optim = pair.phases_ms(ARGS.steps)
+        print(json.dumps({"bench": "train_step", "model": name, "batch": BATCH, "threads": ARGS.threads,
+                          "cinders_ms": round(best_c, 3), "torch_ms": round(best_t, 3),
+                          "ratio": round(best_c / best_t, 3), "cinders_forward_ms": forward,
+                          "cinders_backward_ms": backward, "cinders_optimizer_ms": optim,
+                          "max_param_diff": float("%.3g" % diff)}), flush=True)
+        if ARGS.profile:
+            profile(pair, name, ARGS.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
