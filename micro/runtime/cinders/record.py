@@ -1,0 +1,144 @@
+"""Binding a safetensors record to a model on the board, without loading it whole.
+
+Weights stay in the file and are read a row at a time while a layer runs (a 784x128 float layer
+is 400 KB: more than an ESP32 has); only weights up to `resident_bytes` (1 KB by default: more
+buys little speed and costs contiguous RAM, the scarce kind) and the small tensors (biases,
+scales, norms) are read into RAM once. Pass a larger resident_bytes where RAM is plentiful (the
+browser page does).
+int8 records (`cinders quantize`) hold "<name>" as I8 and "<name>.scale" as F32, one scale per
+output row; rows stay int8 in RAM and are scaled as they are used.
+"""
+
+import gc
+import json
+import sys
+
+from cinders.tensor import empty
+
+RESIDENT_BYTES = 1024
+_TYPECODES = {"F32": "f", "I8": "b"}
+_SIZES = {"f": 4, "b": 1}
+_IGNORED = ("num_batches_tracked",)  # bookkeeping tensors of training, not weights
+
+
+class Param:
+    """One tensor of the record: in RAM (`data`) or in the file, read by `chunks`."""
+
+    def __init__(self, reader, info, resident, scale=None):
+        tc = _TYPECODES.get(info.dtype)
+        if tc is None:
+            from cinders.safetensors import RecordError
+            raise RecordError("tensor %r: dtype %s cannot run on the board (F32 or I8)"
+                              % (info.name, info.dtype))
+        self.name = info.name
+        self.shape = info.shape
+        self.typecode = tc
+        self.rows = info.shape[0] if info.shape else 1
+        self.row_len = (info.nbytes // _SIZES[tc]) // max(self.rows, 1)
+        self.scale = scale
+        self.data = None
+        self._f = reader.f
+        self._offset = reader.data_start + info.begin
+        self._row_bytes = info.nbytes // max(self.rows, 1)
+        if resident:
+            self.data = reader.read_into(info.name, empty(tc, info.nbytes // _SIZES[tc]))
+
+    def chunks(self, k):
+        """Yield (first row, number of rows, flat values of those rows) for k rows at a time."""
+        L = self.row_len
+        rows = self.rows
+        if self.data is not None:
+            mv = memoryview(self.data)
+            for j in range(0, rows, k):
+                n = min(k, rows - j)
+                yield j, n, mv[j * L:(j + n) * L]
+            return
+        buf = memoryview(empty(self.typecode, L * min(k, rows)))
+        f = self._f
+        for j in range(0, rows, k):
+            n = min(k, rows - j)
+            view = buf[:n * L]
+            f.seek(self._offset + j * self._row_bytes)
+            if f.readinto(view) != n * self._row_bytes:
+                from cinders.safetensors import RecordError
+                raise RecordError("tensor %r: record file truncated at row %d" % (self.name, j))
+            yield j, n, view
+
+
+def load(model, f, resident_bytes=RESIDENT_BYTES, reader=None):
+    """Bind the tensors of the open record file `f` to `model` by state_dict name.
+
+    Every parameter the model declares must be in the record with its shape, and every tensor
+    of the record must be used; otherwise RecordError names them and nothing is half-bound.
+    """
+    from cinders.safetensors import Reader, RecordError
+    r = reader if reader is not None else Reader(f)
+    bound = []
+    used = {}
+    for prefix, layer in model.named_modules():
+        shapes = layer.param_shapes()
+        for pname in layer._params:
+            name = prefix + pname
+            info = r.info(name)
+            if info.shape != shapes[pname]:
+                raise RecordError("tensor %r: the record has shape %s, %s expects %s"
+                                  % (name, info.shape, type(layer).__name__, shapes[pname]))
+            scale = None
+            if info.dtype == "I8" and pname == "weight":
+                s = r.info(name + ".scale")
+                if s.dtype != "F32" or s.shape != (info.shape[0],):
+                    raise RecordError("tensor %r: expected F32 of shape (%d,), got %s %s"
+                                      % (s.name, info.shape[0], s.dtype, s.shape))
+                scale = r.read_into(s.name, empty("f", s.shape[0]))
+                used[s.name] = 1
+            elif info.dtype != "F32":
+                raise RecordError("tensor %r: expected F32%s, got %s"
+                                  % (name, " or I8" if pname == "weight" else "", info.dtype))
+            resident = pname != "weight" or info.nbytes <= resident_bytes
+            bound.append((layer, pname, Param(r, info, resident, scale)))
+            used[name] = 1
+    extra = [n for n in r.order if n not in used and n.split(".")[-1] not in _IGNORED]
+    if extra:
+        raise RecordError("the record holds tensors the model does not use: %s" % ", ".join(extra))
+    for layer, pname, param in bound:
+        setattr(layer, pname, param)
+    for _, layer in model.named_modules():
+        layer.loaded()
+    gc.collect()
+    return model
+
+
+def load_model(path, module, resident_bytes=RESIDENT_BYTES):
+    """Build the model class named in the record's metadata from `module` and bind its weights.
+
+    The file stays open while the model lives: streamed weights are read at every forward.
+    """
+    from cinders.safetensors import Reader, RecordError
+    f = open(path, "rb")
+    r = Reader(f)
+    meta = r.metadata
+    cls_path = meta.get("model_class")
+    if not cls_path:
+        raise RecordError("%s has no model_class in its metadata: build the model yourself and "
+                          "call cinders.record.load(model, file)" % path)
+    name = cls_path.split(".")[-1]
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise RecordError("%s names class %s, which %s does not define"
+                          % (path, name, module.__name__))
+    config = json.loads(meta.get("model_config") or "{}")
+    model = cls(**config)
+    load(model, f, resident_bytes, r)
+    r = None
+    forget_reader()
+    return model
+
+
+def forget_reader():
+    """Drop the safetensors module once the weights are bound: its code (~10 KB of RAM on a
+    64-bit port) is needed again only to load another record, which re-imports it."""
+    sys.modules.pop("cinders.safetensors", None)
+    pkg = sys.modules.get("cinders")
+    if pkg is not None and "safetensors" in pkg.__dict__:
+        del pkg.__dict__["safetensors"]
+    gc.collect()

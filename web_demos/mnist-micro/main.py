@@ -1,0 +1,30 @@
+# The page's Python, run by MicroPython WebAssembly (through PyScript's <script type="mpy">,
+# or loaded directly by app.js with ?loader=direct): the exported bundle's files are in /bundle
+# (see bundle/pyscript.json); the model is the same cinders.nn source as on the desktop and on
+# boards. Hands predict(pixels_json) -> result JSON to app.js.
+import json
+import sys
+
+import js
+
+sys.path.insert(0, "/bundle/lib")
+sys.path.insert(0, "/bundle")
+
+import model  # noqa: E402
+from cinders import ENGINE, record, run  # noqa: E402
+
+# Weights stream from the in-memory filesystem as on a board: reading all 400 KB into arrays
+# up front costs ~100 ms of start-up and makes inference no faster.
+net = record.load_model("/bundle/model.safetensors", model)
+
+
+def predict(pixels_json):
+    k, logits = run.predict(net, json.loads(pixels_json))
+    top = max(logits)
+    exps = [2.718281828459045 ** (v - top) for v in logits]
+    total = sum(exps)
+    return json.dumps({"class": k, "logits": logits, "probabilities": [e / total for e in exps],
+                       "engine": ENGINE})
+
+
+js.window.cindersMicroReady(predict)
