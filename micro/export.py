@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from ..errors import RecordError
-from ..record import safetensors
+from ..record import safetensors, safetensors_write
 from . import RUNTIME_DIR
 
 _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(safetensors.__file__)))
@@ -71,7 +71,7 @@ def write_board_record(src, dst):
 
             def payload(n=n, info=info):  # one tensor in memory at a time
                 if info.dtype == "F16":
-                    return safetensors.encode(r.read(n), "F32", n)
+                    return safetensors_write.encode(r.read(n), "F32", n)
                 return r.read_bytes(n)
 
             entries.append((n, "F32" if info.dtype == "F16" else info.dtype, info.shape, payload))
@@ -79,7 +79,7 @@ def write_board_record(src, dst):
         if meta.get("dtype") == "float16":
             meta["dtype"] = "float32"
         with open(dst, "wb") as out:
-            safetensors.write(out, entries, meta)
+            safetensors_write.write(out, entries, meta)
     return meta
 
 

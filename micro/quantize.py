@@ -15,7 +15,7 @@ import os
 from array import array
 
 from ..errors import RecordError
-from ..record import safetensors
+from ..record import safetensors, safetensors_write
 
 SCHEME = "int8-per-channel-symmetric"
 SCALE_SUFFIX = ".scale"
@@ -63,13 +63,13 @@ def quantize_file(src, dst):
                 entries.append((name, "I8", info.shape, bytes(q)))
                 entries.append((name + SCALE_SUFFIX, "F32", (info.shape[0],), bytes(scales)))
             else:  # float16 storage becomes float32: the board reads F32 and I8 only
-                entries.append((name, "F32", info.shape, safetensors.encode(values, "F32", name)))
+                entries.append((name, "F32", info.shape, safetensors_write.encode(values, "F32", name)))
     meta["quantization"] = SCHEME
     meta["dtype"] = "float32"
     tmp = "%s.tmp-%d" % (dst, os.getpid())
     try:
         with open(tmp, "wb") as f:
-            safetensors.write(f, entries, meta)
+            safetensors_write.write(f, entries, meta)
         os.replace(tmp, dst)
     finally:
         if os.path.exists(tmp):

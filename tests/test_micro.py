@@ -32,11 +32,6 @@ TRAINED = {"mlp": os.path.join(REPO, "web_demos", "models", "mnist-mlp.safetenso
            "cnn": os.path.join(REPO, "web_demos", "models", "mnist-cnn.safetensors")}
 ESP32_HEAP = "160K"
 SMALL_HEAP = "64K"
-# A bundle from .py compiles the runtime on the board; MicroPython's compiler holds the whole
-# parse tree of a module, and core/record/safetensors.py (reader + writer + float16 codecs,
-# 16 KB of source) needs ~80K to compile and run on the 64-bit unix port (60K measured with
-# only its reading half in the bundle).
-SMALL_HEAP_FROM_SOURCE = "96K"
 
 
 def _tool(name, package):
@@ -129,7 +124,7 @@ def test_cnn_bundle_matches_numpy(micropython, records, digits, tmp_path, mpy):
 @pytest.mark.parametrize("mpy", [False, True], ids=["py", "mpy"])
 def test_int8_mlp_bundle_matches_desktop(micropython, records, digits, tmp_path, mpy):
     model = record.load_model(records["mlp-int8"], backend=cn.NumPy())
-    heap = SMALL_HEAP if mpy else SMALL_HEAP_FROM_SOURCE
+    heap = SMALL_HEAP
     _check_bundle(micropython, tmp_path, records["mlp-int8"], model, digits, heap, mpy)
 
 

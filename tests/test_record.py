@@ -14,6 +14,7 @@ import cinders as cn
 from cinders import nn, record
 from cinders.models.mnist import MnistMLP, MnistCNN
 from cinders.record import safetensors as st
+from cinders.record import safetensors_write as stw
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MICROPYTHON = shutil.which("micropython") or os.path.join(REPO, ".venv", "bin", "micropython")
@@ -108,7 +109,7 @@ def test_interoperates_with_the_official_safetensors_package(tmp_path):
         np.testing.assert_array_equal(np.asarray(list(values), dtype=np.float64).reshape(a.shape),
                                       a.astype(np.float64), err_msg=name)
     ours = str(tmp_path / "ours.safetensors")
-    st.write_file(ours, {n: (dtype, shape, list(values)) for n, (dtype, shape, values) in tensors.items()},
+    stw.write_file(ours, {n: (dtype, shape, list(values)) for n, (dtype, shape, values) in tensors.items()},
                   {"who": "cinders"})
     back = load_file(ours)
     for name, a in arrays.items():
@@ -127,7 +128,7 @@ def test_writer_follows_the_spec_byte_for_byte():
             self.data += bytes(b)
 
     sink = Sink()
-    st.write(sink, entries, {"k": "v"})
+    stw.write(sink, entries, {"k": "v"})
     n = struct.unpack("<Q", sink.data[:8])[0]
     assert (8 + n) % 8 == 0  # data starts 8-byte aligned, like the reference writer
     header = json.loads(sink.data[8:8 + n].decode("utf-8"))
@@ -171,17 +172,18 @@ def test_float16_bit_conversion_matches_numpy_in_both_directions():
     ]).astype(np.float32)
     for v in values:
         b32 = int(np.array(v, dtype=np.float32).view(np.uint32))
-        assert st.f32_bits_to_f16_bits(b32) == int(np.array(v).astype(np.float16).view(np.uint16)), v
+        assert stw.f32_bits_to_f16_bits(b32) == int(np.array(v).astype(np.float16).view(np.uint16)), v
 
 
 def test_the_manual_float16_path_matches_struct(monkeypatch):
     values = [0.0, -0.0, 1.0, 3.14159, -65504.0, 6e-8, 1e-5, 0.333, float("inf")]
-    with_struct = st.encode(values, "F16")
+    with_struct = stw.encode(values, "F16")
     monkeypatch.setattr(st, "_STRUCT_F16", False)  # what a board without struct 'e' runs
-    assert st.encode(values, "F16") == with_struct
+    monkeypatch.setattr(stw, "_STRUCT_F16", False)
+    assert stw.encode(values, "F16") == with_struct
     assert st.decode(with_struct, "F16") == list(struct.unpack("<9e", with_struct))
     with pytest.raises(cn.RecordError, match="does not fit float16"):
-        st.encode([1.0, -70000.0], "F16", "big")
+        stw.encode([1.0, -70000.0], "F16", "big")
 
 
 def test_micropython_streams_a_record_written_by_cpython(tmp_path):

@@ -24,7 +24,7 @@ import os
 from .. import dtypes
 from ..errors import RecordError
 from ..tensor import Tensor
-from . import safetensors
+from . import safetensors, safetensors_write
 
 FORMAT = "cinders"
 
@@ -67,13 +67,13 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
         code = _CODE_OF[dtype] if t.dtype is dtypes.float32 else _CODE_OF[t.dtype]
 
         def payload(t=t, code=code, name=name):  # encode one tensor at a time, while writing
-            return safetensors.encode(t.backend.to_flat(t.handle), code, name)
+            return safetensors_write.encode(t.backend.to_flat(t.handle), code, name)
 
         entries.append((name, code, t.shape, payload))
     tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
         with open(tmp, "wb") as f:
-            safetensors.write(f, entries, metadata)
+            safetensors_write.write(f, entries, metadata)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

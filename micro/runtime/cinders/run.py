@@ -8,10 +8,12 @@ from cinders import record
 from cinders.tensor import empty
 
 
-def read_floats(path, n):
-    """The n numbers of a JSON list, parsed a chunk at a time into an array: json.load would
-    hold n boxed floats plus a list (~19 KB for a digit), a third of a 64 KB heap."""
-    out = empty("f", n)
+def read_floats(path, n, out=None):
+    """The n numbers of a JSON list, parsed a chunk at a time into an array (`out`, or a new
+    one): json.load would hold n boxed floats plus a list (~19 KB for a digit), a third of a
+    64 KB heap."""
+    if out is None:
+        out = empty("f", n)
     k = 0
     tail = ""
     with open(path) as f:
@@ -44,11 +46,14 @@ def predict(net, pixels):
     return best, logits
 
 
-def main(argv, model_module, record_path="model.safetensors"):
+def main(argv, model_module, record_path="model.safetensors", pixels=None):
+    """pixels: an array('f') of 784 items allocated before the modules were compiled (compiling
+    leaves the heap in small pieces; a 64 KB heap then has no 3 KB hole left)."""
     if len(argv) < 2:
         print("usage: micropython predict.py INPUT.json")
         return 2
-    pixels = read_floats(argv[1], 28 * 28)  # the largest buffer first, while RAM is unbroken
+    gc.collect()
+    pixels = read_floats(argv[1], 28 * 28, pixels)
     gc.collect()
     net = record.load_model(record_path, model_module)
     k, logits = predict(net, pixels)
