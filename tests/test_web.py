@@ -1,0 +1,101 @@
+"""The desktop side of the browser runtime: the pure-Python wheel and the demo server
+(the browser itself is exercised by e2e/)."""
+import json
+import os
+import urllib.error
+import urllib.request
+import zipfile
+
+import pytest
+
+import cinders
+from cinders.cli import build_parser
+from cinders.web.server import DemoServer
+from cinders.web.wheel import MANIFEST, build_wheel, ensure_wheel, source_files
+
+
+def test_wheel_holds_only_pure_python_and_installs_every_package(tmp_path):
+    path = build_wheel(str(tmp_path), bytecode=False)
+    assert os.path.basename(path) == "cinders-%s-py3-none-any.whl" % cinders.__version__
+    names = zipfile.ZipFile(path).namelist()
+    code = [n for n in names if not n.startswith("cinders-%s.dist-info/" % cinders.__version__)]
+    assert all(n.endswith((".py", ".wgsl", ".json", ".js", ".html", ".css")) for n in code), code
+    for module in ("cinders/__init__.py", "cinders/tensor.py", "cinders/backends/python_backend.py",
+                   "cinders/record/safetensors.py", "cinders/nn/__init__.py", "cinders/models/mnist.py",
+                   "cinders/web/bridge.py", "cinders/wgpu/__init__.py", "cinders/wgpu/browser.py"):
+        assert module in names, module
+    wheel_info = zipfile.ZipFile(path).read("cinders-%s.dist-info/WHEEL" % cinders.__version__).decode()
+    assert "Root-Is-Purelib: true" in wheel_info and "Tag: py3-none-any" in wheel_info
+    record = zipfile.ZipFile(path).read("cinders-%s.dist-info/RECORD" % cinders.__version__).decode()
+    assert len(record.strip().splitlines()) == len(names)
+
+
+def test_wheel_is_rebuilt_only_when_sources_change(tmp_path):
+    first = ensure_wheel(str(tmp_path), bytecode=False)
+    stamp = os.stat(first).st_mtime_ns
+    assert ensure_wheel(str(tmp_path), bytecode=False) == first and os.stat(first).st_mtime_ns == stamp
+    manifest = tmp_path / MANIFEST
+    data = json.loads(manifest.read_text())
+    assert data["files"] == len(source_files())
+    data["sources_sha256"] = "stale"
+    manifest.write_text(json.dumps(data))
+    ensure_wheel(str(tmp_path), bytecode=False)
+    assert json.loads(manifest.read_text())["sources_sha256"] != "stale"
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<p>root</p>")
+    (tmp_path / "site" / "app.js").write_text("export {};")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "x.wasm").write_bytes(b"\0asm")
+    (tmp_path / "secret.txt").write_text("outside every mount")
+    with DemoServer(port=0, mounts=[("/lib/", str(tmp_path / "lib")), ("/", str(tmp_path / "site"))]) as s:
+        yield s
+
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url) as r:
+            return r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, None, b""
+
+
+def test_server_binds_localhost_and_serves_mounts_with_types(server):
+    assert server.url.startswith("http://127.0.0.1:") and server.httpd.server_address[0] == "127.0.0.1"
+    assert fetch(server.url)[2] == b"<p>root</p>"
+    assert fetch(server.url + "app.js")[1] == "text/javascript"
+    assert fetch(server.url + "lib/x.wasm")[:2] == (200, "application/wasm")
+
+
+def test_server_never_serves_outside_its_folders(server):
+    for path in ("../secret.txt", "lib/../../secret.txt", "%2e%2e/secret.txt", "lib/%2e%2e/%2e%2e/secret.txt"):
+        status, _, body = fetch(server.url + path)
+        assert b"outside every mount" not in body and status == 404, path
+
+
+def test_demo_command_is_registered():
+    args = build_parser().parse_args(["demo", "--port", "8123", "--no-open"])
+    assert (args.port, args.no_open) == (8123, True)
+    assert build_parser().parse_args(["demo"]).port == 8000
+
+
+def test_cinders_demo_sets_up_serves_and_prints_its_url():
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "cinders.cli", "demo", "--port", "0", "--no-open"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()  # set-up (npm packages, wheel) happens before this line
+        assert line.startswith("Cinders demo at http://127.0.0.1:"), line
+        url = line.split()[3]
+        for path in ("", "pyscript/", "wasm/cinders.js", "shared/preprocess.js", "wheels/cinders-wheel.json",
+                     "models/mnist-cnn.safetensors", "node_modules/pyodide/pyodide.mjs"):
+            assert fetch(url + path)[0] == 200, path
+        manifest = json.loads(fetch(url + "wheels/cinders-wheel.json")[2])
+        assert fetch(url + "wheels/" + manifest["wheel"])[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,170 @@
+// The Cinders browser runtime: Pyodide + the pure-Python cinders wheel, both served locally.
+//
+//   import { Cinders } from "/wasm/cinders.js";
+//   const model = await Cinders.load({ model: "/models/mnist-cnn.safetensors" });
+//   const { class: digit, logits, probabilities } = await model.predict(pixels);  // 784 floats in [0, 1]
+//
+// Nothing is fetched from outside the page's server unless a caller passes a CDN `pyodideURL`.
+// Python does the work (cinders.web.bridge): it picks the backend (WebGPU through
+// cinders.wgpu.browser, else the CPU), reads the record with cinders' own loader and rebuilds the
+// model class the record names.
+
+const HERE = new URL(".", import.meta.url);                     // .../wasm/
+const DEFAULTS = {
+  pyodideURL: new URL("../node_modules/pyodide/", HERE).href,   // or a CDN folder, for users online
+  wheelManifest: new URL("../wheels/cinders-wheel.json", HERE).href,
+  backend: "auto",                                              // "auto" | "webgpu" | "cpu"
+  fusion: false,      // WebGPU through cn.Fusion: elementwise chains become one kernel
+  snapshot: true,     // start from the server's Pyodide memory snapshot when it has one: a fast
+                      // start, but no JSPI (t.tolist() cannot block; await t.to_data_async())
+  packages: [],       // Pyodide packages to load first, e.g. ["numpy"] (needs a pyodideURL that has them)
+  onStatus: null,                                               // (text) => void, progress messages
+};
+
+let runtimePromise = null;
+
+function now() { return performance.now(); }
+
+async function fetchOk(url, what) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`cinders: cannot fetch ${what} from ${url}: HTTP ${response.status}`);
+  return response;
+}
+
+// What the server prepared (cinders.web.wheel): the wheel, and made by this very Pyodide under
+// Node, the wheel's bytecode and a memory snapshot of Pyodide with cinders imported.
+async function fetchParts(manifestURL, pyodideVersion, useSnapshot) {
+  const manifest = await (await fetchOk(manifestURL, "the wheel manifest")).json();
+  const fetchPart = (name, what) => {
+    const url = new URL(name, manifestURL);
+    url.searchParams.set("v", manifest.sources_sha256.slice(0, 16));  // a new build is a new URL
+    const bytes = fetchOk(url.href, what).then((r) => r.arrayBuffer());
+    bytes.catch(() => {});  // reported where it is awaited
+    return bytes;
+  };
+  const forThisPyodide = (name) => name && name.includes(`-pyodide-${pyodideVersion}.`);
+  return {
+    wheel: fetchPart(manifest.wheel, "the cinders wheel"),
+    snapshot: useSnapshot && forThisPyodide(manifest.snapshot) ? fetchPart(manifest.snapshot, "the Pyodide snapshot") : null,
+    // Fetched lazily: only a start without the snapshot needs it.
+    bytecode: forThisPyodide(manifest.pycache) ? () => fetchPart(manifest.pycache, "the cinders bytecode") : null,
+  };
+}
+
+async function startRuntime(options) {
+  const timings = {};
+  const status = options.onStatus || (() => {});
+  const t0 = now();
+
+  status("loading Pyodide");
+  const { loadPyodide, version } = await import(new URL("pyodide.mjs", options.pyodideURL).href);
+  // Everything downloads at once, while Pyodide compiles.
+  const parts = await fetchParts(options.wheelManifest, version, options.snapshot);
+  let pyodide = null;
+  if (parts.snapshot) {
+    try {
+      pyodide = await loadPyodide({ indexURL: options.pyodideURL, _loadSnapshot: parts.snapshot });
+      timings.snapshot = true;
+    } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
+      console.warn("cinders: the Pyodide snapshot did not load, starting without it:", error);
+    }
+  }
+  if (!pyodide) {
+    pyodide = await loadPyodide({ indexURL: options.pyodideURL });
+    timings.snapshot = false;
+  }
+  // The npm package holds no wheels: NumPy (the CPU fallback's faster backend) needs a CDN copy.
+  if (options.packages.length) await pyodide.loadPackage(options.packages);
+  timings.pyodide_ms = now() - t0;
+
+  status("installing cinders");
+  const t1 = now();
+  // Installed even after a snapshot (which holds every importable module, not the files): the
+  // sources serve tracebacks and whatever is imported later. Bytecode only matters without it.
+  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
+  pyodide.unpackArchive(await parts.wheel, "wheel", { extractDir: sitePackages });
+  if (parts.bytecode && !timings.snapshot) {
+    pyodide.unpackArchive(await parts.bytecode(), "zip", { extractDir: sitePackages });
+  }
+  // New files: forget cached directory listings (importlib.invalidate_caches() does more, and
+  // takes a second here).
+  pyodide.runPython("import sys; sys.path_importer_cache.clear()");
+  const bridge = pyodide.pyimport("cinders.web.bridge");
+  timings.wheel_ms = now() - t1;
+
+  status("starting the backend");
+  const t2 = now();
+  const chosen = (await bridge.init(options.backend, options.fusion)).toJs({ dict_converter: Object.fromEntries });
+  timings.backend_ms = now() - t2;
+  timings.runtime_ms = now() - t0;
+  return { pyodide, bridge, backend: chosen.backend, backendName: chosen.name, backendNote: chosen.note, timings };
+}
+
+// Python -> JS for results: dicts become plain objects, lists arrays.
+function toPlain(proxy) {
+  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
+  proxy.destroy();
+  return value;
+}
+
+function flatPixels(input) {
+  if (input instanceof Float32Array) return input;
+  if (ArrayBuffer.isView(input)) return Float32Array.from(input);
+  if (Array.isArray(input)) return Float32Array.from(input.flat(Infinity));
+  throw new TypeError("cinders: predict(input) takes a Float32Array or a (nested) array of numbers");
+}
+
+class Model {
+  constructor(runtime, predictor, info, timings) {
+    this.runtime = runtime;
+    this._predictor = predictor;
+    this.info = info;                 // {class: "MnistCNN", config: {...}, input_shape: [1, 28, 28]}
+    this.backend = runtime.backend;   // "webgpu" | "cpu"
+    this.backendName = runtime.backendName;
+    this.backendNote = runtime.backendNote;
+    this.timings = timings;
+  }
+
+  // input: 784 numbers in [0, 1] (row-major 28x28), flat or nested. Resolves to
+  // {class, logits, probabilities, ms}.
+  async predict(input) {
+    const pixels = flatPixels(input);
+    const t0 = now();
+    const result = toPlain(await this._predictor.predict(pixels));
+    result.ms = now() - t0;
+    return result;
+  }
+
+  // Several images at once: inputs is an array of 784-float inputs; one batch through the model.
+  async predictBatch(inputs) {
+    const flat = new Float32Array(inputs.length * 784);
+    inputs.forEach((input, i) => flat.set(flatPixels(input), i * 784));
+    return toPlain(await this._predictor.predict_batch(flat, inputs.length));
+  }
+}
+
+export const Cinders = {
+  // The shared runtime (one Pyodide per page): {pyodide, bridge, backend, timings}.
+  runtime(options = {}) {
+    if (!runtimePromise) runtimePromise = startRuntime({ ...DEFAULTS, ...options });
+    return runtimePromise;
+  },
+
+  async load(options = {}) {
+    if (!options.model) throw new TypeError("cinders: Cinders.load({model: url}) needs the record's URL");
+    const t0 = now();
+    // The record downloads while the runtime starts.
+    const record = fetchOk(options.model, "the model").then((r) => r.arrayBuffer());
+    record.catch(() => {});  // reported where it is awaited
+    const runtime = await this.runtime(options);
+    (options.onStatus || (() => {}))("loading the model");
+    const t1 = now();
+    const bytes = new Uint8Array(await record);
+    const predictor = await runtime.bridge.load_model(bytes, options.model);
+    const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
+    const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
+    return new Model(runtime, predictor, info, timings);
+  },
+};
+
+export default Cinders;

@@ -1,0 +1,58 @@
+// Prepares the cinders wheel for fast browser start-up with the very Pyodide the browser runs, in
+// Node (bytecode and memory are specific to one Pyodide build, so they cannot be made by the
+// desktop's Python).
+//
+//   node wasm/precompile.mjs <pyodide folder> <wheel> <pycache.zip> <snapshot.bin>
+//
+// pycache.zip   __pycache__/*.pyc of every cinders module (unchecked-hash pycs: valid without
+//               comparing source timestamps), so importing cinders compiles nothing.
+// snapshot.bin  Pyodide's memory right after start-up with cinders imported
+//               (loadPyodide({_loadSnapshot})): the page skips the interpreter's own start-up,
+//               most of a cold start. Pyodide marks the snapshot API experimental; cinders.js
+//               falls back to a plain start when the snapshot does not load.
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+const [pyodideDir, wheelPath, pycachePath, snapshotPath] = process.argv.slice(2);
+const { loadPyodide } = await import(pathToFileURL(path.join(pyodideDir, "pyodide.mjs")).href);
+const pyodide = await loadPyodide({ indexURL: pyodideDir + path.sep, _makeSnapshot: true,
+                                    stdout: () => {}, stderr: console.error });
+// Installed where the browser installs it, so the code objects name the same files.
+const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
+pyodide.unpackArchive(new Uint8Array(fs.readFileSync(wheelPath)), "wheel", { extractDir: sitePackages });
+pyodide.runPython(`
+import compileall, os, py_compile, sysconfig, zipfile
+site = sysconfig.get_paths()["purelib"]
+ok = compileall.compile_dir(os.path.join(site, "cinders"), quiet=1,
+                            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+if not ok:
+    raise SystemExit("precompile: some cinders module does not compile")
+with zipfile.ZipFile("/pycache.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+    for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
+        for name in sorted(files):
+            if name.endswith(".pyc"):
+                full = os.path.join(folder, name)
+                zf.write(full, os.path.relpath(full, site))
+del compileall, os, py_compile, sysconfig, zipfile, site, ok, zf, folder, files, name, full
+`);
+fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
+// Every cinders module that imports here (those needing NumPy, wgpu-py, ... cannot), so a page
+// imports nothing itself, plus what unpackArchive runs on (cinders.js unpacks the wheel after).
+// No module may hold a JS object at import time: the snapshot is plain wasm memory.
+pyodide.runPython(`
+import importlib, os, sysconfig
+import pyodide._package_loader
+site = sysconfig.get_paths()["purelib"]
+for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
+    package = os.path.relpath(folder, site).replace(os.sep, ".")
+    for name in sorted(files):
+        if name.endswith(".py") and name != "__main__.py":  # __main__ runs a command
+            module = package if name == "__init__.py" else package + "." + name[:-3]
+            try:
+                importlib.import_module(module)
+            except Exception:  # desktop-only (numpy, wgpu-py, ...) or a script: not for the browser
+                pass
+del importlib, os, sysconfig, site, folder, files, package, name, module
+`);
+fs.writeFileSync(snapshotPath, pyodide.makeMemorySnapshot());
