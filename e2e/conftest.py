@@ -8,6 +8,8 @@ test_mnist_page.py      the drawing page: WebGPU ready, mouse/touch/pen drawing,
                         equal to cn.NumPy() on the desktop, CPU fallback, the conformance table
                         replayed on the browser's WebGPU device, async/JSPI reads
 test_pyscript_and_offline.py   the PyScript example; no page requests anything off 127.0.0.1
+test_mnist_micro_page.py       the MicroPython-wasm page (/mnist-micro/): both loaders ready on
+                               cpu, drawing, held-out digits equal to cn.NumPy(), local requests only
 
 Flags (and which WebGPU flags give an adapter here): browser_env.py. One WebGPU browser per
 session (pytest-playwright's `browser`, launched with our `browser_type_launch_args`); the MNIST

@@ -45,8 +45,14 @@ def default_mounts():
 
 
 def ensure_setup():
-    """Everything the pages need that is not committed: npm packages and the wheel. Idempotent."""
+    """Everything the pages need that is not committed: npm packages, the wheel (the Pyodide
+    pages) and the micro page's exported bundle. Idempotent; quick when all are fresh.
+    Returns the wheel's path."""
+    # Imported here: cinders.micro's exporter is desktop-side code the browser wheel never runs.
+    from cinders.micro.web import ensure_web_bundle
+
     web_deps_dir()
+    ensure_web_bundle()
     return ensure_wheel()
 
 
