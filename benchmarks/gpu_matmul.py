@@ -67,7 +67,7 @@ def main():
         a = backend.from_flat(a_np.reshape(-1).tolist(), (n, n), dtypes.float32)
         b = backend.from_flat(b_np.reshape(-1).tolist(), (n, n), dtypes.float32)
         flops = 2.0 * n ** 3
-        reps = max(2, min(50, int(2e11 / flops))) if not args.small else 3
+        reps = max(3, min(50, int(1e12 / flops))) if not args.small else 3
         torch_s, torch_device = torch_matmul(n, reps, args.repeat, a_np, b_np)
         want = a_np.astype(np.float64) @ b_np
         runs = {"auto": lambda: backend.matmul(a, b)}

@@ -112,9 +112,17 @@ def test_every_matmul_variant(gpu, variant):
           ha=gpu.slice(up(gpu, big), (4, 0), (44, 64), (1, 1)))
 
 
-def test_matmul_heuristic_covers_shapes(gpu):
+def test_matmul_heuristic_covers_shapes(gpu, monkeypatch):
     assert matmul_select.heuristic(8, 8, 4096, 1) == "splitk64"
-    assert matmul_select.heuristic(1024, 1024, 1024, 1) == "block128"
+    assert matmul_select.heuristic(1024, 1024, 1024, 1) == "reg128x64"
+    assert matmul_select.heuristic(4096, 4096, 4096, 1) == "reg128x256"
+    assert matmul_select.heuristic(4096, 4096, 4096, 1, shared_limit=16384) == "block64"
+    # A tiling needing more workgroup memory than any device has: a clear error, not a crash.
+    monkeypatch.setitem(matmul_select.VARIANTS, "too_big",
+                        matmul_select._t(128, 256, 32, 8, 16, lanes_x=8))
+    a, b = up(gpu, np.ones((128, 64), np.float32)), up(gpu, np.ones((64, 128), np.float32))
+    with pytest.raises(MemoryError, match="too_big needs 98304 bytes of workgroup memory"):
+        gpu._matmul_variant("too_big", a, b, (), 128, 128, 64)
     assert matmul_select.heuristic(5, 5, 7, 1) == "tile16"
     assert matmul_select.heuristic(1, 128, 1568, 1) == "splitk_rows_direct"
     assert matmul_select.heuristic(1, 128, 1568, 1, cpu=True) == "rows_direct"

@@ -8,7 +8,9 @@ waits for the GPU in `to_flat` alone.
 In-place reuse: an elementwise op may write its result into an input's buffer when nothing but
 this call can ever see that input again: the handle is a temporary (its reference count is what
 a temporary argument has; calibrated at import, and disabled where the interpreter cannot tell a
-temporary from a held reference) and no other view shares its storage.
+temporary from a held reference) and no other view shares its storage. Through the tensor
+layer every handle is also held by its Tensor, so there the tensor layer decides instead and
+calls `unary_donated` / `binary_donated` (core/backend.py, "Buffer donation").
 """
 
 import math
@@ -106,7 +108,8 @@ class _Runtime:
         self.device = device
         self.pool = BufferPool(device)
         self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
-        self.tuner = Tuner(device.name)
+        self.tuner = Tuner(device.name, device.limits.get("max_compute_workgroup_storage_size",
+                                                           16384))
 
 
 _RUNTIMES = {}
@@ -215,8 +218,12 @@ class Wgpu(Backend):
     def _donatable(self, h, out_shape, out_dtype, refs):
         """Can h's buffer take the result (see the module docstring)? refs: getrefcount(h) as
         seen in the public method that received it."""
-        return (_TEMPORARY_REFS is not None and refs <= _TEMPORARY_REFS
-                and _storage_refs(h) <= _STORAGE_ALONE
+        return _TEMPORARY_REFS is not None and refs <= _TEMPORARY_REFS and \
+            self._fits_in_place(h, out_shape, out_dtype)
+
+    def _fits_in_place(self, h, out_shape, out_dtype):
+        """No other view shares h's storage, and the result fits h's buffer exactly."""
+        return (_STORAGE_ALONE is not None and _storage_refs(h) <= _STORAGE_ALONE
                 and h.dtype is out_dtype and h.shape == out_shape and h.offset == 0
                 and h.is_contiguous())
 
@@ -352,6 +359,20 @@ class Wgpu(Backend):
                 donor = 1
         return self._elementwise(op, [a, b], out_dtype, donor)
 
+    # Buffer donation through the tensor layer (core/backend.py): it vouches that nothing else
+    # holds the donated handle, so only views sharing its storage remain to be ruled out.
+    def unary_donated(self, op, x):
+        out_dtype = dtypes.bool_ if op == "logical_not" else x.dtype
+        donor = 0 if self._fits_in_place(x, x.shape, out_dtype) else None
+        return self._elementwise(op, [x], out_dtype, donor)
+
+    def binary_donated(self, op, a, b, donor):
+        out_dtype = dtypes.bool_ if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.dtype
+        shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
+        if a is b or not self._fits_in_place((a, b)[donor], shape, out_dtype):
+            donor = None
+        return self._elementwise(op, [a, b], out_dtype, donor)
+
     def where(self, cond, a, b):
         return self._elementwise("where", [cond, a, b], a.dtype)
 
@@ -403,7 +424,11 @@ class Wgpu(Backend):
         return run(variant)
 
     def _matmul_variant(self, variant, a, b, batch, m, n, k):
-        bm, bn, bk, tm, tn, split_k = VARIANTS[variant]
+        tiling = VARIANTS[variant]
+        bm, bn, bk, tm, tn, split_k, lanes_x, pad_a = tiling
+        if tiling.shared_bytes() > self._rt.tuner.shared_limit:
+            raise DeviceLimitError("cn.Wgpu matmul: variant %s needs %d bytes of workgroup memory, "
+                                   "more than this device has" % (variant, tiling.shared_bytes()))
         nb = math.prod(batch)
         splits = split_count(m, n, k, nb, bm, bn) if split_k else 1
         kchunk = -(-k // splits)
@@ -428,9 +453,15 @@ class Wgpu(Backend):
         vec_b = bool(bk) and tn % 4 == 0 and b_sn == 1 and n % 4 == 0 and \
             b.offset % 4 == 0 and (k == 1 or b_sk % 4 == 0) and all(s % 4 == 0 for s in b_bstrides)
         exact = bool(bk) and m % bm == 0 and n % bn == 0 and k % kchunk == 0
-        build = (lambda: codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact)) if bk \
-            else (lambda: codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn))
-        self._launch(("matmul", nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact), build,
+
+        def build():
+            if lanes_x:
+                return codegen.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
+                                                   vec_a, vec_b, exact)
+            if bk:
+                return codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact)
+            return codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn)
+        self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact), build,
                      [a.storage.raw, b.storage.raw, out.storage.raw], params, groups,
                      "matmul_" + variant, 4 * nb * (m * k + k * n), 4 * splits * nb * m * n)
         if splits > 1:

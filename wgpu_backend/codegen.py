@@ -86,7 +86,7 @@ HELPERS = {
   if (b == 0.0) { return 1.0; }
   let r = pow(abs(a), b);
   if (a < 0.0) {
-    if (floor(b) != b) { return bitcast<f32>(0x7fc00000u); }
+    if (floor(b) != b) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
     if (fract(b * 0.5) != 0.0) { return -r; }
   }
   return r;
@@ -109,20 +109,29 @@ HELPERS = {
   if (r != 0i && ((r < 0i) != (b < 0i))) { return r + b; }
   return r;
 }""",
-    # WGSL has no erf. |x| < 0.5: Taylor series to x^11 (error < 2e-8); beyond: Numerical
-    # Recipes' Chebyshev fit of erfc (relative error < 1.2e-7), so |error| stays below 1e-6.
+    # WGSL has no erf. Norbert Juffa's erff (as in CUDA and MLX; error < 1 ulp): two minimax
+    # polynomials in fma Horner form, both evaluated and one selected. No branch: a warp of
+    # mixed inputs runs both sides anyway, and GELU is bandwidth-bound only if erf is cheap.
+    # t is clamped at 4 (erf rounds to 1 there) so exp never sees -inf; NaN takes the small side.
     "erf_f": """fn erf_f(x: f32) -> f32 {
-  let z = abs(x);
-  if (z < 0.5) {
-    let s = x * x;
-    return x * (1.1283791671 + s * (-0.3761263890 + s * (0.1128379167 + s * (-0.0268661706
-           + s * (0.0052239776 + s * (-0.0008548327 + s * 0.0001205529))))));
-  }
-  let t = 1.0 / (1.0 + 0.5 * z);
-  let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
-          + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
-          + t * (-0.82215223 + t * 0.17087277)))))))));
-  return sign(x) * (1.0 - r);
+  let s = x * x;
+  let small = fma(fma(fma(fma(fma(fma(-5.96761703e-4, s, 4.99119423e-3), s, -2.67681349e-2), s,
+                  1.12819925e-1), s, -3.76125336e-1), s, 1.28379166e-1), x, x);
+  let t = min(abs(x), 4.0);
+  var r = fma(fma(-1.72853470e-5, t, 3.83197126e-4), t * t, fma(-3.88396438e-3, t, 2.42546219e-2));
+  r = fma(fma(fma(fma(r, t, -1.06777877e-1), t, -6.34846687e-1), t, -1.28717512e-1), t, -t);
+  let big = bitcast<f32>(bitcast<u32>(1.0 - exp(r)) | (bitcast<u32>(x) & 0x80000000u));
+  return select(small, big, abs(x) > 0.927734375);
+}""",
+    # SwiftShader's exp/log do not propagate NaN/inf; NaN and inf must come from runtime values
+    # (`let`): Chrome's WGSL compiler rejects a constant expression that evaluates to NaN or inf.
+    "exp_f": "fn exp_f(x: f32) -> f32 { if (isnan_f(x)) { return x; } return exp(x); }",
+    "log_f": """fn log_f(x: f32) -> f32 {
+  if (isnan_f(x)) { return x; }
+  if (x < 0.0) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
+  if (x == 0.0) { let minus_inf = 0xff800000u; return bitcast<f32>(minus_inf); }
+  if (bitcast<u32>(x) == 0x7f800000u) { return x; }
+  return log(x);
 }""",
     "hash32": """fn hash32(v: u32) -> u32 {
   var x = v;
@@ -130,7 +139,8 @@ HELPERS = {
   return x ^ (x >> 16u);
 }""",
 }
-_HELPER_DEPS = {"fmax_f": ("isnan_f",), "fmin_f": ("isnan_f",), "tanh_f": ("isnan_f",)}
+_HELPER_DEPS = {"fmax_f": ("isnan_f",), "fmin_f": ("isnan_f",), "tanh_f": ("isnan_f",),
+                "exp_f": ("isnan_f",), "log_f": ("isnan_f",)}
 
 
 def _helpers_for(source):
@@ -161,7 +171,7 @@ _CMP = {"eq": "{a} == {b}", "ne": "!({a} == {b})", "lt": "{a} < {b}", "le": "{a}
         "gt": "{a} > {b}", "ge": "{a} >= {b}"}
 _UNARY = {
     "neg": {"f": "-{a}", "i": "-{a}"},
-    "exp": {"f": "exp({a})"}, "log": {"f": "log({a})"}, "sqrt": {"f": "sqrt({a})"},
+    "exp": {"f": "exp_f({a})"}, "log": {"f": "log_f({a})"}, "sqrt": {"f": "sqrt({a})"},
     "sin": {"f": "sin({a})"}, "cos": {"f": "cos({a})"}, "tanh": {"f": "tanh_f({a})"},
     "erf": {"f": "erf_f({a})"},
     "abs": {"f": "abs({a})", "i": "abs({a})", "b": "{a}"},
@@ -372,6 +382,22 @@ def reduce_params(n_out, axis_len, axis_stride, offset, outer_shape, outer_strid
 
 
 # ---- matmul --------------------------------------------------------------------------------
+def _matmul_prologue(nbatch):
+    """WGSL shared by the matmul kernels: sizes, this workgroup's split and batch element (grid
+    z = batch * splits), the operands' base offsets and strides, its range of k."""
+    lines = ["""  let M = %s; let N = %s; let K = %s; let kchunk = %s;
+  let z = wid.z; let nb = %s;
+  let split = z / nb; let bz = z %% nb;""" % (_p(0), _p(1), _p(2), _p(3), _p(10))]
+    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
+    bc = ["b%d" % d for d in range(nbatch)]
+    for name, off, first in (("a_base", 4, 11 + nbatch), ("b_base", 5, 11 + 2 * nbatch)):
+        lines.append("  let %s = %s;" % (name, _dot(_p(off), bc, [_p(first + d) for d in range(nbatch)])))
+    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
+                 % (_p(6), _p(7), _p(8), _p(9)))
+    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+    return lines
+
+
 def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False):
     """Batched C = A @ B, one template for every tiling: a workgroup of (bn/tn, bm/tm) threads
     computes a bm x bn tile; each thread a tm x tn block of registers (vec4 when tn is a
@@ -399,18 +425,8 @@ def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=Fals
 @compute @workgroup_size(%d, %d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let tx = lid.x; let ty = lid.y; let t = ty * %du + tx;
-  let M = %s; let N = %s; let K = %s; let kchunk = %s;
-  let z = wid.z; let nb = %s;
-  let split = z / nb; let bz = z %% nb;
-  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, _p(0), _p(1), _p(2), _p(3), _p(10),
-                                                   bm, bn)]
-    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
-    bc = ["b%d" % d for d in range(nbatch)]
-    lines.append("  let a_base = %s;" % _dot(_p(4), bc, [_p(11 + nbatch + d) for d in range(nbatch)]))
-    lines.append("  let b_base = %s;" % _dot(_p(5), bc, [_p(11 + 2 * nbatch + d) for d in range(nbatch)]))
-    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
-                 % (_p(6), _p(7), _p(8), _p(9)))
-    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, bm, bn)]
+    lines += _matmul_prologue(nbatch)
     lines.append("  var acc: array<%s, %d>;" % (vt, tm * groups))
     lines.append("  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk)
 
@@ -477,6 +493,136 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     return src + "\n".join(lines) + "\n}\n"
 
 
+def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
+                        exact=False):
+    """Batched C = A @ B for large products (the register-tiled, double-buffered kernel).
+    A workgroup of (bm/tm) * (bn/tn) threads computes a bm x bn tile of C; each thread a tm x tn
+    block of registers (tm, tn multiples of 4) held as tm * tn/4 vec4 accumulators. Per bk-deep
+    step A's slice is staged k-major (As[k][m], rows padded by pad_a vec4 against bank conflicts
+    on the transposing stores) and B's as Bs[k][n], both as vec4, so every shared read in the fully
+    unrolled inner loop is one vec4 of A (4 rows) or of B (4 columns) feeding 16 FMAs. Two
+    shared buffers: the next slice is fetched from global memory into registers before the
+    current one is multiplied and stored into the other buffer after it, one barrier per step.
+    Thread t is placed so that a 32-lane warp covers lanes_x columns x 32/lanes_x rows of
+    threads: few distinct shared addresses per warp-wide read (broadcasts). A thread's rows are
+    m0 + i*4*wy + ty*4 + 0..3, its columns n0 + g*4*wx + tx*4 + 0..3 (vec4 stores of C).
+    Same parameters, grid, split-K and specialisations (vec_a, vec_b, exact) as matmul_wgsl."""
+    wx, wy = bn // tn, bm // tm
+    threads = wx * wy
+    ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
+    sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
+    a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
+    src = _header(11 + 3 * nbatch, [("A", "vec4<f32>" if vec_a else "f32", False),
+                                    ("B", "vec4<f32>" if vec_b else "f32", False),
+                                    ("C", "vec4<f32>" if vec_b else "f32", True)],
+                  "var<workgroup> As: array<vec4<f32>, %d>;\n"
+                  "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
+    warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
+    lines = ["""
+@compute @workgroup_size(%d)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tx = t %% %du + %du * ((t / 32u) %% %du);
+  let ty = (t / %du) %% %du + %du * (t / %du);
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (
+        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm, bn)]
+    lines += _matmul_prologue(nbatch)
+
+    # Global -> registers: A as vec4 along k (row mm, k quad kq), B as vec4 along n.
+    na, nbv = bm * bk // 4 // threads, bk * bn // 4 // threads
+    assert na * threads * 4 == bm * bk and nbv * threads * 4 == bk * bn, "tile/thread mismatch"
+    assert wx % lanes_x == 0 and wy % lanes_y == 0, "warp shape does not tile the threads"
+
+    def load(dst, zero, inside, expr):
+        """dst = expr, or zero where the element lies outside (checked only for ragged tiles)."""
+        if exact:
+            return "      %s = %s;" % (dst, expr)
+        return "      %s = %s; if (%s) { %s = %s; }" % (dst, zero, inside, dst, expr)
+
+    def fetch(k0):
+        out = []
+        for j in range(na):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let mm = %s / %du; let gm = m0 + mm; let gk = %s + (%s %% %du) * 4u;"
+                       % (e, bk // 4, k0, e, bk // 4))
+            if vec_a:
+                out.append(load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
+                                "A[(a_base + gm * a_sm + gk) / 4u]"))
+            for c in range(0 if vec_a else 4):
+                out.append(load("pa%d[%d]" % (j, c), "0.0", "gm < M && gk + %du < k_end" % c,
+                                "A[a_base + gm * a_sm + (gk + %du) * a_sk]" % c))
+            out.append("    }")
+        for j in range(nbv):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let gk = %s + %s / %du; let gn = n0 + (%s %% %du) * 4u;"
+                       % (k0, e, bn // 4, e, bn // 4))
+            if vec_b:
+                out.append(load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
+                                "B[(b_base + gk * b_sk + gn) / 4u]"))
+            for c in range(0 if vec_b else 4):
+                out.append(load("pb%d[%d]" % (j, c), "0.0", "gn + %du < N && gk < k_end" % c,
+                                "B[b_base + gk * b_sk + (gn + %du) * b_sn]" % c))
+            out.append("    }")
+        return out
+
+    def stash(buf):
+        """Registers -> shared buffer `buf` (a WGSL expression, 0 or 1)."""
+        out = []
+        for j in range(na):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let mm = %s / %du; let kq = (%s %% %du) * 4u;"
+                       % (e, bk // 4, e, bk // 4))
+            out.append("      let at = %s * %du + mm / 4u;" % (buf, a_tile))
+            for c in range(4):
+                out.append("      As[at + (kq + %du) * %du][mm %% 4u] = pa%d[%d];" % (c, sa, j, c))
+            out.append("    }")
+        for j in range(nbv):
+            out.append("    Bs[%s * %du + t + %du] = pb%d;" % (buf, b_tile, j * threads, j))
+        return out
+
+    for j in range(na):
+        lines.append("  var pa%d: vec4<f32>;" % j)
+    for j in range(nbv):
+        lines.append("  var pb%d: vec4<f32>;" % j)
+    for r in range(tm):
+        for g in range(gj):
+            lines.append("  var c%d_%d = vec4<f32>(0.0);" % (r, g))
+    lines += fetch("k_begin") + stash("0u")
+    lines.append("  workgroupBarrier();")
+    lines.append("  var cur = 0u;")
+    lines.append("  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk)
+    # The last step fetches a slice that is never read: with exact tiles its own (in range, no
+    # branch in the loop), else the one past k_end (masked to zeros by the bounds checks).
+    lines += fetch("min(k0 + %du, k_end - %du)" % (bk, bk) if exact else "k0 + %du" % bk)
+    lines.append("    let ao = cur * %du + ty; let bo = cur * %du + tx;" % (a_tile, b_tile))
+    for kk in range(bk):
+        for i in range(ri):
+            lines.append("    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy))
+        for g in range(gj):
+            lines.append("    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx))
+        for r in range(tm):
+            for g in range(gj):
+                lines.append("    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
+                             % (r, g, kk, r // 4, r % 4, kk, g, r, g))
+    lines.append("    cur = 1u - cur;")
+    lines += stash("cur")
+    lines.append("    workgroupBarrier();\n  }")
+    lines.append("  let c_base = z * M * N;")
+    for r in range(tm):
+        lines.append("  { let m = m0 + %du + ty * 4u;" % ((r // 4) * 4 * wy + r % 4))
+        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
+        for g in range(gj):
+            n = "n0 + %du + tx * 4u" % (g * 4 * wx)
+            if vec_b:
+                lines.append("      { let n = %s; if (%s) { C[(c_base + m * N + n) / 4u] = c%d_%d; } }"
+                             % (n, "true" if exact else "n < N", r, g))
+                continue
+            for c in range(4):
+                lines.append("      { let n = %s + %du; if (%s) { C[c_base + m * N + n] = c%d_%d[%d]; } }"
+                             % (n, c, "true" if exact else "n < N", r, g, c))
+        lines.append("    }\n  }")
+    return src + "\n".join(lines) + "\n}\n"
+
+
 def matmul_direct_wgsl(nbatch, bm, bn, tm, tn):
     """The matmul without shared memory or barriers: each thread reads its rows of A and
     columns of B straight from global memory (what CPU adapters such as lavapipe and
@@ -486,17 +632,8 @@ def matmul_direct_wgsl(nbatch, bm, bn, tm, tn):
     src = _header(11 + 3 * nbatch, [("A", "f32", False), ("B", "f32", False), ("C", "f32", True)])
     lines = ["""
 @compute @workgroup_size(%d, %d)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-  let M = %s; let N = %s; let K = %s; let kchunk = %s;
-  let z = wid.z; let nb = %s;
-  let split = z / nb; let bz = z %% nb;""" % (wx, wy, _p(0), _p(1), _p(2), _p(3), _p(10))]
-    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
-    bc = ["b%d" % d for d in range(nbatch)]
-    lines.append("  let a_base = %s;" % _dot(_p(4), bc, [_p(11 + nbatch + d) for d in range(nbatch)]))
-    lines.append("  let b_base = %s;" % _dot(_p(5), bc, [_p(11 + 2 * nbatch + d) for d in range(nbatch)]))
-    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
-                 % (_p(6), _p(7), _p(8), _p(9)))
-    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {""" % (wx, wy)]
+    lines += _matmul_prologue(nbatch)
     lines.append("  var acc: array<f32, %d>;" % (tm * tn))
     # Rows and columns past the edge are clamped for reading and skipped for writing.
     for r in range(tm):
@@ -537,8 +674,10 @@ def gather_wgsl(ty, ndim, axis):
     coords = ["c%d" % d for d in range(ndim)]
     body = _unravel("i", lambda d: _p(sh + d), ndim)
     body += "  var j = index[%s];\n" % _dot(_p(io), coords, [_p(io + 1 + d) for d in range(ndim)])
-    # Negative indices count from the end (the tensor layer validates the range).
+    # Negative indices count from the end. An index still outside the axis reads 0: checking
+    # would need a readback, but it must never read another row (core/backend.py, gather).
     body += "  if (j < 0i) { j = j + i32(%s); }\n" % _p(1)
+    body += "  if (j < 0i || j >= i32(%s)) { out[i] = %s(0); return; }\n" % (_p(1), ty)
     xc = ["u32(j)" if d == axis else c for d, c in enumerate(coords)]
     body += "  out[i] = x[%s];\n" % _dot(_p(xo), xc, [_p(xo + 1 + d) for d in range(ndim)])
     src = _header(4 + 3 * ndim, [("x", ty, False), ("index", "i32", False), ("out", ty, True)])
