@@ -32,6 +32,8 @@ Semantics worth knowing (PyTorch's unless stated):
   recorded primitive by primitive, which is what makes them differentiable.
 """
 
+import itertools
+import operator
 import threading
 
 from . import dtypes
@@ -85,11 +87,16 @@ class Node:
     """One tape entry. Leaves have `backward is None`; other nodes map the gradient of their
     output to gradients of their parents (a tuple aligned with `parents`, None = no gradient)."""
 
-    __slots__ = ("parents", "backward", "__weakref__")
+    __slots__ = ("parents", "backward", "seq", "__weakref__")
 
     def __init__(self, parents, backward):
         self.parents = parents
         self.backward = backward
+        self.seq = next(_creation_order)  # after every parent's: a topological order for free
+
+
+_creation_order = itertools.count()
+_newest_first = operator.attrgetter("seq")
 
 
 class Var:
@@ -153,6 +160,11 @@ class Autodiff(Backend):
 
     def device_key(self):
         return self._key
+
+    @property
+    def shares_constants(self):
+        # A constant Var (node None) is never changed: require_grad() makes a new Var.
+        return self._inner.shares_constants
 
     def __repr__(self):
         return "cn.Autodiff(%r)" % (self._inner,)
@@ -222,28 +234,21 @@ class Autodiff(Backend):
                 "t.require_grad() (or it was computed inside cn.no_grad())")
         if not tensor.dtype.is_float:
             raise DTypeError("backward() needs a float tensor, got %r" % (tensor.dtype,))
-        # Topological order by an iterative depth-first search (graphs can be deep).
-        # A node is marked visited when it is expanded, not when pushed, so that it lands in
-        # `order` only after every node it depends on.
-        order, visited, stack = [], set(), [(root, False)]
+        # Every node is created after its parents, so creation order is topological: collect
+        # what the root reaches (iteratively: graphs can be deep), then visit newest first.
+        reached, stack = {root}, [root]
         while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if node in visited:
-                continue
-            visited.add(node)
-            stack.append((node, True))
-            for parent in node.parents:
-                if parent is not None and parent not in visited:
-                    stack.append((parent, False))
+            for parent in stack.pop().parents:
+                if parent is not None and parent not in reached:
+                    reached.add(parent)
+                    stack.append(parent)
+        order = sorted(reached, key=_newest_first, reverse=True)
         inner = self._inner
         seed = inner.full(tuple(tensor.shape), 1.0, dtypes.float32)
         pending = {root: self._inner_tensor(seed, tuple(tensor.shape), dtypes.float32)}
         leaves = {}
         with no_grad():
-            for node in reversed(order):
+            for node in order:
                 grad = pending.pop(node, None)
                 if node.backward is None:  # a leaf
                     if grad is not None:
@@ -266,6 +271,9 @@ class Autodiff(Backend):
         """A Var for `value`; records `backward` when grad mode is on and an input needs grad."""
         if _grad_mode.disabled:
             return Var(value)
+        if len(inputs) == 1:  # reshape, permute, expand, slice, pad, cast...
+            node = inputs[0].node
+            return Var(value) if node is None else Var(value, Node((node,), backward))
         parents = tuple(x.node for x in inputs)
         for p in parents:
             if p is not None:
@@ -387,10 +395,13 @@ class Autodiff(Backend):
 
     def permute(self, x, dims):
         out = self._inner.permute(x.value, dims)
+        if x.node is None or _grad_mode.disabled:
+            return Var(out)
         inverse = [0] * len(dims)
         for i, d in enumerate(dims):
             inverse[d] = i
-        return self._record(out, (x,), lambda g: (g.permute(tuple(inverse)),))
+        inverse = tuple(inverse)
+        return Var(out, Node((x.node,), lambda g: (g.permute(inverse),)))
 
     def expand(self, x, shape):
         out = self._inner.expand(x.value, shape)
@@ -496,7 +507,9 @@ def _sum_to(g, shape):
     if g.shape == shape:
         return g
     axes = tuple(d for d, n in enumerate(shape) if n == 1 and g.shape[d] != 1)
-    return g.sum(axes, keepdim=True) if axes else g
+    if not axes:
+        return g
+    return g.sum(axes[0] if len(axes) == 1 else axes, keepdim=True)  # an int: the one-axis fast path
 
 
 def _t(x):

@@ -51,6 +51,14 @@ indexing
                                     index.shape[d] <= x.shape[d] for d != axis
     scatter_add(x, axis, index, src)  copy of x with src[i] added at index (torch.scatter_add);
                                     the backward of gather
+    Index values: in [-n, n) for an axis of size n, negatives counting from the end (NumPy's
+    take_along_axis; torch.gather rejects negatives, cinders accepts them on every backend).
+    An index outside that range is an error that a backend reports where it costs no device
+    sync: CPU backends (Python, NumPy) raise IndexError("<op>: index <i> is out of bounds for
+    axis <a> with size <n>"). A GPU backend cannot see the values without waiting for the
+    device, so it never raises: gather reads 0 there and scatter_add drops the value, and
+    neither ever touches another row. The tensor layer itself checks Python-list indices
+    (x[[0, 5]]), whose values it holds.
 images (NCHW; what conv2d and the pools are composed from)
     unfold2d(x, kernel, stride, padding, dilation, pad_value)
                           x (N, C, H, W) -> (N, C*kh*kw, OH*OW), like torch.nn.functional.unfold
@@ -70,6 +78,28 @@ Composite overrides
 A backend may provide a fused kernel for a composite op by defining a method named
 `fused_<name>` (e.g. `fused_gelu(x)`); the tensor layer uses it when present and the tensor
 does not need gradients.
+
+The optimizers likewise use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
+the parameter's (inner) backend has it, instead of ~12 elementwise ops. It is the one hook that
+writes its arguments: m and v (Adam's moments, which cn.optim.Adam passes only while they are
+its private state) are updated in place; p and g are read only and p' is a new handle. In
+float32 and in this order, exactly what cn.optim.Adam composes:
+    m <- m + (g - m) * (1 - beta1);  v <- v * beta2 + g * g * (1 - beta2)
+    p' = p - m / (sqrt(v) + eps) * step_size
+
+Buffer donation (optional)
+--------------------------
+A backend that can write an elementwise result into an operand's buffer defines
+    unary_donated(op, x)            same result as unary(op, x)
+    binary_donated(op, a, b, donor) same result as binary(op, a, b); donor is 0 (a) or 1 (b)
+The tensor layer calls them instead of unary/binary only when the donated operand's Tensor was a
+temporary (`(x + 1) * 2`: nothing can read x + 1 afterwards) and no other Tensor, variable or
+Autodiff tape holds its handle; it has already dropped the handle from the dead Tensor. The
+backend may then reuse the buffer, after checking what only it knows: no other handle (a
+reshape/permute/slice view) shares the storage, and the buffer fits the result (shape, dtype,
+contiguity); otherwise it computes into a new buffer as usual. Backends that do not define
+them (CPU backends, Autodiff, Fusion) keep the class defaults of None and never see donation.
+See core/tensor.py ("buffer donation") for how a temporary is recognised.
 
 RANDOM (identical numbers on every backend)
 -------------------------------------------
@@ -139,6 +169,16 @@ class Backend:
     @property
     def inner(self):
         return None
+
+    unary_donated = None   # optional hooks, see "Buffer donation" above
+    binary_donated = None
+
+    @property
+    def shares_constants(self):
+        """True when a handle made by `full` is never mutated, so the tensor layer may cache the
+        scalar operand of `x * 2.0` and reuse one handle in every op. Base backends: yes; a
+        decorator says so only when its handles carry no state it updates later."""
+        return self.inner is None
 
     def synchronize(self):
         """Wait for queued work. CPU backends compute eagerly, so there is nothing to wait for."""

@@ -17,10 +17,12 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 def _fused(name, x, *args):
     """The backend's fused kernel for `name` applied to x, or None when it has none."""
-    kernel = getattr(x.backend, "fused_" + name, None)
+    # Looked up on the class: a decorator's __getattr__ (Autodiff's) would raise and catch an
+    # AttributeError on every call.
+    kernel = getattr(type(x.backend), "fused_" + name, None)
     if kernel is None:
         return None
-    return Tensor(x.backend, kernel(x.handle, *args), x.shape, x.dtype)
+    return Tensor(x.backend, kernel(x.backend, x.handle, *args), x.shape, x.dtype)
 
 
 def _float(op, x):
@@ -77,8 +79,9 @@ def log_softmax(x, axis=-1):
 def _shift(x, axis):
     """The row max that softmax subtracts for stability. The result does not depend on it, so
     its exact gradient is 0: on an Autodiff backend it is detached instead of differentiated."""
-    m = x.max(axis, keepdim=True)
-    return m.detach() if hasattr(m.backend, "detach") else m
+    if hasattr(x.backend, "detach"):
+        x = x.detach()  # before the max, so that the max records no tape entry at all
+    return x.max(axis, keepdim=True)
 
 
 # -- reductions and clamping -------------------------------------------------------------------

@@ -8,6 +8,7 @@ decorator backend such as Autodiff sees nothing but primitives.
 """
 
 import math
+import sys
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
@@ -58,9 +59,23 @@ def _numel(shape):
     return n
 
 
+_broadcast_cache = {}  # (shape, shape) -> broadcast shape: a model broadcasts a few pairs only
+
+
 def _broadcast_shapes(op, sa, sb):
     if sa == sb:
         return sa
+    hit = _broadcast_cache.get((sa, sb))
+    if hit is not None:
+        return hit
+    out = _broadcast_new(op, sa, sb)
+    if len(_broadcast_cache) > 1024:
+        _broadcast_cache.clear()
+    _broadcast_cache[(sa, sb)] = out
+    return out
+
+
+def _broadcast_new(op, sa, sb):
     n = max(len(sa), len(sb))
     pa = (1,) * (n - len(sa)) + sa
     pb = (1,) * (n - len(sb)) + sb
@@ -118,12 +133,13 @@ _scalar_cache = {}
 
 
 def _scalar(backend, value, dtype, ndim):
-    """A handle holding `value` with shape (1,) * ndim, cached for base backends: handles are
-    never mutated while another reference exists, so one constant serves every op."""
-    # Decorators (Autodiff, Fusion) may attach state to handles; -0.0 == 0.0 would share a key.
-    if backend.inner is not None or (value == 0 and isinstance(value, float)):
+    """A handle holding `value` with shape (1,) * ndim, cached for backends whose constants are
+    never mutated (`backend.shares_constants`, see core/backend.py), so one serves every op."""
+    if not backend.shares_constants:
         return backend.full((1,) * ndim, _PY_TYPE[dtype](value), dtype)
     key = (id(backend), value, type(value), dtype, ndim)
+    if value == 0 and type(value) is float:  # -0.0 == 0.0 would share a key
+        key += (math.copysign(1.0, value),)
     hit = _scalar_cache.get(key)
     if hit is not None and hit[0] is backend:
         return hit[1]
@@ -132,6 +148,9 @@ def _scalar(backend, value, dtype, ndim):
     handle = backend.full((1,) * ndim, _PY_TYPE[dtype](value), dtype)
     _scalar_cache[key] = (backend, handle)
     return handle
+
+
+_valid_perms = {}  # permute's `dims` as given -> normalised, already checked to be a permutation
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +200,14 @@ class Tensor:
 
     def tolist(self):
         flat = self.backend.to_flat(self.handle)
+        if self.dtype is bool_:
+            flat = [bool(v) for v in flat]
+        return _nest(flat, self.shape)
+
+    async def to_data_async(self):
+        """tolist() that awaits the device instead of blocking (the browser's WebGPU cannot block)."""
+        reader = getattr(self.backend, "to_flat_async", None)
+        flat = await reader(self.handle) if reader is not None else self.backend.to_flat(self.handle)
         if self.dtype is bool_:
             flat = [bool(v) for v in flat]
         return _nest(flat, self.shape)
@@ -274,6 +301,7 @@ class Tensor:
     # -- elementwise ----------------------------------------------------------------------------
 
     def _unary(self, op):
+        refs = _refcount(self)  # first, before any local refers to self (see _donor)
         x = self
         if op in _FLOAT_UNARY:
             if x.dtype is not float32:
@@ -285,7 +313,13 @@ class Tensor:
             raise DTypeError("%s: not defined for bool tensors; cast first" % op)
         elif op in ("floor", "ceil", "round") and x.dtype is int32:
             return x
-        return Tensor(x.backend, x.backend.unary(op, x.handle), x.shape, x.dtype)
+        backend, h = x.backend, x.handle
+        if backend.unary_donated is not None and x is self and refs <= _TEMPORARY_UNARY_REFS:
+            del x
+            if _donor(self, h):
+                return Tensor(backend, backend.unary_donated(op, h), self.shape, self.dtype)
+            x = self
+        return Tensor(backend, backend.unary(op, h), x.shape, x.dtype)
 
     def exp(self):
         return self._unary("exp")
@@ -334,6 +368,7 @@ class Tensor:
 
     def _binary(self, op, other, reverse=False):
         """self <op> other (other <op> self when reverse); other is a Tensor or a Python number."""
+        refs_self, refs_other = _refcount(self), _refcount(other)  # first: see _donor
         backend = self.backend
         if isinstance(other, Tensor):
             if other.backend is not backend:
@@ -385,6 +420,20 @@ class Tensor:
             if dtype is bool_ and op in _ARITHMETIC:
                 ha, hb, dtype = backend.cast(ha, int32), backend.cast(hb, int32), int32
             out_dtype = dtype
+        if backend.binary_donated is not None and out_dtype is dtype:
+            # A temporary operand gives its buffer to the result when the backend can write it
+            # there. `reverse` swapped the handles: self's is then hb, operand 1. (The handle
+            # _donor checks sits in exactly one local here: `mine`/`theirs` are deleted first.)
+            mine, theirs = (hb, ha) if reverse else (ha, hb)
+            if refs_self <= _TEMPORARY_REFS and mine is self.handle and self.shape == shape:
+                del mine
+                if _donor(self, hb if reverse else ha):
+                    return Tensor(backend, backend.binary_donated(op, ha, hb, 1 if reverse else 0), shape, out_dtype)
+            elif (refs_other <= _TEMPORARY_REFS and isinstance(other, Tensor) and other is not self
+                  and theirs is other.handle and other.shape == shape):
+                del theirs
+                if _donor(other, ha if reverse else hb):
+                    return Tensor(backend, backend.binary_donated(op, ha, hb, 0 if reverse else 1), shape, out_dtype)
         return Tensor(backend, backend.binary(op, ha, hb), shape, out_dtype)
 
     def __add__(self, o):
@@ -571,6 +620,14 @@ class Tensor:
         if shape == self.shape:
             return self
         n = _numel(self.shape)
+        known = 1
+        for d in shape:  # the common case, explicit non-negative ints, in one pass
+            if type(d) is not int or d < 0:
+                break
+            known *= d
+        else:
+            if known == n:
+                return Tensor(self.backend, self.backend.reshape(self.handle, shape), shape, self.dtype)
         if -1 in shape:
             if shape.count(-1) > 1:
                 raise ShapeError("reshape: only one -1 allowed in %s" % (shape,))
@@ -599,11 +656,18 @@ class Tensor:
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = dims[0]
         n = self.ndim
-        if len(dims) != n:
-            raise ShapeError("permute: %d dims %s for shape %s" % (len(dims), tuple(dims), self.shape))
-        dims = tuple(_axis("permute", d, n, self.shape) for d in dims)
-        if len(set(dims)) != n:
-            raise ShapeError("permute: %s is not a permutation for shape %s" % (dims, self.shape))
+        dims = tuple(dims)
+        checked = _valid_perms.get(dims)  # a model permutes with a handful of `dims` only
+        if checked is None or len(dims) != n:
+            if len(dims) != n:
+                raise ShapeError("permute: %d dims %s for shape %s" % (len(dims), dims, self.shape))
+            checked = tuple(_axis("permute", d, n, self.shape) for d in dims)
+            if len(set(checked)) != n:
+                raise ShapeError("permute: %s is not a permutation for shape %s" % (checked, self.shape))
+            if len(_valid_perms) > 256:
+                _valid_perms.clear()
+            _valid_perms[dims] = checked
+        dims = checked
         if dims == tuple(range(n)):
             return self
         return Tensor(self.backend, self.backend.permute(self.handle, dims),
@@ -611,6 +675,9 @@ class Tensor:
 
     def transpose(self, dim0=-2, dim1=-1):
         n = self.ndim
+        if n == 2 and dim0 != dim1 and dim0 in (0, 1, -1, -2) and dim1 in (0, 1, -1, -2) \
+                and (dim0 - dim1) % 2:  # a matrix transpose (linear layers: every forward)
+            return self.permute((1, 0))
         a, b = _axis("transpose", dim0, n, self.shape), _axis("transpose", dim1, n, self.shape)
         dims = list(range(n))
         dims[a], dims[b] = b, a
@@ -671,7 +738,9 @@ class Tensor:
         return _index(self, key)
 
     def gather(self, axis, index):
-        """out[i][j][k] = self[index[i][j][k]][j][k] for axis 0 (torch.gather)."""
+        """out[i][j][k] = self[index[i][j][k]][j][k] for axis 0 (torch.gather). Indices lie in
+        [-n, n), negatives counting from the end; out of range raises IndexError on CPU backends
+        and reads 0 on GPU backends, which cannot check without a device sync (core/backend.py)."""
         if not isinstance(index, Tensor):
             raise TypeError("gather: index must be an int32 Tensor, got %s" % type(index).__name__)
         self._same_device("gather", index)
@@ -685,7 +754,8 @@ class Tensor:
         return Tensor(self.backend, self.backend.gather(self.handle, a, index.handle), index.shape, self.dtype)
 
     def scatter_add(self, axis, index, src):
-        """A copy of self with src[i][j][k] added at [index[i][j][k]][j][k] for axis 0."""
+        """A copy of self with src[i][j][k] added at [index[i][j][k]][j][k] for axis 0. Index
+        rule as for gather; an out-of-range src value is dropped where it cannot be checked."""
         for t in (index, src):
             if not isinstance(t, Tensor):
                 raise TypeError("scatter_add: index and src must be Tensors")
@@ -702,6 +772,85 @@ class Tensor:
                              % (index.shape, src.shape, self.shape))
         return Tensor(self.backend, self.backend.scatter_add(self.handle, a, index.handle, src.handle),
                       self.shape, self.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# buffer donation: an elementwise op on a temporary may write its result into the temporary's
+# buffer (the backend hooks `unary_donated` / `binary_donated`, core/backend.py). The tensor
+# layer vouches that nothing else can see that buffer through this Tensor:
+#   1. the Tensor is a temporary: `(x + 1) * 2`, `((x + 1) * 2).exp()`. Its reference count,
+#      read first thing in _binary/_unary, is what a temporary argument has on the operator
+#      path (the dunder or method one frame up), calibrated at import below. Anything that
+#      holds the Tensor (a variable, a list, the tape's closures) adds a reference. Reaching
+#      _binary/_unary through more frames only adds references (never donates), which is why
+#      nothing may call them directly with fewer frames.
+#   2. nothing but that Tensor holds its handle (_donor): the Autodiff tape keeps saved values
+#      as bare handles, and a Tensor wrapped around one of them is not the handle's only owner.
+# The backend then checks that no other handle (a reshape/permute view) shares the buffer.
+# Where sys.getrefcount cannot tell a temporary from a held object (no getrefcount, borrowed
+# references), calibration disables donation altogether. Known gap: C code that applies an
+# operator to an object it holds only through a borrowed reference (NumPy object arrays of
+# Tensors) looks like a temporary; the donated Tensor is then left with no handle (an error on
+# use, never another tensor's values).
+
+_refcount = getattr(sys, "getrefcount", lambda obj: 1 << 30)
+_TEMPORARY_REFS = _TEMPORARY_UNARY_REFS = _HANDLE_ALONE = -1  # set by _calibrate_donation; -1: off
+
+
+def _donor(t, h):
+    """Take handle h out of the temporary Tensor t when no one else holds h (True), clearing
+    t's slot: t is dead, and a dead Tensor must not keep a reference to a buffer being
+    overwritten. Called with h in exactly one local of the caller (its layout is calibrated)."""
+    if _refcount(h) > _HANDLE_ALONE:
+        return False
+    t.handle = None
+    return True
+
+
+def _handle_refs(t, h):
+    """_donor's count, for calibration (same arguments, same caller layout)."""
+    return _refcount(h)
+
+
+def _calibrate_donation():
+    """(temporary Tensor refs in _binary, in _unary, lone handle refs in _donor) as read on the
+    real operator paths, or -1s when a held object can read the same as a temporary (then
+    donation is off)."""
+    if not hasattr(sys, "getrefcount"):
+        return -1, -1, -1
+
+    class Probe(Tensor):  # reads the count where _binary/_unary do, reached through the dunders
+        __slots__ = ()
+
+        def _binary(self, op, other, reverse=False):
+            return _refcount(self), _refcount(other)
+
+        def _unary(self, op):
+            return _refcount(self)
+
+    def new():
+        return Probe(None, object(), (), float32)
+
+    # Unary ops are calibrated on the method path (`t.exp()`); the operator path (`-t`) reads
+    # one more in CPython, so a temporary negated there is simply not donated.
+    binary_temporaries = [(new() * new())[0], (new() * new())[1], (2 * new())[0]]
+    unary_temporaries = [new().exp()]
+    a, b = new(), new()
+    binary_held = [(a * b)[0], (a * b)[1], (2 * a)[0], (new() * b)[1]]
+    unary_held = [a.exp(), -a]
+
+    def lone(keep):
+        t = Tensor(None, object() if keep is None else keep, (), float32)
+        h = t.handle  # the caller's one local, like ha/hb in _binary and h in _unary
+        return _handle_refs(t, h)
+
+    if (max(binary_temporaries) >= min(binary_held) or max(unary_temporaries) >= min(unary_held)
+            or lone(None) >= lone(object())):
+        return -1, -1, -1
+    return max(binary_temporaries), max(unary_temporaries), lone(None)
+
+
+_TEMPORARY_REFS, _TEMPORARY_UNARY_REFS, _HANDLE_ALONE = _calibrate_donation()
 
 
 def _nest(flat, shape):
@@ -1038,15 +1187,30 @@ def matmul(a, b):
 
 def where(cond, a, b):
     """Elementwise `a if cond else b`; a and b may be Python numbers."""
-    cond, a, b = _as_tensors("where", (cond, a, b))
+    if not isinstance(cond, Tensor) or not all(isinstance(v, (Tensor, int, float)) for v in (a, b)):
+        cond, a, b = _as_tensors("where", (cond, a, b))  # raises the right error
+    for v in (a, b):
+        if isinstance(v, Tensor):
+            cond._same_device("where", v)
     if cond.dtype is not bool_:
         raise DTypeError("where: condition must be bool, got %r" % (cond.dtype,))
-    dtype = dtypes.promote(a.dtype, b.dtype)
-    a, b = a.cast(dtype), b.cast(dtype)
-    shape = _broadcast_shapes("where", _broadcast_shapes("where", cond.shape, a.shape), b.shape)
+    # Python numbers become cached scalar handles, like the second operand of `x + 1.0`.
+    da = a.dtype if isinstance(a, Tensor) else dtypes.of_python_value(a)
+    db = b.dtype if isinstance(b, Tensor) else dtypes.of_python_value(b)
+    dtype = da if da is db else dtypes.promote(da, db)
+    shape = cond.shape
+    for v in (a, b):
+        if isinstance(v, Tensor) and v.shape != shape:
+            shape = _broadcast_shapes("where", shape, v.shape)
     backend, n = cond.backend, len(shape)
-    handles = [t.handle if t.ndim == n else backend.reshape(t.handle, (1,) * (n - t.ndim) + t.shape)
-               for t in (cond, a, b)]
+    handles = []
+    for v in (cond, a, b):
+        if not isinstance(v, Tensor):
+            handles.append(_scalar(backend, v, dtype, n))
+            continue
+        if v.dtype is not dtype and v is not cond:
+            v = v.cast(dtype)
+        handles.append(v.handle if v.ndim == n else backend.reshape(v.handle, (1,) * (n - v.ndim) + v.shape))
     return Tensor(backend, backend.where(*handles), shape, dtype)
 
 

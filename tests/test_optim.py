@@ -153,3 +153,34 @@ def test_clip_grad_norm_matches_torch(ad):
         np.testing.assert_allclose(p.grad(clipped).numpy(), tp.grad.numpy(), rtol=1e-4, atol=1e-6)
     same, _ = optim.clip_grad_norm(grads, 1e9)
     assert same is grads
+
+
+def test_fused_adam_matches_the_composed_update_and_spares_handed_out_state():
+    """cn.NumPy's fused_adam updates the moments in place: it must give exactly the composed
+    (cn.Python) trajectory, and state handed out by state_dict() must never change afterwards,
+    nor state that load_state_dict() took in."""
+    fused, composed = cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Python())
+    models = {b: Tiny(b) for b in (fused, composed)}
+    opts = {b: optim.Adam(0.05, weight_decay=0.01) for b in models}
+    snapshot = None
+    for step in range(4):
+        for b, model in models.items():
+            xs = cn.random((3, 4), backend=b, seed=7 + step)
+            opts[b].step(model, (model(xs) ** 2).sum().backward())
+        if step == 1:
+            saved = opts[fused].state_dict()
+            snapshot = {(p, k): v.numpy().copy() for p, s in saved["state"].items()
+                        for k, v in s.items() if isinstance(v, cn.Tensor)}
+            loaded = optim.Adam(0.05)
+            loaded.load_state_dict(saved)
+    for (p, k), before in snapshot.items():
+        np.testing.assert_array_equal(saved["state"][p][k].numpy(), before, err_msg="%s %s" % (p, k))
+    mine, reference = models[fused].state_dict(), models[composed].state_dict()
+    for name in mine:
+        np.testing.assert_allclose(mine[name].numpy(), reference[name].numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    # taking in loaded state and stepping from it leaves the loaded tensors alone too
+    model = Tiny(fused)
+    loaded.step(model, model(cn.random((3, 4), backend=fused, seed=1)).sum().backward())
+    for (p, k), before in snapshot.items():
+        np.testing.assert_array_equal(saved["state"][p][k].numpy(), before)

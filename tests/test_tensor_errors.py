@@ -129,3 +129,27 @@ def test_backward_without_autodiff_says_how_to_fix(backend):
 def test_errors_are_standard_python_errors():
     assert issubclass(cn.ShapeError, ValueError) and issubclass(cn.DTypeError, TypeError)
     assert issubclass(cn.DeviceError, ValueError)
+
+
+def test_gather_and_scatter_add_index_range_rule(backend, x):
+    """core/backend.py, "Index values": [-n, n) is valid everywhere (negatives from the end);
+    outside it a backend raises IndexError naming op and index where it can check without a
+    device sync, and otherwise gathers 0 / drops the value, never touching another row."""
+    index = cn.tensor([[-1], [0]], backend=backend)
+    assert x.gather(1, index).tolist() == [[3.0], [4.0]]
+    assert x.scatter_add(1, index, cn.ones(2, 1, backend=backend)).tolist() == [[1.0, 2.0, 4.0], [5.0, 5.0, 6.0]]
+    for bad in (3, -4):
+        index = cn.tensor([[bad], [1]], backend=backend)
+        try:
+            gathered = x.gather(1, index).tolist()
+        except IndexError as e:
+            assert "gather" in str(e) and str(bad) in str(e) and "size 3" in str(e)
+        else:
+            assert gathered == [[0.0], [5.0]]
+        try:
+            added = x.scatter_add(1, index, cn.ones(2, 1, backend=backend)).tolist()
+        except IndexError as e:
+            assert "scatter_add" in str(e) and str(bad) in str(e)
+        else:
+            assert added == [[1.0, 2.0, 3.0], [4.0, 6.0, 6.0]]
+    _raises(IndexError, lambda: x[:, [0, 3]], "index", "3")   # list indices: the tensor layer checks

@@ -130,6 +130,21 @@ class Module:
                 _assign(owner, key, replacement)
         return self
 
+    def update_parameters(self, fn):
+        """Put fn(path, tensor) in place of each parameter (listed once, like named_parameters)
+        wherever it is held; None keeps it. One walk over the module tree: the optimizers call
+        this every step."""
+        found = list(self._walk())
+        by_id = {}
+        for path, _, _, value, is_buffer in found:
+            if not is_buffer and id(value) not in by_id:
+                by_id[id(value)] = fn(path, value)
+        for _, owner, key, value, is_buffer in found:
+            replacement = None if is_buffer else by_id.get(id(value))
+            if replacement is not None:
+                _assign(owner, key, replacement)
+        return self
+
     def load_state_dict(self, state, strict=True):
         """Copy `state` ({path: Tensor or array-like}) into this module, all or nothing: every
         key and shape is checked before anything changes. Raises cn.RecordError listing the

@@ -10,6 +10,7 @@ parameters being replaced and can be saved with state_dict(). The math is PyTorc
 import math
 
 from ..errors import NotDifferentiableError
+from ..tensor import Tensor
 
 
 class Optimizer:
@@ -30,8 +31,8 @@ class Optimizer:
     def step(self, model, grads):
         """Apply one update to every parameter of `model` that has a gradient in `grads`."""
         lr = self.lr
-        updated = {}
-        for path, param in model.named_parameters():
+
+        def update(path, param):
             backend = param.backend
             if not hasattr(backend, "to_inner"):
                 raise NotDifferentiableError(
@@ -39,19 +40,26 @@ class Optimizer:
                     "cn.Autodiff(%r) with model.to(...)" % (type(self).__name__, path, backend, backend))
             grad = param.grad(grads)
             if grad is None:
-                continue
+                return None
             state = self.state.setdefault(path, {})
             new = self._update(state, backend.to_inner(param), grad, lr)
-            updated[path] = backend.from_inner(new, require_grad=True)
+            return backend.from_inner(new, require_grad=True)
+        # All or nothing: a parameter on the wrong backend raises before anything is replaced.
+        model.update_parameters(update)
         self.steps += 1
-        return model.replace_tensors(updated)
+        return model
+
+    # state[path]["_private"] is True while the state tensors of `path` were made by this
+    # optimizer and never handed out: only then may a fused kernel update them in place.
 
     def state_dict(self):
+        for s in self.state.values():
+            s.pop("_private", None)  # handed out from now on: never written again
         return {"steps": self.steps, "state": {p: dict(s) for p, s in self.state.items()}}
 
     def load_state_dict(self, saved):
         self.steps = int(saved["steps"])
-        self.state = {p: dict(s) for p, s in saved["state"].items()}
+        self.state = {p: {k: v for k, v in s.items() if k != "_private"} for p, s in saved["state"].items()}
 
 
 class SGD(Optimizer):
@@ -93,13 +101,21 @@ class Adam(Optimizer):
                 g = g + p * self.weight_decay
         t = state.get("step", 0) + 1
         m, v = state.get("exp_avg"), state.get("exp_avg_sq")
-        m = g * (1.0 - b1) if m is None else m + (g - m) * (1.0 - b1)  # lerp, like torch
-        v = g * g * (1.0 - b2) if v is None else v * b2 + g * g * (1.0 - b2)
-        state["step"], state["exp_avg"], state["exp_avg_sq"] = t, m, v
         # torch: p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), with bc_i = 1 - beta_i ** t;
         # multiplied through by sqrt(bc2) it needs one pass over the parameter less.
         sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
-        return p - m * (lr * sqrt_bc2 / (1.0 - b1 ** t)) / (v.sqrt() + self.eps * sqrt_bc2)
+        step_size, eps = lr * sqrt_bc2 / (1.0 - b1 ** t), self.eps * sqrt_bc2
+        kernel = getattr(p.backend, "fused_adam", None)
+        if kernel is not None and state.get("_private"):
+            # One call instead of ~12 tensor ops, updating the moments in place: on NumPy the
+            # temporaries' allocations cost more than the arithmetic.
+            state["step"] = t
+            return Tensor(p.backend, kernel(p.handle, g.handle, m.handle, v.handle, b1, b2, step_size, eps),
+                          p.shape, p.dtype)
+        m = g * (1.0 - b1) if m is None else m + (g - m) * (1.0 - b1)  # lerp, like torch
+        v = g * g * (1.0 - b2) if v is None else v * b2 + g * g * (1.0 - b2)
+        state["step"], state["exp_avg"], state["exp_avg_sq"], state["_private"] = t, m, v, True
+        return p - m / (v.sqrt() + eps) * step_size  # torch's addcdiv order: m / denom first
 
 
 class AdamW(Adam):

@@ -1,0 +1,110 @@
+"""Buffer donation through the tensor layer (core/tensor.py "buffer donation", core/backend.py
+"Buffer donation"): an elementwise op on a temporary Tensor writes into the temporary's buffer,
+and never into one that a variable, a view or the Autodiff tape can still read. Counted with
+cn.Wgpu().memory_stats()["inplace"] on real wgpu (lavapipe in CI)."""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders.tensor import Tensor
+
+pytest.importorskip("cinders.wgpu")
+tensor_module = sys.modules["cinders.tensor"]
+pytestmark = pytest.mark.skipif(tensor_module._TEMPORARY_REFS < 0,
+                                reason="this interpreter cannot tell temporaries by refcount")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return cn.Wgpu(autotune=False)
+
+
+def inplace(backend):
+    return backend.memory_stats()["inplace"]
+
+
+def values(n=8):
+    return np.arange(n, dtype=np.float32)
+
+
+def test_held_tensor_is_never_overwritten(gpu):
+    x = cn.tensor(values(), backend=gpu)
+    before = inplace(gpu)
+    y = x + 1
+    z = y * 2
+    w = (y.exp() + x) - y        # y, x held: only the temporary y.exp() may be reused
+    assert inplace(gpu) - before == 2
+    np.testing.assert_array_equal(y.numpy(), values() + 1)
+    np.testing.assert_array_equal(z.numpy(), (values() + 1) * 2)
+    np.testing.assert_allclose(w.numpy(), np.exp(values() + 1) + values() - values() - 1, rtol=1e-5)
+    np.testing.assert_array_equal(x.numpy(), values())
+
+
+def test_temporary_chain_reuses_its_buffer(gpu):
+    x = cn.tensor(values(), backend=gpu)
+    before = inplace(gpu)
+    out = ((x + 1) * 2).exp()    # `* 2` and `exp` both write into the buffer of `x + 1`
+    assert inplace(gpu) - before == 2
+    np.testing.assert_allclose(out.numpy(), np.exp((values() + 1) * 2), rtol=1e-6)
+    before = inplace(gpu)
+    out = 3.0 - x * (x + 1)      # the right operand and a reflected op donate too
+    assert inplace(gpu) - before == 2
+    np.testing.assert_allclose(out.numpy(), 3.0 - values() * (values() + 1))
+    np.testing.assert_array_equal(x.numpy(), values())
+
+
+def test_views_of_a_held_tensor_are_not_donated(gpu):
+    x = cn.tensor(values(), backend=gpu)
+    y = x + 1
+    before = inplace(gpu)
+    a = y.reshape(2, 4) * 2             # a temporary view, but y shares its storage
+    b = y.reshape(2, 4).permute(1, 0) + 1
+    c = y[2:].exp()
+    assert inplace(gpu) == before
+    np.testing.assert_array_equal(y.numpy(), values() + 1)
+    np.testing.assert_array_equal(a.numpy(), ((values() + 1) * 2).reshape(2, 4))
+    np.testing.assert_array_equal(b.numpy(), (values() + 2).reshape(2, 4).T)
+    np.testing.assert_allclose(c.numpy(), np.exp(values()[2:] + 1), rtol=1e-6)
+    # A view of a temporary is the storage's only owner once the temporary is gone.
+    before = inplace(gpu)
+    d = (x + 1).reshape(2, 4) * 2
+    assert inplace(gpu) - before == 1
+    np.testing.assert_array_equal(d.numpy(), ((values() + 1) * 2).reshape(2, 4))
+
+
+def test_a_temporary_tensor_around_a_held_handle_is_not_donated(gpu):
+    # What Autodiff's backward rules do: wrap a handle the tape saved in a fresh Tensor.
+    x = cn.tensor(values(), backend=gpu)
+    saved = (x + 1).handle
+    before = inplace(gpu)
+    out = Tensor(gpu, saved, (8,), cn.float32) * 2
+    assert inplace(gpu) == before
+    np.testing.assert_array_equal(np.asarray(gpu.to_flat(saved)), values() + 1)
+    np.testing.assert_array_equal(out.numpy(), (values() + 1) * 2)
+
+
+def test_autodiff_never_donates_what_the_tape_saved(gpu):
+    backend = cn.Autodiff(gpu)
+    ref = cn.Autodiff(cn.NumPy())
+    grads = {}
+    for b in (backend, ref):
+        w = cn.tensor(values() / 8, backend=b).require_grad()
+        before = inplace(gpu)
+        y = ((w * 2).exp() * (w + 1)).sqrt()     # exp and sqrt save their outputs
+        loss = (y * y).sum()
+        if b is backend:
+            assert inplace(gpu) == before        # the forward records, Autodiff has no hook
+        grads[b] = (loss.item(), w.grad(loss.backward()).numpy())
+    assert math.isclose(grads[backend][0], grads[ref][0], rel_tol=1e-5)
+    np.testing.assert_allclose(grads[backend][1], grads[ref][1], rtol=1e-4, atol=1e-6)
+
+
+def test_cpu_backends_do_not_take_part():
+    for backend in (cn.NumPy(), cn.Python(), cn.Autodiff(cn.NumPy())):
+        assert backend.unary_donated is None and backend.binary_donated is None
+    x = cn.tensor(values(), backend=cn.NumPy())
+    np.testing.assert_array_equal((((x + 1) * 2) - 1).numpy(), (values() + 1) * 2 - 1)
