@@ -293,6 +293,33 @@ def test_mnist_cnn_trains_like_numpy():
     np.testing.assert_allclose(losses["wgpu"], losses["numpy"], rtol=1e-4)
 
 
+def test_batches_built_in_loader_threads_train_like_numpy():
+    """DataLoader workers upload batches while the training thread records and submits
+    kernels: the device's lock must keep a queue write from overtaking kernels recorded
+    earlier that still read the reused buffer (the symptom was training on wrong pixels)."""
+    from cinders.data import DataLoader, ListDataset
+    from cinders.data.mnist import MnistBatcher
+    from cinders.models.mnist import MnistMLP
+    from cinders.nn import functional as F
+    from cinders.optim.optimizers import Adam
+    items = [(rng.random(784, dtype=np.float32), int(k % 10)) for k in range(24 * 16)]
+    losses = {}
+    for name, backend in (("numpy", cn.Autodiff(cn.NumPy())),
+                          ("wgpu", cn.Autodiff(cn.Wgpu(autotune=False)))):
+        cn.manual_seed(0)
+        model = MnistMLP(hidden=32).to(backend)
+        opt = Adam(lr=1e-3)
+        loader = DataLoader(ListDataset(items), 16, shuffle=True, seed=1,
+                            batcher=MnistBatcher(backend), num_workers=3)
+        history = []
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            model = opt.step(model, loss.backward())
+            history.append(loss)  # read at the end: no sync point inside the loop
+        losses[name] = [loss.item() for loss in history]
+    np.testing.assert_allclose(losses["wgpu"], losses["numpy"], rtol=1e-4)
+
+
 def test_run_kernel_launches_a_custom_wgsl_kernel(gpu):
     x = up(gpu, np.arange(5, dtype=np.float32))
     out = gpu.empty((5,), F32)

@@ -37,6 +37,7 @@ Binding convention of every generated kernel (codegen.py relies on it):
 """
 
 import struct
+import threading
 
 # A batch is submitted once it holds this many dispatches, so the GPU starts working while
 # Python keeps recording (and recorded bind groups do not pile up without bound).
@@ -67,6 +68,11 @@ class Device:
     is_cpu = False  # a software adapter (lavapipe, SwiftShader): kernel heuristics differ
 
     def __init__(self):
+        # One lock over the open batch and the buffer pool: batches are often built in data
+        # loader threads (a queue write racing a flush would land before the submit of kernels
+        # recorded earlier that still read the buffer's old contents). Re-entrant, because a
+        # pooled buffer's finalizer may run inside a locked section of the same thread.
+        self.lock = threading.RLock()
         self._pipelines = {}          # wgsl source -> compiled pipeline
         self._pending = []            # recorded Dispatch objects of the open batch
         self._pending_buffers = set()  # ids of raw buffers the open batch touches
@@ -80,26 +86,29 @@ class Device:
         return self._create_buffer(max(nbytes, 16))
 
     def destroy_buffer(self, raw):
-        if id(raw) in self._pending_buffers:
-            self.flush()
-        self._destroy_buffer(raw)
+        with self.lock:
+            if id(raw) in self._pending_buffers:
+                self.flush()
+            self._destroy_buffer(raw)
 
     def write_buffer(self, raw, offset, data):
         # A queue write executes before the command buffers of the *next* submit. If the open
         # batch still reads this buffer (it came back from the pool), submit that batch first.
-        if id(raw) in self._pending_buffers:
-            self.flush()
-        self._write_buffer(raw, offset, data)
+        with self.lock:
+            if id(raw) in self._pending_buffers:
+                self.flush()
+            self._write_buffer(raw, offset, data)
 
     def read(self, raw, offset, nbytes):
         """Blocking readback: the one place the CPU waits for the GPU."""
-        self.flush()
-        if nbytes == 0:
-            return b""
-        return self._read_buffer(raw, offset, nbytes)
+        with self.lock:
+            self.flush()
+            if nbytes == 0:
+                return b""
+            return self._read_buffer(raw, offset, nbytes)
 
     async def read_async(self, raw, offset, nbytes):
-        self.flush()
+        self.flush()  # (no lock across the await: the browser runs one thread)
         if nbytes == 0:
             return b""
         return await self._read_buffer_async(raw, offset, nbytes)
@@ -119,25 +128,27 @@ class Device:
     def dispatch(self, pipeline, buffers, params, groups, on_time=None):
         """Record one launch. params: sequence of u32 (the kernel's uniform block)."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
-        offset = len(self._params)
         block = struct.pack("<%dI" % len(params), *params) if params else b"\0" * 16
         block += b"\0" * (-len(block) % 16)
-        self._params += block
-        self._params += b"\0" * (-len(self._params) % align)
-        self._pending.append(Dispatch(pipeline, buffers, offset, len(block), groups,
-                                      on_time if self.timing else None))
-        self._pending_buffers.update(id(b) for b in buffers)
-        if len(self._pending) >= MAX_BATCH:
-            self.flush()
+        with self.lock:
+            offset = len(self._params)
+            self._params += block
+            self._params += b"\0" * (-len(self._params) % align)
+            self._pending.append(Dispatch(pipeline, buffers, offset, len(block), groups,
+                                          on_time if self.timing else None))
+            self._pending_buffers.update(id(b) for b in buffers)
+            if len(self._pending) >= MAX_BATCH:
+                self.flush()
 
     def flush(self):
         """Encode and submit the open batch (returns immediately; the GPU works on)."""
-        if not self._pending:
-            return
-        dispatches, params = self._pending, bytes(self._params)
-        self._pending, self._params, self._pending_buffers = [], bytearray(), set()
-        timed = any(d.on_time is not None for d in dispatches)
-        token = self._submit(dispatches, params, timed)
+        with self.lock:
+            if not self._pending:
+                return
+            dispatches, params = self._pending, bytes(self._params)
+            self._pending, self._params, self._pending_buffers = [], bytearray(), set()
+            timed = any(d.on_time is not None for d in dispatches)
+            token = self._submit(dispatches, params, timed)
         if timed:
             for d, seconds in zip(dispatches, self._timings(token)):
                 if d.on_time is not None:

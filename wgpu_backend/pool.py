@@ -46,24 +46,26 @@ class BufferPool:
     def allocate(self, nbytes):
         """A Storage of at least nbytes (the caller checked the device limit)."""
         cls = min(size_class(nbytes), max(self.limit, nbytes))
-        free = self._free.get(cls)
-        if free:
-            raw = free.pop()
-            self.pooled_bytes -= cls
-            self.reused += 1
-        else:
-            raw = self.device.create_buffer(cls)
-            self.buffers_created += 1
-        self.allocated_bytes += cls
-        self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
+        with self.device.lock:
+            free = self._free.get(cls)
+            if free:
+                raw = free.pop()
+                self.pooled_bytes -= cls
+                self.reused += 1
+            else:
+                raw = self.device.create_buffer(cls)
+                self.buffers_created += 1
+            self.allocated_bytes += cls
+            self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         storage = Storage(raw, cls)
         weakref.finalize(storage, self._release, raw, cls)
         return storage
 
     def _release(self, raw, cls):
-        self.allocated_bytes -= cls
-        self.pooled_bytes += cls
-        self._free.setdefault(cls, []).append(raw)
+        with self.device.lock:
+            self.allocated_bytes -= cls
+            self.pooled_bytes += cls
+            self._free.setdefault(cls, []).append(raw)
 
     def empty_cache(self):
         """Destroy every pooled (unused) buffer, e.g. before a phase with different shapes."""
