@@ -22,6 +22,7 @@ import struct
 from cinders import dtypes
 
 from . import codegen
+from .backend import _contiguous_strides
 from .codegen import _p, _dot, _unravel, _header, _entry_1d, _helpers_for
 
 ROW_THREADS = 64     # workgroup size of the rows kernel when the reduced axis is long
@@ -54,14 +55,6 @@ def _bits(value, dtype):
     if dtype is dtypes.int32:
         return int(value) & 0xFFFFFFFF
     return 1 if value else 0
-
-
-def _contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 class WgslFusion:
