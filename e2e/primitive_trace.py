@@ -8,10 +8,17 @@ desktop's NumPy values.
 
 JSON of a call: [primitive name, args]; a handle argument is {"h": index of the call that made it},
 a dtype {"dtype": name}; tuples become lists.
+
+replay_conformance_table(page, backend) does the whole round trip on a Pyodide page and says
+which ops differ (test_mnist_page.py on plain WebGPU, test_fusion_browser.py on cn.Fusion).
 """
+import json
 import math
+import os
+import sys
 
 from cinders import dtypes
+from cinders.assets import REPO_ROOT
 from cinders.backend import PRIMITIVES, Backend
 
 
@@ -81,3 +88,72 @@ def trace_case(case, inner):
     values = inner.to_flat(out.handle)
     return {"name": case.name, "calls": recorder.calls, "result": recorder.index_of(out.handle),
             "shape": list(out.shape), "dtype": out.dtype.name, "expected": values}
+
+
+# -- the conformance table replayed on a page's WebGPU device ------------------------------------
+# WGSL's accuracy for sin and cos is an absolute error of 2**-11 (on [-pi, pi]), and SwiftShader
+# uses that freedom; everything else is held to the desktop's tolerances.
+WGSL_APPROXIMATE = {"sin": 2.0 ** -11, "cos": 2.0 ** -11}
+
+_REPLAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay_in_browser.py")
+
+
+def _conformance_cases():
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
+    import backends
+    import test_conformance
+    return test_conformance.CASES, backends.TOLERANCES.get("wgpu")
+
+
+def _mismatches(got, want, dtype, tol):
+    """[(index, browser value, desktop value)] where they differ beyond tol (NaN equals NaN)."""
+    if len(got) != len(want):
+        return [("len", len(got), len(want))]
+    rtol, atol = tol
+    bad = []
+    for i, (a, b) in enumerate(zip(got, want)):
+        if dtype != "float32" or math.isinf(b):
+            same = a == b
+        elif math.isnan(b):
+            same = math.isnan(a)
+        else:
+            same = abs(a - b) <= atol + rtol * abs(b)
+        if not same:
+            bad.append((i, a, b))
+    return bad
+
+
+def replay_conformance_table(page, backend):
+    """Replay every conformance case, traced on cn.NumPy() here, on the Pyodide page's bridge with
+    `backend` (Python source; `_page_backend` is the backend the page runs on) swapped in for
+    the replay. Returns (failures: ["op: what differs"], number of cases)."""
+    import cinders as cn
+    cases, wgpu_tol = _conformance_cases()
+    traces = [trace_case(case, cn.NumPy()) for case in cases]
+    with open(_REPLAY) as f:
+        replay = f.read()
+    swap = ("import cinders as cn\nimport cinders.web.bridge as _bridge\n"
+            "_page_backend = _bridge._state['backend']\n"
+            "_bridge._state['backend'] = %s\n" % backend)
+    restore = "\n_bridge._state['backend'] = _page_backend\nRESULT\n"
+    results = json.loads(page.evaluate(
+        """async ([traces, code]) => {
+             const py = window.cindersDemo.model.runtime.pyodide;
+             py.globals.set("TRACES", traces);
+             return await py.runPythonAsync(code);
+           }""", [json.dumps(traces), swap + replay + restore]))
+    assert len(results) == len(traces)
+    failures = []
+    for trace, result in zip(traces, results):
+        if "error" in result:
+            error = result["error"].strip()
+            failures.append("%s: %s" % (trace["name"], error[error.rfind("Error:") - 20:][:400]))
+            continue
+        tol = wgpu_tol or (1e-5, 1e-6)
+        op = trace["name"].split(" ")[0]
+        if op in WGSL_APPROXIMATE:
+            tol = (tol[0], max(tol[1], WGSL_APPROXIMATE[op]))
+        bad = _mismatches(result["values"], trace["expected"], trace["dtype"], tol)
+        if bad:
+            failures.append("%s: (index, browser, desktop) %s" % (trace["name"], bad[:4]))
+    return failures, len(traces)

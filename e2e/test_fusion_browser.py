@@ -3,24 +3,8 @@ on cn.Fusion(the page's WebGPU backend) match the desktop, the GELU chain is one
 user WGSL kernel (cn.fusion.custom_op) runs inside a fused kernel there."""
 import json
 import math
-import os
 
-import cinders as cn
-
-from primitive_trace import trace_case
-from test_mnist_page import WGSL_APPROXIMATE, _conformance_cases, _mismatches
-
-# Replays on a Fusion around the page's backend (replay_in_browser.py asks the bridge for it).
-_FUSED_PREFIX = """
-import cinders as cn
-import cinders.web.bridge as _bridge
-_page_backend = _bridge._state["backend"]
-_bridge._state["backend"] = cn.Fusion(_page_backend)
-"""
-_FUSED_SUFFIX = """
-_bridge._state["backend"] = _page_backend
-RESULT
-"""
+from primitive_trace import replay_conformance_table
 
 
 def run_python(page, code):
@@ -31,29 +15,10 @@ def run_python(page, code):
 
 
 def test_conformance_ops_on_browser_fusion_match_desktop(mnist_page):
-    cases, wgpu_tol = _conformance_cases()
-    traces = [trace_case(case, cn.NumPy()) for case in cases]
-    with open(os.path.join(os.path.dirname(__file__), "replay_in_browser.py")) as f:
-        replay = f.read()
-    mnist_page.evaluate("(t) => window.cindersDemo.model.runtime.pyodide.globals.set('TRACES', t)",
-                        json.dumps(traces))
-    results = json.loads(run_python(mnist_page, _FUSED_PREFIX + replay + _FUSED_SUFFIX))
-    assert len(results) == len(traces)
-    failures = []
-    for trace, result in zip(traces, results):
-        if "error" in result:
-            error = result["error"].strip()
-            failures.append("%s: %s" % (trace["name"], error[error.rfind("Error:") - 20:][:400]))
-            continue
-        tol = wgpu_tol or (1e-5, 1e-6)
-        op = trace["name"].split(" ")[0]
-        if op in WGSL_APPROXIMATE:
-            tol = (tol[0], max(tol[1], WGSL_APPROXIMATE[op]))
-        bad = _mismatches(result["values"], trace["expected"], trace["dtype"], tol)
-        if bad:
-            failures.append("%s: (index, browser, desktop) %s" % (trace["name"], bad[:4]))
+    # Replayed on a Fusion around the page's backend.
+    failures, total = replay_conformance_table(mnist_page, "cn.Fusion(_page_backend)")
     assert not failures, "%d of %d ops differ on the browser's fused WebGPU:\n%s" % (
-        len(failures), len(traces), "\n".join(failures))
+        len(failures), total, "\n".join(failures))
 
 
 def test_gelu_chain_is_one_launch_and_custom_kernels_fuse_in_the_browser(mnist_page):

@@ -14,9 +14,8 @@ import pytest
 import cinders as cn
 from cinders.assets import REPO_ROOT
 
-from browser_env import wait_ready
-from digit_strokes import DIGITS
-from test_mnist_page import desktop_logits, draw, heldout_digits
+from browser_env import assert_drawn_digits_recognised, wait_ready
+from digit_strokes import DIGITS, assert_page_predicts_like_desktop, desktop_logits, heldout_digits
 
 MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-mlp.safetensors")
 INTERPRETER_WASM = "micropython-webassembly-pyscript/micropython.wasm"
@@ -85,33 +84,14 @@ def test_ready_on_direct_loader(new_page, demo_server, desktop_mlp):
         assert not any("@pyscript/core" in url for url in served), served
         assert_served_locally(page, demo_server)
         # the same interpreter and bundle answer as on the PyScript path
-        pixels, label = heldout_digits(per_class=1)[4]
-        got = page.evaluate("(x) => window.cindersDemo.predict(x)", pixels)
-        want = desktop_logits(desktop_mlp, pixels)
-        assert max(abs(a - b) for a, b in zip(got["logits"], want)) <= 1e-4
-        assert got["class"] == label
+        assert_page_predicts_like_desktop(page, desktop_mlp, *heldout_digits(per_class=1)[4])
     finally:
         page.context.close()
 
 
 # -- (b) ------------------------------------------------------------------------------------------
 def test_drawn_digits_are_recognised(micro_page):
-    page = micro_page
-    got = {}
-    for digit, strokes in DIGITS.items():
-        page.click("#clear")
-        assert page.text_content("#prediction") == ""
-        draw(page, strokes)
-        page.evaluate("() => window.cindersDemo.settled()")
-        got[digit] = page.text_content("#prediction")
-        widths = page.eval_on_selector_all(
-            "#probabilities .fill", "bars => bars.map(b => parseFloat(b.style.width))")
-        assert len(widths) == 10 and str(widths.index(max(widths))) == got[digit]
-    assert page.text_content("#inference-time").endswith(" ms")
-    page.click("#clear")
-    right = [d for d in DIGITS if got[d] == str(d)]
-    print("[mnist-micro drawn digits] %d of 10 recognised: %s" % (len(right), got))
-    assert len(right) >= 8, "recognised %d of 10 drawn digits: %s" % (len(right), got)
+    assert_drawn_digits_recognised(micro_page, DIGITS, "mnist-micro")
 
 
 # -- (c) ------------------------------------------------------------------------------------------

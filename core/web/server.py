@@ -4,7 +4,7 @@ URL layout (longest prefix wins):
     /                  web_demos/mnist/          the MNIST drawing page
     /mnist-micro/      web_demos/mnist-micro/    the MicroPython-wasm variant
     /pyscript/         web_demos/pyscript/       the PyScript example app
-    /shared/           web_demos/shared/         JS shared by the pages (preprocessing)
+    /shared/           web_demos/shared/         JS shared by the pages (drawing page, preprocessing)
     /models/           web_demos/models/         committed model records
     /wasm/             wasm/                     the browser runtime (cinders.js)
     /wheels/           <cache>/wheel/            the pure-Python cinders wheel + manifest
