@@ -174,6 +174,33 @@ def test_boundary_ops_compute_their_pending_inputs(fused):
     np.testing.assert_allclose(r.numpy(), (an + 1).reshape(24)[3:9], rtol=1e-6)
 
 
+def test_linear_relu_is_one_launch_the_matmul_with_its_epilogue(fused):
+    xn, wn, bn = data(5, 33, seed=70), data(7, 33, seed=71), data(7, seed=72)
+    x, w, b = (cn.tensor(v, backend=fused) for v in (xn, wn, bn))
+    with cn.profile(fused) as p:
+        y = F.linear(x, w, b).relu().numpy()
+    assert p.kernel_launches == 1  # bias + relu run at the matmul's store of C
+    np.testing.assert_allclose(y, np.maximum(xn @ wn.T + bn, 0), rtol=1e-5, atol=1e-5)
+    # The product still wanted by its own handle: matmul, then the fused elementwise kernel.
+    with cn.profile(fused) as p:
+        h = x @ w.transpose(0, 1)
+        y = (h + b).relu().numpy()
+    assert p.kernel_launches == 2
+    np.testing.assert_allclose(h.numpy(), xn @ wn.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, np.maximum(xn @ wn.T + bn, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_bias_relu_fuses_into_its_matmul(fused):
+    xn, wn, bn = data(2, 3, 9, 9, seed=73), data(4, 3, 3, 3, seed=74), data(4, seed=75)
+    x, w, b = (cn.tensor(v, backend=fused) for v in (xn, wn, bn))
+    with cn.profile(fused) as p:
+        y = cn.conv2d(x, w, b, padding=1).relu().numpy()
+    assert p.kernel_launches == 2  # unfold2d, then the matmul with bias + relu
+    want = torch.relu(torch.nn.functional.conv2d(torch.tensor(xn), torch.tensor(wn),
+                                                 torch.tensor(bn), padding=1)).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
 def test_pass_through_over_cpu_backends():
     inner = cn.NumPy()
     backend = cn.Fusion(inner)

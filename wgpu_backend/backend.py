@@ -423,7 +423,25 @@ class Wgpu(Backend):
                                         self.device.is_cpu)
         return run(variant)
 
-    def _matmul_variant(self, variant, a, b, batch, m, n, k):
+    def matmul_epilogue(self, a, b, epilogue):
+        """C = A @ B with `epilogue` (see codegen.matmul_wgsl) applied at C's store, in the matmul
+        kernel itself: cn.Fusion's bias + activation after a Linear or conv. Returns False
+        (nothing launched) where the chosen variant splits K, or the product is empty."""
+        *abatch, m, k = a.shape
+        *bbatch, _, n = b.shape
+        batch = tuple(max(p, q) for p, q in zip(abatch, bbatch))
+        nb = math.prod(batch)
+        if m * n * nb * k == 0:
+            return False
+
+        def run(variant):
+            return self._matmul_variant(variant, a, b, batch, m, n, k)
+
+        variant = self._rt.tuner.select(m, n, k, nb, self.autotune, run, self.synchronize,
+                                        self.device.is_cpu)
+        return self._matmul_variant(variant, a, b, batch, m, n, k, epilogue) is not None
+
+    def _matmul_variant(self, variant, a, b, batch, m, n, k, epilogue=None):
         tiling = VARIANTS[variant]
         bm, bn, bk, tm, tn, split_k, lanes_x, pad_a = tiling
         if tiling.shared_bytes() > self._rt.tuner.shared_limit:
@@ -435,17 +453,25 @@ class Wgpu(Backend):
         kchunk = -(-kchunk // max(bk, 1)) * max(bk, 1)
         splits = -(-k // kchunk)
         groups = (-(-n // bn), -(-m // bm), nb * splits)
+        if epilogue is not None and splits > 1:
+            return None  # the epilogue needs the whole sum: cn.Fusion runs it separately
         if max(groups) > codegen.MAX_GROUPS:
             raise DeviceLimitError("cn.Wgpu matmul: %s @ %s needs %r workgroups, more than the "
                                    "device's 65535 per dimension" % (a.shape, b.shape, groups))
-        out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
-                        dtypes.float32)
         nbd = len(batch)
         a_bstrides = [a.strides[d] if a.shape[d] > 1 else 0 for d in range(nbd)]
         b_bstrides = [b.strides[d] if b.shape[d] > 1 else 0 for d in range(nbd)]
         a_sm, a_sk, b_sk, b_sn = a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1]
         params = codegen.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
                                        batch, a_bstrides, b_bstrides)
+        if epilogue is None:
+            out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
+                            dtypes.float32)
+            outputs, written, name = [out.storage.raw], 4 * splits * nb * m * n, "matmul_" + variant
+        else:
+            params += epilogue.params
+            outputs, written = epilogue.raw_buffers, epilogue.bytes_written
+            name = "matmul_%s_%s" % (variant, epilogue.name)
         # vec4 loads where the layout allows (4-aligned, unit stride); no bounds checks where the
         # tiles cover the product exactly. Only tiled variants have these specialisations.
         vec_a = bool(bk) and a_sk == 1 and k % 4 == 0 and a.offset % 4 == 0 and \
@@ -457,13 +483,17 @@ class Wgpu(Backend):
         def build():
             if lanes_x:
                 return codegen.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
-                                                   vec_a, vec_b, exact)
+                                                   vec_a, vec_b, exact, epilogue)
             if bk:
-                return codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact)
-            return codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn)
-        self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact), build,
-                     [a.storage.raw, b.storage.raw, out.storage.raw], params, groups,
-                     "matmul_" + variant, 4 * nb * (m * k + k * n), 4 * splits * nb * m * n)
+                return codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
+            return codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
+        self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact,
+                      None if epilogue is None else epilogue.key), build,
+                     [a.storage.raw, b.storage.raw] + outputs, params, groups, name,
+                     4 * nb * (m * k + k * n) + (0 if epilogue is None else epilogue.bytes_read),
+                     written)
+        if epilogue is not None:
+            return True
         if splits > 1:
             return self.reduce("sum", out, 0, False)
         return out

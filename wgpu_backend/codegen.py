@@ -398,7 +398,29 @@ def _matmul_prologue(nbatch):
     return lines
 
 
-def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False):
+def _matmul_buffers(vec_a, vec_b, epilogue):
+    """A, B, then C, or (with an epilogue) the epilogue's own buffers instead of C."""
+    vec = lambda v: "vec4<f32>" if v else "f32"  # noqa: E731
+    out = [("C", vec(vec_b), True)] if epilogue is None else list(epilogue.buffers)
+    return [("A", vec(vec_a), False), ("B", vec(vec_b), False)] + out
+
+
+def _c_store(index, value, vec, epilogue):
+    """The WGSL storing `value` (a vec4 of 4 consecutive columns when vec) at C[index]; with an
+    epilogue, the call of its `epilogue(acc, i)` per element instead (it writes its outputs)."""
+    if epilogue is None:
+        return "C[(%s) / 4u] = %s;" % (index, value) if vec else "C[%s] = %s;" % (index, value)
+    if not vec:
+        return "epilogue(%s, %s);" % (value, index)
+    return "let ci = %s; %s" % (index, " ".join("epilogue(%s[%d], ci + %du);" % (value, j, j)
+                                                 for j in range(4)))
+
+
+def _with_epilogue(src, epilogue):
+    return src if epilogue is None else src + epilogue.source()
+
+
+def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False, epilogue=None):
     """Batched C = A @ B, one template for every tiling: a workgroup of (bn/tn, bm/tm) threads
     computes a bm x bn tile; each thread a tm x tn block of registers (vec4 when tn is a
     multiple of 4) from bk-deep slices of A and B staged in shared memory. A and B are read
@@ -408,6 +430,9 @@ def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=Fals
     row stride and K a multiple of 4, so A is read as vec4; vec_b: the same for B along n (then
     C, whose N is a multiple of 4, is written as vec4 too); exact: M, N, K (and every split) are
     multiples of the tile, so no bounds checks.
+    epilogue (no split-K): an object with `source()` (WGSL defining `fn epilogue(acc: f32, i: u32)`
+    that computes and writes the element at linear index i of batch x M x N from its product
+    `acc`), `buffers` (bindings replacing C) and `n_params` (its parameters follow ours).
     P: M, N, K, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, nbatch_total,
        batch_shape[nbatch], a_bstride[nbatch], b_bstride[nbatch]"""
     wx, wy = bn // tn, bm // tm
@@ -418,9 +443,8 @@ def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=Fals
     vt = "vec4<f32>" if width == 4 else "f32"
     shared = ("var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
               % (bk * bm, vt, bk * bn // width))
-    src = _header(11 + 3 * nbatch, [("A", "vec4<f32>" if vec_a else "f32", False),
-                                    ("B", "vec4<f32>" if vec_b else "f32", False),
-                                    ("C", "vec4<f32>" if vec_b else "f32", True)], shared)
+    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
+                  shared)
     lines = ["""
 @compute @workgroup_size(%d, %d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -482,19 +506,22 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for g in range(groups):
             n = "n0 + (%du + tx) * %du" % (g * wx, width)
             if vec_b:
-                lines.append("      { let n = %s; if (%s) { C[(c_base + m * N + n) / 4u] = acc[%d]; } }"
-                             % (n, "true" if exact else "n < N", r * groups + g))
+                lines.append("      { let n = %s; if (%s) { %s } }" % (
+                    n, "true" if exact else "n < N",
+                    _c_store("c_base + m * N + n", "acc[%d]" % (r * groups + g), True, epilogue)))
                 continue
             for j in range(width):
                 comp = "[%d]" % j if width == 4 else ""
-                lines.append("      { let n = %s + %du; if (%s) { C[c_base + m * N + n] = acc[%d]%s; } }"
-                             % (n, j, "true" if exact else "n < N", r * groups + g, comp))
+                lines.append("      { let n = %s + %du; if (%s) { %s } }" % (
+                    n, j, "true" if exact else "n < N",
+                    _c_store("c_base + m * N + n", "acc[%d]%s" % (r * groups + g, comp), False,
+                             epilogue)))
         lines.append("    }\n  }")
-    return src + "\n".join(lines) + "\n}\n"
+    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
 
 
 def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
-                        exact=False):
+                        exact=False, epilogue=None):
     """Batched C = A @ B for large products (the register-tiled, double-buffered kernel).
     A workgroup of (bm/tm) * (bn/tn) threads computes a bm x bn tile of C; each thread a tm x tn
     block of registers (tm, tn multiples of 4) held as tm * tn/4 vec4 accumulators. Per bk-deep
@@ -506,15 +533,14 @@ def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False,
     Thread t is placed so that a 32-lane warp covers lanes_x columns x 32/lanes_x rows of
     threads: few distinct shared addresses per warp-wide read (broadcasts). A thread's rows are
     m0 + i*4*wy + ty*4 + 0..3, its columns n0 + g*4*wx + tx*4 + 0..3 (vec4 stores of C).
-    Same parameters, grid, split-K and specialisations (vec_a, vec_b, exact) as matmul_wgsl."""
+    Same parameters, grid, split-K, specialisations (vec_a, vec_b, exact) and epilogue as
+    matmul_wgsl."""
     wx, wy = bn // tn, bm // tm
     threads = wx * wy
     ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
     sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
     a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
-    src = _header(11 + 3 * nbatch, [("A", "vec4<f32>" if vec_a else "f32", False),
-                                    ("B", "vec4<f32>" if vec_b else "f32", False),
-                                    ("C", "vec4<f32>" if vec_b else "f32", True)],
+    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
                   "var<workgroup> As: array<vec4<f32>, %d>;\n"
                   "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
     warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
@@ -613,23 +639,25 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
         for g in range(gj):
             n = "n0 + %du + tx * 4u" % (g * 4 * wx)
             if vec_b:
-                lines.append("      { let n = %s; if (%s) { C[(c_base + m * N + n) / 4u] = c%d_%d; } }"
-                             % (n, "true" if exact else "n < N", r, g))
+                lines.append("      { let n = %s; if (%s) { %s } }" % (
+                    n, "true" if exact else "n < N",
+                    _c_store("c_base + m * N + n", "c%d_%d" % (r, g), True, epilogue)))
                 continue
             for c in range(4):
-                lines.append("      { let n = %s + %du; if (%s) { C[c_base + m * N + n] = c%d_%d[%d]; } }"
-                             % (n, c, "true" if exact else "n < N", r, g, c))
+                lines.append("      { let n = %s + %du; if (%s) { %s } }" % (
+                    n, c, "true" if exact else "n < N",
+                    _c_store("c_base + m * N + n", "c%d_%d[%d]" % (r, g, c), False, epilogue)))
         lines.append("    }\n  }")
-    return src + "\n".join(lines) + "\n}\n"
+    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
 
 
-def matmul_direct_wgsl(nbatch, bm, bn, tm, tn):
+def matmul_direct_wgsl(nbatch, bm, bn, tm, tn, epilogue=None):
     """The matmul without shared memory or barriers: each thread reads its rows of A and
     columns of B straight from global memory (what CPU adapters such as lavapipe and
     SwiftShader run fastest: barriers are expensive there). Same parameters and grid as
-    matmul_wgsl, split-K included."""
+    matmul_wgsl, split-K and epilogue included."""
     wx, wy = bn // tn, bm // tm
-    src = _header(11 + 3 * nbatch, [("A", "f32", False), ("B", "f32", False), ("C", "f32", True)])
+    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(False, False, epilogue))
     lines = ["""
 @compute @workgroup_size(%d, %d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {""" % (wx, wy)]
@@ -653,8 +681,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         for c in range(tn):
             lines.append("  { let m = wid.y * %du + %du + lid.y; let n = wid.x * %du + %du + lid.x;"
                          % (bm, r * wy, bn, c * wx))
-            lines.append("    if (m < M && n < N) { C[c_base + m * N + n] = acc[%d]; } }" % (r * tn + c))
-    return src + "\n".join(lines) + "\n}\n"
+            lines.append("    if (m < M && n < N) { %s } }"
+                         % _c_store("c_base + m * N + n", "acc[%d]" % (r * tn + c), False, epilogue))
+    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
+
+
+def matmul_param_count(nbatch, epilogue=None):
+    return 11 + 3 * nbatch + (0 if epilogue is None else epilogue.n_params)
 
 
 def matmul_params(m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, batch_shape,

@@ -122,6 +122,42 @@ class WgslFusion:
                            4 * sum(o.size for o in outs))
         return outs
 
+    def run_matmul(self, program, product, a, b):
+        """The group `program` (flat, over the shape of the matmul a @ b, whose result is its
+        leaf `product`) computed inside the matmul kernel at the store of C (the epilogue):
+        [inner handle per output], or None where the matmul cannot take it (split-K)."""
+        shape = program.shape
+        outs = [self.inner._new(program.exprs[o].shape, program.exprs[o].dtype)
+                for o in program.outputs]
+        leaves = [(j, e) for j, e in enumerate(program.leaves) if j != product]
+        slots, binding_of = [], {}
+        for j, e in leaves:
+            key = (id(e.value.storage), e.dtype)
+            if key not in slots:
+                slots.append(key)
+            binding_of[j] = slots.index(key)
+        raw = {}
+        for j, e in leaves:
+            raw.setdefault((id(e.value.storage), e.dtype), e.value.storage.raw)
+        slot_types = tuple(_TYPE[dt] for _, dt in slots)
+        params = list(shape) + [_bits(c.arg, c.dtype) for c in program.consts]
+        for j, e in leaves:
+            vshape, strides, offset = self._frame_view(e.value, shape, None)
+            params += [offset] + list(strides)
+        # Its parameters follow the matmul's own (the frame has the product's rank).
+        first = codegen.matmul_param_count(len(a.shape) - 2)
+        epilogue = MatmulEpilogue(
+            key=("fusion", "epilogue", program.key, product,
+                 tuple(binding_of[j] for j, _ in leaves), slot_types),
+            source=lambda: epilogue_wgsl(program, product, binding_of, first),
+            buffers=_buffers(program, slot_types), params=params,
+            raw_buffers=[raw[k] for k in slots] + [o.storage.raw for o in outs],
+            name=program.name, bytes_read=4 * sum(e.value.size for _, e in leaves),
+            bytes_written=4 * sum(o.size for o in outs))
+        if not self.inner.matmul_epilogue(a, b, epilogue):
+            return None
+        return outs
+
     @staticmethod
     def _frame_view(h, shape, axis):
         """(shape, strides, offset) of leaf h in frame coordinates: a leaf that lost the
@@ -352,3 +388,45 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     src = _header(n_params, _buffers(program, slot_types), "\n".join(shared))
     src += "\n".join(lines) + "\n}\n"
     return _finish(src, program)
+
+
+# ---- matmul epilogues ----------------------------------------------------------------------
+class MatmulEpilogue:
+    """What codegen's matmul templates need to run a flat group at their store of C: `source()`
+    (WGSL of `fn epilogue(acc: f32, i: u32)`, built only when the kernel is compiled), `buffers` (bindings after A and B), `n_params`
+    and `params` (after the matmul's own), `raw_buffers` (the buffers bound), `key` (its
+    structure, part of the matmul kernel's cache key)."""
+
+    def __init__(self, key, source, buffers, params, raw_buffers, name, bytes_read,
+                 bytes_written):
+        self.key, self.source, self.buffers = key, source, buffers
+        self.params, self.n_params, self.raw_buffers = params, len(params), raw_buffers
+        self.name, self.bytes_read, self.bytes_written = name, bytes_read, bytes_written
+
+
+def epilogue_wgsl(program, product, binding_of, first):
+    """`fn epilogue(acc, i)`: the group's chain for element i of the frame, its leaf `product`
+    being `acc` (the matmul's sum), every other leaf read through (offset, strides), every
+    output written at i. P from `first`: shape[nd], const bits, per other leaf: offset,
+    strides[nd]."""
+    nd = len(program.shape)
+    first_const = first + nd
+    first_leaf = first_const + len(program.consts)
+    lines = ["fn epilogue(acc: f32, i: u32) {"]
+    others = [j for j in range(len(program.leaves)) if j != product]
+    if others:
+        lines.append(_unravel("i", lambda d: _p(first + d), nd).rstrip("\n"))
+    lines += _const_lines(program, first_const)
+    coords = ["c%d" % d for d in range(nd)]
+    names = []
+    for j in range(len(program.leaves)):
+        if j == product:
+            names.append("acc")
+            continue
+        base = first_leaf + others.index(j) * (1 + nd)
+        lines.append("  let l%d = b%d[%s];" % (
+            j, binding_of[j], _dot(_p(base), coords, [_p(base + 1 + d) for d in range(nd)])))
+        names.append("l%d" % j)
+    lines += _flat_chain(program, names, "")
+    lines += ["  out%d[i] = x%d;" % (j, o) for j, o in enumerate(program.outputs)]
+    return _finish("\n".join(lines) + "\n}\n", program)

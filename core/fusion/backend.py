@@ -7,7 +7,9 @@ group of them into one generated kernel of the inner backend.
 
 What is recorded: unary/binary/comparison ops, where, cast, constants (`full`), and the
 reductions sum/prod/max/min (whose elementwise prologue and epilogue join the same kernel:
-softmax and layer norm become one kernel per row). Everything else (matmul, argmax, movement
+softmax and layer norm become one kernel per row), and matmul, launched only when its result
+is needed: an elementwise group over its output (bias + activation after a Linear or a conv)
+runs inside the matmul kernel, at its store. Everything else (argmax, movement
 copies, gather, unfold...) is a boundary: its inputs are computed first, then the inner backend
 runs it as usual. A group is compiled and launched ("flushed") when
   * its data is read (to_flat) or a boundary op consumes it;
@@ -25,8 +27,8 @@ import importlib
 
 from ..backend import Backend
 from .. import dtypes
-from .graph import (Expr, Lazy, LEAF, CONST, PENDING, FUSED_REDUCE_OPS, fits_frame, row_shape,
-                    squeezed_row_shape, broadcasts_into, writable, alive, topo_pending,
+from .graph import (Expr, Lazy, LEAF, CONST, PENDING, MATMUL, FUSED_REDUCE_OPS, fits_frame,
+                    row_shape, squeezed_row_shape, broadcasts_into, writable, alive, topo_pending,
                     plan_split, Program)
 
 MAX_GROUP_OPS = 64
@@ -40,7 +42,9 @@ COMPILERS = {"Wgpu": "cinders.wgpu.fusion_codegen"}
 def compiler_for(inner, max_buffers=None):
     """The fusion compiler of `inner`, or None (then Fusion passes ops through). A compiler has
     `max_buffers` (storage buffers one kernel may bind), `binding_key(handle)` (which buffer a
-    handle reads) and `run(program) -> [inner handle per output]` (graph.Program)."""
+    handle reads) and `run(program) -> [inner handle per output]` (graph.Program); optionally
+    `run_matmul(program, leaf_index, a, b)`: the program run as the epilogue of the matmul
+    a @ b (its leaf `leaf_index`), or None where that matmul cannot take one."""
     module = COMPILERS.get(type(inner).__name__)
     if module is None:
         return None
@@ -127,6 +131,13 @@ class Fusion(Backend):
         if e.kind == CONST:
             e.value = self._inner.full(e.shape, e.arg, e.dtype)
             return e.value
+        if e.kind == MATMUL:
+            a, b, origin = e.arg
+            value = self._inner.matmul(a, b) if origin is None else \
+                self._inner.reshape(self._compute(origin), e.shape)
+            e.materialized(value, self.compiler.binding_key(value))
+            e.arg = None
+            return value
         self._flush(e)
         return e.value
 
@@ -152,6 +163,11 @@ class Fusion(Backend):
             for e in narrow:
                 self._compute(e)
             order = topo_pending(target)
+        products = {id(x): x for e in order for x in e.inputs if x.kind == MATMUL}
+        if len(products) == 1 and self._flush_into_matmul(order, target, *products.values()):
+            return
+        for product in products.values():
+            self._compute(product)
         while order:
             plan = plan_split(order, target, self.compiler.max_buffers, key_of, frame)
             if plan is None:  # the split point needs a broadcast value: compute that first
@@ -163,6 +179,31 @@ class Fusion(Backend):
             for e, value in zip(outputs, values):
                 e.materialized(value, key_of(value))
             order = [e for e in order[count:] if e.kind == PENDING]
+
+    def _flush_into_matmul(self, order, target, product):
+        """Run the flat group `order` as the epilogue of the matmul `product` it reads, when
+        the matmul's own result is not wanted and one kernel can bind everything; True if so."""
+        frame = target.frame
+        if frame[1] is not None or frame[0] != product.shape or alive(product):
+            return False
+        outputs = [x for x in order if x is target or alive(x)]
+        if not all(writable(x, frame) for x in outputs):
+            return False
+        a, b, origin = product.arg
+        if origin is not None and (alive(origin) or origin.value is not None):
+            return False  # the product itself is wanted too (through another view of it)
+        key_of = self.compiler.binding_key
+        keys = {key_of(x.value) for e in order for x in e.inputs if x.kind == LEAF}
+        if len(keys) + 2 + len(outputs) > self.compiler.max_buffers:
+            return False
+        program = Program(order, outputs, frame)
+        index = next(j for j, x in enumerate(program.leaves) if x is product)
+        values = self.compiler.run_matmul(program, index, a, b)
+        if values is None:
+            return False
+        for e, value in zip(outputs, values):
+            e.materialized(value, key_of(value))
+        return True
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -267,7 +308,16 @@ class Fusion(Backend):
         return self._leaf(out, inner.shape(out), inner.dtype(out))
 
     def matmul(self, a, b):
-        return self._boundary("matmul", a, b)
+        inner = self._inner
+        a, b = self._value(a), self._value(b)
+        if inner.dtype(a) is not dtypes.float32 or not hasattr(self.compiler, "run_matmul"):
+            out = inner.matmul(a, b)
+            return self._leaf(out, inner.shape(out), inner.dtype(out))
+        (*abatch, m, _), (*bbatch, _, n) = inner.shape(a), inner.shape(b)
+        shape = tuple(max(p, q) for p, q in zip(abatch, bbatch)) + (m, n)
+        key_of = self.compiler.binding_key
+        return Lazy(Expr(MATMUL, "matmul", (a, b, None), (), shape, shape, dtypes.float32,
+                         leaves=frozenset((key_of(a), key_of(b)))))
 
     def cat(self, xs, axis):
         return self._boundary("cat", list(xs), axis)
@@ -293,8 +343,13 @@ class Fusion(Backend):
         return self.full(shape, x.expr.arg, x.expr.dtype)
 
     def reshape(self, x, shape):
-        if x.expr.kind == CONST:
+        e = x.expr
+        if e.kind == CONST:
             return self._const_as(x, tuple(shape))
+        if e.kind == MATMUL:  # a view of the (contiguous) product: its epilogue may still fuse
+            a, b, origin = e.arg
+            return Lazy(Expr(MATMUL, "matmul", (a, b, origin or e), (), tuple(shape),
+                             tuple(shape), e.dtype, leaves=e.leaves))
         return self._boundary("reshape", x, shape)
 
     def permute(self, x, dims):

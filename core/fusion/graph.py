@@ -5,6 +5,9 @@ An `Expr` is one value of the graph. Three kinds:
     CONST    a fill value (`arg`) of some shape; inlined into kernels as a parameter, and only
              turned into a buffer (`value`) when a non-fusable op needs it
     PENDING  an elementwise op or a reduction not computed yet (`op`, `arg`, `inputs`)
+    MATMUL   a matmul not launched yet (`arg`: the inner handles of its operands). To the
+             groups that read it, it is a leaf; a flat group over its shape may instead run
+             inside the matmul kernel as its epilogue (bias + activation), see backend._flush.
 
 A user-visible handle (`Lazy`) points at its Expr; the Expr keeps only a weak reference back.
 So at flush time "is this intermediate still wanted?" is "is its handle still alive?": dead
@@ -20,7 +23,7 @@ every pending ancestor of an Expr in the Expr's own frame, so a flush never sees
 
 import weakref
 
-LEAF, CONST, PENDING = 0, 1, 2
+LEAF, CONST, PENDING, MATMUL = 0, 1, 2, 3
 FUSED_REDUCE_OPS = ("sum", "prod", "max", "min")
 
 
@@ -56,11 +59,11 @@ class Lazy:
 
     def __init__(self, expr):
         self.expr = expr
-        if expr.kind == PENDING:
+        if expr.kind in (PENDING, MATMUL):
             expr.ref = weakref.ref(self)
 
     def __repr__(self):
-        return "Lazy(%s, shape=%s, %s)" % (("leaf", "const", "pending")[self.expr.kind],
+        return "Lazy(%s, shape=%s, %s)" % (("leaf", "const", "pending", "matmul")[self.expr.kind],
                                            self.expr.shape, self.expr.dtype)
 
 
