@@ -12,7 +12,6 @@ import pytest
 import cinders as cn
 from cinders.tensor import Tensor
 
-pytest.importorskip("cinders.wgpu")
 tensor_module = sys.modules["cinders.tensor"]
 pytestmark = pytest.mark.skipif(tensor_module._TEMPORARY_REFS < 0,
                                 reason="this interpreter cannot tell temporaries by refcount")
