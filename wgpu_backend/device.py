@@ -70,8 +70,8 @@ class Device:
     def __init__(self):
         # One lock over the open batch and the buffer pool: batches are often built in data
         # loader threads (a queue write racing a flush would land before the submit of kernels
-        # recorded earlier that still read the buffer's old contents). Re-entrant, because a
-        # pooled buffer's finalizer may run inside a locked section of the same thread.
+        # recorded earlier that still read the buffer's old contents). Never held while waiting
+        # for the GPU. Re-entrant: a flush may run inside another locked section.
         self.lock = threading.RLock()
         self._pipelines = {}          # wgsl source -> compiled pipeline
         self._pending = []            # recorded Dispatch objects of the open batch
@@ -100,12 +100,13 @@ class Device:
             self._write_buffer(raw, offset, data)
 
     def read(self, raw, offset, nbytes):
-        """Blocking readback: the one place the CPU waits for the GPU."""
-        with self.lock:
-            self.flush()
-            if nbytes == 0:
-                return b""
-            return self._read_buffer(raw, offset, nbytes)
+        """Blocking readback: the one place the CPU waits for the GPU. The lock is not held
+        while waiting: wgpu-py resolves the map on its poll thread, where a pooled buffer's
+        finalizer may run too."""
+        self.flush()
+        if nbytes == 0:
+            return b""
+        return self._read_buffer(raw, offset, nbytes)
 
     async def read_async(self, raw, offset, nbytes):
         self.flush()  # (no lock across the await: the browser runs one thread)

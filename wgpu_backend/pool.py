@@ -7,6 +7,7 @@ and a training step allocates the same sizes every iteration).
 """
 
 import weakref
+from collections import deque
 
 MIN_CLASS = 256
 
@@ -42,11 +43,13 @@ class BufferPool:
         self.buffers_created = 0
         self.reused = 0             # allocations served from the pool
         self.inplace = 0            # elementwise results written into a dying input's buffer
+        self._released = deque()    # (raw, size class) handed back by finalizers, not yet pooled
 
     def allocate(self, nbytes):
         """A Storage of at least nbytes (the caller checked the device limit)."""
         cls = min(size_class(nbytes), max(self.limit, nbytes))
         with self.device.lock:
+            self._drain_released()
             free = self._free.get(cls)
             if free:
                 raw = free.pop()
@@ -62,20 +65,31 @@ class BufferPool:
         return storage
 
     def _release(self, raw, cls):
-        with self.device.lock:
+        # A finalizer: it runs in whatever thread dropped the last reference, wgpu-py's poll
+        # thread included, so it must not wait for the lock (the thread holding it may be
+        # waiting for that poll thread). deque.append is atomic; the next allocation drains.
+        self._released.append((raw, cls))
+
+    def _drain_released(self):
+        while self._released:
+            raw, cls = self._released.popleft()
             self.allocated_bytes -= cls
             self.pooled_bytes += cls
             self._free.setdefault(cls, []).append(raw)
 
     def empty_cache(self):
         """Destroy every pooled (unused) buffer, e.g. before a phase with different shapes."""
-        for buffers in self._free.values():
-            for raw in buffers:
-                self.device.destroy_buffer(raw)
-        self._free.clear()
-        self.pooled_bytes = 0
+        with self.device.lock:
+            self._drain_released()
+            for buffers in self._free.values():
+                for raw in buffers:
+                    self.device.destroy_buffer(raw)
+            self._free.clear()
+            self.pooled_bytes = 0
 
     def stats(self):
+        with self.device.lock:
+            self._drain_released()
         return {"allocated_bytes": self.allocated_bytes, "pooled_bytes": self.pooled_bytes,
                 "reserved_bytes": self.allocated_bytes + self.pooled_bytes,
                 "peak_bytes": self.peak_bytes, "buffers_created": self.buffers_created,
