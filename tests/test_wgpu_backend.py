@@ -320,6 +320,32 @@ def test_batches_built_in_loader_threads_train_like_numpy():
     np.testing.assert_allclose(losses["wgpu"], losses["numpy"], rtol=1e-4)
 
 
+def test_buffer_finalizers_never_wait_for_the_device_lock(gpu):
+    """A dying buffer is handed back from whatever thread drops it, wgpu-py's poll thread
+    included; if that waited for the device lock while the lock's holder waited for the poll
+    thread (a readback), both would hang. Here another thread holds the lock for 5 s."""
+    import threading
+    import time
+    x = up(gpu, np.ones(1000, dtype=np.float32))
+    held, done = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with gpu.device.lock:
+            held.set()
+            done.wait(5)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    held.wait()
+    start = time.monotonic()
+    del x  # the buffer's finalizer runs now, in this thread
+    elapsed = time.monotonic() - start
+    done.set()
+    holder.join()
+    assert elapsed < 1.0, "handing a buffer back waited %.1f s for the device lock" % elapsed
+    assert gpu.memory_stats()["pooled_bytes"] > 0  # and it did reach the pool
+
+
 def test_run_kernel_launches_a_custom_wgsl_kernel(gpu):
     x = up(gpu, np.arange(5, dtype=np.float32))
     out = gpu.empty((5,), F32)
