@@ -190,6 +190,13 @@ class Backend:
         raise NotImplementedError
 
 
+def unfold2d_output_size(height, width, kernel, stride, padding, dilation):
+    """(OH, OW): how many kernel windows fit along each image dim (unfold2d, fold2d, conv2d,
+    pooling all share it)."""
+    return tuple((size + 2 * p - d * (k - 1) - 1) // s + 1
+                 for size, k, s, p, d in zip((height, width), kernel, stride, padding, dilation))
+
+
 def _hash32(x):
     x &= 0xFFFFFFFF
     x ^= x >> 16

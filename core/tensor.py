@@ -12,6 +12,7 @@ import sys
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
+from .backend import unfold2d_output_size
 from .errors import ShapeError, DTypeError, DeviceError, NotDifferentiableError
 
 _FLOAT_UNARY = ("exp", "log", "sqrt", "sin", "cos", "tanh", "erf")
@@ -1275,8 +1276,7 @@ def window_args(op, shape, kernel, stride=1, padding=0, dilation=1):
     if min(kernel + stride + dilation) < 1 or min(padding) < 0:
         raise ShapeError("%s: kernel/stride/dilation must be >= 1 and padding >= 0, got kernel=%s "
                          "stride=%s padding=%s dilation=%s" % (op, kernel, stride, padding, dilation))
-    out = tuple((shape[2 + i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
-                for i in range(2))
+    out = unfold2d_output_size(shape[2], shape[3], kernel, stride, padding, dilation)
     if min(out) < 1:
         raise ShapeError("%s: input shape %s too small for kernel %s (padding %s, dilation %s)"
                          % (op, shape, kernel, padding, dilation))

@@ -20,7 +20,7 @@ from array import array
 
 from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
-from cinders.backend import Backend, _hash32
+from cinders.backend import Backend, _hash32, unfold2d_output_size
 from cinders.errors import CindersError
 
 from . import codegen
@@ -573,14 +573,9 @@ class Wgpu(Backend):
         return out
 
     # ---- images ---------------------------------------------------------------------------
-    @staticmethod
-    def _out_hw(h, w, kernel, stride, padding, dilation):
-        return tuple((size + 2 * p - d * (kk - 1) - 1) // s + 1
-                     for size, kk, s, p, d in zip((h, w), kernel, stride, padding, dilation))
-
     def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
         n, c, h, w = x.shape
-        oh, ow = self._out_hw(h, w, kernel, stride, padding, dilation)
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         out = self._new((n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
         total = out.size
         if total == 0:
@@ -601,7 +596,7 @@ class Wgpu(Backend):
         n = cols.shape[0]
         c = cols.shape[1] // (kernel[0] * kernel[1])
         h, w = size
-        oh, ow = self._out_hw(h, w, kernel, stride, padding, dilation)
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         out = self._new((n, c, h, w), cols.dtype)
         total = out.size
         if total == 0:

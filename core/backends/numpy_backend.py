@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 
 from .. import dtypes
-from ..backend import Backend, _hash32
+from ..backend import Backend, _hash32, unfold2d_output_size
 
 # IEEE results (inf, nan, overflow) are the answer the protocol asks for, not a problem to
 # report. Silencing NumPy's floating-point warnings for this module costs nothing per call
@@ -225,8 +225,7 @@ class NumPy(Backend):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
         xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value) if ph or pw else x
-        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         s = xp.strides
         windows = np.lib.stride_tricks.as_strided(
             xp, (n, c, kh, kw, oh, ow), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw))
@@ -236,8 +235,7 @@ class NumPy(Backend):
         (h, w), (kh, kw), (sh, sw), (ph, pw), (dh, dw) = size, kernel, stride, padding, dilation
         n = cols.shape[0]
         c = cols.shape[1] // (kh * kw)
-        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         cols = cols.reshape(n, c, kh, kw, oh, ow)
         # Windows that tile the padded image exactly (pooling: stride == kernel) write every
         # pixel once: no zero fill, and stores instead of read-add-stores.

@@ -21,7 +21,7 @@ from array import array
 from operator import itemgetter, mul
 
 from .. import dtypes
-from ..backend import COMPARISON_OPS, Backend, _hash32
+from ..backend import COMPARISON_OPS, Backend, _hash32, unfold2d_output_size
 
 _INT_CODE = "i" if array("i").itemsize == 4 else "l"
 _CODES = {dtypes.float32: "f", dtypes.int32: _INT_CODE, dtypes.bool_: "b"}
@@ -373,10 +373,6 @@ _UNFOLD_CACHE = {}
 _UNFOLD_CACHE_SIZE = 16
 
 
-def _conv_out(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
 def _unfold_index(chw, kernel, stride, padding, dilation):
     """For one sample (C, H, W): the source index of every unfold2d output element, in
     (C*kh*kw, OH*OW) order; padding positions point at index C*H*W (one slot past the image)."""
@@ -387,7 +383,7 @@ def _unfold_index(chw, kernel, stride, padding, dilation):
     c, h, w = chw
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     hp, wp = h + 2 * ph, w + 2 * pw
-    oh, ow = _conv_out(h, kh, sh, ph, dh), _conv_out(w, kw, sw, pw, dw)
+    oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
     idx = _strided_index((c, kh, kw, oh, ow), (hp * wp, dh * wp, dw, sh * wp, sw))
     if ph or pw:
         outside = c * h * w
@@ -678,8 +674,8 @@ class Python(Backend):
         n, c, h, w = x.shape
         idx, getter = _unfold_index((c, h, w), tuple(kernel), tuple(stride), tuple(padding),
                                     tuple(dilation))
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-        length = _conv_out(h, kh, sh, ph, dh) * _conv_out(w, kw, sw, pw, dw)
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
+        length, (kh, kw) = oh * ow, kernel
         code, data, chw = x.data.typecode, x.data, c * h * w
         fill = self.full((1,), pad_value, x.dtype).data
         out = array(code)
