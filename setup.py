@@ -3,19 +3,23 @@
 core/          -> cinders
 wgpu_backend/  -> cinders.wgpu
 micro/         -> cinders.micro
-Every sub-folder holding an __init__.py becomes a sub-package, so new folders need no edit here.
+Every sub-folder holding an __init__.py becomes a sub-package, so new folders need no edit here,
+except micro/runtime/: that is the board's own `cinders` package (MicroPython imports it as
+`cinders`), shipped as data of cinders.micro and copied onto boards, never imported on the desktop.
 """
 import os
 
 from setuptools import setup
 
 ROOTS = {"cinders": "core", "cinders.wgpu": "wgpu_backend", "cinders.micro": "micro"}
+BOARD_RUNTIME = os.path.join("micro", "runtime")
 
 
 def packages_under(package, folder):
     found = {}
     for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__"))
+                             and os.path.join(dirpath, d) != BOARD_RUNTIME)
         if "__init__.py" in filenames:
             rel = os.path.relpath(dirpath, folder)
             name = package if rel == "." else package + "." + rel.replace(os.sep, ".")
@@ -27,9 +31,8 @@ package_dir = {}
 for package, folder in ROOTS.items():
     package_dir.update(packages_under(package, folder))
 
-setup(
-    packages=sorted(package_dir),
-    package_dir=package_dir,
-    # Non-Python files that ship inside the packages (WGSL templates, the micro runtime's data).
-    package_data={name: ["*.wgsl", "*.json", "*.js", "*.html", "*.css"] for name in package_dir},
-)
+# Non-Python files that ship inside the packages (WGSL templates, web assets), and the board runtime.
+package_data = {name: ["*.wgsl", "*.json", "*.js", "*.html", "*.css"] for name in package_dir}
+package_data["cinders.micro"] += ["runtime/*.py", "runtime/cinders/*.py"]
+
+setup(packages=sorted(package_dir), package_dir=package_dir, package_data=package_data)

@@ -10,9 +10,9 @@ from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bo
 from .errors import CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError
 from .backend import Backend
 from .tensor import (
-    Tensor, default_backend, set_default_backend, tensor, full, zeros, ones, zeros_like, ones_like,
-    arange, eye, random, manual_seed, matmul, where, maximum, minimum, cat, pad, unfold2d,
+    Tensor, default_backend, set_default_backend, matmul, where, maximum, minimum, cat, pad, unfold2d,
 )
+from .creation import tensor, full, zeros, ones, zeros_like, ones_like, arange, eye, random, manual_seed
 from .functional import (
     sigmoid, relu, gelu, softmax, log_softmax, mean, clamp, stack, one_hot,
     conv2d, max_pool2d, avg_pool2d,

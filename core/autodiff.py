@@ -39,6 +39,7 @@ import threading
 from . import dtypes
 from .backend import Backend
 from .errors import DTypeError, NotDifferentiableError
+from .ops import OPS
 from .tensor import Tensor, where as _where
 
 
@@ -298,34 +299,38 @@ class Autodiff(Backend):
 
     def unary(self, op, x):
         y = self._inner.unary(op, x.value)
-        entry = _UNARY_GRAD.get(op)
-        if entry is None or x.node is None or _grad_mode.disabled:
+        entry = OPS[op]
+        if entry.grad is None or x.node is None or _grad_mode.disabled:
             return Var(y)
-        saves, rule = entry
-        kept = x.value if saves == "x" else y if saves == "y" else None  # only what the rule reads
+        rule, (params,) = entry.grad, entry.params
+        xv = x.value if "x" in entry.saves else None  # keep only what the rule reads
+        yv = y if "y" in entry.saves else None
         T = self._inner_tensor
 
         def backward(g):
-            return (rule(None if kept is None else T(kept, g.shape), g),)
+            values = {"x": None if xv is None else T(xv, g.shape), "y": None if yv is None else T(yv, g.shape),
+                      "g": g}
+            return (rule(*[values[p] for p in params]),)
         return Var(y, Node((x.node,), backward))
 
     def binary(self, op, a, b):
         out = self._inner.binary(op, a.value, b.value)
-        entry = _BINARY_GRAD.get(op)
-        if entry is None or (a.node is None and b.node is None) or _grad_mode.disabled:
+        entry = OPS[op]
+        if entry.grad is None or (a.node is None and b.node is None) or _grad_mode.disabled:
             return Var(out)
-        saves, rule = entry
+        (rule_a, rule_b), (params_a, params_b) = entry.grad, entry.params
         inner, T = self._inner, self._inner_tensor
         need_a, need_b = a.node is not None, b.node is not None
         shape_a, shape_b = inner.shape(a.value), inner.shape(b.value)
-        av = a.value if "a" in saves else None
-        bv = b.value if "b" in saves else None
-        ov = out if "out" in saves else None
+        av = a.value if "a" in entry.saves else None
+        bv = b.value if "b" in entry.saves else None
+        ov = out if "out" in entry.saves else None
 
         def backward(g):
-            ga, gb = rule(None if av is None else T(av, shape_a), None if bv is None else T(bv, shape_b),
-                          None if ov is None else T(ov, g.shape), g, need_a, need_b)
-            return (_sum_to(ga, shape_a) if need_a else None, _sum_to(gb, shape_b) if need_b else None)
+            values = {"a": None if av is None else T(av, shape_a), "b": None if bv is None else T(bv, shape_b),
+                      "out": None if ov is None else T(ov, g.shape), "g": g}
+            return (_sum_to(rule_a(*[values[p] for p in params_a]), shape_a) if need_a else None,
+                    _sum_to(rule_b(*[values[p] for p in params_b]), shape_b) if need_b else None)
         return Var(out, Node((a.node, b.node), backward))
 
     def where(self, cond, a, b):
@@ -354,17 +359,21 @@ class Autodiff(Backend):
 
     def reduce(self, op, x, axis, keepdim):
         out = self._inner.reduce(op, x.value, axis, keepdim)
-        if op == "argmax" or op == "argmin" or x.node is None or _grad_mode.disabled:
+        entry = OPS[op]
+        if entry.grad is None or x.node is None or _grad_mode.disabled:
             return Var(out)
+        rule, (params,) = entry.grad, entry.params
         T = self._inner_tensor
         shape = self.shape(x)
         kept = shape[:axis] + (1,) + shape[axis + 1:]
-        if op == "sum":  # needs no values: the gradient is g spread over the reduced axis
-            return Var(out, Node((x.node,), lambda g: (g.reshape(kept).expand(shape),)))
-        xv, rule = x.value, _REDUCE_GRAD[op]
+        xv = x.value if "x" in entry.saves else None  # sum keeps nothing but the shape
+        yv = out if "y" in entry.saves else None
 
         def backward(g):
-            return (rule(T(xv, shape), T(out, kept if keepdim else g.shape).reshape(kept), g.reshape(kept), axis),)
+            values = {"x": None if xv is None else T(xv, shape), "g": g.reshape(kept), "axis": axis,
+                      "y": None if yv is None else T(yv, kept if keepdim else g.shape).reshape(kept),
+                      "shape": shape}
+            return (rule(*[values[p] for p in params]),)
         return Var(out, Node((x.node,), backward))
 
     # -- linear algebra --------------------------------------------------------------------
@@ -532,95 +541,3 @@ def _slice_dim(x, axis, start, stop):
     index = [slice(None)] * len(x.shape)
     index[axis] = slice(start, stop)
     return x[tuple(index)]
-
-
-def _sign(x):
-    return (x > 0).cast(dtypes.float32) - (x < 0).cast(dtypes.float32)
-
-
-_TWO_OVER_SQRT_PI = 1.1283791670955126
-
-# Unary backward rules: (x, y = op(x), g = dL/dy) -> dL/dx. Ops not listed have no gradient.
-# Unary backward rules: op -> (what to save: "x", "y" = op(x) or None, rule(saved, g) -> dL/dx)
-# with g = dL/dy. Saving only what the rule reads keeps fewer activations alive. Ops not listed
-# have no gradient.
-_UNARY_GRAD = {
-    "neg": (None, lambda _, g: -g),
-    "exp": ("y", lambda y, g: g * y),
-    "log": ("x", lambda x, g: g / x),
-    "sqrt": ("y", lambda y, g: g / (y * 2.0)),
-    "sin": ("x", lambda x, g: g * x.cos()),
-    "cos": ("x", lambda x, g: -(g * x.sin())),
-    "tanh": ("y", lambda y, g: g * (1.0 - y * y)),
-    "erf": ("x", lambda x, g: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI),
-    "abs": ("x", lambda x, g: g * _sign(x)),
-    # Piecewise constant: zero gradient (PyTorch's convention), not "no gradient".
-    "floor": (None, lambda _, g: g * 0.0),
-    "ceil": (None, lambda _, g: g * 0.0),
-    "round": (None, lambda _, g: g * 0.0),
-}
-
-
-def _pow_grad(a, b, out, g, need_a, need_b):
-    # PyTorch masks the 0 * inf cases: d/da is 0 where b == 0, d/db is 0 where a == 0 and b >= 0.
-    ga = gb = None
-    if need_a:
-        ga = _where(b == 0.0, 0.0, g * b * a ** (b - 1.0))
-    if need_b:
-        gb = _where((a == 0.0) & (b >= 0.0), 0.0, g * out * a.log())
-    return ga, gb
-
-
-def _max_grad(a, b, out, g, need_a, need_b):
-    # The side equal to `out` won; a tie gives each side half (PyTorch's maximum/minimum).
-    tie = a == b
-    shared = _where(tie, g * 0.5, g)
-    ga = _where(a == out, shared, 0.0) if need_a else None
-    gb = _where(b == out, shared, 0.0) if need_b else None
-    return ga, gb
-
-
-def _mod_grad(a, b, out, g, need_a, need_b):
-    return g, (-(g * (a / b).floor()) if need_b else None)
-
-
-# Binary backward rules: op -> (what to save of "a", "b", "out", rule(a, b, out, g, need_a,
-# need_b) -> (dL/da, dL/db)) in the broadcast shape (unsaved inputs arrive as None); the caller
-# sums each back to its operand's shape. Comparisons and logical ops are not listed: constants.
-_BINARY_GRAD = {
-    "add": ((), lambda a, b, out, g, na, nb: (g, g)),
-    "sub": ((), lambda a, b, out, g, na, nb: (g, -g if nb else None)),
-    "mul": (("a", "b"), lambda a, b, out, g, na, nb: (g * b if na else None, g * a if nb else None)),
-    "div": (("b", "out"), lambda a, b, out, g, na, nb: (g / b if na else None, -(g * out / b) if nb else None)),
-    "pow": (("a", "b", "out"), _pow_grad),
-    "maximum": (("a", "b", "out"), _max_grad),
-    "minimum": (("a", "b", "out"), _max_grad),  # same rule: `out` says which side won
-    "floordiv": ((), lambda a, b, out, g, na, nb: (g * 0.0 if na else None, g * 0.0 if nb else None)),
-    "mod": (("a", "b"), _mod_grad),
-}
-
-
-def _prod_grad(x, y, g, axis):
-    # d prod / d x_i = product of the other entries. Without zeros that is prod / x_i; with one
-    # zero only that entry gets the product of the rest; with two or more every gradient is 0.
-    is_zero = x == 0.0
-    zeros = is_zero.cast(dtypes.float32).sum(axis, keepdim=True)
-    x_safe = _where(is_zero, 1.0, x)
-    rest = x_safe.prod(axis, keepdim=True)  # product of the non-zero entries
-    other = _where(zeros == 0.0, rest / x_safe, _where(is_zero, rest, 0.0))
-    return _where(zeros <= 1.0, g * other, 0.0)
-
-
-def _extreme_grad(x, y, g, axis):
-    # Ties share the gradient evenly (torch.amax/amin semantics).
-    hit = (x == y).cast(dtypes.float32)
-    return hit * (g / hit.sum(axis, keepdim=True))
-
-
-# Reduction backward rules: (x, y kept-dims, g kept-dims, axis) -> dL/dx. ("sum" is inline in
-# Autodiff.reduce: it needs only the shape.)
-_REDUCE_GRAD = {
-    "prod": _prod_grad,
-    "max": _extreme_grad,
-    "min": _extreme_grad,
-}

@@ -28,9 +28,10 @@ creation/reading
     random(shape, distribution, seed, dtype)  "uniform" [0,1) or "normal" (0,1); see RANDOM below
     to_flat(h) -> list                  flat row-major Python list (ints for int32/bool, floats)
 elementwise
-    unary(op, x)          op in UNARY_OPS; result dtype = x's (logical_not: bool)
+    unary(op, x)          op in UNARY_OPS (the op table, core/ops.py); result dtype =
+                          ops.result_dtype(op, x's dtype)
     binary(op, a, b)      op in BINARY_OPS; numpy broadcasting between same-ndim shapes;
-                          result dtype = operands' dtype, bool for COMPARISON_OPS
+                          result dtype = ops.result_dtype(op, operands' dtype)
     where(cond, a, b)     cond bool; broadcasting like binary; result dtype = a's
     cast(x, dtype)        float->int truncates toward zero; anything->bool is x != 0
 reductions (one axis; the tensor layer loops for several and flattens for axis=None)
@@ -115,16 +116,14 @@ A counter-based generator, so that Python, NumPy, WGSL and MicroPython draw the 
 
 import math
 
-UNARY_OPS = (
-    "neg", "exp", "log", "sqrt", "sin", "cos", "tanh", "erf", "abs",
-    "floor", "ceil", "round", "logical_not",
-)
-COMPARISON_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
-BINARY_OPS = (
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "mod",
-    "logical_and", "logical_or",
-) + COMPARISON_OPS
-REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
+from . import ops
+
+# The op lists come from the op table (core/ops.py), where each op's dtype rule and gradient
+# are defined; backends hold only kernels for them.
+UNARY_OPS = ops.names("unary")
+BINARY_OPS = ops.names("binary")
+COMPARISON_OPS = ops.names("binary", ops.COMPARE)
+REDUCE_OPS = ops.names("reduce")
 
 PRIMITIVES = (
     "from_flat", "full", "random", "to_flat",

@@ -10,7 +10,8 @@ import math
 
 from .dtypes import float32, int32, bool_
 from .errors import ShapeError, DTypeError
-from .tensor import Tensor, _axis, _axes, _numel, arange, cat, full, unfold2d, where, window_args
+from .creation import arange, full
+from .tensor import Tensor, _axis, _axes, _numel, cat, unfold2d, where, window_args
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 

@@ -15,9 +15,14 @@ from .dtypes import float32, int32, bool_
 from .backend import unfold2d_output_size
 from .errors import ShapeError, DTypeError, DeviceError, NotDifferentiableError
 
-_FLOAT_UNARY = ("exp", "log", "sqrt", "sin", "cos", "tanh", "erf")
-_ARITHMETIC = ("add", "sub", "mul", "floordiv", "mod")
-_COMPARISON = ("eq", "ne", "lt", "le", "gt", "ge")
+from . import ops
+
+# The op table's dtype rules as lookups (core/ops.py): op -> {operand dtype: dtype the backend
+# computes in (absent: not defined)} and op -> {computing dtype: result dtype}.
+_INPUT_DTYPE = {name: {dt: c for dt in dtypes.COMPUTE_DTYPES if (c := ops.input_dtype(name, dt)) is not None}
+                for name in ops.OPS}
+_RESULT_DTYPE = {name: {dt: ops.result_dtype(name, dt) for dt in dtypes.COMPUTE_DTYPES} for name in ops.OPS}
+_WHOLE_ALREADY = frozenset(ops.names("unary", ops.ROUNDING))  # floor/ceil/round of an int: itself
 # The Python number a backend receives for a value of each dtype (bool tensors hold 0/1).
 _PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0}
 
@@ -299,73 +304,26 @@ class Tensor:
     def bool(self):
         return self.cast(bool_)
 
-    # -- elementwise ----------------------------------------------------------------------------
+    # -- elementwise: the ops of core/ops.py, installed as methods below the class -------------
 
     def _unary(self, op):
         refs = _refcount(self)  # first, before any local refers to self (see _donor)
         x = self
-        if op in _FLOAT_UNARY:
-            if x.dtype is not float32:
-                x = x.cast(float32)
-        elif op == "logical_not":
-            if x.dtype is not bool_:
-                raise DTypeError("logical_not: needs a bool tensor, got %r (use == 0 for ints)" % (x.dtype,))
-        elif x.dtype is bool_:
-            raise DTypeError("%s: not defined for bool tensors; cast first" % op)
-        elif op in ("floor", "ceil", "round") and x.dtype is int32:
+        dtype = _INPUT_DTYPE[op].get(x.dtype)
+        if dtype is None:
+            raise DTypeError(_dtype_refusal(op, x.dtype))
+        if dtype is not x.dtype:
+            x = x.cast(dtype)
+        elif op in _WHOLE_ALREADY and dtype is int32:
             return x
         backend, h = x.backend, x.handle
+        out_dtype = _RESULT_DTYPE[op][dtype]
         if backend.unary_donated is not None and x is self and refs <= _TEMPORARY_UNARY_REFS:
             del x
             if _donor(self, h):
-                return Tensor(backend, backend.unary_donated(op, h), self.shape, self.dtype)
+                return Tensor(backend, backend.unary_donated(op, h), self.shape, out_dtype)
             x = self
-        return Tensor(backend, backend.unary(op, h), x.shape, x.dtype)
-
-    def exp(self):
-        return self._unary("exp")
-
-    def log(self):
-        return self._unary("log")
-
-    def sqrt(self):
-        return self._unary("sqrt")
-
-    def sin(self):
-        return self._unary("sin")
-
-    def cos(self):
-        return self._unary("cos")
-
-    def tanh(self):
-        return self._unary("tanh")
-
-    def erf(self):
-        return self._unary("erf")
-
-    def abs(self):
-        return self._unary("abs")
-
-    def floor(self):
-        return self._unary("floor")
-
-    def ceil(self):
-        return self._unary("ceil")
-
-    def round(self):
-        return self._unary("round")
-
-    def logical_not(self):
-        return self._unary("logical_not")
-
-    def __neg__(self):
-        return self._unary("neg")
-
-    def __abs__(self):
-        return self._unary("abs")
-
-    def __invert__(self):
-        return self._unary("logical_not")
+        return Tensor(backend, backend.unary(op, h), x.shape, out_dtype)
 
     def _binary(self, op, other, reverse=False):
         """self <op> other (other <op> self when reverse); other is a Tensor or a Python number."""
@@ -406,21 +364,12 @@ class Tensor:
         if reverse:
             ha, hb = hb, ha
 
-        # dtype rules of the protocol: div and pow compute in float, arithmetic never on bool
-        if op in _COMPARISON:
-            out_dtype = bool_
-        elif op == "div" or op == "pow":
-            if dtype is not float32:
-                ha, hb, dtype = backend.cast(ha, float32), backend.cast(hb, float32), float32
-            out_dtype = dtype
-        elif op == "logical_and" or op == "logical_or":
-            if dtype is not bool_:
-                raise DTypeError("%s: needs bool tensors, got %r" % (op, dtype))
-            out_dtype = dtype
-        else:
-            if dtype is bool_ and op in _ARITHMETIC:
-                ha, hb, dtype = backend.cast(ha, int32), backend.cast(hb, int32), int32
-            out_dtype = dtype
+        compute = _INPUT_DTYPE[op].get(dtype)  # the op's dtype rule (core/ops.py)
+        if compute is None:
+            raise DTypeError(_dtype_refusal(op, dtype))
+        if compute is not dtype:
+            ha, hb, dtype = backend.cast(ha, compute), backend.cast(hb, compute), compute
+        out_dtype = _RESULT_DTYPE[op][dtype]
         if backend.binary_donated is not None and out_dtype is dtype:
             # A temporary operand gives its buffer to the result when the backend can write it
             # there. `reverse` swapped the handles: self's is then hb, operand 1. (The handle
@@ -437,87 +386,14 @@ class Tensor:
                     return Tensor(backend, backend.binary_donated(op, ha, hb, 0 if reverse else 1), shape, out_dtype)
         return Tensor(backend, backend.binary(op, ha, hb), shape, out_dtype)
 
-    def __add__(self, o):
-        return self._binary("add", o)
-
-    def __radd__(self, o):
-        return self._binary("add", o, True)
-
-    def __sub__(self, o):
-        return self._binary("sub", o)
-
-    def __rsub__(self, o):
-        return self._binary("sub", o, True)
-
-    def __mul__(self, o):
-        return self._binary("mul", o)
-
-    def __rmul__(self, o):
-        return self._binary("mul", o, True)
-
-    def __truediv__(self, o):
-        return self._binary("div", o)
-
-    def __rtruediv__(self, o):
-        return self._binary("div", o, True)
-
-    def __floordiv__(self, o):
-        return self._binary("floordiv", o)
-
-    def __rfloordiv__(self, o):
-        return self._binary("floordiv", o, True)
-
-    def __mod__(self, o):
-        return self._binary("mod", o)
-
-    def __rmod__(self, o):
-        return self._binary("mod", o, True)
-
-    def __pow__(self, o):
-        return self._binary("pow", o)
-
-    def __rpow__(self, o):
-        return self._binary("pow", o, True)
-
-    def __eq__(self, o):
-        return self._binary("eq", o)
-
-    def __ne__(self, o):
-        return self._binary("ne", o)
-
-    def __lt__(self, o):
-        return self._binary("lt", o)
-
-    def __le__(self, o):
-        return self._binary("le", o)
-
-    def __gt__(self, o):
-        return self._binary("gt", o)
-
-    def __ge__(self, o):
-        return self._binary("ge", o)
-
-    def __and__(self, o):
-        return self._binary("logical_and", o)
-
-    __rand__ = __and__
-
-    def __or__(self, o):
-        return self._binary("logical_or", o)
-
-    __ror__ = __or__
-
-    def maximum(self, other):
-        return self._binary_or_raise("maximum", other)
-
-    def minimum(self, other):
-        return self._binary_or_raise("minimum", other)
-
     def _binary_or_raise(self, op, other):
         out = self._binary(op, other)
         if out is NotImplemented:
             raise TypeError("%s: expected a Tensor or a Python number, got %s" % (op, type(other).__name__))
         return out
+
+    def matmul(self, other):
+        return matmul(self, other)
 
     def __matmul__(self, other):
         return matmul(self, other)
@@ -552,10 +428,11 @@ class Tensor:
 
     def _reduce(self, op, axis, keepdim):
         x = self
-        if x.dtype is bool_ and (op == "sum" or op == "prod"):
-            x = x.cast(int32)
+        dtype = _INPUT_DTYPE[op][x.dtype]
+        if dtype is not x.dtype:
+            x = x.cast(dtype)
         backend, shape = x.backend, x.shape
-        out_dtype = int32 if op in ("argmax", "argmin") else x.dtype
+        out_dtype = _RESULT_DTYPE[op][dtype]
         if type(axis) is int and shape:  # the common case, one valid non-empty axis: no loop
             a = axis + len(shape) if axis < 0 else axis
             if 0 <= a < len(shape) and (shape[a] or op == "sum" or op == "prod"):
@@ -587,24 +464,6 @@ class Tensor:
             else:
                 del out_shape[a]
         return Tensor(backend, h, tuple(out_shape), out_dtype)
-
-    def sum(self, axis=None, keepdim=False):
-        return self._reduce("sum", axis, keepdim)
-
-    def prod(self, axis=None, keepdim=False):
-        return self._reduce("prod", axis, keepdim)
-
-    def max(self, axis=None, keepdim=False):
-        return self._reduce("max", axis, keepdim)
-
-    def min(self, axis=None, keepdim=False):
-        return self._reduce("min", axis, keepdim)
-
-    def argmax(self, axis=None, keepdim=False):
-        return self._reduce("argmax", axis, keepdim)
-
-    def argmin(self, axis=None, keepdim=False):
-        return self._reduce("argmin", axis, keepdim)
 
     def any(self, axis=None, keepdim=False):
         return self.cast(bool_)._reduce("max", axis, keepdim)
@@ -736,7 +595,7 @@ class Tensor:
     # -- indexing --------------------------------------------------------------------------------
 
     def __getitem__(self, key):
-        return _index(self, key)
+        return indexing.getitem(self, key)
 
     def gather(self, axis, index):
         """out[i][j][k] = self[index[i][j][k]][j][k] for axis 0 (torch.gather). Indices lie in
@@ -773,6 +632,58 @@ class Tensor:
                              % (index.shape, src.shape, self.shape))
         return Tensor(self.backend, self.backend.scatter_add(self.handle, a, index.handle, src.handle),
                       self.shape, self.dtype)
+
+
+def _dtype_refusal(op, dtype):
+    if ops.OPS[op].rule == ops.LOGICAL:
+        return "%s: needs bool tensors, got %r (compare first, e.g. x != 0)" % (op, dtype)
+    return "%s: not defined for %r tensors; cast first" % (op, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the op table's methods and operators: x.exp(), x + y, 2 ** x, x.sum(axis), ...
+
+def _unary_method(op):
+    def method(self):
+        return self._unary(op)
+    return method
+
+
+def _binary_method(op, reverse):
+    def method(self, other):
+        return self._binary(op, other, reverse)
+    return method
+
+
+def _named_binary_method(op):
+    def method(self, other):
+        return self._binary_or_raise(op, other)
+    return method
+
+
+def _reduce_method(op):
+    def method(self, axis=None, keepdim=False):
+        return self._reduce(op, axis, keepdim)
+    return method
+
+
+def _install_ops():
+    for name, op in ops.OPS.items():
+        if op.kind == "unary":
+            methods = {name: _unary_method(name)}
+            methods.update((dunder, methods[name]) for dunder in op.operators)
+        elif op.kind == "binary":
+            methods = {name: _named_binary_method(name)}
+            methods.update((dunder, _binary_method(name, i == 1)) for i, dunder in enumerate(op.operators))
+        else:
+            methods = {name: _reduce_method(name)}
+        for attr, fn in methods.items():
+            fn.__name__ = fn.__qualname__ = attr
+            fn.__doc__ = "The %s op of the op table (core/ops.py: %s)." % (name, op.rule)
+            setattr(Tensor, attr, fn)
+
+
+_install_ops()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -868,259 +779,6 @@ def _empty_nest(shape):
     if not shape or shape[0] == 0:
         return []
     return [_empty_nest(shape[1:]) for _ in range(shape[0])]
-
-
-# ---------------------------------------------------------------------------------------------
-# indexing: basic indexing is one `slice` + one `reshape`; one tensor/list index is a `gather`
-
-
-def _index(x, key):
-    if type(key) is int and x.shape:  # x[i], the common case: one slice and one reshape
-        n = x.shape[0]
-        i = key + n if key < 0 else key
-        if 0 <= i < n:
-            rest = x.shape[1:]
-            h = x.backend.slice(x.handle, (i,) + (0,) * len(rest), (i + 1,) + rest, (1,) * len(x.shape))
-            return Tensor(x.backend, x.backend.reshape(h, rest), rest, x.dtype)
-    if not isinstance(key, tuple):
-        key = (key,)
-    consuming = sum(1 for k in key if k is not None and k is not Ellipsis)
-    ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
-    if len(ellipses) > 1:
-        raise IndexError("index: only one Ellipsis (...) allowed, got %r" % (key,))
-    if consuming > x.ndim:
-        raise IndexError("index: %d indices for shape %s" % (consuming, x.shape))
-    fill = (slice(None),) * (x.ndim - consuming)
-    if ellipses:
-        key = key[:ellipses[0]] + fill + key[ellipses[0] + 1:]
-    else:
-        key = key + fill
-
-    starts, stops, steps, out_shape = [], [], [], []
-    advanced = None  # (output axis, index, input dim) of the one tensor/list index
-    dim = 0
-    for k in key:
-        if k is None:
-            out_shape.append(1)
-            continue
-        n = x.shape[dim]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step < 0:
-                raise IndexError("index: negative slice steps are not supported (%r on axis %d of shape %s)"
-                                 % (k, dim, x.shape))
-            count = len(range(start, stop, step))
-            starts.append(start if count else 0)
-            stops.append(start + (count - 1) * step + 1 if count else 0)
-            steps.append(step)
-            out_shape.append(count)
-        elif isinstance(k, (Tensor, list)):
-            if advanced is not None:
-                raise IndexError("index: only one tensor/list index per subscript is supported, got %r" % (key,))
-            advanced = (len(out_shape), k, dim)
-            starts.append(0)
-            stops.append(n)
-            steps.append(1)
-            out_shape.append(n)
-        elif isinstance(k, bool) or not hasattr(k, "__index__"):
-            raise IndexError("index: unsupported index %r (use ints, slices, None, ..., or one int "
-                             "tensor/list)" % (k,))
-        else:
-            i = k.__index__()
-            j = i + n if i < 0 else i
-            if not 0 <= j < n:
-                raise IndexError("index: index %d out of range for axis %d of shape %s" % (i, dim, x.shape))
-            starts.append(j)
-            stops.append(j + 1)
-            steps.append(1)
-        dim += 1
-
-    backend, h = x.backend, x.handle
-    sliced = tuple(len(range(a, b, s)) for a, b, s in zip(starts, stops, steps))
-    if sliced != x.shape:
-        h = backend.slice(h, tuple(starts), tuple(stops), tuple(steps))
-    out_shape = tuple(out_shape)
-    if out_shape != sliced:
-        h = backend.reshape(h, out_shape)
-    out = Tensor(backend, h, out_shape, x.dtype)
-    if advanced is not None:
-        axis, index, dim = advanced
-        out = _take(out, axis, _index_tensor(x, index, dim))
-    return out
-
-
-def _index_tensor(x, index, dim):
-    n = x.shape[dim]
-    if isinstance(index, list):
-        flat, shape = _flatten_nested(index)
-        for i in flat:
-            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
-                raise IndexError("index: %r out of range for axis %d of shape %s" % (i, dim, x.shape))
-        return Tensor(x.backend, x.backend.from_flat(flat, shape, int32), shape, int32)
-    x._same_device("index", index)
-    if index.dtype is not int32:
-        raise IndexError("index: tensor indices must be int32, got %r (boolean masks are not supported)"
-                         % (index.dtype,))
-    return index
-
-
-def _take(x, axis, index):
-    """x with `axis` replaced by index's dims, selecting x's entries along axis (numpy.take)."""
-    n = x.shape[axis]
-    flat = index.reshape(-1)
-    flat = where(flat < 0, flat + n, flat)
-    k = flat.shape[0]
-    picked = flat.reshape(tuple(k if d == axis else 1 for d in range(x.ndim)))
-    picked = picked.expand(x.shape[:axis] + (k,) + x.shape[axis + 1:])
-    out = x.gather(axis, picked)
-    return out.reshape(x.shape[:axis] + index.shape + x.shape[axis + 1:])
-
-
-# ---------------------------------------------------------------------------------------------
-# creation
-
-
-def _flatten_nested(data):
-    shape = []
-    probe = data
-    while isinstance(probe, (list, tuple)):
-        shape.append(len(probe))
-        if not probe:
-            break
-        probe = probe[0]
-    shape = tuple(shape)
-    if len(shape) == 1:
-        flat = list(data)
-        for v in flat:
-            if isinstance(v, (list, tuple)):
-                raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
-        return flat, shape
-    flat = []
-
-    def walk(value, depth):
-        if depth == len(shape):
-            if isinstance(value, (list, tuple)):
-                raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
-            flat.append(value)
-            return
-        if not isinstance(value, (list, tuple)) or len(value) != shape[depth]:
-            raise ShapeError("tensor: ragged nested list (expected shape %s)" % (shape,))
-        for v in value:
-            walk(v, depth + 1)
-
-    walk(data, 0)
-    return flat, shape
-
-
-def _infer_dtype(flat):
-    if all(isinstance(v, bool) for v in flat):
-        return bool_ if flat else float32
-    if all(isinstance(v, int) for v in flat):
-        return int32
-    return float32
-
-
-_NUMPY_KIND = {"b": bool_, "i": int32, "u": int32, "f": float32}
-
-
-def tensor(data, backend=None, dtype=None):
-    """A tensor from (nested lists of) Python numbers, a NumPy array, or another Tensor."""
-    backend = backend or default_backend()
-    if isinstance(data, Tensor):
-        out = data.to(backend)
-        return out if dtype is None else out.cast(dtype)
-    if hasattr(data, "__array_interface__") and hasattr(data, "astype"):  # a NumPy array/scalar
-        if data.dtype.kind not in _NUMPY_KIND:
-            raise DTypeError("tensor: cannot make a tensor from a NumPy array of dtype %s" % (data.dtype,))
-        dtype = _NUMPY_KIND[data.dtype.kind] if dtype is None else _check_dtype("tensor", dtype)
-        # astype + tolist convert in C: already the Python numbers from_flat takes
-        if dtype is bool_:
-            data = data != 0
-        values = data.astype("float32" if dtype is float32 else "int32").reshape(-1).tolist()
-        shape = tuple(data.shape)
-        return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
-    if isinstance(data, (list, tuple)):
-        flat, shape = _flatten_nested(data)
-        inferred = _infer_dtype(flat)
-    elif isinstance(data, (int, float)):
-        flat, shape = [data], ()
-        inferred = dtypes.of_python_value(data)
-    else:
-        raise TypeError("tensor: cannot make a tensor from %s" % type(data).__name__)
-    dtype = inferred if dtype is None else _check_dtype("tensor", dtype)
-    py = _PY_TYPE[dtype]
-    try:
-        values = [py(v) for v in flat]
-    except (TypeError, ValueError) as e:
-        raise TypeError("tensor: values must be numbers for dtype %r (%s)" % (dtype, e)) from None
-    return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
-
-
-def full(shape, value, backend=None, dtype=None):
-    shape = _shape_arg("full", (shape,) if isinstance(shape, int) else shape)
-    backend = backend or default_backend()
-    dtype = dtypes.of_python_value(value) if dtype is None else _check_dtype("full", dtype)
-    return Tensor(backend, backend.full(shape, _PY_TYPE[dtype](value), dtype), shape, dtype)
-
-
-def zeros(*shape, backend=None, dtype=float32):
-    return full(_shape_arg("zeros", shape), 0, backend=backend, dtype=dtype)
-
-
-def ones(*shape, backend=None, dtype=float32):
-    return full(_shape_arg("ones", shape), 1, backend=backend, dtype=dtype)
-
-
-def zeros_like(x):
-    return full(x.shape, 0, backend=x.backend, dtype=x.dtype)
-
-
-def ones_like(x):
-    return full(x.shape, 1, backend=x.backend, dtype=x.dtype)
-
-
-def arange(start, stop=None, step=1, backend=None, dtype=None):
-    if stop is None:
-        start, stop = 0, start
-    if step == 0:
-        raise ValueError("arange: step must not be 0")
-    n = max(0, math.ceil((stop - start) / step))
-    if dtype is None:
-        dtype = int32 if all(isinstance(v, int) for v in (start, stop, step)) else float32
-    return tensor([start + i * step for i in range(n)], backend=backend, dtype=dtype) if n else \
-        full((0,), 0, backend=backend, dtype=dtype)
-
-
-def eye(n, m=None, backend=None, dtype=float32):
-    m = n if m is None else m
-    values = [1 if i == j else 0 for i in range(n) for j in range(m)]
-    backend = backend or default_backend()
-    dtype = _check_dtype("eye", dtype)
-    return Tensor(backend, backend.from_flat(values, (n, m), dtype), (n, m), dtype)
-
-
-_seed_counter = [0]
-
-
-def manual_seed(seed):
-    """Restart the sequence of seeds that cn.random uses when it is given none."""
-    _seed_counter[0] = int(seed) * 1000003
-
-
-def random(shape, backend=None, distribution="uniform", seed=None, dtype=float32):
-    """Uniform [0, 1) or standard normal values from the counter-based generator of the backend
-    protocol: the same seed gives the same numbers on every backend."""
-    shape = _shape_arg("random", (shape,) if isinstance(shape, int) else shape)
-    if distribution not in ("uniform", "normal"):
-        raise ValueError("random: unknown distribution %r; use 'uniform' or 'normal'" % (distribution,))
-    dtype = _check_dtype("random", dtype)
-    if dtype is not float32:
-        raise DTypeError("random: draws float32 values, not %r" % (dtype,))
-    if seed is None:
-        seed = _seed_counter[0]
-        _seed_counter[0] += 1
-    backend = backend or default_backend()
-    return Tensor(backend, backend.random(shape, distribution, seed & 0xFFFFFFFF, dtype), shape, dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1304,4 +962,4 @@ def unfold2d(x, kernel, stride=1, padding=0, dilation=1, pad_value=0.0):
     return Tensor(x.backend, h, (n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
 
 
-from . import functional  # noqa: E402  (composites call back into Tensor methods)
+from . import functional, indexing  # noqa: E402  (they call back into Tensor methods)

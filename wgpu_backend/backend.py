@@ -22,6 +22,7 @@ from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
 from cinders.backend import Backend, _hash32, unfold2d_output_size
 from cinders.errors import CindersError
+from cinders.ops import result_dtype
 
 from . import codegen
 from .matmul import VARIANTS, Tuner, split_count
@@ -343,13 +344,13 @@ class Wgpu(Backend):
 
     def unary(self, op, x):
         refs = sys.getrefcount(x)  # first, before x is pushed as anyone's argument
-        out_dtype = dtypes.bool_ if op == "logical_not" else x.dtype
+        out_dtype = result_dtype(op, x.dtype)
         donor = 0 if self._donatable(x, x.shape, out_dtype, refs) else None
         return self._elementwise(op, [x], out_dtype, donor)
 
     def binary(self, op, a, b):
         refs_a, refs_b = sys.getrefcount(a), sys.getrefcount(b)
-        out_dtype = dtypes.bool_ if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.dtype
+        out_dtype = result_dtype(op, a.dtype)
         shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
         donor = None
         if a is not b:
@@ -362,12 +363,12 @@ class Wgpu(Backend):
     # Buffer donation through the tensor layer (core/backend.py): it vouches that nothing else
     # holds the donated handle, so only views sharing its storage remain to be ruled out.
     def unary_donated(self, op, x):
-        out_dtype = dtypes.bool_ if op == "logical_not" else x.dtype
+        out_dtype = result_dtype(op, x.dtype)
         donor = 0 if self._fits_in_place(x, x.shape, out_dtype) else None
         return self._elementwise(op, [x], out_dtype, donor)
 
     def binary_donated(self, op, a, b, donor):
-        out_dtype = dtypes.bool_ if op in ("eq", "ne", "lt", "le", "gt", "ge") else a.dtype
+        out_dtype = result_dtype(op, a.dtype)
         shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
         if a is b or not self._fits_in_place((a, b)[donor], shape, out_dtype):
             donor = None

@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import dtypes
 from ..backend import Backend, _hash32, unfold2d_output_size
+from ..ops import result_dtype
 
 # IEEE results (inf, nan, overflow) are the answer the protocol asks for, not a problem to
 # report. Silencing NumPy's floating-point warnings for this module costs nothing per call
@@ -51,7 +52,7 @@ _BINARY = {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
 }
-_COMPARISON = frozenset(("eq", "ne", "lt", "le", "gt", "ge"))
+_BOOL_RESULT = frozenset(op for op in _BINARY if result_dtype(op, dtypes.float32) is dtypes.bool_)
 _REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce,
            "min": np.minimum.reduce}
 
@@ -110,7 +111,7 @@ class NumPy(Backend):
         out = _BINARY[op](a, b)
         # NumPy returns float64 for int32 ** int32 and similar; keep the protocol's dtype.
         # (Builtin dtypes are singletons, so `is not` is the cheap test.)
-        if out.dtype is not a.dtype and op not in _COMPARISON:
+        if out.dtype is not a.dtype and op not in _BOOL_RESULT:
             out = out.astype(a.dtype)
         return out
 

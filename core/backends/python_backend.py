@@ -21,7 +21,8 @@ from array import array
 from operator import itemgetter, mul
 
 from .. import dtypes
-from ..backend import COMPARISON_OPS, Backend, _hash32, unfold2d_output_size
+from ..backend import Backend, _hash32, unfold2d_output_size
+from ..ops import result_dtype
 
 _INT_CODE = "i" if array("i").itemsize == 4 else "l"
 _CODES = {dtypes.float32: "f", dtypes.int32: _INT_CODE, dtypes.bool_: "b"}
@@ -481,8 +482,8 @@ class Python(Backend):
             if op not in table:  # float-only math on int/bool: compute in float32, cast back
                 return self.cast(self.unary(op, self.cast(x, dtypes.float32)), x.dtype)
         values = _run(table[op], "unary", x.data)
-        return Buffer(_store(values, dtypes.bool_ if op == "logical_not" else x.dtype),
-                      x.shape, dtypes.bool_ if op == "logical_not" else x.dtype)
+        dtype = result_dtype(op, x.dtype)
+        return Buffer(_store(values, dtype), x.shape, dtype)
 
     def binary(self, op, a, b):
         exprs = (_FLOAT_BINARY if a.dtype is dtypes.float32 else _INT_BINARY)[op]
@@ -495,7 +496,7 @@ class Python(Backend):
             values = _run(exprs, "x_scalar", a.data[0], b.data)
         else:
             values = _run(exprs, "zip", _broadcast_data(a, shape), _broadcast_data(b, shape))
-        dtype = dtypes.bool_ if op in COMPARISON_OPS else a.dtype
+        dtype = result_dtype(op, a.dtype)
         return Buffer(_store(values, dtype), shape, dtype)
 
     def where(self, cond, a, b):

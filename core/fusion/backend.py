@@ -27,12 +27,12 @@ import importlib
 
 from ..backend import Backend
 from .. import dtypes
+from ..ops import result_dtype
 from .graph import (Expr, Lazy, LEAF, CONST, PENDING, MATMUL, FUSED_REDUCE_OPS, fits_frame,
                     row_shape, squeezed_row_shape, broadcasts_into, writable, alive, topo_pending,
                     plan_split, Program)
 
 MAX_GROUP_OPS = 64
-_COMPARISON = ("eq", "ne", "lt", "le", "gt", "ge")
 _KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
 
 # Inner backend class name -> module whose `compiler(inner)` builds its fusion compiler.
@@ -258,11 +258,11 @@ class Fusion(Backend):
     # -- elementwise (recorded) ----------------------------------------------------------------
 
     def unary(self, op, x):
-        dtype = dtypes.bool_ if op == "logical_not" else x.expr.dtype
+        dtype = result_dtype(op, x.expr.dtype)
         return self._record(op, None, (x,), x.expr.shape, dtype)
 
     def binary(self, op, a, b):
-        dtype = dtypes.bool_ if op in _COMPARISON else a.expr.dtype
+        dtype = result_dtype(op, a.expr.dtype)
         return self._record(op, None, (a, b), _broadcast(a.expr.shape, b.expr.shape), dtype)
 
     def where(self, cond, a, b):

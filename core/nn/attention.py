@@ -5,7 +5,8 @@ import math
 
 from ..dtypes import float32
 from ..errors import ShapeError
-from ..tensor import arange, where
+from ..creation import arange
+from ..tensor import where
 from . import functional as F
 from .layers import Dropout, LayerNorm, Linear, _constant, _seed, _uniform
 from .module import Module

@@ -7,7 +7,8 @@ from ..dtypes import float32, int32
 from ..errors import DTypeError, ShapeError
 from ..functional import (  # noqa: F401  (re-exported: nn.functional is the one place to look)
     avg_pool2d, conv2d, gelu, log_softmax, max_pool2d, relu, sigmoid, softmax)
-from ..tensor import Tensor, _numel, random, where
+from ..creation import random
+from ..tensor import Tensor, _numel, where
 
 
 def tanh(x):

@@ -9,7 +9,7 @@ import math
 
 from ..dtypes import float32, int32
 from ..errors import ShapeError
-from ..tensor import full, random
+from ..creation import full, random
 from . import functional as F
 from .module import Module, parameter
 

@@ -243,7 +243,7 @@ def _assign(owner, key, value):
 
 def _as_tensor(value, like):
     """A Tensor from a Tensor, NumPy array, PyTorch tensor or nested list (on like's device)."""
-    from ..tensor import tensor
+    from ..creation import tensor
     if isinstance(value, Tensor):
         return value
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch.Tensor, without importing torch

@@ -4,6 +4,7 @@ that models without them do not hold their code in RAM."""
 import math
 
 from cinders._array import UNARY_FN, _buffer, _relu
+from cinders._window import window_count
 from cinders.tensor import Tensor, empty
 
 
@@ -12,10 +13,6 @@ def _span(offset, stride, size, out_size):
     lo = max(0, (stride - 1 - offset) // stride)
     hi = min(out_size, (size - 1 - offset) // stride + 1)
     return lo, hi
-
-
-def conv_out(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
 def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act=None,
@@ -32,8 +29,8 @@ def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act
     sh, sw = stride
     ph, pw = padding
     dh, dw = dilation
-    OH = conv_out(H, kh, sh, ph, dh)
-    OW = conv_out(W, kw, sw, pw, dw)
+    OH = window_count(H, kh, sh, ph, dh)
+    OW = window_count(W, kw, sw, pw, dw)
     plane = OH * OW
     if pool is not None:
         PH, PW = _pool_out(OH, OW, pool)
@@ -100,7 +97,7 @@ def _scratch(n):
 
 def _pool_out(H, W, pool):
     (kh, kw), (sh, sw), (ph, pw), _ = pool
-    return conv_out(H, kh, sh, ph, 1), conv_out(W, kw, sw, pw, 1)
+    return window_count(H, kh, sh, ph, 1), window_count(W, kw, sw, pw, 1)
 
 
 def _pool_plane(src, H, W, dst, pool):

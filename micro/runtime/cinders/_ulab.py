@@ -12,6 +12,7 @@ import math
 
 from ulab import numpy as np
 
+from cinders._window import window_count
 from cinders.tensor import Tensor
 
 try:
@@ -68,10 +69,6 @@ def linear(x, weight, bias, n_out):
     return Tensor(out.reshape((1, n_out)), (1, n_out))
 
 
-def _out_size(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
 def _padded(plane, H, W, ph, pw, fill):
     if ph == 0 and pw == 0:
         return plane
@@ -89,8 +86,8 @@ def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act
     sh, sw = stride
     ph, pw = padding
     dh, dw = dilation
-    OH = _out_size(H, kh, sh, ph, dh)
-    OW = _out_size(W, kw, sw, pw, dw)
+    OH = window_count(H, kh, sh, ph, dh)
+    OW = window_count(W, kw, sw, pw, dw)
     K = kh * kw
     wmat = np.zeros((out_channels, C * K), dtype=np.float)
     for j, n, w in _weight_rows(weight):
@@ -123,8 +120,8 @@ def pool2d(x, kernel, stride, padding, mode):
     kh, kw = kernel
     sh, sw = stride
     ph, pw = padding
-    OH = _out_size(H, kh, sh, ph, 1)
-    OW = _out_size(W, kw, sw, pw, 1)
+    OH = window_count(H, kh, sh, ph, 1)
+    OW = window_count(W, kw, sw, pw, 1)
     is_max = mode == "max"
     count = None
     if mode == "avg_valid":  # how many real pixels each window covers
