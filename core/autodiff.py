@@ -212,6 +212,20 @@ class Autodiff(Backend):
     def detach(self, tensor):
         return self._wrap(tensor, Var(tensor.handle.value))
 
+    def assign(self, target, new):
+        # x[key] = v: the result's history flows back to x's old value and to v (index_put). A
+        # leaf that requires grad keeps its identity (it is what the gradients are keyed by), so
+        # it may only be written under no_grad, as in torch (optimizer-style updates).
+        node = target.handle.node
+        if node is not None and node.backward is None:
+            if not _grad_mode.disabled:
+                raise NotDifferentiableError(
+                    "setitem: %s tensor of shape %s is a leaf that requires grad; writing into it would "
+                    "lose its gradient. Write under cn.no_grad(), or into a copy (y = x * 1.0)"
+                    % (target.dtype, target.shape))
+            return Var(new.handle.value, node)
+        return new.handle
+
     def grad(self, tensor, grads):
         if not isinstance(grads, Gradients):
             raise TypeError("t.grad(grads) takes the cn.Gradients that loss.backward() returned, got %r"

@@ -182,6 +182,12 @@ class Backend:
     def synchronize(self):
         """Wait for queued work. CPU backends compute eagerly, so there is nothing to wait for."""
 
+    def assign(self, target, new):
+        """The handle `target` holds after `target[key] = value` computed `new` (a Tensor of the
+        same shape and dtype). Tensors are values, so this is new's handle; a decorator that
+        tracks identity (Autodiff's leaves) says otherwise."""
+        return new.handle
+
     def shape(self, h):
         raise NotImplementedError
 

@@ -597,6 +597,9 @@ class Tensor:
     def __getitem__(self, key):
         return indexing.getitem(self, key)
 
+    def __setitem__(self, key, value):
+        indexing.setitem(self, key, value)
+
     def gather(self, axis, index):
         """out[i][j][k] = self[index[i][j][k]][j][k] for axis 0 (torch.gather). Indices lie in
         [-n, n), negatives counting from the end; out of range raises IndexError on CPU backends

@@ -270,6 +270,18 @@ CASES = _binary_cases() + [
     Case("index 2-d tensor", lambda a, i: a[1:, i], lambda a, i: a[1:, i], F(3, 4),
          np.array([[0, 1], [3, 2]], np.int32)),
     Case("index then op", lambda a: a[:, 1:] - a[:, :-1], lambda a: a[:, 1:] - a[:, :-1], F(2, 4)),
+    Case("index negative steps", lambda a: a[::-1, 5:1:-2], lambda a: a[::-1, 5:1:-2], F(3, 7)),
+    Case("index negative step empty", lambda a: a[1:3:-1], lambda a: a[1:3:-1], F(4, 2)),
+    Case("index bool mask", lambda a: a[a > 0], lambda a: a[a > 0], F(3, 4)),
+    Case("index bool mask rows", lambda a, m: a[m], lambda a, m: a[m], F(4, 3), np.array([True, False, True, True])),
+    Case("index bool mask of ints", lambda a: a[:, [False, True, True]], lambda a: a[:, [False, True, True]], I(2, 3)),
+    Case("setitem int slice", lambda a: _assign(a, (0, slice(None, 2)), 1.0), lambda a: _np_assign(a, (0, slice(None, 2)), 1.0), F(3, 4)),
+    Case("setitem mask", lambda a: _assign(a, a > 0, 0.0), lambda a: _np_assign(a, a > 0, 0.0), F(3, 4)),
+    Case("setitem list tensor value", lambda a, v: _assign(a, [2, 0], v), lambda a, v: _np_assign(a, [2, 0], v), F(3, 4), F(4)),
+    Case("setitem negative step", lambda a, v: _assign(a, (slice(None), slice(None, None, -2)), v),
+         lambda a, v: _np_assign(a, (slice(None), slice(None, None, -2)), v), F(2, 5), F(2, 3)),
+    Case("setitem ints", lambda a: _assign(a, (1, [0, 2]), 9), lambda a: _np_assign(a, (1, [0, 2]), 9), I(2, 3)),
+    Case("setitem bools", lambda a: _assign(a, 0, True), lambda a: _np_assign(a, 0, True), B(2, 3)),
     Case("gather", lambda a, i: a.gather(1, i), lambda a, i: np.take_along_axis(a, i.astype(np.intp), 1),
          F(3, 4), np.array([[0, 3], [1, 1], [2, 0]], np.int32)),
     Case("gather axis 0 smaller", lambda a, i: a.gather(0, i),
@@ -351,6 +363,18 @@ CASES = _binary_cases() + [
     Case("avg_pool2d pad exclude", lambda x: cn.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
          lambda x: _np_avg_pool(x, 3, 2, 1, False), F(1, 2, 5, 5)),
 ]
+
+
+def _assign(a, key, value):
+    out = a * 1 if a.dtype is not cn.bool else a.logical_not().logical_not()  # a copy to write into
+    out[key] = value
+    return out
+
+
+def _np_assign(a, key, value):
+    out = a.copy()
+    out[key] = value
+    return out
 
 
 def _np_scatter_add(a, axis, index, src):

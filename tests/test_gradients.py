@@ -153,6 +153,14 @@ LINALG_MOVEMENT = [
     ("slice_step_runs_past_end", lambda x: x[::3], lambda x: x[::3], [randn(7, 2)]),
     ("index_int", lambda x: x[1, :, 0], lambda x: x[1, :, 0], [randn(2, 3, 2)]),
     ("index_list", lambda x: x[:, [2, 0, 2]], lambda x: x[:, [2, 0, 2]], [randn(2, 3)]),
+    ("slice_negative_steps", lambda x: x[::-1, 4:0:-2], lambda x: x.flip(0)[:, [4, 2]], [randn(3, 5)]),
+    ("index_bool_mask", lambda x, m: x[m > 0], lambda x, m: x[m > 0], [randn(3, 4), ints(2, 3, 4)]),
+    ("setitem_slice_and_value", lambda x, v: _assigned(x, (slice(None), 1), v),
+     lambda x, v: _assigned(x, (slice(None), 1), v), [randn(3, 4), randn(3)]),
+    ("setitem_mask_broadcast", lambda x, v: _assigned(x, x > 0.5, v), lambda x, v: _assigned(x, x > 0.5, v),
+     [randn(3, 4), randn(1)]),
+    ("setitem_list_negative_step", lambda x, v: _assigned(x, ([2, 0], slice(None, None, -1)), v),
+     lambda x, v: _assigned(x, ([2, 0], slice(None)), v.flip(-1)), [randn(3, 4), randn(2, 4)]),
     ("cat", lambda a, b: cn.cat([a, b], 1), lambda a, b: torch.cat([a, b], 1), [randn(2, 3), randn(2, 1)]),
     ("stack", lambda a, b: cn.stack([a, b], 0), lambda a, b: torch.stack([a, b], 0), [randn(2, 3), randn(2, 3)]),
     ("pad", lambda x: cn.pad(x, (1, 2, 0, 1), 0.5), lambda x: TF.pad(x, (1, 2, 0, 1), value=0.5), [randn(2, 3)]),
@@ -192,6 +200,14 @@ IMAGES_LOSSES = [
      lambda x, w, b: TF.batch_norm(x, None, None, w, b, training=True), [randn(3, 2, 2, 2), randn(2), randn(2)]),
     ("embedding", lambda i, w: nn.functional.embedding(i, w), TF.embedding, [ints(5, 2, 3), randn(5, 4)]),
 ]
+
+
+def _assigned(x, key, value):
+    """y = x * 2, then y[key] = value: torch's index_put on a non-leaf. (torch has no negative
+    steps: its side of a row writes them out.)"""
+    y = x * 2.0
+    y[key] = value
+    return y
 
 
 def _batch_norm_train(x, w, b):

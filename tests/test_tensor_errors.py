@@ -102,10 +102,18 @@ def test_device_errors_name_both_backends(backend, x):
 def test_index_errors(x):
     _raises(IndexError, lambda: x[2], "2", "(2, 3)")
     _raises(IndexError, lambda: x[0, 0, 0], "(2, 3)")
-    _raises(IndexError, lambda: x[::-1], "negative", "(2, 3)")
+    _raises(IndexError, lambda: x[[0.5]], "0.5", "float")
     _raises(IndexError, lambda: x[:, [0, 3]], "3", "(2, 3)")
     _raises(IndexError, lambda: x[..., ...], "Ellipsis")
-    _raises(IndexError, lambda: x[x > 1], "bool")
+    _raises(IndexError, lambda: x[(x > 1)[:, :2]], "mask", "(2, 2)", "(2, 3)")
+
+
+def test_setitem_errors(x):
+    y = x * 1.0
+    _raises(ValueError, lambda: y.__setitem__((0, slice(None)), cn.ones(2, backend=x.backend)), "(2,)", "(3,)")
+    _raises(IndexError, lambda: y.__setitem__(5, 1.0), "5", "(2, 3)")
+    leaf = cn.tensor([1.0, 2.0], backend=cn.Autodiff(cn.NumPy())).require_grad()
+    _raises(cn.NotDifferentiableError, lambda: leaf.__setitem__(0, 3.0), "leaf", "no_grad")
 
 
 def test_ambiguous_truth_and_item(x):
