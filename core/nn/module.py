@@ -13,6 +13,10 @@ What a module's state is, by attribute:
 The names are PyTorch's for the same structure, so torch state dicts load 1:1.
 """
 
+import inspect
+import json
+import warnings
+
 from .. import record
 from ..dtypes import float32
 from ..errors import RecordError
@@ -52,19 +56,42 @@ class Module:
 
     buffers = ()     # attribute names of Tensors that are saved state but not parameters
     training = True  # class default, so subclasses that skip super().__init__() still work
+    _init_args = None   # {name: value} the constructor was called with (see __new__)
+    _input_shape = None  # shape of one sample of the first input (the batch dimension dropped)
+
+    def __new__(cls, *args, **kwargs):
+        # Capture the constructor's arguments here, before any __init__ runs, so that every
+        # subclass gets a config() for free: a record rebuilds `cls(**config)` without the
+        # user writing config() by hand.
+        self = super().__new__(cls)
+        self._init_args = _bind_init_args(cls, args, kwargs)
+        return self
 
     def __init__(self):
         self.training = True
 
     def __call__(self, *args, **kwargs):
+        if self._input_shape is None and args and isinstance(args[0], Tensor) and args[0].shape:
+            self._input_shape = tuple(args[0].shape[1:])  # what exporters feed the model
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError("%s.forward() is not defined" % type(self).__name__)
 
     def config(self):
-        """The constructor arguments that rebuild this module (records store them)."""
-        return {}
+        """The constructor arguments that rebuild this module (records store them): by default
+        those it was built with (defaults included) that are plain values: None, bool, int,
+        float, str, and lists/tuples/dicts of them. Override to record something else."""
+        return {k: v for k, v in (self._init_args or {}).items()
+                if k not in _UNRECORDED and _is_plain(v)}
+
+    def unrecorded_args(self):
+        """Names of constructor arguments that config() leaves out because they are not plain
+        values (a function, a module, ...): a record cannot rebuild them."""
+        if type(self).config is not Module.config:
+            return []  # the class says itself what rebuilds it
+        return [k for k, v in (self._init_args or {}).items()
+                if k not in _UNRECORDED and not _is_plain(v)]
 
     # -- walking the state ---------------------------------------------------------------------
 
@@ -180,8 +207,22 @@ class Module:
 
     def save(self, path, dtype=float32, metadata=None):
         """Write parameters and buffers to a safetensors record with the class and config that
-        rebuild the model; dtype: cn.float32 or cn.float16 storage."""
-        return record.save(self, path, dtype, metadata)
+        rebuild the model; dtype: cn.float32 or cn.float16 storage. Warns (UserWarning) when a
+        constructor argument cannot be recorded: cn.load_model would then build the model with
+        that argument's default."""
+        lost = self.unrecorded_args()
+        if lost:
+            warnings.warn("%s.save(%r): constructor argument%s %s cannot be recorded (not a plain "
+                          "value); cn.load_model will use %s default%s. Override config() to "
+                          "record them another way." % (
+                              type(self).__name__, str(path), "s" if len(lost) > 1 else "",
+                              ", ".join(lost), "their" if len(lost) > 1 else "its",
+                              "s" if len(lost) > 1 else ""), UserWarning, stacklevel=2)
+        extra = {}
+        if self._input_shape is not None:
+            extra["input_shape"] = json.dumps(list(self._input_shape))
+        extra.update(metadata or {})
+        return record.save(self, path, dtype, extra or None)
 
     load = record.LoadMethod()  # model.load(path) in place; Model.load(path, backend=None) builds one
 
@@ -210,6 +251,55 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+# Constructor arguments a record never stores: where tensors live is chosen at load time.
+_UNRECORDED = ("backend",)
+_SIGNATURES = {}
+
+
+def _bind_init_args(cls, args, kwargs):
+    """{name: value} of cls(*args, **kwargs) by cls.__init__'s signature, defaults filled in;
+    None when they cannot be named (a *args constructor, or a call that does not fit, which
+    __init__ itself then reports)."""
+    sig = _SIGNATURES.get(cls)
+    if sig is None:
+        try:
+            sig = inspect.signature(cls.__init__)
+        except (TypeError, ValueError):
+            sig = False
+        _SIGNATURES[cls] = sig
+    if sig is False:
+        return None
+    try:
+        bound = sig.bind(None, *args, **kwargs)  # None stands for self
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    out = {}
+    params = list(sig.parameters.values())[1:]
+    for p in params:
+        value = bound.arguments.get(p.name)
+        if p.kind is p.VAR_POSITIONAL:
+            if value:
+                return None  # Sequential(*layers): nothing to name
+        elif p.kind is p.VAR_KEYWORD:
+            out.update(value or {})
+        elif p.kind is not p.POSITIONAL_ONLY:
+            out[p.name] = value
+    return out
+
+
+def _is_plain(v):
+    if v is None or isinstance(v, (bool, int, str)):
+        return True
+    if isinstance(v, float):
+        return v == v and v not in (float("inf"), float("-inf"))  # JSON has no NaN/inf
+    if isinstance(v, (list, tuple)):
+        return all(_is_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _is_plain(x) for k, x in v.items())
+    return False
 
 
 def _walk_container(container, prefix):
