@@ -37,6 +37,17 @@ THREADS_ARG = arg("--threads", type=int, default=1,
                        "lose a lot when the cores are busy)")
 
 
+def shape_arg(text):
+    """argparse type of --input-shape: "1,28,28" -> (1, 28, 28), every dimension >= 1."""
+    try:
+        shape = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a shape like 1,28,28" % (text,)) from None
+    if not shape or any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError("%r: every dimension must be >= 1" % (text,))
+    return shape
+
+
 def make_backend(name):
     import cinders as cn
     if name == "numpy":

@@ -1,6 +1,6 @@
 """The command-line entries of cinders.micro, registered in the `cinders` command's table:
 `cinders quantize`, `cinders export-micro`, `cinders flash` (also `python -m cinders.micro`)."""
-from ..cli import arg, command
+from ..cli import arg, command, shape_arg
 
 
 @command("quantize", "write the int8 record (per-channel weights, float32 scales) of a record", [
@@ -18,11 +18,16 @@ def quantize(args):
     arg("record", help="model record (.safetensors) naming its model_class"),
     arg("--out", required=True, help="bundle directory to write"),
     arg("--mpy", action="store_true", help="compile the runtime to .mpy with mpy-cross"),
-    arg("--model-source", help="the model's .py file (default: the module of the record's model_class)"),
+    arg("--model-source", metavar="FILE",
+        help="the .py file defining the model class (needed for any model but Cinders' own)"),
+    arg("--input-shape", metavar="A,B,...", type=shape_arg,
+        help="shape of one input sample, e.g. 1,28,28 (default: recorded by model.save once the "
+             "model has run, else the class's input_shape attribute)"),
 ])
 def export_micro(args):
     from .export import export_micro as export
-    files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source)
+    files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source,
+                   input_shape=args.input_shape)
     print("wrote %d files to %s; run: cd %s && micropython predict.py INPUT.json"
           % (len(files), args.out, args.out), flush=True)
     return 0

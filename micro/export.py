@@ -7,16 +7,22 @@ A bundle is everything a board needs, nothing else:
     DIR/model.safetensors       the record (float16 tensors widened to float32: the board reads
                                 F32 and I8 only)
     DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
+
+Before writing anything, the model source is checked against the board runtime (statically:
+nothing of it runs here): every `nn.X` layer, `cinders.X` function and Tensor method it uses
+must exist on the board, else BoardSupportError lists what does not.
 """
+import ast
 import importlib
 import inspect
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 
-from ..errors import RecordError
+from ..errors import CindersError, RecordError
 from ..record import safetensors, safetensors_write
 from . import RUNTIME_DIR
 
@@ -42,9 +48,144 @@ def find_mpy_cross():
     return exe
 
 
+class BoardSupportError(CindersError, ValueError):
+    """The model uses layers, functions or Tensor methods the board runtime does not have."""
+
+
+def board_api():
+    """{"layers": [...], "methods": [...], "functions": [...]} of the board runtime, read from
+    the runtime itself (loaded in a separate interpreter, where `cinders` is the board's)."""
+    probe = ("import sys, json; sys.path.insert(0, sys.argv[1])\n"
+             "import cinders, cinders.nn as nn, cinders._nn_image as img, cinders._ops as ops\n"
+             "from cinders.tensor import Tensor\n"
+             "layers = {n for m in (nn, img) for n, v in vars(m).items()\n"
+             "          if isinstance(v, type) and n[0] != '_' and issubclass(v, nn.Module)}\n"
+             "methods = set(ops.METHODS) | {n for n in vars(Tensor) if n[0] != '_'}\n"
+             "functions = {n for n in vars(cinders) if n[0] != '_'} | {'zeros', 'ones', 'full', 'cat', "
+             "'matmul', 'stack'}\n"
+             "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
+             "('functions', functions))}))\n")
+    r = subprocess.run([sys.executable, "-I", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("cannot read the board runtime's API: %s" % r.stderr.strip())
+    return {k: set(v) for k, v in json.loads(r.stdout).items()}
+
+
+def _desktop_tensor_methods():
+    from ..tensor import Tensor
+    return {n for n in dir(Tensor) if not n.startswith("_")}
+
+
+def unsupported_on_board(source, filename="model.py"):
+    """[(line, what)] of what the model source uses that the board runtime lacks: `nn.X`
+    layers, `cinders.X` / `cn.X` functions, `F.X` / `nn.functional` calls, and calls of desktop
+    Tensor methods (`x.erf()`) the board's tensors do not have. Static: nothing is run."""
+    tree = ast.parse(source, filename)
+    api = board_api()
+    desktop_methods = _desktop_tensor_methods()
+    aliases = {}  # local name -> "nn" | "cinders" | "functional"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "cinders":
+                    aliases[a.asname or "cinders"] = "cinders"
+                elif a.name in ("cinders.nn", "cinders.nn.functional"):
+                    aliases[a.asname or a.name.split(".")[0]] = \
+                        ("nn" if a.name == "cinders.nn" else "functional") if a.asname else "cinders"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cinders"):
+            for a in node.names:
+                local = a.asname or a.name
+                if node.module == "cinders" and a.name == "nn":
+                    aliases[local] = "nn"
+                elif node.module in ("cinders.nn", "cinders") and a.name == "functional":
+                    aliases[local] = "functional"
+                elif node.module == "cinders.nn":
+                    if a.name not in api["layers"]:
+                        yield node.lineno, "cinders.nn.%s" % a.name
+                elif node.module == "cinders":
+                    if a.name not in api["functions"] and a.name != "nn":
+                        yield node.lineno, "cinders.%s" % a.name
+                else:
+                    yield node.lineno, "%s (module)" % node.module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            kind = aliases.get(node.value.id)
+            if kind == "nn" and node.attr not in api["layers"]:
+                yield node.lineno, "nn.%s" % node.attr
+            elif kind == "functional":
+                yield node.lineno, "%s.%s (cinders.nn.functional)" % (node.value.id, node.attr)
+            elif kind == "cinders" and node.attr not in api["functions"] and node.attr != "nn":
+                yield node.lineno, "cinders.%s" % node.attr
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            target = node.func.value
+            if isinstance(target, ast.Name) and target.id in aliases:
+                continue
+            if name in desktop_methods and name not in api["methods"]:
+                yield node.lineno, "Tensor.%s()" % name
+
+
+def check_board_support(model_file):
+    """Raise BoardSupportError listing everything in the model source the board lacks."""
+    try:
+        with open(model_file) as f:
+            source = f.read()
+    except OSError as e:
+        raise RecordError("cannot read model source %s: %s" % (model_file, e.strerror or e)) from None
+    try:
+        missing = sorted(set(unsupported_on_board(source, model_file)))
+    except SyntaxError as e:
+        raise RecordError("model source %s is not valid Python: %s" % (model_file, e)) from None
+    if missing:
+        raise BoardSupportError(
+            "%s uses what the board runtime does not have (nothing was written): %s. The board has "
+            "layers %s and Tensor methods %s" % (
+                model_file, ", ".join("%s (line %d)" % (what, line) for line, what in missing),
+                ", ".join(sorted(board_api()["layers"] - {"Module"})),
+                ", ".join(sorted(board_api()["methods"]))))
+
+
+def uses_tensor_ops(source):
+    """Whether the model source computes with tensors beyond calling its layers: operators,
+    subscripts, or method calls on anything but `self` (the board then loads cinders._ops when
+    it builds the model; a model that only chains layers never pays its RAM)."""
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef) or fn.name in ("__init__", "config"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.BinOp, ast.UnaryOp, ast.Subscript, ast.AugAssign)):
+                return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not (
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+                return True
+    return False
+
+
+def declared_input_shape(model_file, class_name):
+    """The `input_shape = (...)` class attribute of class_name in the source, read without
+    running it (None when absent)."""
+    with open(model_file) as f:
+        tree = ast.parse(f.read(), model_file)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == "input_shape" for t in stmt.targets):
+                    try:
+                        return tuple(ast.literal_eval(stmt.value))
+                    except ValueError:
+                        return None
+    return None
+
+
 def model_source(class_path):
-    """The file defining `class_path` (e.g. "cinders.models.mnist.MnistCNN")."""
+    """The file defining `class_path`, one of Cinders' own models (e.g.
+    "cinders.models.mnist.MnistCNN"); any other class needs --model-source: a record never makes
+    this import a module it names."""
     module_name, _, name = class_path.rpartition(".")
+    if not module_name.startswith("cinders.models."):
+        raise RecordError("the record's model class %s is not one of Cinders' models; pass the "
+                          "file that defines it with --model-source FILE" % class_path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -55,9 +196,10 @@ def model_source(class_path):
     return inspect.getsourcefile(module)
 
 
-def write_board_record(src, dst):
+def write_board_record(src, dst, input_shape=None, tensor_ops=True):
     """Copy the record as the board reads it: F16 widened to F32, training bookkeeping
-    (BatchNorm's num_batches_tracked) dropped; other dtypes are rejected."""
+    (BatchNorm's num_batches_tracked) dropped, other dtypes rejected; `input_shape` (one
+    sample's) stored in the metadata for predict.py."""
     with open(src, "rb") as f:
         r = safetensors.Reader(f)
         entries = []
@@ -78,20 +220,38 @@ def write_board_record(src, dst):
         meta = dict(r.metadata)
         if meta.get("dtype") == "float16":
             meta["dtype"] = "float32"
+        if input_shape is not None:
+            meta["input_shape"] = json.dumps([int(d) for d in input_shape])
+        meta["tensor_ops"] = "1" if tensor_ops else "0"
         with open(dst, "wb") as out:
             safetensors_write.write(out, entries, meta)
     return meta
 
 
-def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None):
-    """Write the bundle of `record_path` into `out_dir`; returns the list of files written."""
-    with open(record_path, "rb") as f:
-        meta = safetensors.Reader(f).metadata
+def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None,
+                 input_shape=None):
+    """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
+
+    input_shape: one sample's shape (e.g. (1, 28, 28)) for predict.py; default: the record's
+    `input_shape` (Module.save records it once the model has run), else the model class's
+    `input_shape` attribute."""
+    try:
+        with open(record_path, "rb") as f:
+            meta = safetensors.Reader(f).metadata
+    except OSError as e:
+        raise RecordError("cannot open record %s: %s" % (record_path, e.strerror or e)) from None
     class_path = meta.get("model_class")
     if not class_path:
         raise RecordError("%s names no model_class in its metadata: the bundle needs the model's "
                           "class (save it with model.save())" % record_path)
     model_file = model_file or model_source(class_path)
+    if not os.path.isfile(model_file):
+        raise RecordError("model source %s: no such file" % model_file)
+    check_board_support(model_file)
+    if input_shape is None and meta.get("input_shape"):
+        input_shape = tuple(json.loads(meta["input_shape"]))
+    if input_shape is None:
+        input_shape = declared_input_shape(model_file, class_path.rpartition(".")[2])
     lib = os.path.join(out_dir, "lib", "cinders")
     if os.path.isdir(lib):
         shutil.rmtree(lib)  # no stale .py next to fresh .mpy (the board would import the .py)
@@ -114,7 +274,9 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
         shutil.copyfile(src, os.path.join(out_dir, name))
         written.append(os.path.join(out_dir, name))
     dst = os.path.join(out_dir, "model.safetensors")
-    write_board_record(record_path, dst)
+    with open(model_file) as f:
+        tensor_ops = uses_tensor_ops(f.read())
+    write_board_record(record_path, dst, input_shape, tensor_ops)
     written.append(dst)
     return written
 

@@ -9,6 +9,8 @@ from cinders import nn
 class MnistMLP(nn.Module):
     """Flatten -> Linear(784, hidden) -> ReLU -> Linear(hidden, 10)."""
 
+    input_shape = (1, 28, 28)  # one sample (exporters read it: the committed records predate it)
+
     def __init__(self, hidden=128):
         super().__init__()
         self.layers = nn.Sequential(
@@ -23,6 +25,8 @@ class MnistMLP(nn.Module):
 
 class MnistCNN(nn.Module):
     """conv16 -> pool -> conv32 -> pool -> fc128 -> fc10, 3x3 convolutions with padding 1."""
+
+    input_shape = (1, 28, 28)
 
     def __init__(self, channels1=16, channels2=32, hidden=128):
         super().__init__()

@@ -1,5 +1,6 @@
-# micropython predict.py INPUT.json  (from inside the bundle) -> one JSON line:
-# {"class": k, "logits": [...], "engine": "ulab" | "array"}; INPUT is 784 floats in [0, 1].
+# micropython predict.py INPUT.json [--input-shape A,B,...]  (from inside the bundle) -> one
+# JSON line: {"class": k, "logits": [...], "engine": "ulab" | "array"} for a classifier, else
+# {"output": [...], "engine": ...}. INPUT: one sample of the record's input shape, or a batch.
 import sys
 
 sys.path.insert(0, "lib")  # boards search /lib already; the unix port needs it spelled out
@@ -7,13 +8,24 @@ from array import array  # noqa: E402
 
 # The record reader first, while the heap is empty: compiling its source (a .py bundle) is the
 # largest peak of the start-up. cinders.record drops it again once the weights are bound.
-import cinders.safetensors  # noqa: E402,F401
+import cinders.safetensors  # noqa: E402
 
-# Then the input buffer, before the other modules: compiling them leaves the heap in pieces too
-# small for 784 floats on a 64 KB heap.
-pixels = array("f", range(784))
+# Then one sample's input buffer, before the other modules: compiling them leaves the heap in
+# pieces too small for a 28x28 image on a 64 KB heap.
+a = sys.argv
+if "--input-shape" in a:
+    s = a.pop(a.index("--input-shape") + 1)
+    a.remove("--input-shape")
+else:
+    with open("model.safetensors", "rb") as f:
+        s = cinders.safetensors.Reader(f).metadata.get("input_shape") or ""
+shape = tuple(int(d) for d in s.strip("[]").split(",") if d.strip())
+n = 1
+for d in shape:
+    n *= d
+pixels = array("f", range(n)) if shape else None
 import model  # noqa: E402
 from cinders.run import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv, model, pixels=pixels))
+    sys.exit(main(a, model, pixels=pixels, shape=shape))

@@ -1,4 +1,4 @@
-"""The `array('f')` engine: plain loops over flat float32 arrays, batch of one.
+"""The `array('f')` engine: plain loops over flat float32 arrays.
 
 Memory: a layer writes its output into one of two activation buffers that live as long as the
 interpreter (`_buffer`), the one its input is not in, so after the first inference a forward
@@ -9,8 +9,9 @@ from the record file, and int8 rows are scaled as they are used (never a float c
 import math
 from array import array
 
-from cinders.tensor import Tensor, empty
+from cinders.tensor import GENS, Tensor, empty
 
+BATCHED = True  # linear takes (B, n) at once; the image layers run sample by sample (nn.py)
 _slots = [None, None]
 
 
@@ -21,6 +22,7 @@ def _buffer(x, n):
     if a is None or len(a) < n:
         _slots[slot] = a = None  # let the old one go before asking for the new one
         a = _slots[slot] = empty("f", n)
+    GENS[slot] += 1  # tensors still pointing at this slot's previous contents are now stale
     return memoryview(a)[:n], slot
 
 
@@ -46,29 +48,42 @@ def to_list(data):
 
 
 def linear(x, weight, bias, n_out):
-    """y[j] = scale[j] * (W[j] . x) + b[j], skipping the zeros of x (pixels, ReLU outputs)."""
+    """y[r, j] = scale[j] * (W[j] . x[r]) + b[j] for each row r of x (B, n_in), skipping the
+    zeros of x (pixels, ReLU outputs). Each weight row is read once for the whole batch."""
     xd = x.data
-    n_in = len(xd)
-    idx = _indices(n_in)
+    n_in = x.shape[-1]
+    rows = len(xd) // n_in
+    idx = _indices(len(xd))
+    ends = []
     m = 0
-    for i in range(n_in):
-        if xd[i] != 0.0:
-            idx[m] = i
-            m += 1
-    nonzero = idx[:m]
-    out, slot = _buffer(x, n_out)
+    for r in range(rows):
+        base = r * n_in
+        for i in range(n_in):
+            if xd[base + i] != 0.0:
+                idx[m] = i
+                m += 1
+        ends.append(m)
+    out, slot = _buffer(x, rows * n_out)
     scale = weight.scale
     b = bias.data if bias is not None else None
     for j, _, row in weight.chunks(1):
-        s = 0.0
-        for i in nonzero:
-            s += row[i] * xd[i]
-        if scale is not None:
-            s *= scale[j]
-        if b is not None:
-            s += b[j]
-        out[j] = s
-    return Tensor(out, (1, n_out), slot)
+        start = 0
+        for r in range(rows):
+            base = r * n_in
+            s = 0.0
+            if base == 0:
+                for i in idx[:ends[0]]:
+                    s += row[i] * xd[i]
+            else:
+                for i in idx[start:ends[r]]:
+                    s += row[i] * xd[base + i]
+            start = ends[r]
+            if scale is not None:
+                s *= scale[j]
+            if b is not None:
+                s += b[j]
+            out[r * n_out + j] = s
+    return Tensor(out, x.shape[:-1] + (n_out,), slot)
 
 
 def conv2d(*args):
@@ -117,8 +132,22 @@ def _relu(d, n):
             d[i] = 0.0
 
 
+def _own(x):
+    """x to overwrite: a layer's output (in an activation slot) is taken over in place and the
+    old tensor marked stale (reading it raises); any other tensor (the caller's input, a
+    method's result) is copied first, so the caller's tensor keeps its values."""
+    from cinders.tensor import live
+    live(x)
+    if x.slot is None:
+        return Tensor(array("f", x.data), x.shape)
+    y = Tensor(x.data, x.shape, x.slot)
+    x.gen = -1
+    return y
+
+
 def unary(op, x):
-    """relu, sigmoid, tanh, gelu or gelu_tanh of x, in place."""
+    """relu, sigmoid, tanh, gelu or gelu_tanh of x (in place when x is a layer's output)."""
+    x = _own(x)
     d = x.data
     if op == "relu":
         _relu(d, len(d))
@@ -131,6 +160,7 @@ def unary(op, x):
 
 def softmax_last(x):
     """Softmax over the last dimension, each row shifted by its max so exp never overflows."""
+    x = _own(x)
     d = x.data
     n = x.shape[-1]
     for r in range(0, len(d), n):
@@ -150,15 +180,20 @@ def softmax_last(x):
 
 def channel_affine(x, scale, shift):
     """x[c] * scale[c] + shift[c] per channel: a BatchNorm folded at load time."""
+    x = _own(x)
     d = x.data
-    plane = len(d) // len(scale)
-    for c in range(len(scale)):
+    C = len(scale)
+    plane = len(d) // (C * x.shape[0])
+    for start in range(0, len(d), plane):  # planes in order: sample 0 channel 0, 1, ...
+        c = (start // plane) % C
         a = scale[c]
         b = shift[c]
-        for i in range(c * plane, (c + 1) * plane):
+        for i in range(start, start + plane):
             d[i] = d[i] * a + b
     return x
 
 
 def reshape(x, shape):
-    return Tensor(x.data, shape, x.slot)
+    y = Tensor(x.data, shape, x.slot)
+    y.gen = x.gen  # a view: stale when x is
+    return y

@@ -3,6 +3,7 @@ Conv2d -> activation -> pool fusion that Sequential applies to them."""
 
 from cinders import engine
 from cinders.nn import Module, _need
+from cinders._nn_more import per_sample
 
 
 def _pair(v):
@@ -32,14 +33,60 @@ class Conv2d(Module):
                 "bias": (self.out_channels,)}
 
     def _check(self, x):
-        _need(len(x.shape) == 4 and x.shape[0] == 1 and x.shape[1] == self.in_channels,
+        _need(len(x.shape) == 4 and x.shape[1] == self.in_channels,
               "Conv2d(%d, %d)" % (self.in_channels, self.out_channels),
-              "expects (1, %d, H, W)" % self.in_channels, x.shape)
+              "expects (N, %d, H, W)" % self.in_channels, x.shape)
 
     def forward(self, x):
         self._check(x)
-        return engine.conv2d(x, self.weight, self.bias, self.out_channels, self.kernel_size,
-                             self.stride, self.padding, self.dilation)
+        return per_sample(lambda xb: engine.conv2d(
+            xb, self.weight, self.bias, self.out_channels, self.kernel_size, self.stride,
+            self.padding, self.dilation), x)
+
+
+def _one(v, name):
+    if isinstance(v, (tuple, list)):
+        if len(v) != 1:
+            raise ValueError("Conv1d: %s=%r is not one number" % (name, v))
+        return v[0]
+    return v
+
+
+class Conv1d(Module):
+    """1-D convolution of (N, C, L) signals: the 2-D convolution of (1, C, 1, L) planes with a
+    (1, k) kernel, so both engines run it with their conv2d."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, **desktop_only):
+        super().__init__()
+        if groups != 1:
+            raise NotImplementedError("Conv1d: groups=%d is not supported on the board" % groups)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = (_one(kernel_size, "kernel_size"),)
+        self.stride = (_one(stride, "stride"),)
+        self.padding = (_one(padding, "padding"),)
+        self.dilation = (_one(dilation, "dilation"),)
+        self.weight = None
+        self.bias = None
+        self._params = ("weight", "bias") if bias else ("weight",)
+
+    def param_shapes(self):
+        return {"weight": (self.out_channels, self.in_channels) + self.kernel_size,
+                "bias": (self.out_channels,)}
+
+    def _one_sample(self, x):
+        C, L = x.shape[1], x.shape[2]
+        y = engine.conv2d(engine.reshape(x, (1, C, 1, L)), self.weight, self.bias,
+                          self.out_channels, (1,) + self.kernel_size, (1,) + self.stride,
+                          (0,) + self.padding, (1,) + self.dilation)
+        return engine.reshape(y, (1, self.out_channels, y.shape[3]))
+
+    def forward(self, x):
+        _need(len(x.shape) == 3 and x.shape[1] == self.in_channels,
+              "Conv1d(%d, %d)" % (self.in_channels, self.out_channels),
+              "expects (N, %d, L)" % self.in_channels, x.shape)
+        return per_sample(self._one_sample, x)
 
 
 class _Pool2d(Module):
@@ -50,9 +97,9 @@ class _Pool2d(Module):
         self.padding = _pair(padding)
 
     def forward(self, x):
-        _need(len(x.shape) == 4 and x.shape[0] == 1, type(self).__name__, "expects (1, C, H, W)",
-              x.shape)
-        return engine.pool2d(x, self.kernel_size, self.stride, self.padding, self._mode)
+        _need(len(x.shape) == 4, type(self).__name__, "expects (N, C, H, W)", x.shape)
+        return per_sample(lambda xb: engine.pool2d(xb, self.kernel_size, self.stride,
+                                                   self.padding, self._mode), x)
 
 
 class MaxPool2d(_Pool2d):
@@ -107,7 +154,7 @@ class BatchNorm2d(Module):
     def forward(self, x):
         _need(len(x.shape) == 4 and x.shape[1] == self.num_features,
               "BatchNorm2d(%d)" % self.num_features, "expects (1, C, H, W)", x.shape)
-        return engine.channel_affine(x, self._scale, self._shift)
+        return per_sample(lambda xb: engine.channel_affine(xb, self._scale, self._shift), x)
 
 
 class _ConvBlock:
@@ -122,8 +169,9 @@ class _ConvBlock:
     def __call__(self, x):
         c = self.conv
         c._check(x)
-        return engine.conv2d(x, c.weight, c.bias, c.out_channels, c.kernel_size, c.stride,
-                             c.padding, c.dilation, self.act, self.pool)
+        return per_sample(lambda xb: engine.conv2d(
+            xb, c.weight, c.bias, c.out_channels, c.kernel_size, c.stride, c.padding,
+            c.dilation, self.act, self.pool), x)
 
 
 def fuse(layers):

@@ -2,22 +2,28 @@
 state_dict names, so a model file written for the desktop imports unchanged on the board.
 
 Parameters start as None and are bound by `cinders.record.load` from a safetensors record
-(`layers.1.weight`, ...). Activations work in place: a layer owns the tensor it is given.
-Batches hold one sample.
+(`layers.1.weight`, ...). Activations work in place on a layer's output (see _array._own).
+Batches of any size: Linear takes the whole batch at once on the array engine; the image layers
+run sample by sample (their scratch memory is that of one sample).
 
-The image layers (Conv2d, MaxPool2d, AvgPool2d, BatchNorm2d) live in _nn_image.py and are
-imported when a model first names one (module __getattr__): an MLP never holds their code.
+The image layers (Conv1d, Conv2d, MaxPool2d, AvgPool2d, BatchNorm2d) live in _nn_image.py, the
+others (LayerNorm, Identity, Dropout) and the batch helper in _nn_more.py; each is imported when
+a model first names one (module __getattr__): an MLP never holds their code.
 """
 
 from cinders import engine
 
-_IMAGE_LAYERS = ("Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d")
+_IMAGE_LAYERS = ("Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d")
+_MORE_LAYERS = ("LayerNorm", "Identity", "Dropout")
 
 
 def __getattr__(name):
     if name in _IMAGE_LAYERS:
         from cinders import _nn_image
         return getattr(_nn_image, name)
+    if name in _MORE_LAYERS:
+        from cinders import _nn_more
+        return getattr(_nn_more, name)
     raise AttributeError("cinders.nn on the board has no %r" % (name,))
 
 
@@ -124,10 +130,13 @@ class Linear(Module):
         return {"weight": (self.out_features, self.in_features), "bias": (self.out_features,)}
 
     def forward(self, x):
-        _need(len(x.shape) == 2 and x.shape[0] == 1 and x.shape[1] == self.in_features,
+        _need(len(x.shape) >= 2 and x.shape[-1] == self.in_features,
               "Linear(%d, %d)" % (self.in_features, self.out_features),
-              "expects (1, %d)" % self.in_features, x.shape)
-        return engine.linear(x, self.weight, self.bias, self.out_features)
+              "expects (..., %d)" % self.in_features, x.shape)
+        if getattr(engine, "BATCHED", False) or len(x.shape) == 2 and x.shape[0] == 1:
+            return engine.linear(x, self.weight, self.bias, self.out_features)
+        from cinders._nn_more import per_sample
+        return per_sample(lambda xb: engine.linear(xb, self.weight, self.bias, self.out_features), x)
 
 
 class _Unary(Module):
@@ -166,9 +175,12 @@ class Softmax(Module):
 
     def forward(self, x):
         if self.dim not in (-1, len(x.shape) - 1):
-            raise NotImplementedError("Softmax(dim=%d): the board supports the last dimension "
-                                      "only (input shape %s)" % (self.dim, x.shape))
-        return engine.softmax_last(x)
+            from cinders import _ops
+            return _ops.softmax(x, self.dim)
+        if getattr(engine, "BATCHED", False):
+            return engine.softmax_last(x)
+        from cinders._nn_more import per_sample
+        return per_sample(engine.softmax_last, x)
 
 
 class Flatten(Module):

@@ -108,8 +108,27 @@ def load(model, f, resident_bytes=RESIDENT_BYTES, reader=None):
     return model
 
 
-def load_model(path, module, resident_bytes=RESIDENT_BYTES):
-    """Build the model class named in the record's metadata from `module` and bind its weights.
+def _resolve(path, cls_path, allow):
+    """The class a record names, found only among the classes the caller allows (like the
+    desktop's cn.load_model: a record never makes the board import anything). `allow` is a
+    list of classes, or a module whose classes are allowed (the bundle's model.py)."""
+    from cinders.nn import Module
+    from cinders.safetensors import RecordError
+    name = cls_path.split(".")[-1]
+    if isinstance(allow, (list, tuple)):
+        found = [c for c in allow if getattr(c, "__name__", None) == name]
+        cls = found[0] if found else None
+    else:
+        cls = getattr(allow, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise RecordError("%s names model class %s, which is not among the allowed classes; pass "
+                          "it: record.load_model(path, allow=[%s])" % (path, cls_path, name))
+    return cls
+
+
+def load_model(path, allow=(), resident_bytes=RESIDENT_BYTES):
+    """Build the model class named in the record's metadata (one of `allow`) with the record's
+    config and bind its weights.
 
     The file stays open while the model lives: streamed weights are read at every forward.
     """
@@ -121,12 +140,15 @@ def load_model(path, module, resident_bytes=RESIDENT_BYTES):
     if not cls_path:
         raise RecordError("%s has no model_class in its metadata: build the model yourself and "
                           "call cinders.record.load(model, file)" % path)
-    name = cls_path.split(".")[-1]
-    cls = getattr(module, name, None)
-    if cls is None:
-        raise RecordError("%s names class %s, which %s does not define"
-                          % (path, name, module.__name__))
-    config = json.loads(meta.get("model_config") or "{}")
+    cls = _resolve(path, cls_path, allow)
+    try:
+        config = json.loads(meta.get("model_config") or "{}")
+    except ValueError:
+        raise RecordError("%s: model_config is not JSON" % path)
+    if not isinstance(config, dict):
+        raise RecordError("%s: model_config is not a JSON object" % path)
+    if meta.get("tensor_ops") != "0":  # export-micro found no operators in the model: skip
+        from cinders import _ops  # noqa: F401  (gives tensors their operators)
     model = cls(**config)
     load(model, f, resident_bytes, r)
     r = None

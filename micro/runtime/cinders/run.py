@@ -1,19 +1,24 @@
-"""What a bundle's predict.py runs: load the record, read one input, print one JSON line.
-Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny."""
+"""What a bundle's predict.py runs: load the record, read the input, print one JSON line.
+Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny.
+
+The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
+input shape (the record's `input_shape`, written by `cinders export-micro`, or
+`--input-shape 1,28,28`) or a batch of them. Output, like `cinders predict` on the desktop:
+a classifier (one vector per sample) gives {"class": k, "logits": [...]} (lists of them for a
+batch); any other model {"output": nested lists}.
+"""
 import gc
 import json
 
 import cinders
 from cinders import record
-from cinders.tensor import empty
+from cinders.tensor import Tensor, empty
 
 
-def read_floats(path, n, out=None):
-    """The n numbers of a JSON list, parsed a chunk at a time into an array (`out`, or a new
-    one): json.load would hold n boxed floats plus a list (~19 KB for a digit), a third of a
-    64 KB heap."""
-    if out is None:
-        out = empty("f", n)
+def _scan(path, out):
+    """How many numbers the JSON file holds (flat or nested), stored into `out` when given. Read
+    a chunk at a time: json.load would hold every number boxed plus lists (~19 KB for a digit,
+    a third of a 64 KB heap)."""
     k = 0
     tail = ""
     with open(path) as f:
@@ -24,38 +29,77 @@ def read_floats(path, n, out=None):
             for p in parts:
                 p = p.strip()
                 if p:
-                    if k == n:
-                        raise ValueError("%s holds more than %d numbers" % (path, n))
-                    out[k] = float(p)
+                    if out is not None:
+                        out[k] = float(p)
                     k += 1
             if not chunk:
                 break
-    if k != n:
-        raise ValueError("%s holds %d numbers, expected %d (a JSON list of 28x28 pixels)"
-                         % (path, k, n))
-    return out
+    return k
 
 
-def predict(net, pixels):
-    """(class, logits) of one 28x28 image given as 784 floats."""
-    logits = net(cinders.tensor(pixels, (1, 1, 28, 28))).tolist()
-    best = 0
-    for i in range(len(logits)):
-        if logits[i] > logits[best]:
-            best = i
-    return best, logits
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
-def main(argv, model_module, record_path="model.safetensors", pixels=None):
-    """pixels: an array('f') of 784 items allocated before the modules were compiled (compiling
-    leaves the heap in small pieces; a 64 KB heap then has no 3 KB hole left)."""
+def read_input(path, shape, buf=None):
+    """(flat values, batch shape) of the input file: one sample of `shape` or a batch."""
+    n = _numel(shape)
+    k = _scan(path, None)
+    if k == 0 or k % n:
+        raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
+                         "multiple of it (a batch)" % (path, k, n, shape))
+    if buf is None or len(buf) != k:
+        buf = None
+        gc.collect()
+        buf = empty("f", k)
+    _scan(path, buf)
+    return buf, (k // n,) + tuple(shape)
+
+
+def result(y):
+    """The JSON-ready result of a batch's output tensor y (see the module docstring)."""
+    B = y.shape[0]
+    m = 1
+    for d in y.shape[1:]:
+        m *= d
+    if len(y.shape) != 2 or m < 2:
+        out = y.tolist()
+        return {"output": out[0] if B == 1 else out}
+    from cinders import engine
+    values = engine.to_list(y.data)
+    classes = []
+    logits = []
+    for b in range(B):
+        row = values[b * m:(b + 1) * m]
+        best = 0
+        for i in range(m):
+            if row[i] > row[best]:
+                best = i
+        classes.append(best)
+        logits.append(row)
+    if B == 1:
+        return {"class": classes[0], "logits": logits[0]}
+    return {"class": classes, "logits": logits}
+
+
+def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
+    """shape: one sample's shape (predict.py reads it from --input-shape or the record);
+    pixels: an array for one sample allocated before the modules were compiled, used when the
+    file holds one sample."""
     if len(argv) < 2:
-        print("usage: micropython predict.py INPUT.json")
+        print("usage: micropython predict.py INPUT.json [--input-shape A,B,...]")
         return 2
+    if not shape:
+        raise ValueError("%s records no input shape: pass --input-shape A,B,... (one sample, "
+                         "e.g. 1,28,28)" % record_path)
     gc.collect()
-    pixels = read_floats(argv[1], 28 * 28, pixels)
+    values, full = read_input(argv[1], shape, pixels)
     gc.collect()
     net = record.load_model(record_path, model_module)
-    k, logits = predict(net, pixels)
-    print(json.dumps({"class": k, "logits": logits, "engine": cinders.ENGINE}))
+    out = result(net(Tensor(cinders.engine.from_flat(values, full), full)))
+    out["engine"] = cinders.ENGINE
+    print(json.dumps(out))
     return 0

@@ -1,0 +1,538 @@
+"""The board Tensor's methods and operators (`x.tanh()`, `a + b`, `a @ b`, `x.sum(axis)`,
+`x.tolist()` nested, ...), with the desktop's names and NumPy broadcasting.
+
+Loaded on the first method call (tensor.py forwards to it), so a model that only chains layers
+never holds this code in RAM. Every op here makes a new tensor (like the desktop; the layers'
+in-place activations are the memory-saving exception, see _array.unary). Values are worked on
+as flat row-major float lists of any engine (`flat`), so the same code serves both engines.
+"""
+
+import math
+from array import array
+
+from cinders import engine
+from cinders.tensor import Tensor, live, empty
+
+
+def flat(t):
+    """The values of t, flat row-major, as an indexable sequence of floats."""
+    live(t)
+    d = t.data
+    if isinstance(d, (array, memoryview)):
+        return d
+    return array("f", engine.to_list(d))
+
+
+def make(values, shape):
+    """A new tensor of the engine from flat values (an array('f') is taken as it is)."""
+    shape = tuple(shape)
+    if not isinstance(values, array):
+        values = array("f", values)
+    return Tensor(engine.from_flat(values, shape), shape)
+
+
+def numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def shape_of(nested):
+    shape = []
+    v = nested
+    while isinstance(v, (list, tuple)):
+        shape.append(len(v))
+        if not v:
+            break
+        v = v[0]
+    return tuple(shape)
+
+
+def from_nested(nested):
+    """A tensor of nested lists of numbers (ragged lists are refused)."""
+    shape = shape_of(nested)
+    out = empty("f", numel(shape))
+    k = [0]
+
+    def fill(v, depth):
+        if depth == len(shape):
+            if isinstance(v, (list, tuple)):
+                raise ValueError("cinders.tensor: ragged nested list (expected shape %s)" % (shape,))
+            out[k[0]] = v
+            k[0] += 1
+            return
+        if not isinstance(v, (list, tuple)) or len(v) != shape[depth]:
+            raise ValueError("cinders.tensor: ragged nested list (expected shape %s)" % (shape,))
+        for item in v:
+            fill(item, depth + 1)
+
+    fill(nested, 0)
+    return make(out, shape)
+
+
+def tolist(t):
+    """Nested lists like the desktop's (floats; ints for argmax/argmin results)."""
+    v = flat(t)
+    shape = t.shape
+    cast = int if t.dtype == "int32" else float
+    if not shape:
+        return cast(v[0])
+
+    def build(start, depth):
+        n = shape[depth]
+        if depth == len(shape) - 1:
+            return [cast(v[start + i]) for i in range(n)]
+        step = numel(shape[depth + 1:])
+        return [build(start + i * step, depth + 1) for i in range(n)]
+
+    return build(0, 0)
+
+
+def item(t):
+    if numel(t.shape) != 1:
+        raise ValueError("item(): tensor of shape %s has %d values, not one" % (t.shape, numel(t.shape)))
+    return (int if t.dtype == "int32" else float)(flat(t)[0])
+
+
+def clone(t):
+    v = flat(t)
+    return make(array("f", v), t.shape)
+
+
+# ---- shape
+
+def reshape(t, *shape):
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = shape[0]
+    shape = list(shape)
+    n = numel(t.shape)
+    if shape.count(-1) > 1:
+        raise ValueError("reshape%s: at most one -1" % (tuple(shape),))
+    if -1 in shape:
+        known = -numel(shape)
+        shape[shape.index(-1)] = n // known if known else 0
+    shape = tuple(shape)
+    if numel(shape) != n:
+        raise ValueError("reshape: cannot make %s of %s (%d values)" % (shape, t.shape, n))
+    live(t)
+    return engine.reshape(t, shape)
+
+
+def flatten(t, start_dim=0, end_dim=-1):
+    s = t.shape
+    if not s:
+        return reshape(t, 1)
+    a = start_dim % len(s)
+    b = end_dim % len(s)
+    return reshape(t, s[:a] + (numel(s[a:b + 1]),) + s[b + 1:])
+
+
+def unsqueeze(t, dim):
+    s = list(t.shape)
+    s.insert(dim % (len(s) + 1), 1)
+    return reshape(t, s)
+
+
+def squeeze(t, dim=None):
+    s = t.shape
+    if dim is None:
+        return reshape(t, [d for d in s if d != 1])
+    dim %= len(s)
+    return reshape(t, s[:dim] + s[dim + 1:]) if s[dim] == 1 else t
+
+
+def _strides(shape):
+    out = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        out[i] = out[i + 1] * shape[i + 1]
+    return out
+
+
+def permute(t, *dims):
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = dims[0]
+    s = t.shape
+    dims = [d % len(s) for d in dims]
+    if sorted(dims) != list(range(len(s))):
+        raise ValueError("permute%s: not a permutation of the %d dims of %s" % (tuple(dims), len(s), s))
+    v = flat(t)
+    st = _strides(s)
+    shape = tuple(s[d] for d in dims)
+    src = [st[d] for d in dims]
+    out = empty("f", numel(shape))
+    idx = [0] * len(shape)
+    for k in range(len(out)):
+        off = 0
+        for i in range(len(shape)):
+            off += idx[i] * src[i]
+        out[k] = v[off]
+        i = len(shape) - 1
+        while i >= 0:
+            idx[i] += 1
+            if idx[i] < shape[i]:
+                break
+            idx[i] = 0
+            i -= 1
+    return make(out, shape)
+
+
+def transpose(t, d0, d1):
+    dims = list(range(len(t.shape)))
+    d0 %= len(dims)
+    d1 %= len(dims)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return permute(t, dims)
+
+
+def getitem(t, key):
+    """x[i] and x[i, j, ...]: integer indices on the leading dims (what reading results needs)."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    s = t.shape
+    if len(key) > len(s) or not all(isinstance(k, int) for k in key):
+        raise TypeError("board tensors take integer indices on their leading dims, got %r" % (key,))
+    off = 0
+    st = _strides(s)
+    for i, k in enumerate(key):
+        if not -s[i] <= k < s[i]:
+            raise IndexError("index %d is out of range for dim %d of size %d" % (k, i, s[i]))
+        off += (k % s[i]) * st[i]
+    rest = s[len(key):]
+    v = flat(t)
+    return make(array("f", v[off:off + numel(rest)]), rest)
+
+
+# ---- elementwise
+
+def _sigmoid(v):
+    return 1.0 / (1.0 + math.exp(-v)) if v > -80.0 else 0.0
+
+
+def _relu(v):
+    return v if v > 0.0 else 0.0
+
+
+def _gelu(v):
+    from cinders._array import _gelu as g  # one erf for both engines
+    return g(v)
+
+
+UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": math.exp,
+         "log": math.log, "sqrt": math.sqrt, "abs": abs, "neg": lambda v: -v,
+         "gelu": _gelu, "sin": math.sin, "cos": math.cos,
+         "floor": lambda v: float(math.floor(v)), "ceil": lambda v: float(math.ceil(v))}
+
+
+def unary(name, t):
+    f = UNARY[name]
+    v = flat(t)
+    out = empty("f", len(v))
+    for i in range(len(v)):
+        out[i] = f(v[i])
+    return make(out, t.shape)
+
+
+def clamp(t, min=None, max=None):  # noqa: A002  (the desktop's names)
+    v = flat(t)
+    out = empty("f", len(v))
+    for i in range(len(v)):
+        x = v[i]
+        if min is not None and x < min:
+            x = min
+        if max is not None and x > max:
+            x = max
+        out[i] = x
+    return make(out, t.shape)
+
+
+def broadcast_shape(a, b, op):
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ValueError("%s: shapes %s and %s do not broadcast" % (op, a, b))
+        out.append(max(x, y))
+    return tuple(out), a, b
+
+
+def _div(x, y):
+    if y != 0.0:
+        return x / y
+    if x == 0.0 or x != x:
+        return math.nan
+    return math.inf if (x > 0) == (math.copysign(1.0, y) > 0) else -math.inf  # IEEE, like the desktop
+
+
+BINARY = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+          "div": _div,
+          "pow": lambda x, y: x ** y, "maximum": lambda x, y: x if x > y else y,
+          "minimum": lambda x, y: x if x < y else y}
+
+
+def _operand(x):
+    if isinstance(x, Tensor):
+        return flat(x), x.shape
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return array("f", [x]), ()
+    raise TypeError("board tensors combine with tensors and numbers, not %s" % type(x).__name__)
+
+
+def binary(name, a, b):
+    av, ashape = _operand(a)
+    bv, bshape = _operand(b)
+    f = BINARY[name]
+    shape, sa, sb = broadcast_shape(ashape, bshape, name)
+    n = numel(shape)
+    out = empty("f", n)
+    if len(av) == n and len(bv) == n:
+        for i in range(n):
+            out[i] = f(av[i], bv[i])
+    elif len(bv) == 1 or len(av) == 1:
+        for i in range(n):
+            out[i] = f(av[i % len(av)], bv[i % len(bv)])
+    elif len(av) == n and tuple(sb[len(sb) - len(bshape):]) == tuple(shape[len(shape) - len(bshape):]) \
+            and numel(bshape) == numel(shape[len(shape) - len(bshape):]):
+        m = len(bv)  # b is a trailing block of a's shape (a bias row): index modulo its size
+        for i in range(n):
+            out[i] = f(av[i], bv[i % m])
+    else:
+        ast = [0 if d == 1 else s for d, s in zip(sa, _strides(sa))]
+        bst = [0 if d == 1 else s for d, s in zip(sb, _strides(sb))]
+        idx = [0] * len(shape)
+        for k in range(n):
+            ia = ib = 0
+            for i in range(len(shape)):
+                ia += idx[i] * ast[i]
+                ib += idx[i] * bst[i]
+            out[k] = f(av[ia], bv[ib])
+            i = len(shape) - 1
+            while i >= 0:
+                idx[i] += 1
+                if idx[i] < shape[i]:
+                    break
+                idx[i] = 0
+                i -= 1
+    return make(out, shape)
+
+
+def matmul(a, b):
+    """a @ b: (..., n, k) @ (k, m) or (..., k, m) with the same leading dims; 1-D operands as in
+    PyTorch (a vector is a row on the left, a column on the right)."""
+    if not isinstance(b, Tensor):
+        raise TypeError("matmul: needs two tensors")
+    sa, sb = a.shape, b.shape
+    if len(sa) == 1:
+        return squeeze(matmul(reshape(a, 1, sa[0]), b), -2)
+    if len(sb) == 1:
+        return squeeze(matmul(a, reshape(b, sb[0], 1)), -1)
+    n, k = sa[-2], sa[-1]
+    if sb[-2] != k:
+        raise ValueError("matmul: shapes %s and %s do not fit (%d != %d)" % (sa, sb, k, sb[-2]))
+    m = sb[-1]
+    batch = numel(sa[:-2])
+    if len(sb) > 2 and tuple(sb[:-2]) != tuple(sa[:-2]):
+        raise ValueError("matmul: batch dims of %s and %s differ" % (sa, sb))
+    bstep = k * m if len(sb) > 2 else 0
+    av = flat(a)
+    bv = flat(b)
+    out = empty("f", batch * n * m)
+    for p in range(batch):
+        ao = p * n * k
+        bo = p * bstep
+        oo = p * n * m
+        for i in range(n):
+            for j in range(m):
+                s = 0.0
+                for t in range(k):
+                    s += av[ao + i * k + t] * bv[bo + t * m + j]
+                out[oo + i * m + j] = s
+    return make(out, tuple(sa[:-2]) + (n, m))
+
+
+# ---- reductions along one axis (or all)
+
+def _axis_view(shape, axis):
+    """(outer, size, inner) of a reduction along axis."""
+    axis %= len(shape)
+    return numel(shape[:axis]), shape[axis], numel(shape[axis + 1:]), axis
+
+
+def reduce(name, t, axis=None, keepdim=False):
+    v = flat(t)
+    if axis is None:
+        shape = (1,) * len(t.shape) if keepdim else ()
+        outer, size, inner = 1, len(v), 1
+    else:
+        outer, size, inner, axis = _axis_view(t.shape, axis)
+        shape = list(t.shape)
+        if keepdim:
+            shape[axis] = 1
+        else:
+            shape.pop(axis)
+        shape = tuple(shape)
+    out = empty("f", outer * inner)
+    for o in range(outer):
+        for i in range(inner):
+            base = o * size * inner + i
+            best = v[base]
+            at = 0
+            acc = 0.0
+            for s in range(size):
+                x = v[base + s * inner]
+                acc += x
+                if (name == "max" or name == "argmax") and x > best or \
+                        (name == "min" or name == "argmin") and x < best:
+                    best = x
+                    at = s
+            out[o * inner + i] = {"sum": acc, "mean": acc / size if size else math.nan,
+                                  "max": best, "min": best, "argmax": at, "argmin": at}[name]
+    y = make(out, shape)
+    if name[:3] == "arg":
+        y.dtype = "int32"  # indices, stored as floats (exact below 2**24)
+    return y
+
+
+def softmax(t, axis=-1, log=False):
+    v = flat(t)
+    outer, size, inner, _ = _axis_view(t.shape, axis)
+    out = empty("f", len(v))
+    for o in range(outer):
+        for i in range(inner):
+            base = o * size * inner + i
+            m = v[base]
+            for s in range(size):
+                if v[base + s * inner] > m:
+                    m = v[base + s * inner]
+            total = 0.0
+            for s in range(size):
+                total += math.exp(v[base + s * inner] - m)
+            lt = math.log(total)
+            for s in range(size):
+                x = v[base + s * inner] - m
+                out[base + s * inner] = x - lt if log else math.exp(x) / total
+    return make(out, t.shape)
+
+
+def layer_norm(t, n, weight, bias, eps):
+    """Normalise each run of the last n values (biased variance), then weight and bias (flat
+    sequences of n values, or None)."""
+    v = flat(t)
+    out = empty("f", len(v))
+    for r in range(0, len(v), n):
+        mean = 0.0
+        for i in range(r, r + n):
+            mean += v[i]
+        mean /= n
+        var = 0.0
+        for i in range(r, r + n):
+            d = v[i] - mean
+            var += d * d
+        inv = 1.0 / math.sqrt(var / n + eps)
+        for i in range(n):
+            y = (v[r + i] - mean) * inv
+            if weight is not None:
+                y *= weight[i]
+            if bias is not None:
+                y += bias[i]
+            out[r + i] = y
+    return make(out, t.shape)
+
+
+def cat(tensors, axis=0):
+    tensors = list(tensors)
+    first = tensors[0].shape
+    axis %= len(first)
+    for t in tensors:
+        if len(t.shape) != len(first) or any(t.shape[d] != first[d] for d in range(len(first)) if d != axis):
+            raise ValueError("cat: shapes %s do not fit along axis %d" % ([x.shape for x in tensors], axis))
+    outer = numel(first[:axis])
+    inner = numel(first[axis + 1:])
+    total = sum(t.shape[axis] for t in tensors)
+    out = empty("f", outer * total * inner)
+    k = 0
+    views = [(flat(t), t.shape[axis] * inner) for t in tensors]
+    for o in range(outer):
+        for v, run in views:
+            for i in range(run):
+                out[k] = v[o * run + i]
+                k += 1
+    return make(out, first[:axis] + (total,) + first[axis + 1:])
+
+
+def tensor(values):
+    """cinders.tensor(values) without a shape: nested lists, a number or a tensor (copied)."""
+    if isinstance(values, Tensor):
+        return clone(values)
+    if isinstance(values, (int, float)):
+        return make([values], ())
+    return from_nested(values)
+
+
+def stack(tensors, axis=0):
+    return cat([unsqueeze(t, axis) for t in tensors], axis)
+
+
+def zeros(*shape):
+    return full(shape, 0.0)
+
+
+def ones(*shape):
+    return full(shape, 1.0)
+
+
+def full(shape, value):
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = shape[0]
+    shape = tuple(shape)
+    out = empty("f", numel(shape))
+    for i in range(len(out)):
+        out[i] = value
+    return make(out, shape)
+
+
+METHODS = {
+    "tolist": tolist, "item": item, "clone": clone, "reshape": reshape, "view": reshape,
+    "flatten": flatten, "unsqueeze": unsqueeze, "squeeze": squeeze, "permute": permute,
+    "transpose": transpose, "clamp": clamp, "matmul": matmul,
+    "softmax": lambda t, axis=-1: softmax(t, axis),
+    "log_softmax": lambda t, axis=-1: softmax(t, axis, True),
+    "maximum": lambda t, o: binary("maximum", t, o),
+    "minimum": lambda t, o: binary("minimum", t, o),
+}
+for _name in UNARY:
+    METHODS[_name] = (lambda n: lambda t: unary(n, t))(_name)
+for _name in ("sum", "mean", "max", "min", "argmax", "argmin"):
+    METHODS[_name] = (lambda n: lambda t, axis=None, keepdim=False: reduce(n, t, axis, keepdim))(_name)
+
+
+def attribute(t, name):
+    """t.name for the names tensor.py does not define: methods (bound to t), T and ndim."""
+    if name == "T":
+        return transpose(t, -2, -1)
+    if name == "ndim":
+        return len(t.shape)
+    f = METHODS.get(name)
+    if f is None:
+        raise AttributeError("board tensors have no attribute %r" % (name,))
+    return lambda *args, **kwargs: f(t, *args, **kwargs)
+
+
+def _operator(name, swap=False):
+    if swap:
+        return lambda a, b: binary(name, b, a)
+    return lambda a, b: binary(name, a, b)
+
+
+# Tensor's operators, given to the class when this module loads (see tensor.py for why here).
+for _name, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div")):
+    setattr(Tensor, "__%s__" % _name, _operator(_op))
+    setattr(Tensor, "__r%s__" % _name, _operator(_op, True))
+Tensor.__pow__ = _operator("pow")
+Tensor.__neg__ = lambda t: unary("neg", t)
+Tensor.__matmul__ = matmul
+Tensor.__getitem__ = getitem
+Tensor.__len__ = lambda t: t.shape[0]
+Tensor.__float__ = lambda t: float(item(t))
