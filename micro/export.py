@@ -57,15 +57,14 @@ def board_api():
     the runtime itself (loaded in a separate interpreter, where `cinders` is the board's)."""
     probe = ("import sys, json; sys.path.insert(0, sys.argv[1])\n"
              "import cinders, cinders.nn as nn, cinders._nn_image as img, cinders._ops as ops\n"
-             "from cinders.tensor import Tensor\n"
+             "from cinders._tensor import Tensor\n"
              "layers = {n for m in (nn, img) for n, v in vars(m).items()\n"
              "          if isinstance(v, type) and n[0] != '_' and issubclass(v, nn.Module)}\n"
              "methods = set(ops.METHODS) | {n for n in vars(Tensor) if n[0] != '_'}\n"
-             "functions = {n for n in vars(cinders) if n[0] != '_'} | {'zeros', 'ones', 'full', 'cat', "
-             "'matmul', 'stack'}\n"
+             "functions = set(cinders.OPS_FUNCTIONS) | {'engine', 'ENGINE', 'Tensor', '__version__'}\n"
              "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
              "('functions', functions))}))\n")
-    r = subprocess.run([sys.executable, "-I", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-I", "-B", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("cannot read the board runtime's API: %s" % r.stderr.strip())
     return {k: set(v) for k, v in json.loads(r.stdout).items()}
@@ -184,8 +183,10 @@ def model_source(class_path):
     this import a module it names."""
     module_name, _, name = class_path.rpartition(".")
     if not module_name.startswith("cinders.models."):
-        raise RecordError("the record's model class %s is not one of Cinders' models; pass the "
-                          "file that defines it with --model-source FILE" % class_path)
+        raise RecordError("the record's model class %s cannot be imported: it is not one of "
+                          "Cinders' models, and a record never makes export-micro import a module "
+                          "it names; pass the file that defines it with --model-source FILE"
+                          % class_path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -216,7 +216,7 @@ def test_every_layer_matches_numpy(micropython, digits, tmp_path):
     path = str(tmp_path / "all.safetensors")
     record.save(model, path)
     bundle = str(tmp_path / "bundle")
-    export.export_micro(path, bundle, model_file=str(src))
+    export.export_micro(path, bundle, model_file=str(src), input_shape=(1, 28, 28))
     for i, (pixels, _) in enumerate(digits[:2]):
         inp = str(tmp_path / ("d%d.json" % i))
         with open(inp, "w") as f:

@@ -1,14 +1,17 @@
 # micropython predict.py INPUT.json [--input-shape A,B,...]  (from inside the bundle) -> one
 # JSON line: {"class": k, "logits": [...], "engine": "ulab" | "array"} for a classifier, else
 # {"output": [...], "engine": ...}. INPUT: one sample of the record's input shape, or a batch.
+import gc
 import sys
 
 sys.path.insert(0, "lib")  # boards search /lib already; the unix port needs it spelled out
 from array import array  # noqa: E402
 
-# The record reader first, while the heap is empty: compiling its source (a .py bundle) is the
-# largest peak of the start-up. cinders.record drops it again once the weights are bound.
+# The record reader and binder first, while the heap is empty: compiling their source (a .py
+# bundle) is the largest peak of the start-up. cinders.record drops the reader again once the
+# weights are bound.
 import cinders.safetensors  # noqa: E402
+import cinders.record  # noqa: E402,F401
 
 # Then one sample's input buffer, before the other modules: compiling them leaves the heap in
 # pieces too small for a 28x28 image on a 64 KB heap.
@@ -24,6 +27,7 @@ n = 1
 for d in shape:
     n *= d
 pixels = array("f", range(n)) if shape else None
+gc.collect()  # the metadata's garbage, before compiling the model's modules
 import model  # noqa: E402
 from cinders.run import main  # noqa: E402
 

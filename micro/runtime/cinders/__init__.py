@@ -1,52 +1,56 @@
 """Cinders on MicroPython: the inference half of `cinders.nn` over a streamed safetensors record.
 
 The same model source that trains on the desktop (`from cinders import nn`) imports unchanged
-here. Arrays come from one of two engines, chosen once at import:
+here. Arrays come from one of two engines, chosen once, when first needed (`cinders.engine`):
 
     ENGINE == "ulab"    `from ulab import numpy` is importable (2-D arrays)
     ENGINE == "array"   plain `array('f')` loops otherwise (every port has it)
 
 The desktop API where the board has it: `cinders.tensor(nested lists)` or `(flat, shape)`,
 tensors with the desktop's methods and operators (cinders/_ops.py), `cinders.zeros/ones/full`,
-`cinders.cat`, `cinders.matmul`; float32 only, inference only.
+`cinders.cat/stack/matmul`; float32 only, inference only.
+
+Everything here loads on first use (module __getattr__): `import cinders.safetensors`, the first
+thing a bundle's predict.py does, then compiles the record reader on an empty heap, which is
+what lets a .py bundle start in 64 KB.
 """
 
-try:
-    from ulab import numpy as _np  # noqa: F401  (only probing the firmware)
-    from cinders import _ulab as engine
-    ENGINE = "ulab"
-except ImportError:
-    from cinders import _array as engine
-    ENGINE = "array"
-
-from cinders.tensor import Tensor  # noqa: E402
-
 __version__ = "0.1.0"
+OPS_FUNCTIONS = ("tensor", "zeros", "ones", "full", "cat", "stack", "matmul")
 
 
 def tensor(values, shape=None):
     """A float32 tensor of nested lists (like the desktop's cinders.tensor), or of flat
-    row-major `values` (any sequence of numbers, an array('f') is used as it is) and `shape`."""
-    from cinders import _ops  # gives tensors their operators (see tensor.py)
-    if shape is None:
-        return _ops.tensor(values)
-    shape = tuple(shape)
-    n = 1
-    for d in shape:
-        n *= d
-    if len(values) != n:
-        raise ValueError("cinders.tensor: %d values for shape %s (%d)" % (len(values), shape, n))
-    return Tensor(engine.from_flat(values, shape), shape)
+    row-major `values` (any sequence of numbers; an array('f') is used as it is) and `shape`."""
+    from cinders import _ops
+    return _ops.tensor(values, shape)
+
+
+def _choose_engine():
+    try:
+        from ulab import numpy as _np  # noqa: F401  (only probing the firmware)
+        from cinders import _ulab as engine
+        kind = "ulab"
+    except ImportError:
+        from cinders import _array as engine
+        kind = "array"
+    g = globals()
+    g["engine"] = engine
+    g["ENGINE"] = kind
 
 
 def __getattr__(name):
-    """cinders.zeros/ones/full/cat/stack/matmul load with _ops on first use. MicroPython asks
-    this for submodules too (`from cinders import record`): those are imported."""
-    if name in ("zeros", "ones", "full", "cat", "stack", "matmul"):
+    if name in ("engine", "ENGINE"):
+        _choose_engine()
+    elif name == "Tensor":
+        from cinders._tensor import Tensor
+        return Tensor
+    elif name in OPS_FUNCTIONS:
         from cinders import _ops
         return getattr(_ops, name)
-    try:
-        __import__("cinders." + name)
-    except ImportError:
-        raise AttributeError("cinders on the board has no %r" % (name,))
+    else:  # MicroPython asks here for submodules too (`from cinders import record`)
+        try:
+            __import__("cinders." + name)
+        except ImportError:
+            raise AttributeError("cinders on the board has no %r" % (name,))
     return globals()[name]

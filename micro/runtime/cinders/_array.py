@@ -9,7 +9,7 @@ from the record file, and int8 rows are scaled as they are used (never a float c
 import math
 from array import array
 
-from cinders.tensor import GENS, Tensor, empty
+from cinders._tensor import GENS, Tensor, empty
 
 BATCHED = True  # linear takes (B, n) at once; the image layers run sample by sample (nn.py)
 _slots = [None, None]
@@ -136,7 +136,7 @@ def _own(x):
     """x to overwrite: a layer's output (in an activation slot) is taken over in place and the
     old tensor marked stale (reading it raises); any other tensor (the caller's input, a
     method's result) is copied first, so the caller's tensor keeps its values."""
-    from cinders.tensor import live
+    from cinders._tensor import live
     live(x)
     if x.slot is None:
         return Tensor(array("f", x.data), x.shape)

@@ -5,7 +5,7 @@ import math
 
 from cinders._array import UNARY_FN, _buffer, _relu
 from cinders._window import window_count
-from cinders.tensor import Tensor, empty
+from cinders._tensor import Tensor, empty
 
 
 def _span(offset, stride, size, out_size):

@@ -136,7 +136,7 @@ class BatchNorm2d(Module):
         return {"weight": c, "bias": c, "running_mean": c, "running_var": c}
 
     def loaded(self):
-        from cinders.tensor import empty
+        from cinders._tensor import empty
         n = self.num_features
         scale = empty("f", n)
         shift = empty("f", n)

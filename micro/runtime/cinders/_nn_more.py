@@ -4,7 +4,7 @@ from array import array
 
 from cinders import engine
 from cinders.nn import Module, _need
-from cinders.tensor import Tensor, empty, live
+from cinders._tensor import Tensor, empty, live
 
 
 def _flat(d):

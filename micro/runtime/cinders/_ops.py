@@ -11,7 +11,7 @@ import math
 from array import array
 
 from cinders import engine
-from cinders.tensor import Tensor, live, empty
+from cinders._tensor import Tensor, live, empty
 
 
 def flat(t):
@@ -462,8 +462,15 @@ def cat(tensors, axis=0):
     return make(out, first[:axis] + (total,) + first[axis + 1:])
 
 
-def tensor(values):
-    """cinders.tensor(values) without a shape: nested lists, a number or a tensor (copied)."""
+def tensor(values, shape=None):
+    """cinders.tensor: nested lists (like the desktop's), a number or a tensor (copied), or flat
+    row-major `values` (any sequence of numbers; an array('f') is used as it is) and `shape`."""
+    if shape is not None:
+        shape = tuple(shape)
+        if len(values) != numel(shape):
+            raise ValueError("cinders.tensor: %d values for shape %s (%d)"
+                             % (len(values), shape, numel(shape)))
+        return Tensor(engine.from_flat(values, shape), shape)
     if isinstance(values, Tensor):
         return clone(values)
     if isinstance(values, (int, float)):

@@ -13,7 +13,7 @@ import math
 from ulab import numpy as np
 
 from cinders._window import window_count
-from cinders.tensor import Tensor
+from cinders._tensor import Tensor
 
 try:
     from ulab import scipy as _scipy

@@ -13,7 +13,7 @@ import gc
 import json
 import sys
 
-from cinders.tensor import empty
+from cinders._tensor import empty
 
 RESIDENT_BYTES = 1024
 _TYPECODES = {"F32": "f", "I8": "b"}

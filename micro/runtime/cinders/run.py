@@ -12,7 +12,7 @@ import json
 
 import cinders
 from cinders import record
-from cinders.tensor import Tensor, empty
+from cinders._tensor import Tensor, empty
 
 
 def _scan(path, out):
@@ -85,13 +85,30 @@ def result(y):
     return {"class": classes, "logits": logits}
 
 
+def read_floats(path, n, out=None):
+    """The n numbers of a JSON list (flat or nested) as an array (`out`, or a new one)."""
+    return read_input(path, (n,), out)[0]
+
+
+def predict(net, values, shape=(1, 1, 28, 28)):
+    """(class, logits) of one sample given as flat floats (a 28x28 image by default)."""
+    r = result(net(Tensor(cinders.engine.from_flat(values, shape), shape)))
+    return r["class"], r["logits"]
+
+
 def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
-    """shape: one sample's shape (predict.py reads it from --input-shape or the record);
+    """shape: one sample's shape (predict.py reads it from --input-shape or the record; None:
+    the record's);
     pixels: an array for one sample allocated before the modules were compiled, used when the
     file holds one sample."""
     if len(argv) < 2:
         print("usage: micropython predict.py INPUT.json [--input-shape A,B,...]")
         return 2
+    if shape is None:  # called without predict.py: the record's
+        from cinders.safetensors import Reader
+        with open(record_path, "rb") as f:
+            text = Reader(f).metadata.get("input_shape")
+        shape = tuple(json.loads(text)) if text else None
     if not shape:
         raise ValueError("%s records no input shape: pass --input-shape A,B,... (one sample, "
                          "e.g. 1,28,28)" % record_path)
