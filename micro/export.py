@@ -56,11 +56,12 @@ def board_api():
     """{"layers": [...], "methods": [...], "functions": [...]} of the board runtime, read from
     the runtime itself (loaded in a separate interpreter, where `cinders` is the board's)."""
     probe = ("import sys, json; sys.path.insert(0, sys.argv[1])\n"
-             "import cinders, cinders.nn as nn, cinders._nn_image as img, cinders._ops as ops\n"
+             "import cinders, cinders.nn as nn, cinders._nn_image as img, cinders._nn_more as more\n"
+             "import cinders._ops as ops\n"
              "from cinders._tensor import Tensor\n"
-             "layers = {n for m in (nn, img) for n, v in vars(m).items()\n"
+             "layers = {n for m in (nn, img, more) for n, v in vars(m).items()\n"
              "          if isinstance(v, type) and n[0] != '_' and issubclass(v, nn.Module)}\n"
-             "methods = set(ops.METHODS) | {n for n in vars(Tensor) if n[0] != '_'}\n"
+             "methods = set(ops.METHODS) | {n for n, v in vars(Tensor).items() if n[0] != '_' and callable(v)}\n"
              "functions = set(cinders.OPS_FUNCTIONS) | {'engine', 'ENGINE', 'Tensor', '__version__'}\n"
              "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
              "('functions', functions))}))\n")

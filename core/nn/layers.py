@@ -82,6 +82,47 @@ class Conv2d(Module):
             self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding)
 
 
+def _single(v, name):
+    if isinstance(v, int):
+        return v
+    if len(v) != 1:
+        raise ShapeError("Conv1d: %s must be one number, got %r" % (name, v))
+    return v[0]
+
+
+class Conv1d(Module):
+    """1-D convolution of (N, C, L) signals; weight (out, in/groups, k). Computed as the 2-D
+    convolution of (N, C, 1, L) with a (1, k) kernel (the board runtime does the same)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, backend=None, seed=None):
+        super().__init__()
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError("Conv1d: in_channels %d and out_channels %d must be divisible by groups %d"
+                             % (in_channels, out_channels, groups))
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = (_single(kernel_size, "kernel_size"),)
+        self.stride = (_single(stride, "stride"),)
+        self.padding = (_single(padding, "padding"),)
+        self.dilation = (_single(dilation, "dilation"),)
+        self.groups = groups
+        bound = 1.0 / math.sqrt(in_channels // groups * self.kernel_size[0])
+        self.weight = _uniform((out_channels, in_channels // groups) + self.kernel_size, bound, backend, seed)
+        self.bias = _uniform((out_channels,), bound, backend, _seed(seed, 1)) if bias else None
+
+    def forward(self, x):
+        if x.ndim != 3:
+            raise ShapeError("Conv1d: expects input (N, C, L), got %s" % (x.shape,))
+        y = F.conv2d(x.unsqueeze(2), self.weight.unsqueeze(2), self.bias, (1,) + self.stride,
+                     (0,) + self.padding, (1,) + self.dilation, self.groups)
+        return y.squeeze(2)
+
+    def extra_repr(self):
+        return "%d, %d, kernel_size=%s, stride=%s, padding=%s" % (
+            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding)
+
+
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1):
         super().__init__()

@@ -542,4 +542,5 @@ Tensor.__neg__ = lambda t: unary("neg", t)
 Tensor.__matmul__ = matmul
 Tensor.__getitem__ = getitem
 Tensor.__len__ = lambda t: t.shape[0]
-Tensor.__float__ = lambda t: float(item(t))
+# No __float__: MicroPython would convert the tensor with it in `1.5 - t` instead of calling
+# __rsub__ (use t.item()).
