@@ -1,15 +1,21 @@
 """The `cinders` command (also `python -m cinders`).
 
-    cinders train mnist --model cnn --epochs 15 --out mnist-cnn.safetensors
-    cinders eval mnist mnist-cnn.safetensors            -> accuracy: 0.9871
-    cinders predict mnist-cnn.safetensors digit.json    -> {"class": 7, "logits": [...]}
+    cinders train --dataset mnist --model cnn --out mnist-cnn.safetensors
+    cinders eval mnist-cnn.safetensors --dataset mnist          -> accuracy: 0.9871
+    cinders predict RECORD INPUT.json [--model-source FILE]     -> {"class": 7, "logits": [...]}
+    cinders eval RECORD DATA.json [--model-source FILE]         -> accuracy: 0.9500
 
 Each subcommand is one function `run(args) -> exit code`, registered with @command(name, help,
 arguments). Adding one is adding a function: main() builds the argparse tree from COMMANDS.
+Every option has help text and a type that validates it (the option is named in the error);
+errors are one line on stderr, and stdout stays valid JSON where a command prints JSON.
 """
 
 import argparse
+import importlib
+import importlib.util
 import json
+import math
 import os
 import sys
 import time
@@ -28,17 +34,50 @@ def command(name, help, arguments=()):  # noqa: A002  (argparse's word)
     return register
 
 
-BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
-                  help="compute backend (default: numpy)")
+# ---------------------------------------------------------------- option types
+# argparse calls these on the option's text; ArgumentTypeError becomes
+# "cinders CMD: error: argument --lr: must be a finite number > 0, got 'nan'" (exit 2).
+
+def _int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a whole number, got %r" % (text,)) from None
 
 
-THREADS_ARG = arg("--threads", type=int, default=1,
-                  help="BLAS threads (default 1: MNIST's small matmuls gain little from more and "
-                       "lose a lot when the cores are busy)")
+def int_at_least(low):
+    def check(text):
+        value = _int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError("must be >= %d, got %r" % (low, text))
+        return value
+    check.__name__ = "integer >= %d" % low
+    return check
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a number, got %r" % (text,)) from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError("must be a finite number > 0, got %r" % (text,))
+    return value
+
+
+def port_number(text):
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number 0..65535 (0: any free port), got %r" % (text,))
+    return value
 
 
 def shape_arg(text):
-    """argparse type of --input-shape: "1,28,28" -> (1, 28, 28), every dimension >= 1."""
+    """--input-shape: "1,28,28" -> (1, 28, 28), every dimension >= 1."""
     try:
         shape = tuple(int(d) for d in text.split(","))
     except ValueError:
@@ -46,6 +85,25 @@ def shape_arg(text):
     if not shape or any(d < 1 for d in shape):
         raise argparse.ArgumentTypeError("%r: every dimension must be >= 1" % (text,))
     return shape
+
+
+BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
+                  help="compute backend (default: numpy)")
+
+
+THREADS_ARG = arg("--threads", type=positive_int, default=1,
+                  help="BLAS threads (default 1: small matmuls gain little from more and "
+                       "lose a lot when the cores are busy)")
+
+MODEL_SOURCE_ARG = arg("--model-source", metavar="FILE",
+                       help="the .py file that defines the record's model class (any model that "
+                            "is not one of Cinders' own); its classes may be loaded")
+ALLOW_ARG = arg("--allow", metavar="MODULE.CLASS", action="append", default=[],
+                help="a model class the record may name, imported from the current folder or "
+                     "sys.path (repeatable); --model-source is the simpler way")
+INPUT_SHAPE_ARG = arg("--input-shape", metavar="A,B,...", type=shape_arg,
+                      help="shape of one input sample, e.g. 1,28,28 (default: recorded in the "
+                           "record when the model was saved after running)")
 
 
 def make_backend(name):
@@ -89,13 +147,16 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
     from cinders.train import Learner
 
     recipe = RECIPES[model_name]
-    epochs = epochs or recipe["epochs"]
-    lr = lr or recipe["lr"]
+    epochs = recipe["epochs"] if epochs is None else epochs
+    lr = recipe["lr"] if lr is None else lr
     cn.manual_seed(seed)
     trained_on = cn.Autodiff(backend)
     model = (MnistMLP() if model_name == "mlp" else MnistCNN()).to(trained_on)
     train_set = MnistDigits("train")
-    if train_limit:
+    if train_limit is not None:
+        if not 1 <= train_limit <= len(train_set):
+            raise ValueError("--train-limit %d: must be between 1 and the %d training digits"
+                             % (train_limit, len(train_set)))
         import random
         train_set = Subset(train_set, sorted(random.Random(seed).sample(range(len(train_set)), train_limit)))
     distort = RandomDistortion(**recipe["augment"]) if augment else None
@@ -116,21 +177,23 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
     return learner, train, heldout, epochs
 
 
-@command("train", "train a model on the real MNIST digits and save its record", [
-    arg("dataset", choices=["mnist"]),
-    arg("--model", choices=["mlp", "cnn"], default="cnn"),
-    arg("--epochs", type=int, default=None, help="default: the recipe's (mlp 20, cnn 15)"),
+@command("train", "train a built-in model on a built-in dataset (the real MNIST digits) and "
+                  "save its record; train your own models in Python (docs/training.md)", [
+    arg("--dataset", choices=["mnist"], default="mnist", help="the dataset (default: mnist)"),
+    arg("--model", choices=["mlp", "cnn"], default="cnn", help="which built-in model (default: cnn)"),
+    arg("--epochs", type=positive_int, default=None, help="default: the recipe's (mlp 20, cnn 15)"),
     arg("--out", required=True, help="where to save the trained record (.safetensors)"),
     BACKEND_ARG,
-    arg("--batch-size", type=int, default=64),
-    arg("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)"),
-    arg("--seed", type=int, default=0),
+    arg("--batch-size", type=positive_int, default=64, help="samples per training step (default 64)"),
+    arg("--lr", type=positive_float, default=None, help="peak learning rate (default: the recipe's, 2e-3)"),
+    arg("--seed", type=non_negative_int, default=0, help="seed of weights, shuffling and augmentation (default 0)"),
     arg("--no-augment", action="store_true", help="train on the digits as they are"),
-    arg("--workers", type=int, default=1, help="threads preparing batches (default 1)"),
-    arg("--train-limit", type=int, default=None, help="train on a random subset of this many digits"),
+    arg("--workers", type=positive_int, default=1, help="threads preparing batches (default 1)"),
+    arg("--train-limit", type=positive_int, default=None, help="train on a random subset of this many digits"),
     arg("--run-dir", default=None, help="checkpoints, logs and plots (default: runs/mnist-MODEL)"),
     arg("--resume", action="store_true", help="continue from the run directory's checkpoint"),
-    arg("--dashboard", choices=["auto", "rich", "plain"], default="auto"),
+    arg("--dashboard", choices=["auto", "rich", "plain"], default="auto",
+        help="progress display: rich on a terminal, one line per epoch otherwise (default: auto)"),
     THREADS_ARG,
 ])
 def train(args):
@@ -155,9 +218,169 @@ def train(args):
 
 # ---------------------------------------------------------------- eval / predict
 
-def load_record(path, backend_name):
+INPUT_BYTES_LIMIT = 256 << 20  # an input file larger than this is refused before parsing
+
+
+def import_model_source(path):
+    """The module of a user's model file (run: the user named it on the command line; a record
+    never does). Its folder goes on sys.path so that its own imports of neighbours work."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError("model source %s: no such file" % path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def allowed_classes(model_source=None, allow=()):
+    """The classes --model-source FILE defines and those --allow MODULE.CLASS names."""
+    from cinders.nn import Module
+    classes = []
+    if model_source:
+        module = import_model_source(model_source)
+        classes += [v for v in vars(module).values()
+                    if isinstance(v, type) and issubclass(v, Module) and v.__module__ == module.__name__]
+    for dotted in allow or ():
+        module_name, _, name = dotted.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), name) if module_name else None
+        except ImportError as e:
+            raise ValueError("--allow %s: cannot import %s (%s)" % (dotted, module_name, e)) from None
+        if not (isinstance(cls, type) and issubclass(cls, Module)):
+            raise ValueError("--allow %s: not a cinders.nn.Module class (give MODULE.CLASS)" % dotted)
+        classes.append(cls)
+    return classes
+
+
+def load_model_for_cli(path, backend, model_source=None, allow=()):
+    """cn.load_model with the classes of --model-source/--allow, and command-line advice when
+    the record names a class that is not Cinders' own and none was given."""
     import cinders as cn
-    return cn.load_model(path, backend=make_backend(backend_name))
+    from cinders.record import read_metadata
+    meta = read_metadata(path)
+    classes = allowed_classes(model_source, allow)
+    name = meta.get("model_class", "")
+    if meta.get("kind") == "checkpoint":
+        raise ValueError("%s is a training checkpoint, not a model record: get the model out with "
+                         "`cinders extract-model %s --out MODEL.safetensors`" % (path, path))
+    if name and not name.startswith("cinders.") and not classes:
+        raise ValueError("%s holds a %s, which is not one of Cinders' models: pass "
+                         "--model-source FILE (the .py file that defines it)" % (path, name))
+    model = cn.load_model(path, backend=backend, allow=classes)
+    model.eval()
+    return model, meta
+
+
+def input_shape_of(model, meta, given=None):
+    """One sample's shape: --input-shape, else the record's, else the class's input_shape."""
+    if given:
+        return tuple(given)
+    if meta.get("input_shape"):
+        try:
+            return tuple(int(d) for d in json.loads(meta["input_shape"]))
+        except (ValueError, TypeError):
+            raise ValueError("record's input_shape %r is not a list of sizes" % meta["input_shape"]) from None
+    shape = getattr(type(model), "input_shape", None)
+    return tuple(shape) if shape else None
+
+
+def read_json_file(path, what="input"):
+    """JSON from a file, read with a size cap and no recursion blow-up; errors name the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(INPUT_BYTES_LIMIT + 1)
+    except OSError as e:
+        raise OSError(e.errno, "cannot read %s %s: %s" % (what, path, e.strerror)) from None
+    if len(data) > INPUT_BYTES_LIMIT:
+        raise ValueError("%s is larger than %d MB; refusing to parse it" % (path, INPUT_BYTES_LIMIT >> 20))
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("%s is nested too deeply to be an input" % path) from None
+    except ValueError as e:
+        raise ValueError("%s is not JSON (%s)" % (path, e)) from None
+
+
+def flat_numbers(value, path):
+    """The numbers of a (nested) JSON list, row-major; anything else is an error."""
+    out = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(reversed(v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not math.isfinite(v):
+                raise ValueError("%s holds %r: inputs must be finite numbers" % (path, v))
+            out.append(float(v))
+        else:
+            raise ValueError("%s must hold numbers (a JSON list, flat or nested), found %r" % (path, v))
+    return out
+
+
+def input_batch(values, shape, path, model):
+    """(values, batch shape): one sample of `shape`, or a batch of them."""
+    n = 1
+    for d in shape:
+        n *= d
+    if not values or len(values) % n:
+        raise ValueError("%s must hold %d numbers (one input of shape %s) or a multiple of %d "
+                         "(a batch), got %d items" % (path, n, shape, n, len(values)))
+    low_high = getattr(type(model), "input_range", None)
+    if low_high:
+        bad = [v for v in values if not low_high[0] <= v <= low_high[1]]
+        if bad:
+            raise ValueError("%s: inputs must be in [%g, %g] (as %s was trained); found %r"
+                             % (path, low_high[0], low_high[1], type(model).__name__, bad[0]))
+    return values, (len(values) // n,) + tuple(shape)
+
+
+def result_json(output, single):
+    """A classifier's output (one vector per sample) as {"class", "logits"}, anything else as
+    {"output"}; lists for a batch. NaN or infinity is an error: JSON has no such numbers."""
+    values = output.tolist()
+    if output.ndim == 2 and output.shape[1] > 1:
+        classes = [max(range(len(row)), key=row.__getitem__) for row in values]
+        logits = [[round(v, 6) for v in row] for row in values]
+        result = {"class": classes[0], "logits": logits[0]} if single else {"class": classes, "logits": logits}
+    else:
+        result = {"output": values[0] if single else values}
+    try:
+        return json.dumps(result, allow_nan=False)
+    except ValueError:
+        raise ValueError("the model's output holds NaN or infinity; nothing printed (the record's "
+                         "weights or the input are broken)") from None
+
+
+@command("predict", "run a record's model on the input(s) in a JSON file and print one JSON line", [
+    arg("record", help="a .safetensors model record (written by model.save)"),
+    arg("input", help="JSON file: one input sample (a flat or nested list of numbers, e.g. the 784 "
+                      "pixels of a 28x28 digit in [0, 1]) or a list of samples (a batch)"),
+    MODEL_SOURCE_ARG,
+    ALLOW_ARG,
+    INPUT_SHAPE_ARG,
+    BACKEND_ARG,
+    THREADS_ARG,
+])
+def predict(args):
+    import cinders as cn
+    from cinders.autodiff import no_grad
+    backend = make_backend(args.backend)
+    model, meta = load_model_for_cli(args.record, backend, args.model_source, args.allow)
+    shape = input_shape_of(model, meta, args.input_shape)
+    if shape is None:
+        raise ValueError("%s records no input shape (it was saved before the model ever ran): pass "
+                         "--input-shape A,B,... (one sample, e.g. 1,28,28)" % args.record)
+    values, full = input_batch(flat_numbers(read_json_file(args.input), args.input), shape, args.input, model)
+    with no_grad():
+        output = model(cn.tensor(values, backend=backend).reshape(*full))
+    print(result_json(output, full[0] == 1), flush=True)
+    return 0
 
 
 def heldout_accuracy(model, batch_size=500):
@@ -171,62 +394,100 @@ def heldout_accuracy(model, batch_size=500):
     hits = total = 0
     with no_grad():
         for images, labels in loader:
-            hits += (model(images).argmax(axis=-1) == labels).sum().item()
+            logits = model(images)
+            _check_finite(logits)
+            hits += (logits.argmax(axis=-1) == labels).sum().item()
             total += labels.shape[0]
     return hits / total
 
 
-@command("eval", "print a record's accuracy on the held-out MNIST digits", [
-    arg("dataset", choices=["mnist"]),
-    arg("record", help="a .safetensors record written by cinders"),
+def _check_finite(output):
+    if not math.isfinite(output.sum().item()):
+        raise ValueError("the model's output holds NaN or infinity: the record's weights are broken")
+
+
+def data_accuracy(model, backend, path, shape, batch_size):
+    """("accuracy", value) or ("mse", value) of the model on a JSON file
+    {"inputs": [...], "labels": [class, ...]} or {"inputs": [...], "targets": [...]}."""
+    import cinders as cn
+    from cinders.autodiff import no_grad
+    data = read_json_file(path, "data")
+    if not isinstance(data, dict) or "inputs" not in data or not ("labels" in data or "targets" in data):
+        raise ValueError('%s must be a JSON object {"inputs": [...], "labels": [...]} (classes) or '
+                         '{"inputs": [...], "targets": [...]} (regression)' % path)
+    values, full = input_batch(flat_numbers(data["inputs"], path), shape, path, model)
+    key = "labels" if "labels" in data else "targets"
+    expected = flat_numbers(data[key], path)
+    n = full[0]
+    if key == "labels" and (len(expected) != n or any(v != int(v) for v in expected)):
+        raise ValueError("%s: %d labels (whole numbers) for %d inputs" % (path, len(expected), n))
+    hits, squares, count = 0, 0.0, 0
+    with no_grad():
+        for start in range(0, n, batch_size):
+            stop = min(n, start + batch_size)
+            x = cn.tensor(values[start * len(values) // n:stop * len(values) // n], backend=backend)
+            out = model(x.reshape((stop - start,) + full[1:]))
+            _check_finite(out)
+            rows = out.reshape(stop - start, -1).tolist()
+            if key == "labels":
+                hits += sum(max(range(len(r)), key=r.__getitem__) == int(expected[start + i])
+                            for i, r in enumerate(rows))
+            else:
+                per = len(expected) // n
+                for i, r in enumerate(rows):
+                    want = expected[(start + i) * per:(start + i + 1) * per]
+                    if len(r) != len(want):
+                        raise ValueError("%s: %d targets per input, the model gives %d" % (path, len(want), len(r)))
+                    squares += sum((a - b) ** 2 for a, b in zip(r, want))
+                    count += len(r)
+    return ("accuracy", hits / n) if key == "labels" else ("mse", squares / count)
+
+
+@command("eval", "print a record's accuracy on a dataset (--dataset mnist: the held-out digits) "
+                 "or on a JSON file of inputs with labels (or targets: mean squared error)", [
+    arg("record", help="a .safetensors model record (written by model.save)"),
+    arg("data", nargs="?", help='JSON file {"inputs": [...], "labels": [...]} or {"inputs": [...], '
+                                '"targets": [...]}; leave out with --dataset'),
+    arg("--dataset", choices=["mnist"], help="evaluate on a built-in dataset's held-out part instead"),
+    MODEL_SOURCE_ARG,
+    ALLOW_ARG,
+    INPUT_SHAPE_ARG,
+    arg("--batch-size", type=positive_int, default=500, help="samples per forward pass (default 500)"),
     BACKEND_ARG,
     THREADS_ARG,
 ])
 def evaluate(args):
-    model = load_record(args.record, args.backend)
-    print("accuracy: %.4f" % heldout_accuracy(model), flush=True)
+    if (args.data is None) == (args.dataset is None):
+        raise ValueError("give a DATA file or --dataset mnist (one of them)")
+    backend = make_backend(args.backend)
+    model, meta = load_model_for_cli(args.record, backend, args.model_source, args.allow)
+    if args.dataset == "mnist":
+        print("accuracy: %.4f" % heldout_accuracy(model, args.batch_size), flush=True)
+        return 0
+    shape = input_shape_of(model, meta, args.input_shape)
+    if shape is None:
+        raise ValueError("%s records no input shape: pass --input-shape A,B,..." % args.record)
+    name, value = data_accuracy(model, backend, args.data, shape, args.batch_size)
+    print("%s: %.4f" % (name, value) if name == "accuracy" else "%s: %.6g" % (name, value), flush=True)
     return 0
 
 
-def read_digit(path):
-    """784 floats in [0, 1] (row-major 28x28) from a JSON file."""
-    with open(path) as f:
-        try:
-            pixels = json.load(f)
-        except ValueError as e:
-            raise ValueError("%s is not JSON (%s)" % (path, e)) from None
-    if (not isinstance(pixels, list) or len(pixels) != 784
-            or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pixels)):
-        raise ValueError("%s must hold a JSON list of 784 numbers (a 28x28 image, row-major), got %s"
-                         % (path, "%d items" % len(pixels) if isinstance(pixels, list) else type(pixels).__name__))
-    bad = [p for p in pixels if not 0.0 <= p <= 1.0]
-    if bad:
-        raise ValueError("%s: pixels must be in [0, 1]; found %r" % (path, bad[0]))
-    return [float(p) for p in pixels]
-
-
-@command("predict", "classify one 28x28 digit given as a JSON list of 784 floats in [0, 1]", [
-    arg("record"),
-    arg("input", help="JSON file: a list of 784 floats in [0, 1], row-major 28x28"),
-    BACKEND_ARG,
-    THREADS_ARG,
+@command("extract-model", "write the model record held in a training checkpoint (the Learner's "
+                          "checkpoint.safetensors), so cn.load_model, predict and export read it", [
+    arg("checkpoint", help="a checkpoint written by the Learner (runs/.../checkpoint.safetensors)"),
+    arg("--out", required=True, help="the model record to write (.safetensors)"),
 ])
-def predict(args):
-    import cinders as cn
-    pixels = read_digit(args.input)
-    backend = make_backend(args.backend)
-    model = cn.load_model(args.record, backend=backend)
-    model.eval()
-    logits = model(cn.tensor(pixels, backend=backend).reshape(1, 1, 28, 28)).reshape(-1).tolist()
-    best = max(range(len(logits)), key=lambda k: logits[k])
-    print(json.dumps({"class": best, "logits": [round(v, 6) for v in logits]}), flush=True)
+def extract_model(args):
+    from cinders.train.checkpoint import extract_model as extract
+    meta = extract(args.checkpoint, args.out)
+    print("wrote %s (%s)" % (args.out, meta.get("model_class", "model")), flush=True)
     return 0
 
 
 # ---------------------------------------------------------------- demo
 
 @command("demo", "set up what is missing and serve the browser demos on http://127.0.0.1:PORT/", [
-    arg("--port", type=int, default=8000, help="port on 127.0.0.1 (default 8000)"),
+    arg("--port", type=port_number, default=8000, help="port on 127.0.0.1 (default 8000; 0: any free port)"),
     arg("--no-open", action="store_true", help="do not open a web browser"),
 ])
 def demo(args):
@@ -243,7 +504,10 @@ from .micro import commands as _micro_commands  # noqa: E402,F401  (quantize, ex
 # ---------------------------------------------------------------- main
 
 def build_parser():
+    from . import __version__
     parser = argparse.ArgumentParser(prog="cinders", description="Cinders: train, evaluate and run models.")
+    parser.add_argument("--version", action="version", version="cinders " + __version__,
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -253,17 +517,26 @@ def build_parser():
     return parser
 
 
+def _one_line(e):
+    """An exception as the one line a user reads: OSErrors name their file."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return "%s: %s" % (e.filename, e.strerror or e)
+    return " ".join(str(e).split("\n"))
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):
         # Read by OpenBLAS/MKL/OpenMP when NumPy loads, which has not happened yet.
         for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(args.threads)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # model sources and --allow modules import from here
     from cinders.errors import CindersError
     try:
         return args.run(args)
     except (CindersError, ValueError, OSError) as e:
-        _err(str(e))
+        _err(_one_line(e))
         return 1
     except KeyboardInterrupt:
         _err("interrupted")

@@ -57,7 +57,7 @@ def torch_heldout_accuracy(name, heldout):
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_eval_prints_heldout_accuracy_that_beats_the_target(name, heldout):
-    run = subprocess.run([sys.executable, "-m", "cinders", "eval", "mnist", RECORDS[name]],
+    run = subprocess.run([sys.executable, "-m", "cinders", "eval", RECORDS[name], "--dataset", "mnist"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     out = run.stdout
@@ -110,7 +110,7 @@ def test_bad_input_gets_a_clear_error(capsys, tmp_path):
     assert code == 1 and "[0, 1]" in err
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(open(RECORDS["mlp"], "rb").read()[:1000])
-    code, _, err = run_cli(capsys, "eval", "mnist", str(broken))
+    code, _, err = run_cli(capsys, "eval", str(broken), "--dataset", "mnist")
     assert code == 1 and "truncated" in err
     with pytest.raises(SystemExit):
         cli.main(["predict"])  # argparse: missing arguments
@@ -120,5 +120,5 @@ def test_every_subcommand_is_registered_in_the_table():
     parser = cli.build_parser()
     for name in ("train", "eval", "predict"):
         assert name in cli.COMMANDS
-        assert parser.parse_args([name] + {"train": ["mnist", "--out", "x"], "eval": ["mnist", "r"],
+        assert parser.parse_args([name] + {"train": ["--dataset", "mnist", "--out", "x"], "eval": ["r", "--dataset", "mnist"],
                                            "predict": ["r", "i"]}[name]).run is cli.COMMANDS[name][2]

@@ -124,7 +124,7 @@ def test_early_stopping_stops_when_the_monitored_metric_stalls(tmp_path, loaders
 def test_dashboards_show_metrics_and_progress():
     rows = {"epoch": 1, "train_loss": 0.5, "valid_accuracy": 0.9}
     out = io.StringIO()
-    plain = PlainDashboard(out)
+    plain = PlainDashboard(out, progress_seconds=0)  # a progress line after every batch
     plain.start(2, 0, "demo")
     plain.start_epoch(0, 8, 0)
     for i in range(8):
@@ -132,6 +132,17 @@ def test_dashboards_show_metrics_and_progress():
     plain.end_epoch(rows)
     text = out.getvalue()
     assert "epoch 1/2  batch 2/8" in text and "batch 8/8" in text and "valid_accuracy 0.9" in text
+    # by default (a log, not a terminal): fast epochs give one line each, no batch lines
+    out = io.StringIO()
+    quiet = PlainDashboard(out)
+    quiet.start(2, 0, "demo")
+    for epoch in range(2):
+        quiet.start_epoch(epoch, 8, 0)
+        for i in range(8):
+            quiet.batch(i, {"loss": 1.0}, 1e-3)
+        quiet.end_epoch(dict(rows, epoch=epoch + 1))
+    assert out.getvalue().splitlines()[1:] == [
+        "epoch 1/2 done  train_loss 0.5  valid_accuracy 0.9", "epoch 2/2 done  train_loss 0.5  valid_accuracy 0.9"]
     from rich.console import Console
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
     rich = RichDashboard(console)
@@ -147,7 +158,7 @@ def test_dashboards_show_metrics_and_progress():
 def test_ctrl_c_writes_a_valid_checkpoint_and_training_resumes(tmp_path):
     run_dir = str(tmp_path / "run")
     out = str(tmp_path / "mlp.safetensors")
-    cmd = [sys.executable, "-m", "cinders", "train", "mnist", "--model", "mlp", "--epochs", "40",
+    cmd = [sys.executable, "-m", "cinders", "train", "--dataset", "mnist", "--model", "mlp", "--epochs", "40",
            "--train-limit", "640", "--run-dir", run_dir, "--out", out, "--dashboard", "plain"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
     lines = []
@@ -156,7 +167,7 @@ def test_ctrl_c_writes_a_valid_checkpoint_and_training_resumes(tmp_path):
         while time.time() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
-            if "epoch 2/40  batch" in line:  # a step of the second epoch has finished
+            if "epoch 1/40 done" in line:  # the first epoch has finished (a log shows no batch lines)
                 proc.send_signal(signal.SIGINT)
                 break
         rest, _ = proc.communicate(timeout=120)

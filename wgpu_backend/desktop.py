@@ -3,11 +3,31 @@
 The only file of cinders.wgpu that imports wgpu.
 """
 
+import os
 import re
+import tempfile
 
-import wgpu
 
-from .device import Device
+def _runtime_dir_for_the_vulkan_loader():
+    """Mesa's Vulkan window-system code prints "error: XDG_RUNTIME_DIR is invalid or not set"
+    twice on stderr when the variable is missing (servers, CI, containers), though compute needs
+    no window. Give it a private directory (0700, as the XDG spec asks) before wgpu loads."""
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and os.path.isdir(current):
+        return
+    path = os.path.join(tempfile.gettempdir(), "cinders-runtime-%d" % getattr(os, "getuid", lambda: 0)())
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError:
+        return  # not worth failing for: the messages are noise, not errors
+    os.environ["XDG_RUNTIME_DIR"] = path
+
+
+_runtime_dir_for_the_vulkan_loader()
+
+import wgpu  # noqa: E402
+
+from .device import Device  # noqa: E402
 
 # Limits we ask the adapter for in full (the WebGPU defaults are small, e.g. 128 MiB bindings).
 _WANTED_LIMITS = (

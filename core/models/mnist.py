@@ -10,6 +10,7 @@ class MnistMLP(nn.Module):
     """Flatten -> Linear(784, hidden) -> ReLU -> Linear(hidden, 10)."""
 
     input_shape = (1, 28, 28)  # one sample (exporters read it: the committed records predate it)
+    input_range = (0.0, 1.0)   # pixels as trained; `cinders predict` refuses others
 
     def __init__(self, hidden=128):
         super().__init__()
@@ -27,6 +28,7 @@ class MnistCNN(nn.Module):
     """conv16 -> pool -> conv32 -> pool -> fc128 -> fc10, 3x3 convolutions with padding 1."""
 
     input_shape = (1, 28, 28)
+    input_range = (0.0, 1.0)
 
     def __init__(self, channels1=16, channels2=32, hidden=128):
         super().__init__()

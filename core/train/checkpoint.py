@@ -31,6 +31,8 @@ def save_checkpoint(path, model, optimizer, progress):
             else:
                 numbers.setdefault(param_path, {})[name] = value
     meta = record.model_metadata(model, float32)
+    if getattr(model, "_input_shape", None):  # what extract_model's record gives exporters
+        meta["input_shape"] = json.dumps(list(model._input_shape))
     meta.update({"kind": "checkpoint", "progress": json.dumps(progress),
                  "optimizer": json.dumps({"class": type(optimizer).__name__,
                                           "steps": saved["steps"], "numbers": numbers})})
@@ -67,3 +69,22 @@ def load_checkpoint(path, model, optimizer):
     model.load_state_dict(model_tensors)  # validated above: cannot fail half-way
     optimizer.load_state_dict({"steps": opt_meta["steps"], "state": opt_state})
     return progress
+
+
+def extract_model(checkpoint_path, out_path):
+    """Write the model record inside a Learner checkpoint (its "model/..." tensors and the
+    model's class, config and input shape) to out_path; returns the record's metadata. Nothing
+    is built: the tensors are copied as they are, so any model's checkpoint works."""
+    with open(checkpoint_path, "rb") as f:
+        meta = record.safetensors.Reader(f).metadata
+    if meta.get("kind") != "checkpoint":
+        raise RecordError("%s is not a training checkpoint (no kind=checkpoint in its metadata)"
+                          % (checkpoint_path,))
+    from ..backends.python_backend import Python
+    _, tensors = record.read_tensors(checkpoint_path, Python())
+    model = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    if not model:
+        raise RecordError("%s holds no model tensors" % (checkpoint_path,))
+    kept = {k: v for k, v in meta.items() if k not in ("kind", "progress", "optimizer")}
+    record.save_tensors(out_path, model, kept, meta.get("dtype", "float32"))
+    return kept

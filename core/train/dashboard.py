@@ -2,7 +2,9 @@
 
 RichDashboard (a terminal): a live table of finished epochs and progress bars with ETA for the
 epochs, the current epoch's batches and validation. PlainDashboard (a log file, CI, a pipe):
-a line per quarter epoch and per finished epoch. `dashboard_for("auto")` picks by isatty().
+one line per finished epoch, and inside an epoch a progress line at most every
+`progress_seconds` (30 s), so a log stays readable however small the epochs.
+`dashboard_for("auto")` picks by isatty().
 """
 
 import sys
@@ -26,8 +28,9 @@ def _duration(seconds):
 
 
 class PlainDashboard:
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, progress_seconds=30.0):
         self.stream = stream or sys.stdout
+        self.progress_seconds = progress_seconds
 
     def _print(self, text):
         print(text, file=self.stream, flush=True)
@@ -39,12 +42,14 @@ class PlainDashboard:
     def start_epoch(self, epoch, batches, start_batch):
         self.epoch, self.batches = epoch, batches
         self.t0, self.first = time.time(), start_batch
-        self.every = max(1, batches // 4)
+        self.last_line = self.t0
 
     def batch(self, index, metrics, lr):
         done = index + 1
-        if done % self.every and done != self.batches:
-            return
+        now = time.time()
+        if now - self.last_line < self.progress_seconds:
+            return  # one line per progress_seconds: the epoch's own line says the rest
+        self.last_line = now
         rate = (time.time() - self.t0) / max(1, done - self.first)
         self._print("epoch %d/%d  batch %d/%d  %s  lr %.2e  eta %s" % (
             self.epoch + 1, self.epochs, done, self.batches, _fmt_metrics(metrics), lr,
