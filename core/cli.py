@@ -188,7 +188,8 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
     arg("--lr", type=positive_float, default=None, help="peak learning rate (default: the recipe's, 2e-3)"),
     arg("--seed", type=non_negative_int, default=0, help="seed of weights, shuffling and augmentation (default 0)"),
     arg("--no-augment", action="store_true", help="train on the digits as they are"),
-    arg("--workers", type=positive_int, default=1, help="threads preparing batches (default 1)"),
+    arg("--workers", type=non_negative_int, default=1,
+        help="threads preparing batches (default 1; 0: in the training loop itself)"),
     arg("--train-limit", type=positive_int, default=None, help="train on a random subset of this many digits"),
     arg("--run-dir", default=None, help="checkpoints, logs and plots (default: runs/mnist-MODEL)"),
     arg("--resume", action="store_true", help="continue from the run directory's checkpoint"),
@@ -493,6 +494,31 @@ def extract_model(args):
 def demo(args):
     from cinders.web.server import demo as serve
     serve(port=args.port, open_browser=not args.no_open)
+    return 0
+
+
+@command("export-web", "write a static site that runs a record's model in the browser "
+                       "(PyScript + Pyodide, all files local): serve it with `cinders serve DIR`", [
+    arg("record", help="a .safetensors model record (written by model.save)"),
+    arg("--model-source", metavar="FILE", required=True, help="the .py file that defines the model class"),
+    arg("--out", required=True, help="the folder to write (index.html, main.py, the wheel, ...)"),
+    INPUT_SHAPE_ARG,
+])
+def export_web(args):
+    from cinders.web.export import export_web as export
+    files = export(args.record, args.model_source, args.out, args.input_shape)
+    print("wrote %d files to %s; run: cinders serve %s" % (len(files), args.out, args.out), flush=True)
+    return 0
+
+
+@command("serve", "serve a folder (e.g. one written by export-web) on http://127.0.0.1:PORT/", [
+    arg("folder", help="the folder to serve"),
+    arg("--port", type=port_number, default=8000, help="port on 127.0.0.1 (default 8000; 0: any free port)"),
+    arg("--open", action="store_true", help="open a web browser on the page"),
+])
+def serve(args):
+    from cinders.web.export import serve as serve_folder
+    serve_folder(args.folder, args.port, args.open)
     return 0
 
 

@@ -1,0 +1,203 @@
+"""`cinders export-web RECORD --model-source FILE --out DIR` and `cinders serve DIR`.
+
+The folder it writes is a complete static site that runs the model in the browser with
+PyScript (Pyodide) and needs nothing from the internet:
+
+    DIR/index.html           a minimal page: an input box (JSON), a Run button, the output
+    DIR/main.py              the page's Python: picks WebGPU or the CPU, loads the record, runs
+    DIR/pyscript.json        PyScript's configuration: the local interpreter and the files below
+    DIR/<model source>.py    the model's class, copied unchanged
+    DIR/model.safetensors    the record
+    DIR/cinders-*.whl        cinders itself (pure Python), unpacked by PyScript into the page
+    DIR/vendor/pyodide/      the Pyodide interpreter (npm `pyodide`, local copy)
+    DIR/vendor/pyscript/     PyScript (npm `@pyscript/core`, local copy)
+
+Any static file server serves it (`cinders serve DIR` is one, on 127.0.0.1); edit index.html and
+main.py to make the page your own. Nothing of the model source runs here: it is checked to parse
+and copied.
+"""
+import ast
+import json
+import os
+import shutil
+
+from ..errors import RecordError
+from ..record import read_metadata
+
+# What a page does not need of the npm packages: source maps, type files, Pyodide's consoles.
+NOT_SHIPPED = ("*.map", "*.d.ts", "*.html", "README.md", "package.json")
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <title>{title}</title>
+  <link rel="icon" href="data:,">
+  <link rel="stylesheet" href="./vendor/pyscript/core.css">
+  <script type="module" src="./vendor/pyscript/core.js"></script>
+  <style>
+    body {{ font-family: system-ui, sans-serif; max-width: 720px; margin: 0 auto; padding: 1rem; }}
+    textarea {{ width: 100%; font-family: monospace; }}
+    #output {{ white-space: pre-wrap; font-family: monospace; }}
+  </style>
+</head>
+<body>
+  <h1>{title}</h1>
+  <p>Input: one sample of shape {shape} (a flat or nested JSON list), or a list of samples.</p>
+  <textarea id="input" rows="6">{example}</textarea>
+  <button id="run" disabled>Run</button>
+  <div>Output: <span id="output"></span></div>
+  <div>Status: <span id="status">loading</span> · Backend: <span id="backend">?</span></div>
+  <script type="py" src="./main.py" config="./pyscript.json"></script>
+</body>
+</html>
+"""
+MAIN = '''"""The page's Python (written by `cinders export-web`; edit freely). PyScript runs it with
+top-level await; pyscript.json put cinders, the record and {source} in the working folder."""
+import json
+
+from pyscript import document, when
+
+import cinders as cn
+from cinders import record
+from cinders.web import bridge
+
+import {module} as model_source
+
+INPUT_SHAPE = {shape!r}  # one sample
+
+
+def show(selector, text):
+    document.querySelector(selector).textContent = text
+
+
+chosen = await bridge.init("auto")  # noqa: F704  WebGPU when the browser has it, else the CPU
+show("#backend", chosen["backend"])
+# Only the classes of the model's own source may be named by the record (records name no code).
+model = record.load_model("model.safetensors", allow=[model_source.{cls}])
+model.eval()
+document.querySelector("#run").disabled = False
+show("#status", "ready")
+
+
+def as_batch(values):
+    """The input as a batch: one sample (flat or nested) becomes a batch of one."""
+    x = cn.tensor(values)
+    per_sample = 1
+    for d in INPUT_SHAPE:
+        per_sample *= d
+    if x.numel() % per_sample:
+        raise ValueError("the input holds %d numbers, not a multiple of %d (shape %s)"
+                         % (x.numel(), per_sample, INPUT_SHAPE))
+    return x.reshape(-1, *INPUT_SHAPE)
+
+
+@when("click", "#run")
+async def run(event):
+    show("#status", "running")
+    try:
+        output = model(as_batch(json.loads(document.querySelector("#input").value)))
+        values = await output.to_data_async()  # GPU results are read asynchronously in the browser
+        show("#output", json.dumps(values))
+        show("#status", "ready")
+    except Exception as e:  # shown in the page, where the user looks
+        show("#status", "error: %s" % e)
+'''
+
+
+def _npm_package(node_modules, name):
+    folder = os.path.join(node_modules, *name.split("/"))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError("%s is missing from %s: run scripts/setup.sh (it fetches the pinned npm "
+                                "packages)" % (name, node_modules))
+    return folder
+
+
+def model_class_in(source_path, class_name):
+    """Check that the model source defines class_name (parsed, not run)."""
+    try:
+        with open(source_path) as f:
+            tree = ast.parse(f.read(), source_path)
+    except OSError as e:
+        raise RecordError("cannot read model source %s: %s" % (source_path, e.strerror or e)) from None
+    except SyntaxError as e:
+        raise RecordError("model source %s is not valid Python: %s" % (source_path, e)) from None
+    if not any(isinstance(n, ast.ClassDef) and n.name == class_name for n in tree.body):
+        raise RecordError("%s does not define class %s, which the record names"
+                          % (source_path, class_name))
+
+
+def export_web(record_path, model_source, out_dir, input_shape=None, node_modules=None):
+    """Write the static site of `record_path` into out_dir; returns the list of files written."""
+    from ..assets import web_deps_dir
+    from .wheel import ensure_wheel
+    meta = read_metadata(record_path)
+    class_path = meta.get("model_class")
+    if not class_path:
+        raise RecordError("%s names no model_class: save it with model.save()" % record_path)
+    cls = class_path.rpartition(".")[2]
+    model_class_in(model_source, cls)
+    module = os.path.splitext(os.path.basename(model_source))[0]
+    if not module.isidentifier():
+        raise ValueError("--model-source %s: the file name must be a Python module name" % model_source)
+    if input_shape is None and meta.get("input_shape"):
+        input_shape = tuple(json.loads(meta["input_shape"]))
+    if input_shape is None:
+        raise ValueError("%s records no input shape (saved before the model ever ran): pass "
+                         "--input-shape A,B,..." % record_path)
+    node_modules = node_modules or web_deps_dir()
+    pyodide = _npm_package(node_modules, "pyodide")
+    pyscript = os.path.join(_npm_package(node_modules, "@pyscript/core"), "dist")
+    wheel = ensure_wheel(bytecode=False)
+
+    os.makedirs(out_dir, exist_ok=True)
+    vendor = os.path.join(out_dir, "vendor")
+    if os.path.isdir(vendor):
+        shutil.rmtree(vendor)
+    shutil.copytree(pyodide, os.path.join(vendor, "pyodide"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    shutil.copytree(pyscript, os.path.join(vendor, "pyscript"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    wheel_name = os.path.basename(wheel)
+    for old in os.listdir(out_dir):
+        if old.startswith("cinders-") and old.endswith(".whl"):
+            os.remove(os.path.join(out_dir, old))
+    shutil.copyfile(wheel, os.path.join(out_dir, wheel_name))
+    shutil.copyfile(record_path, os.path.join(out_dir, "model.safetensors"))
+    shutil.copyfile(model_source, os.path.join(out_dir, module + ".py"))
+    config = {
+        "interpreter": "./vendor/pyodide/pyodide.mjs",
+        "files": {"./" + wheel_name: "./*", "./model.safetensors": "./model.safetensors",
+                  "./%s.py" % module: "./%s.py" % module},
+    }
+    written = {"pyscript.json": json.dumps(config, indent=1) + "\n",
+               "main.py": MAIN.format(source=module + ".py", module=module, cls=cls, shape=tuple(input_shape)),
+               "index.html": PAGE.format(title="%s in the browser" % cls, shape=tuple(input_shape),
+                                         example=json.dumps(_zeros(input_shape)))}
+    for name, text in written.items():
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write(text)
+    return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir))
+
+
+def _zeros(shape):
+    if len(shape) == 1:
+        return [0.0] * shape[0]
+    return [_zeros(shape[1:]) for _ in range(shape[0])]
+
+
+def serve(folder, port=8000, open_browser=False):
+    """`cinders serve DIR`: serve a folder (an export-web site) on 127.0.0.1 until Ctrl-C."""
+    from .server import DemoServer
+    if not os.path.isdir(folder):
+        raise FileNotFoundError("%s: no such folder" % folder)
+    server = DemoServer(port=port, mounts=[("/", os.path.abspath(folder))])
+    print("Serving %s at %s  (Ctrl-C to stop)" % (folder, server.url), flush=True)
+    if open_browser:
+        import threading
+        import webbrowser
+        threading.Timer(0.3, webbrowser.open, (server.url,)).start()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()

@@ -1,0 +1,96 @@
+"""A user's own model (not MNIST) in their own page: `cinders export-web` writes a folder from a
+fresh directory, `cinders serve` serves it on 127.0.0.1, and the page's output in Chromium
+(WebGPU on SwiftShader) equals cn.NumPy()'s on the desktop. Every request must go to that
+server (the folder is self-contained)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cinders as cn
+
+from browser_env import wait_ready
+from conftest import OutsideRequests
+
+SOURCE = '''
+from cinders import nn
+
+
+class RingNet(nn.Module):
+    """A user's classifier of 2-D points: Linear -> LayerNorm -> Tanh -> Linear."""
+
+    def __init__(self, hidden=24, classes=3):
+        super().__init__()
+        self.fc1 = nn.Linear(2, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.fc2(self.norm(self.fc1(x)).tanh())
+'''
+
+
+class _Url:
+    def __init__(self, url):
+        self.url = url
+
+
+@pytest.fixture
+def served_site(tmp_path):
+    """A fresh folder with the user's model source and record, exported and served."""
+    (tmp_path / "ring_model.py").write_text(SOURCE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import ring_model
+        cn.manual_seed(5)
+        model = ring_model.RingNet(hidden=12).to(cn.NumPy())
+        x = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
+        want = model(cn.tensor(x, backend=cn.NumPy())).numpy()
+        model.save(str(tmp_path / "ring.safetensors"))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("ring_model", None)
+    r = subprocess.run([sys.executable, "-m", "cinders", "export-web", "ring.safetensors",
+                        "--model-source", "ring_model.py", "--out", "site"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    server = subprocess.Popen([sys.executable, "-m", "cinders", "serve", "site", "--port", "0"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert " at http://127.0.0.1:" in line, line + server.stderr.read()
+        yield line.split(" at ")[1].split()[0], x, want
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_exported_site_runs_a_user_model_like_the_desktop(browser, served_site):
+    url, x, want = served_site
+    guard = OutsideRequests(_Url(url))
+    context = guard.attach(browser.new_context())
+    try:
+        page = context.new_page()
+        page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
+        page.goto(url)
+        wait_ready(page)
+        assert page.text_content("#backend") == "webgpu"
+        page.fill("#input", json.dumps(x.tolist()))
+        page.click("#run")
+        page.wait_for_function("() => document.querySelector('#output').textContent !== '' || "
+                               "document.querySelector('#status').textContent.startsWith('error')",
+                               timeout=60_000)
+        assert page.text_content("#status") == "ready", page.text_content("#status")
+        got = np.asarray(json.loads(page.text_content("#output")))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        page.fill("#input", json.dumps(x[0].tolist()))  # one sample: a batch of one
+        page.click("#run")
+        page.wait_for_function("(n) => JSON.parse(document.querySelector('#output').textContent).length === n",
+                               arg=1, timeout=60_000)
+        np.testing.assert_allclose(json.loads(page.text_content("#output")), want[:1], rtol=1e-4, atol=1e-4)
+    finally:
+        context.close()
+    assert guard.seen == [], "requests left the site's server: %s" % guard.seen
