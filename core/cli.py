@@ -125,7 +125,7 @@ def _err(text):
 
 # ---------------------------------------------------------------- train
 
-# The default recipe: what `cinders train mnist` runs. Pixels stay in [0, 1] (no normalisation),
+# The default recipe: what `cinders train --dataset mnist` runs. Pixels stay in [0, 1] (no normalisation),
 # as the browser and board demos feed them.
 RECIPES = {
     "mlp": {"epochs": 20, "lr": 2e-3, "weight_decay": 1e-4, "warmup_epochs": 1, "label_smoothing": 0.05,
@@ -173,7 +173,7 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
         return F.cross_entropy(logits, labels, label_smoothing=smoothing)
 
     learner = Learner(model, optimizer, loss, out_dir=out_dir, dashboard=dashboard,
-                      title="cinders train mnist --model %s (%s)" % (model_name, backend.name))
+                      title="cinders train --dataset mnist --model %s (%s)" % (model_name, backend.name))
     return learner, train, heldout, epochs
 
 

@@ -27,7 +27,7 @@ def ensure_web_bundle(record=DEFAULT_RECORD, out=None):
     """Path of the page's bundle folder, (re)built when missing or stale."""
     out = out or os.path.join(DEMO_DIR, "bundle")
     if not os.path.exists(record):
-        raise FileNotFoundError("%s is missing: train it with `cinders train mnist` (the "
+        raise FileNotFoundError("%s is missing: train it with `cinders train --dataset mnist` (the "
                                 "MicroPython page runs the MLP)" % record)
     config_path = os.path.join(out, "pyscript.json")
     stamp_path = os.path.join(out, "source.json")

@@ -156,7 +156,7 @@ def test_int8_record_layout(records):
 def test_int8_accuracy_within_half_a_point():
     """The goal of the issue, on the trained MLP: int8 within 0.5 points of float32."""
     if not os.path.exists(TRAINED["mlp"]):
-        pytest.fail("%s is missing: train it with `cinders train mnist` (the training "
+        pytest.fail("%s is missing: train it with `cinders train --dataset mnist` (the training "
                     "deliverable); the int8 accuracy goal needs real weights" % TRAINED["mlp"])
     import tempfile
     data = MnistDigits("heldout")
