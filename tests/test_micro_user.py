@@ -177,6 +177,7 @@ out = {
   "T": a.T.tolist(), "permute": a.reshape(1, 2, 3).permute(2, 0, 1).tolist(), "row": a[1].tolist(),
   "item": a[1, 2].item(), "cat": cinders.cat([a, b], 1).tolist(), "zeros": cinders.zeros(2, 2).tolist(),
   "shape": list(a.unsqueeze(0).shape), "flatten": a.flatten().tolist(), "clamp": a.clamp(-1.0, 1.0).tolist(),
+  "erf": a.erf().tolist(), "round": (a * 1.5).round().tolist(), "prod": a.prod(1).tolist(),
 }
 print(json.dumps(out))
 '''
@@ -202,7 +203,8 @@ def test_board_tensor_api_matches_the_desktop(micropython, tmp_path):
         "sum": a.sum(), "sum1": a.sum(1), "mean0": a.mean(0, keepdim=True), "max1": a.max(1),
         "argmax": a.argmax(-1), "T": a.T, "permute": a.reshape(1, 2, 3).permute(2, 0, 1),
         "row": a[1], "item": a[1, 2], "cat": cn.cat([a, b], 1), "zeros": cn.zeros(2, 2),
-        "flatten": a.flatten(), "clamp": a.clamp(-1.0, 1.0),
+        "flatten": a.flatten(), "clamp": a.clamp(-1.0, 1.0), "erf": a.erf(), "round": (a * 1.5).round(),
+        "prod": a.prod(1),
     }
     for key, value in want.items():
         expected = value.tolist()
@@ -210,6 +212,16 @@ def test_board_tensor_api_matches_the_desktop(micropython, tmp_path):
         np.testing.assert_allclose(got[key], expected, rtol=1e-5, atol=1e-6, err_msg=key)
     assert got["argmax"] == [0, 1] and all(isinstance(v, int) for v in got["argmax"])
     assert got["shape"] == [1, 2, 3]
+
+
+def test_board_names_are_the_desktops():
+    """The board's layers and Tensor methods carry the desktop's names (the op table's)."""
+    api = export.board_api()
+    desktop_methods = {n for n in dir(cn.Tensor) if not n.startswith("_")}
+    assert api["methods"] - desktop_methods == set()
+    assert api["layers"] - set(cn.nn.__all__) == set()
+    assert {"tanh", "sigmoid", "exp", "relu", "softmax", "reshape", "matmul", "tolist"} <= api["methods"]
+    assert {"Linear", "Conv1d", "Conv2d", "LayerNorm", "Tanh"} <= api["layers"]
 
 
 def test_board_load_model_needs_the_class_allowed(micropython, tmp_path):
@@ -248,7 +260,7 @@ class Odd(nn.Module):
 
     def forward(self, x):
         h = F.dropout(self.emb(x), 0.1, False)
-        return cn.where(h > 0, h, h.erf()).cumsum(1)
+        return cn.where(h > 0, h, h.expand(-1, 4)).cumsum(1)
 '''
 
 
@@ -263,7 +275,7 @@ def test_export_lists_what_the_board_lacks_before_writing(tmp_path):
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1, err
     for missing in ("nn.Embedding (line 10)", "nn.MultiHeadAttention (line 11)", "cinders.where",
-                    "F.dropout", "Tensor.erf()"):
+                    "F.dropout", "Tensor.expand()"):
         assert missing in err, (missing, err)
     assert "nn.Linear" not in err.split("The board has")[0]
     assert not bundle.exists()  # nothing written

@@ -26,14 +26,24 @@ def tensor(values, shape=None):
     return _ops.tensor(values, shape)
 
 
+def _import(name):
+    """Import cinders.<name> after a collection: a module compiled from source needs its parse
+    tree in one piece of the heap, and the garbage of what ran before is in the way."""
+    import gc
+    gc.collect()
+    __import__("cinders." + name)
+
+
 def _choose_engine():
     try:
         from ulab import numpy as _np  # noqa: F401  (only probing the firmware)
-        from cinders import _ulab as engine
+        _import("_ulab")
         kind = "ulab"
     except ImportError:
-        from cinders import _array as engine
+        _import("_array")
         kind = "array"
+    import sys
+    engine = sys.modules["cinders._" + kind]
     g = globals()
     g["engine"] = engine
     g["ENGINE"] = kind
@@ -50,7 +60,7 @@ def __getattr__(name):
         return getattr(_ops, name)
     else:  # MicroPython asks here for submodules too (`from cinders import record`)
         try:
-            __import__("cinders." + name)
+            _import(name)
         except ImportError:
             raise AttributeError("cinders on the board has no %r" % (name,))
     return globals()[name]

@@ -218,7 +218,18 @@ def _gelu(v):
     return g(v)
 
 
-UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": math.exp,
+def _erf(v):
+    from cinders._array import _ERF
+    return _ERF(v)
+
+
+def _round(v):  # half to even, like the desktop (and Python's round)
+    return float(round(v))
+
+
+# Keyed by the desktop op table's names (core/ops.py), so the methods are the same.
+UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": math.exp, "erf": _erf,
+         "round": _round,
          "log": math.log, "sqrt": math.sqrt, "abs": abs, "neg": lambda v: -v,
          "gelu": _gelu, "sin": math.sin, "cos": math.cos,
          "floor": lambda v: float(math.floor(v)), "ceil": lambda v: float(math.ceil(v))}
@@ -380,14 +391,16 @@ def reduce(name, t, axis=None, keepdim=False):
             best = v[base]
             at = 0
             acc = 0.0
+            product = 1.0
             for s in range(size):
                 x = v[base + s * inner]
                 acc += x
+                product *= x
                 if (name == "max" or name == "argmax") and x > best or \
                         (name == "min" or name == "argmin") and x < best:
                     best = x
                     at = s
-            out[o * inner + i] = {"sum": acc, "mean": acc / size if size else math.nan,
+            out[o * inner + i] = {"sum": acc, "prod": product, "mean": acc / size if size else math.nan,
                                   "max": best, "min": best, "argmax": at, "argmin": at}[name]
     y = make(out, shape)
     if name[:3] == "arg":
@@ -501,7 +514,7 @@ def full(shape, value):
 
 
 METHODS = {
-    "tolist": tolist, "item": item, "clone": clone, "reshape": reshape, "view": reshape,
+    "tolist": tolist, "item": item, "reshape": reshape, "view": reshape,
     "flatten": flatten, "unsqueeze": unsqueeze, "squeeze": squeeze, "permute": permute,
     "transpose": transpose, "clamp": clamp, "matmul": matmul,
     "softmax": lambda t, axis=-1: softmax(t, axis),
@@ -511,7 +524,7 @@ METHODS = {
 }
 for _name in UNARY:
     METHODS[_name] = (lambda n: lambda t: unary(n, t))(_name)
-for _name in ("sum", "mean", "max", "min", "argmax", "argmin"):
+for _name in ("sum", "prod", "mean", "max", "min", "argmax", "argmin"):
     METHODS[_name] = (lambda n: lambda t, axis=None, keepdim=False: reduce(n, t, axis, keepdim))(_name)
 
 

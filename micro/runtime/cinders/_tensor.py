@@ -5,7 +5,7 @@ for a tensor of its own); a layer writes its output into the other one, so a cha
 runs in a fixed amount of RAM after the first call. The price: a layer output lives until the
 next-but-one layer runs. `gen` remembers which use of the slot a tensor belongs to, so reading
 one whose buffer was reused raises an error instead of giving another layer's numbers
-(`t.clone()` keeps a copy).
+(`cinders.tensor(t)` keeps a copy).
 
 Methods and operators (`x.tanh()`, `a + b`, `a @ b`, `x.tolist()`, ...) live in _ops.py: a
 model that only chains layers never holds their code (on a 64 KB heap every KB counts). It
@@ -30,7 +30,7 @@ def live(t):
     if t.slot is not None and t.gen != GENS[t.slot]:
         raise RuntimeError("this tensor %s was overwritten: on the board a layer's output lives "
                            "until the next-but-one layer (or an in-place activation) reuses its "
-                           "buffer; keep it with t.clone()" % (t.shape,))
+                           "buffer; keep a copy with cinders.tensor(t)" % (t.shape,))
 
 
 def _ops():

@@ -7,14 +7,14 @@ Batches of any size: Linear takes the whole batch at once on the array engine; t
 run sample by sample (their scratch memory is that of one sample).
 
 The image layers (Conv1d, Conv2d, MaxPool2d, AvgPool2d, BatchNorm2d) live in _nn_image.py, the
-others (LayerNorm, Identity, Dropout) and the batch helper in _nn_more.py; each is imported when
+others (LayerNorm, Dropout) and the batch helper in _nn_more.py; each is imported when
 a model first names one (module __getattr__): an MLP never holds their code.
 """
 
 from cinders import engine
 
 _IMAGE_LAYERS = ("Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "BatchNorm2d")
-_MORE_LAYERS = ("LayerNorm", "Identity", "Dropout")
+_MORE_LAYERS = ("LayerNorm", "Dropout")
 
 
 def __getattr__(name):
