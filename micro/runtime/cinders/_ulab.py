@@ -26,7 +26,14 @@ _CHUNK_BYTES = 8192
 
 
 def _layout(shape):
-    return (shape[1], shape[2] * shape[3]) if len(shape) == 4 else (1, shape[-1])
+    """2-D storage: (N*C, H*W) for images, (all leading dims, last dim) otherwise (batches and
+    1-D signals included); a batch of one keeps the layout described above."""
+    if len(shape) == 4:
+        return (shape[0] * shape[1], shape[2] * shape[3])
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return (n, shape[-1] if shape else 1)
 
 
 def from_flat(values, shape):
