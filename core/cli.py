@@ -219,7 +219,7 @@ def train(args):
 
 # ---------------------------------------------------------------- eval / predict
 
-INPUT_BYTES_LIMIT = 256 << 20  # an input file larger than this is refused before parsing
+INPUT_BYTES_LIMIT = 64 << 20  # an input file larger than this is refused before parsing
 
 
 def import_model_source(path):

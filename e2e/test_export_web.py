@@ -3,7 +3,6 @@ fresh directory, `cinders serve` serves it on 127.0.0.1, and the page's output i
 (WebGPU on SwiftShader) equals cn.NumPy()'s on the desktop. Every request must go to that
 server (the folder is self-contained)."""
 import json
-import os
 import subprocess
 import sys
 

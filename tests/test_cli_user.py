@@ -193,3 +193,17 @@ def test_wgpu_is_quiet_on_stderr(tmp_path):
                         "backend=cn.Wgpu()).exp().tolist())"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_hostile_inputs_get_one_line_errors(tmp_path):
+    model = cn.nn.Linear(2, 2).to(cn.NumPy())
+    model(cn.tensor([[0.0, 0.0]], backend=cn.NumPy()))
+    model.save(str(tmp_path / "lin.safetensors"))
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    (tmp_path / "text.json").write_text('["a", 1]')
+    (tmp_path / "nan.json").write_text("[NaN, 1]")
+    for name, expect in (("/dev/zero", "larger than"), ("deep.json", "nested too deeply"),
+                         ("text.json", "must hold numbers"), ("nan.json", "finite")):
+        r = cinders("predict", "lin.safetensors", name, cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and expect in lines[0], (name, r.stderr)
