@@ -130,7 +130,6 @@ def model_class_in(source_path, class_name):
 def export_web(record_path, model_source, out_dir, input_shape=None, node_modules=None):
     """Write the static site of `record_path` into out_dir; returns the list of files written."""
     from ..assets import web_deps_dir
-    from .wheel import ensure_wheel
     meta = read_metadata(record_path)
     class_path = meta.get("model_class")
     if not class_path:
@@ -148,7 +147,6 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
     node_modules = node_modules or web_deps_dir()
     pyodide = _npm_package(node_modules, "pyodide")
     pyscript = os.path.join(_npm_package(node_modules, "@pyscript/core"), "dist")
-    wheel = ensure_wheel(bytecode=False)
 
     os.makedirs(out_dir, exist_ok=True)
     vendor = os.path.join(out_dir, "vendor")
@@ -156,11 +154,10 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
         shutil.rmtree(vendor)
     shutil.copytree(pyodide, os.path.join(vendor, "pyodide"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     shutil.copytree(pyscript, os.path.join(vendor, "pyscript"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
-    wheel_name = os.path.basename(wheel)
     for old in os.listdir(out_dir):
         if old.startswith("cinders-") and old.endswith(".whl"):
             os.remove(os.path.join(out_dir, old))
-    shutil.copyfile(wheel, os.path.join(out_dir, wheel_name))
+    wheel_name = _write_wheel(out_dir)
     shutil.copyfile(record_path, os.path.join(out_dir, "model.safetensors"))
     shutil.copyfile(model_source, os.path.join(out_dir, module + ".py"))
     config = {
@@ -176,6 +173,18 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
         with open(os.path.join(out_dir, name), "w") as f:
             f.write(text)
     return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir))
+
+
+def _write_wheel(out_dir):
+    """Build the cinders wheel (sources only) in a private folder and move it into out_dir:
+    the shared cache's wheel (with bytecode and snapshot for `cinders demo`) stays untouched."""
+    import tempfile
+    from .wheel import build_wheel
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(tmp, bytecode=False)
+        name = os.path.basename(wheel)
+        shutil.move(wheel, os.path.join(out_dir, name))
+    return name
 
 
 def _zeros(shape):
