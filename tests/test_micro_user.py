@@ -178,6 +178,8 @@ out = {
   "item": a[1, 2].item(), "cat": cinders.cat([a, b], 1).tolist(), "zeros": cinders.zeros(2, 2).tolist(),
   "shape": list(a.unsqueeze(0).shape), "flatten": a.flatten().tolist(), "clamp": a.clamp(-1.0, 1.0).tolist(),
   "erf": a.erf().tolist(), "round": (a * 1.5).round().tolist(), "prod": a.prod(1).tolist(),
+  "edges": [[[str(v) for v in row] for row in e.tolist()] for e in  # JSON has no nan/inf
+            ((a - 0.5).log(), a.sqrt(), (a * 100.0).exp(), a ** 0.5, a / cinders.zeros(2, 3))],
 }
 print(json.dumps(out))
 '''
@@ -206,6 +208,9 @@ def test_board_tensor_api_matches_the_desktop(micropython, tmp_path):
         "flatten": a.flatten(), "clamp": a.clamp(-1.0, 1.0), "erf": a.erf(), "round": (a * 1.5).round(),
         "prod": a.prod(1),
     }
+    edges = [(a - 0.5).log(), a.sqrt(), (a * 100.0).exp(), a ** 0.5, a / cn.zeros(2, 3)]
+    got_edges = np.asarray(got.pop("edges"), dtype=float)  # "nan", "inf", "-inf" parse as floats
+    np.testing.assert_allclose(got_edges, np.asarray([e.tolist() for e in edges]), rtol=1e-5)
     for key, value in want.items():
         expected = value.tolist()
         assert np.asarray(got[key]).shape == np.asarray(expected).shape, key

@@ -223,14 +223,26 @@ def _erf(v):
     return _ERF(v)
 
 
+def _log(v):  # IEEE like the desktop, where math raises "math domain error"
+    return math.log(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
+
+
+def _sqrt(v):
+    return math.sqrt(v) if v >= 0.0 else math.nan
+
+
+def _exp(v):
+    return math.exp(v) if v < 88.7 else math.inf  # float32 overflows past 88.72
+
+
 def _round(v):  # half to even, like the desktop (and Python's round)
     return float(round(v))
 
 
 # Keyed by the desktop op table's names (core/ops.py), so the methods are the same.
-UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": math.exp, "erf": _erf,
+UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": _exp, "erf": _erf,
          "round": _round,
-         "log": math.log, "sqrt": math.sqrt, "abs": abs, "neg": lambda v: -v,
+         "log": _log, "sqrt": _sqrt, "abs": abs, "neg": lambda v: -v,
          "gelu": _gelu, "sin": math.sin, "cos": math.cos,
          "floor": lambda v: float(math.floor(v)), "ceil": lambda v: float(math.ceil(v))}
 
@@ -277,9 +289,18 @@ def _div(x, y):
     return math.inf if (x > 0) == (math.copysign(1.0, y) > 0) else -math.inf  # IEEE, like the desktop
 
 
+def _pow(x, y):
+    if x < 0.0 and y % 1.0 != 0.0:
+        return math.nan  # not a complex number, as MicroPython would give
+    try:
+        return x ** y
+    except (OverflowError, ZeroDivisionError):
+        return math.inf
+
+
 BINARY = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
           "div": _div,
-          "pow": lambda x, y: x ** y, "maximum": lambda x, y: x if x > y else y,
+          "pow": _pow, "maximum": lambda x, y: x if x > y else y,
           "minimum": lambda x, y: x if x < y else y}
 
 
