@@ -175,8 +175,8 @@ class Softmax(Module):
 
     def forward(self, x):
         if self.dim not in (-1, len(x.shape) - 1):
-            from cinders import _ops
-            return _ops.softmax(x, self.dim)
+            from cinders import _ops_more
+            return _ops_more.softmax(x, self.dim)
         if getattr(engine, "BATCHED", False):
             return engine.softmax_last(x)
         from cinders._nn_more import per_sample
