@@ -48,7 +48,7 @@ from cinders import nn, record, run
 
 gc.collect()
 code = gc.mem_alloc()
-pixels = run.read_floats(sys.argv[1], 784)
+pixels = run.read_input(sys.argv[1], (1, 28, 28))[0]
 t = time.ticks_us()
 net = record.load_model("model.safetensors", model)
 load_ms = time.ticks_diff(time.ticks_us(), t) / 1000

@@ -46,7 +46,7 @@ import model
 from cinders import run, record
 run.main(["predict.py", "input.json"], model)
 _net = record.load_model("model.safetensors", model)
-_pixels = run.read_floats("input.json", 784)
+_pixels = run.read_input("input.json", (1, 28, 28))[0]
 _times = []
 for _ in range(${repeat}):
     _t = time.ticks_us()

@@ -29,6 +29,8 @@ for d in shape:
 pixels = array("f", range(n)) if shape else None
 gc.collect()  # the metadata's garbage, before compiling the model's modules
 import model  # noqa: E402
+
+gc.collect()  # each compile leaves garbage between the heap's free pieces: collect before the next
 from cinders.run import main  # noqa: E402
 
 if __name__ == "__main__":

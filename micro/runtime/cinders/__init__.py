@@ -1,9 +1,11 @@
 """Cinders on MicroPython: the inference half of `cinders.nn` over a streamed safetensors record.
 
 The same model source that trains on the desktop (`from cinders import nn`) imports unchanged
-here. Arrays come from one of two engines, chosen once, when first needed (`cinders.engine`):
+here. Arrays come from one of the engines, chosen once, when first needed (`cinders.engine`):
 
     ENGINE == "ulab"    `from ulab import numpy` is importable (2-D arrays)
+    ENGINE == "wasm"    MicroPython WebAssembly in a page that loaded cn.Wasm()'s kernels
+                        (cinders/_wasm.py, where the bundle has it)
     ENGINE == "array"   plain `array('f')` loops otherwise (every port has it)
 
 The desktop API where the board has it: `cinders.tensor(nested lists)` or `(flat, shape)`,
@@ -40,8 +42,12 @@ def _choose_engine():
         _import("_ulab")
         kind = "ulab"
     except ImportError:
-        _import("_array")
-        kind = "array"
+        try:  # MicroPython WebAssembly in a page that loaded cn.Wasm()'s kernels
+            _import("_wasm")
+            kind = "wasm"
+        except ImportError:
+            _import("_array")
+            kind = "array"
     import sys
     engine = sys.modules["cinders._" + kind]
     g = globals()

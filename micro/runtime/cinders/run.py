@@ -85,11 +85,6 @@ def result(y):
     return {"class": classes, "logits": logits}
 
 
-def read_floats(path, n, out=None):
-    """The n numbers of a JSON list (flat or nested) as an array (`out`, or a new one)."""
-    return read_input(path, (n,), out)[0]
-
-
 def predict(net, values, shape=(1, 1, 28, 28)):
     """(class, logits) of one sample given as flat floats (a 28x28 image by default)."""
     r = result(net(Tensor(cinders.engine.from_flat(values, shape), shape)))
