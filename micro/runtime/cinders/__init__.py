@@ -28,36 +28,23 @@ def tensor(values, shape=None):
     return _ops.tensor(values, shape)
 
 
-def _import(name):
-    """Import cinders.<name> after a collection: a module compiled from source needs its parse
-    tree in one piece of the heap, and the garbage of what ran before is in the way."""
-    import gc
-    gc.collect()
-    __import__("cinders." + name)
-
-
-def _choose_engine():
-    try:
-        from ulab import numpy as _np  # noqa: F401  (only probing the firmware)
-        _import("_ulab")
-        kind = "ulab"
-    except ImportError:
-        try:  # MicroPython WebAssembly in a page that loaded cn.Wasm()'s kernels
-            _import("_wasm")
-            kind = "wasm"
-        except ImportError:
-            _import("_array")
-            kind = "array"
-    import sys
-    engine = sys.modules["cinders._" + kind]
-    g = globals()
-    g["engine"] = engine
-    g["ENGINE"] = kind
-
-
 def __getattr__(name):
+    # Collect first: a module compiled from source needs its parse tree in one piece of the heap.
+    import gc
+    import sys
+    gc.collect()
     if name in ("engine", "ENGINE"):
-        _choose_engine()
+        for kind in ("ulab", "wasm", "array"):  # _ulab/_wasm raise ImportError where they cannot run
+            try:
+                if kind == "ulab":  # probe first: compiling _ulab.py for nothing costs RAM
+                    from ulab import numpy  # noqa: F401
+                __import__("cinders._" + kind)
+                break
+            except ImportError:
+                pass
+        g = globals()
+        g["ENGINE"] = kind
+        g["engine"] = sys.modules["cinders._" + kind]
     elif name == "Tensor":
         from cinders._tensor import Tensor
         return Tensor
@@ -66,7 +53,7 @@ def __getattr__(name):
         return getattr(_ops, name)
     else:  # MicroPython asks here for submodules too (`from cinders import record`)
         try:
-            _import(name)
+            __import__("cinders." + name)
         except ImportError:
             raise AttributeError("cinders on the board has no %r" % (name,))
     return globals()[name]

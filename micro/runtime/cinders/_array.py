@@ -48,41 +48,32 @@ def to_list(data):
 
 
 def linear(x, weight, bias, n_out):
-    """y[r, j] = scale[j] * (W[j] . x[r]) + b[j] for each row r of x (B, n_in), skipping the
-    zeros of x (pixels, ReLU outputs). Each weight row is read once for the whole batch."""
+    """y[j] = scale[j] * (W[j] . x) + b[j], skipping the zeros of x (pixels, ReLU outputs).
+    A batch of several rows goes to _array_batch (code a one-sample model never loads)."""
     xd = x.data
     n_in = x.shape[-1]
-    rows = len(xd) // n_in
-    idx = _indices(len(xd))
-    ends = []
+    if len(xd) != n_in:
+        from cinders._array_batch import linear_rows
+        return linear_rows(x, weight, bias, n_out)
+    idx = _indices(n_in)
     m = 0
-    for r in range(rows):
-        base = r * n_in
-        for i in range(n_in):
-            if xd[base + i] != 0.0:
-                idx[m] = i
-                m += 1
-        ends.append(m)
-    out, slot = _buffer(x, rows * n_out)
+    for i in range(n_in):
+        if xd[i] != 0.0:
+            idx[m] = i
+            m += 1
+    nonzero = idx[:m]
+    out, slot = _buffer(x, n_out)
     scale = weight.scale
     b = bias.data if bias is not None else None
     for j, _, row in weight.chunks(1):
-        start = 0
-        for r in range(rows):
-            base = r * n_in
-            s = 0.0
-            if base == 0:
-                for i in idx[:ends[0]]:
-                    s += row[i] * xd[i]
-            else:
-                for i in idx[start:ends[r]]:
-                    s += row[i] * xd[base + i]
-            start = ends[r]
-            if scale is not None:
-                s *= scale[j]
-            if b is not None:
-                s += b[j]
-            out[r * n_out + j] = s
+        s = 0.0
+        for i in nonzero:
+            s += row[i] * xd[i]
+        if scale is not None:
+            s *= scale[j]
+        if b is not None:
+            s += b[j]
+        out[j] = s
     return Tensor(out, x.shape[:-1] + (n_out,), slot)
 
 

@@ -28,14 +28,9 @@ def empty(typecode, n):
 def live(t):
     """Raise if t's activation buffer has been reused by a later layer."""
     if t.slot is not None and t.gen != GENS[t.slot]:
-        raise RuntimeError("this tensor %s was overwritten: on the board a layer's output lives "
-                           "until the next-but-one layer (or an in-place activation) reuses its "
-                           "buffer; keep a copy with cinders.tensor(t)" % (t.shape,))
-
-
-def _ops():
-    from cinders import _ops
-    return _ops
+        # A layer output lives until the next-but-one layer (or an in-place activation).
+        raise RuntimeError("tensor %s was overwritten by a later layer; keep a copy: "
+                           "cinders.tensor(t)" % (t.shape,))
 
 
 class Tensor:
@@ -54,7 +49,8 @@ class Tensor:
         return n
 
     def __getattr__(self, name):  # tanh, sigmoid, exp, relu, softmax, reshape, sum, T, ndim, ...
-        return _ops().attribute(self, name)
+        from cinders import _ops
+        return _ops.attribute(self, name)
 
     def __repr__(self):
         return "Tensor(shape=%s)" % (self.shape,)

@@ -37,16 +37,11 @@ def _scan(path, out):
     return k
 
 
-def _numel(shape):
+def read_input(path, shape, buf=None):
+    """(flat values, batch shape) of the input file: one sample of `shape` or a batch."""
     n = 1
     for d in shape:
         n *= d
-    return n
-
-
-def read_input(path, shape, buf=None):
-    """(flat values, batch shape) of the input file: one sample of `shape` or a batch."""
-    n = _numel(shape)
     k = _scan(path, None)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
@@ -62,27 +57,14 @@ def read_input(path, shape, buf=None):
 def result(y):
     """The JSON-ready result of a batch's output tensor y (see the module docstring)."""
     B = y.shape[0]
-    m = 1
-    for d in y.shape[1:]:
-        m *= d
+    m = y.numel() // B
     if len(y.shape) != 2 or m < 2:
         out = y.tolist()
         return {"output": out[0] if B == 1 else out}
-    from cinders import engine
-    values = engine.to_list(y.data)
-    classes = []
-    logits = []
-    for b in range(B):
-        row = values[b * m:(b + 1) * m]
-        best = 0
-        for i in range(m):
-            if row[i] > row[best]:
-                best = i
-        classes.append(best)
-        logits.append(row)
-    if B == 1:
-        return {"class": classes[0], "logits": logits[0]}
-    return {"class": classes, "logits": logits}
+    v = cinders.engine.to_list(y.data)
+    rows = [v[b * m:(b + 1) * m] for b in range(B)]
+    ks = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
+    return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
 
 
 def predict(net, values, shape=(1, 1, 28, 28)):
@@ -102,16 +84,16 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
     if shape is None:  # called without predict.py: the record's
         from cinders.safetensors import Reader
         with open(record_path, "rb") as f:
-            text = Reader(f).metadata.get("input_shape")
-        shape = tuple(json.loads(text)) if text else None
+            shape = json.loads(Reader(f).metadata.get("input_shape") or "[]")
     if not shape:
-        raise ValueError("%s records no input shape: pass --input-shape A,B,... (one sample, "
-                         "e.g. 1,28,28)" % record_path)
+        raise ValueError("%s has no input_shape: pass --input-shape A,B,..." % record_path)
     gc.collect()
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
     net = record.load_model(record_path, model_module)
-    out = result(net(Tensor(cinders.engine.from_flat(values, full), full)))
+    x = Tensor(cinders.engine.from_flat(values, full), full)
+    gc.collect()  # the loader's garbage, before the first layer asks for its buffers
+    out = result(net(x))
     out["engine"] = cinders.ENGINE
     print(json.dumps(out))
     return 0
