@@ -117,13 +117,16 @@ class Unpickler:
 
     def load(self):
         self.stack, self.marks, self.memo = [], [], {}
-        handlers = _HANDLERS
+        stack, data, end, handlers = self.stack, self.data, self.end, _BY_BYTE
         while True:
             at = self.pos
-            code = bytes(self._take(1))
-            handler = handlers.get(code)
+            if at >= end:
+                raise RecordError("%s is truncated: no STOP before offset %d" % (self.what, at))
+            code = data[at]
+            self.pos = at + 1
+            handler = handlers[code]
             if handler is None:
-                self._refuse(code, at)
+                self._refuse(bytes((code,)), at)
             try:
                 if handler(self):
                     break
@@ -132,8 +135,8 @@ class Unpickler:
             except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError,
                     RecursionError, struct.error) as e:
                 raise RecordError("%s: malformed at offset %d (opcode %s): %s"
-                                  % (self.what, at, _NAMES.get(code, code.hex()), _short(e))) from None
-            if len(self.stack) > MAX_STACK:
+                                  % (self.what, at, _NAMES.get(bytes((code,)), "%02x" % code), _short(e))) from None
+            if len(stack) > MAX_STACK:
                 raise RecordError("%s: more than %d values on the stack at offset %d" % (self.what, MAX_STACK, at))
         if len(self.stack) != 1 or self.marks:
             raise RecordError("%s: STOP at offset %d leaves %d values and %d marks (need one value)"
@@ -220,6 +223,19 @@ def _pop(u):
         u.stack.pop()
 
 
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def hashable(value, what="pickle"):
+    """`value` if it may be a dict key or set member: a scalar or a flat tuple of scalars. Hashing
+    is recursive in C with no depth check (a tuple nested a million deep crashes CPython), and
+    state dicts only ever use str and int keys."""
+    if isinstance(value, _SCALARS) or (isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)):
+        return value
+    raise RecordError("%s: a %s as a dict key or set member (only str, bytes, numbers, None and flat tuples "
+                      "of them)" % (what, type(value).__name__))
+
+
 def _setitems(u):
     items = u._pop_mark()
     target = u.stack[-1]
@@ -227,7 +243,7 @@ def _setitems(u):
         raise RecordError("%s: SETITEMS on %s with %d items (offset %d)"
                           % (u.what, type(target).__name__, len(items), u.pos - 1))
     for i in range(0, len(items), 2):
-        target[items[i]] = items[i + 1]
+        target[hashable(items[i], u.what)] = items[i + 1]
 
 
 def _setitem(u):
@@ -236,7 +252,7 @@ def _setitem(u):
     target = u.stack[-1]
     if not isinstance(target, dict):
         raise RecordError("%s: SETITEM on %s (offset %d)" % (u.what, type(target).__name__, u.pos - 1))
-    target[key] = value
+    target[hashable(key, u.what)] = value
 
 
 def _appends(u):
@@ -260,7 +276,7 @@ def _additems(u):
     target = u.stack[-1]
     if not isinstance(target, set):
         raise RecordError("%s: ADDITEMS on %s (offset %d)" % (u.what, type(target).__name__, u.pos - 1))
-    target.update(items)
+    target.update(hashable(v, u.what) for v in items)
 
 
 def _global(u):
@@ -364,7 +380,7 @@ _HANDLERS = {
     b"\x85": _tuple_n(1),
     b"\x86": _tuple_n(2),
     b"\x87": _tuple_n(3),
-    b"\x91": lambda u: u.stack.append(frozenset(u._pop_mark())),
+    b"\x91": lambda u: u.stack.append(frozenset(hashable(v, u.what) for v in u._pop_mark())),
     b"a": _append,
     b"e": _appends,
     b"s": _setitem,
@@ -382,3 +398,5 @@ _HANDLERS = {
     b"b": _build,
     b"Q": _binpersid,
 }
+
+_BY_BYTE = [_HANDLERS.get(bytes((i,))) for i in range(256)]

@@ -29,7 +29,7 @@ from array import array
 from .. import dtypes
 from ..errors import RecordError
 from ..tensor import Tensor
-from .pickle_vm import Allowed, Unpickler
+from .pickle_vm import Allowed, Unpickler, hashable
 
 try:
     import numpy as _np
@@ -170,8 +170,8 @@ def _rebuild_parameter(data, *_ignored):
 def _rebuild_from_type(func, new_type, args, state):
     """torch._tensor._rebuild_from_type_v2: a Tensor/Parameter with attributes; the attributes
     are dropped, the tensor rebuilt by the allowlisted `func`."""
-    if not (isinstance(func, Allowed) and func.call is not None and isinstance(new_type, _Value)
-            and new_type.kind == "tensor class" and isinstance(args, tuple)):
+    if not (isinstance(func, Allowed) and func.call in (_rebuild_tensor, _rebuild_parameter)
+            and isinstance(new_type, _Value) and new_type.kind == "tensor class" and isinstance(args, tuple)):
         raise RecordError("checkpoint: _rebuild_from_type_v2 with %s / %s refused"
                           % (_describe(func), _describe(new_type)))
     return func.call(*args)
@@ -202,7 +202,7 @@ def _allowlist(load_from_bytes=None):
     add("torch.device", lambda *a: ":".join(str(v) for v in a if isinstance(v, (str, int))))
     add("_codecs.encode", _latin1_encode)
     for name in ("builtins.set", "__builtin__.set"):
-        add(name, lambda items=(): set(items) if isinstance(items, (list, tuple)) else _bad("set", items))
+        add(name, lambda items=(): {hashable(v) for v in items} if isinstance(items, (list, tuple)) else _bad("set", items))
     for name in _STORAGE_TYPES:
         allowed["torch." + name] = _Value("storage type", name)
     for name in _TORCH_DTYPES:
@@ -425,8 +425,8 @@ def _load_legacy(data, pos, nested):
 
 def _magic_end(data):
     """Offset after the legacy magic-number pickle, or None if `data` does not start with one."""
-    try:
-        u = Unpickler(data, {}, what="legacy header")
+    try:  # the magic number's pickle is ~16 bytes: never run a whole file through this probe
+        u = Unpickler(bytes(data[:64]), {}, what="legacy header")
         return u.pos if u.load() == LEGACY_MAGIC else None
     except RecordError:
         return None
