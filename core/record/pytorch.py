@@ -346,6 +346,9 @@ class _ZipArchive:
     def _stored(self, info):
         """An uncompressed entry straight from the file into one buffer (no second copy)."""
         f = self.f
+        if not 0 <= info.header_offset <= self.size - 30:
+            raise RecordError("checkpoint: entry %r has its header at offset %d, outside the %d-byte archive"
+                              % (info.filename, info.header_offset, self.size))
         f.seek(info.header_offset)
         header = f.read(30)
         if len(header) != 30 or header[:4] != b"PK\x03\x04":
