@@ -19,10 +19,14 @@ def quantize(args):
     arg("--out", required=True, help="bundle directory to write"),
     arg("--mpy", action="store_true", help="compile the runtime to .mpy with mpy-cross"),
     arg("--model-source", help="the model's .py file (default: the module of the record's model_class)"),
+    arg("--model-class", help="for a PyTorch .pt input: the cinders.models class its state dict loads into"),
+    arg("--model-config", default="{}", help="for a PyTorch .pt input: JSON constructor arguments"),
 ])
 def export_micro(args):
+    import json
     from .export import export_micro as export
-    files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source)
+    files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source,
+                   model_class=args.model_class, model_config=json.loads(args.model_config))
     print("wrote %d files to %s; run: cd %s && micropython predict.py INPUT.json"
           % (len(files), args.out, args.out), flush=True)
     return 0

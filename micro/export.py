@@ -83,8 +83,14 @@ def write_board_record(src, dst):
     return meta
 
 
-def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None):
-    """Write the bundle of `record_path` into `out_dir`; returns the list of files written."""
+def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
+                 model_config=None):
+    """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
+    A PyTorch checkpoint (.pt) is converted first into a record of `model_class`."""
+    from ..record import pytorch
+    if pytorch.is_checkpoint(record_path):
+        with pytorch.converted_record(record_path, model_class, model_config) as record:
+            return export_micro(record, out_dir, mpy, model_file, mpy_cross)
     with open(record_path, "rb") as f:
         meta = safetensors.Reader(f).metadata
     class_path = meta.get("model_class")

@@ -209,3 +209,82 @@ def test_torchvision_models_give_torchs_logits(tmp_path, name):
     got = model(cn.tensor(x, backend=backend)).numpy()
     assert got.shape == (2, 1000)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# -- cinders convert and export-micro with a .pt input --------------------------------------------------
+
+def test_cli_convert_writes_safetensors_the_official_library_reads(tmp_path, capsys):
+    from safetensors.numpy import load_file
+    from cinders.cli import main
+    torch.manual_seed(0)
+    weights = {"module.fc.weight": torch.randn(2, 3), "module.fc.bias": torch.randn(2), "module.bn.num_batches_tracked": torch.tensor(4),
+               "half": torch.randn(3).half()}
+    src = tmp_path / "ck.pth"
+    torch.save({"state_dict": weights, "epoch": 7}, src)
+    out = tmp_path / "ck.safetensors"
+    assert main(["convert", str(src), "--out", str(out), "--key", "state_dict", "--remap", r"^module\.="]) == 0
+    printed = capsys.readouterr().out
+    assert "read 4 tensors" in printed and "also in the file (not converted): epoch: int 7" in printed
+    assert "note: half: float16 stored, loaded as float32" in printed
+    got = load_file(str(out))
+    assert sorted(got) == ["bn.num_batches_tracked", "fc.bias", "fc.weight", "half"]
+    np.testing.assert_array_equal(got["fc.weight"], weights["module.fc.weight"].numpy())
+    assert got["bn.num_batches_tracked"].dtype == np.int32 and got["bn.num_batches_tracked"] == 4
+    np.testing.assert_array_equal(got["half"], weights["half"].float().numpy())
+
+
+def test_cli_convert_refuses_hostile_files_and_bad_rules(tmp_path, capsys):
+    from cinders.cli import main
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b"\x80\x02cos\nsystem\n(X\x05\x00\x00\x00touchtR.")
+    assert main(["convert", str(evil), "--out", str(tmp_path / "x.safetensors")]) == 1
+    assert "refused global os.system" in capsys.readouterr().err
+    assert not (tmp_path / "x.safetensors").exists()
+    torch.save({"w": torch.ones(1)}, tmp_path / "ok.pt")
+    assert main(["convert", str(tmp_path / "ok.pt"), "--out", str(tmp_path / "y.safetensors"), "--remap", "nope"]) == 1
+    assert "REGEX=REPLACEMENT" in capsys.readouterr().err
+
+
+class _TorchMLP(torch.nn.Module):
+    """cinders.models.mnist.MnistMLP's twin: the same state-dict keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
+                                          torch.nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_export_micro_accepts_a_pytorch_checkpoint(tmp_path, monkeypatch):
+    """A .pt state dict -> `cinders export-micro --model-class` -> the MicroPython unix port gives
+    torch's logits."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from cinders.cli import main
+    micropython = shutil.which("micropython") or str(__import__("pathlib").Path(sys.executable).parent / "micropython")
+    torch.manual_seed(3)
+    twin = _TorchMLP().eval()
+    src = tmp_path / "mlp.pt"
+    torch.save(twin.state_dict(), src)
+    bundle = tmp_path / "bundle"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    with pytest.raises(cn.RecordError, match="pass --model-class"):
+        from cinders.micro.export import export_micro
+        export_micro(str(src), str(bundle))
+    assert main(["export-micro", str(src), "--out", str(bundle), "--model-class", "cinders.models.mnist.MnistMLP"]) == 0
+    pixels = np.random.default_rng(0).random(784).astype(np.float32)
+    (tmp_path / "x.json").write_text(json.dumps(pixels.tolist()))
+    run = subprocess.run([micropython, "-X", "heapsize=160K", "predict.py", str(tmp_path / "x.json")], cwd=bundle,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    with torch.no_grad():
+        want = twin(torch.tensor(pixels).reshape(1, 1, 28, 28))[0].numpy()
+    np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-4)
+    assert (bundle / "model.safetensors").exists() and not list(scratch.iterdir())  # converted, then removed

@@ -157,7 +157,7 @@ class Module:
         mismatches; strict=False loads the keys that match and returns them in the result
         LoadResult(missing_keys, unexpected_keys) (shape mismatches are always an error)."""
         if remap:
-            state = _remap(state, remap)
+            state = remap_keys(state, remap)
         current = {p: (v, is_buffer) for p, _, _, v, is_buffer in self._walk()}
         missing = [k for k in current if k not in state]
         unexpected = [k for k in state if k not in current]
@@ -235,7 +235,7 @@ class LoadResult(tuple):
         return "LoadResult(missing_keys=%r, unexpected_keys=%r)" % self
 
 
-def _remap(state, rules):
+def remap_keys(state, rules):
     """{re.sub(rules...)(key): value}; two keys that land on one name are an error."""
     compiled = []
     for rule in rules:

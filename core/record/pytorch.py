@@ -696,3 +696,86 @@ def load_pytorch(path_or_file, *, top_level_key=None, backend=None):
         if f is not path_or_file:
             f.close()
     return PyTorchState(tensors, _notes(refs) + notes, other, key)
+
+
+# -- cinders convert --------------------------------------------------------------------------------
+
+def _model_class(name):
+    """A model class of cinders.models named on the command line ("cinders.models.vision.ResNet"):
+    only that package is searched, so the name cannot import anything else."""
+    import importlib
+    import re
+    from ..nn import Module
+    m = re.match(r"^cinders\.models\.([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$", name)
+    if not m:
+        raise RecordError("--model-class must name a class of cinders.models, e.g. cinders.models.vision.ResNet; "
+                          "got %r" % (name,))
+    try:
+        cls = getattr(importlib.import_module("cinders.models." + m.group(1)), m.group(2))
+    except (ImportError, AttributeError):
+        raise RecordError("--model-class %r: no such class in cinders.models" % (name,)) from None
+    if not (isinstance(cls, type) and issubclass(cls, Module)):
+        raise RecordError("--model-class %r is not a cinders.nn.Module" % (name,))
+    return cls
+
+
+def convert_pytorch(src, out, *, top_level_key=None, remap=(), model_class=None, model_config=None,
+                    progress=None):
+    """Write the state dict of a torch.save file as a safetensors file (the official `safetensors`
+    library reads it). With `model_class` (a cinders.models class path) the tensors are loaded
+    into that model first (strict: every key and shape must match, after `remap`) and the file
+    is a cinders record that cn.load_model and `cinders export-micro` rebuild. Returns the
+    PyTorchState that was read (its notes say what changed)."""
+    from . import save_tensors
+    from ..backends.python_backend import Python
+    from ..nn.module import remap_keys
+    say = progress or (lambda text: None)
+    backend = None
+    try:
+        from ..backends.numpy_backend import NumPy
+        backend = NumPy()
+    except ImportError:
+        backend = Python()
+    state = load_pytorch(src, top_level_key=top_level_key, backend=backend)
+    say("read %d tensors from %s%s" % (len(state), src, " (key %r)" % state.key if state.key else ""))
+    tensors = remap_keys(state, remap) if remap else dict(state)
+    if model_class is None:
+        save_tensors(out, tensors, {"source": os.path.basename(str(src)), "converted_by": "cinders convert"})
+    else:
+        model = _model_class(model_class)(**(model_config or {}))
+        model.to(backend).load_state_dict(tensors)
+        model.save(out, metadata={"source": os.path.basename(str(src))})
+    say("wrote %s" % out)
+    return state
+
+
+def is_checkpoint(path):
+    """True when `path` looks like a torch.save file (a zip archive, or a pickle that is not a
+    safetensors file: those start with an 8-byte header length and then "{")."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and 2 <= head[1:2][0] <= 5 and head[8:9] != b"{")
+
+
+class converted_record:
+    """`with converted_record(pt, model_class, config) as path:` a temporary cinders record of
+    the checkpoint loaded into `model_class` (what export-micro bundles), removed afterwards."""
+
+    def __init__(self, src, model_class, model_config=None):
+        if not model_class:
+            raise RecordError("%s is a PyTorch checkpoint: pass --model-class (a cinders.models class whose "
+                              "state dict it holds, e.g. cinders.models.mnist.MnistCNN)" % (src,))
+        self.src, self.model_class, self.model_config = src, model_class, model_config
+
+    def __enter__(self):
+        import tempfile
+        fd, self.path = tempfile.mkstemp(suffix=".safetensors")
+        os.close(fd)
+        convert_pytorch(self.src, self.path, model_class=self.model_class, model_config=self.model_config)
+        return self.path
+
+    def __exit__(self, *exc):
+        os.remove(self.path)
