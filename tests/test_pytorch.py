@@ -126,6 +126,39 @@ def test_int64_out_of_int32_range_is_refused(tmp_path):
         load_pytorch(path)
 
 
+def test_tensors_with_python_attributes_load_without_them(tmp_path):
+    """torch pickles those through _rebuild_from_type_v2 / _rebuild_parameter_with_state."""
+    t = torch.arange(3.0)
+    t.note = "kept by torch, dropped here"
+    p = torch.nn.Parameter(torch.ones(2))
+    p.tag = 1
+    state = load_pytorch(_save(tmp_path / "attr.pt", {"t": t, "p": p}, "zip", 2))
+    assert state["t"].tolist() == [0, 1, 2] and state["p"].tolist() == [1, 1]
+
+
+def test_big_endian_archives(tmp_path, monkeypatch):
+    """byteorder "big" (torch.save on a big-endian machine): storages are byte-swapped back."""
+    import zipfile
+    src = _save(tmp_path / "le.pt", {"w": torch.tensor([1.5, -2.0]), "n": torch.tensor([7, -9])}, "zip", 2)
+    out = tmp_path / "be.pt"
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(out, "w") as w:
+        for info in z.infolist():
+            data = z.read(info)
+            if info.filename.endswith("/byteorder"):
+                data = b"big"
+            elif "/data/" in info.filename:
+                itemsize = 4 if info.filename.endswith("/0") else 8
+                data = np.frombuffer(data, dtype="<u%d" % itemsize).byteswap().tobytes()
+            w.writestr(info.filename.replace("le/", "be/"), data)
+    for backend in (cn.NumPy(), cn.Python()):
+        state = load_pytorch(out, backend=backend)
+        assert state["w"].tolist() == [1.5, -2.0] and state["n"].tolist() == [7, -9]
+    import cinders.record.pytorch as reader
+    monkeypatch.setattr(reader, "_np", None)
+    state = load_pytorch(out, backend=cn.Python())
+    assert state["w"].tolist() == [1.5, -2.0] and state["n"].tolist() == [7, -9]
+
+
 # -- Module.load_state_dict: remap and strict -------------------------------------------------------
 
 class _Net(nn.Module):
