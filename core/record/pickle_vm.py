@@ -44,6 +44,10 @@ class Allowed:
         return "<allowed global %s>" % self.name
 
 
+class TruncatedPickle(RecordError):
+    """The pickle ran past the bytes given (a caller reading a prefix may read more and retry)."""
+
+
 class _Mark:
     pass
 
@@ -96,7 +100,7 @@ class Unpickler:
     def _take(self, n):
         start = self.pos
         if n < 0 or n > self.end - start:
-            raise RecordError("%s is truncated: %d bytes needed at offset %d, %d present"
+            raise TruncatedPickle("%s is truncated: %d bytes needed at offset %d, %d present"
                               % (self.what, n, start, self.end - start))
         self.pos = start + n
         return self.data[start:start + n]
@@ -121,7 +125,7 @@ class Unpickler:
         while True:
             at = self.pos
             if at >= end:
-                raise RecordError("%s is truncated: no STOP before offset %d" % (self.what, at))
+                raise TruncatedPickle("%s is truncated: no STOP before offset %d" % (self.what, at))
             code = data[at]
             self.pos = at + 1
             handler = handlers[code]

@@ -29,7 +29,7 @@ from array import array
 from .. import dtypes
 from ..errors import RecordError
 from ..tensor import Tensor
-from .pickle_vm import Allowed, Unpickler, hashable
+from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
 
 try:
     import numpy as _np
@@ -384,47 +384,76 @@ class _ZipArchive:
         return obj, self.big_endian
 
 
-def _load_legacy(data, pos, nested):
-    """The legacy stream from `pos` (after its magic number): (object, big_endian)."""
+class _Bytes:
+    """Random access to a checkpoint's bytes: an open file (storages read on demand, straight
+    into their own buffers) or bytes in memory (a legacy stream inside a plain pickle)."""
+
+    def __init__(self, f=None, size=None, data=None):
+        self.f, self.data = f, data
+        self.size = len(data) if data is not None else size
+
+    def read(self, offset, n):
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise RecordError("checkpoint is truncated: %d bytes needed at offset %d of %d" % (n, offset, self.size))
+        if self.data is not None:
+            return memoryview(self.data)[offset:offset + n]
+        self.f.seek(offset)
+        buf = _buffer(n)
+        if self.f.readinto(buf) != n:
+            raise RecordError("checkpoint is truncated at offset %d" % (offset,))
+        return buf
+
+
+def _legacy_pickles(src, pos, storages):
+    """The four pickles after the magic number: protocol, sys_info, the object, the storage keys.
+    They are read from a prefix of the file, grown until they fit (storages are not read)."""
     what = "legacy checkpoint"
-    basic = _allowlist()
-    u = Unpickler(data, basic, pos=pos, what=what)
-    if u.load() != LEGACY_PROTOCOL:
-        raise RecordError("%s: protocol version is not %d" % (what, LEGACY_PROTOCOL))
-    sys_info = Unpickler(data, basic, pos=u.pos, what=what)
-    info = sys_info.load()
-    if not isinstance(info, dict):
-        raise RecordError("%s: sys_info is %s, not a dict" % (what, _describe(info)))
-    big_endian = info.get("little_endian", True) is False
+    chunk = 1 << 20
+    while True:
+        data = bytes(src.read(0, min(src.size, pos + chunk)))
+        try:
+            u = Unpickler(data, _allowlist(), pos=pos, what=what)
+            values = []
+            for persistent in (None, None, storages.legacy_pid, None):
+                u.persistent_load = persistent
+                values.append(u.load())
+            return values, u.pos
+        except TruncatedPickle:
+            if len(data) >= src.size:
+                raise
+            storages.by_key.clear()
+            chunk *= 4
+
+
+def _load_legacy(src, pos, nested):
+    """The legacy stream of `src` (a _Bytes) from `pos`, just after its magic number."""
+    what = "legacy checkpoint"
     located = {}
 
     def fetch_for(key, nbytes):
-        return lambda: located[key]
+        return lambda: src.read(located[key], nbytes)
 
     storages = _Storages(fetch_for)
-    main = Unpickler(data, _allowlist(), storages.legacy_pid, pos=sys_info.pos, what=what)
-    obj = main.load()
-    keys_reader = Unpickler(data, basic, pos=main.pos, what=what)
-    keys = keys_reader.load()
+    (protocol, info, obj, keys), pos = _legacy_pickles(src, pos, storages)
+    if protocol != LEGACY_PROTOCOL:
+        raise RecordError("%s: protocol version is not %d" % (what, LEGACY_PROTOCOL))
+    if not isinstance(info, dict):
+        raise RecordError("%s: sys_info is %s, not a dict" % (what, _describe(info)))
+    big_endian = info.get("little_endian", True) is False
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise RecordError("%s: the storage key list is %s" % (what, _describe(keys)))
-    pos = keys_reader.pos
-    view = memoryview(data)
     for key in keys:
         ref = storages.by_key.get(key)
         if ref is None:
             raise RecordError("%s: storage %r is stored but no tensor names it" % (what, key))
-        if pos + 8 > len(data):
-            raise RecordError("%s: truncated before storage %r" % (what, key))
-        (numel,) = struct.unpack(">q" if big_endian else "<q", view[pos:pos + 8])
+        (numel,) = struct.unpack(">q" if big_endian else "<q", bytes(src.read(pos, 8)))
         if numel != ref.numel:
             raise RecordError("%s: storage %r holds %d elements, the pickle says %d" % (what, key, numel, ref.numel))
-        pos += 8
-        if pos + ref.nbytes > len(data):
+        if pos + 8 + ref.nbytes > src.size:
             raise RecordError("%s: storage %r needs %d bytes at offset %d, %d present"
-                              % (what, key, ref.nbytes, pos, len(data) - pos))
-        located[key] = view[pos:pos + ref.nbytes]
-        pos += ref.nbytes
+                              % (what, key, ref.nbytes, pos + 8, src.size - pos - 8))
+        located[key] = pos + 8
+        pos += 8 + ref.nbytes
     missing = [k for k in storages.by_key if k not in located]
     if missing:
         raise RecordError("%s: storages %s are named but not stored" % (what, ", ".join(missing[:5])))
@@ -452,7 +481,7 @@ def _load_pickle(data):
         pos = _magic_end(blob)
         if pos is None:
             raise RecordError("checkpoint: _load_from_bytes holds no legacy torch stream")
-        storage, big = _load_legacy(blob, pos, nested=True)
+        storage, big = _load_legacy(_Bytes(data=blob), pos, nested=True)
         endian.append(big)
         return storage
 
@@ -489,11 +518,11 @@ def _read(f):
         return _ZipArchive(f, size).load()
     if head[:1] != b"\x80":
         raise RecordError("checkpoint: neither a torch.save zip archive nor a pickle (starts with %r)" % (bytes(head),))
-    data = _read_all(f)
-    pos = _magic_end(data)
+    pos = _magic_end(f.read(64))
     if pos is not None:
-        return _load_legacy(data, pos, nested=False)
-    return _load_pickle(data)
+        return _load_legacy(_Bytes(f, size), pos, nested=False)
+    f.seek(0)
+    return _load_pickle(_read_all(f))
 
 
 # -- choosing the state dict and making tensors ---------------------------------------------------
