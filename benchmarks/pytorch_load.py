@@ -88,7 +88,8 @@ def main(argv=None):
         peak = max(r["peak_added_mb"] for r in results)
         summary[loader] = (min(seconds), peak, statistics.median(seconds))
         print(json.dumps({"bench": "pytorch_load", "layout": args.layout,
-                          "loader": "torch.load(weights_only=True)" if loader == "torch" else "cinders load_pytorch (NumPy)",
+                          "loader": ("torch.load(weights_only=True)" if loader == "torch"
+                                     else "cinders load_pytorch (NumPy)"),
                           "file_mb": round(file_mb, 1), "tensors": tensors, "best_s": round(min(seconds), 4),
                           "median_s": round(statistics.median(seconds), 4), "peak_rss_mb": round(peak, 1),
                           "peak_vs_file": round(peak / file_mb, 2)}), flush=True)

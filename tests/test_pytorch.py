@@ -250,8 +250,8 @@ def test_cli_convert_writes_safetensors_the_official_library_reads(tmp_path, cap
     from safetensors.numpy import load_file
     from cinders.cli import main
     torch.manual_seed(0)
-    weights = {"module.fc.weight": torch.randn(2, 3), "module.fc.bias": torch.randn(2), "module.bn.num_batches_tracked": torch.tensor(4),
-               "half": torch.randn(3).half()}
+    weights = {"module.fc.weight": torch.randn(2, 3), "module.fc.bias": torch.randn(2),
+               "module.bn.num_batches_tracked": torch.tensor(4), "half": torch.randn(3).half()}
     src = tmp_path / "ck.pth"
     torch.save({"state_dict": weights, "epoch": 7}, src)
     out = tmp_path / "ck.safetensors"

@@ -9,7 +9,6 @@ import struct
 import subprocess
 import sys
 import zipfile
-import zlib
 
 import pytest
 import torch

@@ -48,12 +48,6 @@ class TruncatedPickle(RecordError):
     """The pickle ran past the bytes given (a caller reading a prefix may read more and retry)."""
 
 
-class _Mark:
-    pass
-
-
-_MARK = _Mark()
-
 # opcode byte -> name, for the messages (pickletools' names)
 _NAMES = {
     b"(": "MARK", b".": "STOP", b"0": "POP", b"1": "POP_MARK", b"2": "DUP", b"F": "FLOAT", b"I": "INT",
@@ -179,7 +173,8 @@ class Unpickler:
         try:
             return self.memo[key]
         except KeyError:
-            raise RecordError("%s: memo entry %d read before written (offset %d)" % (self.what, key, self.pos)) from None
+            raise RecordError("%s: memo entry %d read before written (offset %d)"
+                              % (self.what, key, self.pos)) from None
 
     def _str(self, n):
         try:
@@ -189,7 +184,8 @@ class Unpickler:
 
     def _long(self, n):
         if n > MAX_LONG_BYTES:
-            raise RecordError("%s: a %d-byte integer at offset %d (at most %d)" % (self.what, n, self.pos, MAX_LONG_BYTES))
+            raise RecordError("%s: a %d-byte integer at offset %d (at most %d)"
+                              % (self.what, n, self.pos, MAX_LONG_BYTES))
         return int.from_bytes(self._take(n), "little", signed=True)
 
 
@@ -333,7 +329,8 @@ def _binpersid(u):
 def _tuple_n(n):
     def handler(u):
         if len(u.stack) < n:
-            raise RecordError("%s: TUPLE%d with %d values on the stack (offset %d)" % (u.what, n, len(u.stack), u.pos - 1))
+            raise RecordError("%s: TUPLE%d with %d values on the stack (offset %d)"
+                              % (u.what, n, len(u.stack), u.pos - 1))
         items = tuple(u.stack[len(u.stack) - n:])
         del u.stack[len(u.stack) - n:]
         u.stack.append(items)

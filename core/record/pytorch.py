@@ -197,12 +197,15 @@ def _allowlist(load_from_bytes=None):
         add(module + "._rebuild_parameter", _rebuild_parameter)
         add(module + "._rebuild_parameter_with_state", _rebuild_parameter)
     add("torch._tensor._rebuild_from_type_v2", _rebuild_from_type)
-    add("collections.OrderedDict", lambda *a: OrderedDictValue(*a[:1]) if not a or isinstance(a[0], dict) else _bad("OrderedDict", a))
-    add("torch.Size", lambda dims=(): _int_tuple("torch.Size", tuple(dims) if isinstance(dims, (tuple, list)) else dims))
+    add("collections.OrderedDict",
+        lambda *a: OrderedDictValue(*a[:1]) if not a or isinstance(a[0], dict) else _bad("OrderedDict", a))
+    add("torch.Size",
+        lambda dims=(): _int_tuple("torch.Size", tuple(dims) if isinstance(dims, (tuple, list)) else dims))
     add("torch.device", lambda *a: ":".join(str(v) for v in a if isinstance(v, (str, int))))
     add("_codecs.encode", _latin1_encode)
     for name in ("builtins.set", "__builtin__.set"):
-        add(name, lambda items=(): {hashable(v) for v in items} if isinstance(items, (list, tuple)) else _bad("set", items))
+        add(name, lambda items=(): ({hashable(v) for v in items} if isinstance(items, (list, tuple))
+                                    else _bad("set", items)))
     for name in _STORAGE_TYPES:
         allowed["torch." + name] = _Value("storage type", name)
     for name in _TORCH_DTYPES:
@@ -333,9 +336,11 @@ class _ZipArchive:
                 return None
             raise RecordError("checkpoint: the archive has no entry %r (a storage the pickle names)" % (name,))
         if exact is not None and info.file_size != exact:
-            raise RecordError("checkpoint: entry %r holds %d bytes, the pickle needs %d" % (name, info.file_size, exact))
+            raise RecordError("checkpoint: entry %r holds %d bytes, the pickle needs %d"
+                              % (name, info.file_size, exact))
         if info.file_size > expected_max:
-            raise RecordError("checkpoint: entry %r is %d bytes (at most %d expected)" % (name, info.file_size, expected_max))
+            raise RecordError("checkpoint: entry %r is %d bytes (at most %d expected)"
+                              % (name, info.file_size, expected_max))
         if info.compress_type == zipfile.ZIP_STORED:
             return self._stored(info)
         if info.file_size > MAX_INFLATE_RATIO * info.compress_size + (1 << 20):
@@ -347,7 +352,8 @@ class _ZipArchive:
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, zlib.error) as e:
             raise RecordError("checkpoint: entry %r cannot be read (%s)" % (name, e)) from None
         if len(data) != info.file_size:
-            raise RecordError("checkpoint: entry %r gave %d bytes, its header says %d" % (name, len(data), info.file_size))
+            raise RecordError("checkpoint: entry %r gave %d bytes, its header says %d"
+                              % (name, len(data), info.file_size))
         return bytearray(data)
 
     def _stored(self, info):
@@ -359,7 +365,8 @@ class _ZipArchive:
         f.seek(info.header_offset)
         header = f.read(30)
         if len(header) != 30 or header[:4] != b"PK\x03\x04":
-            raise RecordError("checkpoint: entry %r has no local header at offset %d" % (info.filename, info.header_offset))
+            raise RecordError("checkpoint: entry %r has no local header at offset %d"
+                              % (info.filename, info.header_offset))
         name_len, extra_len = struct.unpack("<HH", header[26:30])
         start = info.header_offset + 30 + name_len + extra_len
         if info.compress_size != info.file_size or start + info.file_size > self.size:
@@ -527,7 +534,7 @@ def _read(f):
 
 # -- choosing the state dict and making tensors ---------------------------------------------------
 
-def _describe(value, depth=0):
+def _describe(value):
     """A short, bounded description of a pickled value (never its repr: it may be huge or cyclic)."""
     if isinstance(value, TensorRef):
         return "tensor %s %s" % (value.storage.dtype, list(value.size))
@@ -559,7 +566,8 @@ def _choose_state(obj, top_level_key):
         raise RecordError("checkpoint holds %s, not a dict of tensors" % (_describe(obj),))
     others = lambda skip: {str(k)[:80]: _describe(v) for k, v in obj.items() if k != skip}  # noqa: E731
     if top_level_key is not None:
-        path = [top_level_key] if top_level_key in obj or not isinstance(top_level_key, str) else top_level_key.split(".")
+        dotted = isinstance(top_level_key, str) and top_level_key not in obj
+        path = top_level_key.split(".") if dotted else [top_level_key]
         state = obj
         for i, part in enumerate(path):
             if not isinstance(state, dict) or part not in state or i >= MAX_NESTING:
@@ -595,7 +603,8 @@ def _np_values(buf, ref, big_endian, shared):
     """A NumPy array of the tensor's values in its cinders dtype (one copy at most)."""
     itemsize, _, code, target = _DTYPES[ref.storage.dtype]
     stored = _np.frombuffer(buf, dtype=_np.dtype(code).newbyteorder(">" if big_endian else "<"))
-    whole = not memoryview(buf).readonly and not shared and ref.offset == 0 and ref.numel == ref.storage.numel and _contiguous(ref.size, ref.stride)
+    whole = (not memoryview(buf).readonly and not shared and ref.offset == 0 and ref.numel == ref.storage.numel
+             and _contiguous(ref.size, ref.stride))
     if whole:
         view = stored.reshape(ref.size)
     else:
@@ -698,7 +707,8 @@ def _notes(refs):
         if stored in ("float16", "bfloat16", "float64"):
             notes.append("%s: %s stored, loaded as float32" % (name, stored))
         elif stored in ("int64", "int16", "int8", "uint8"):
-            notes.append("%s: %s stored, loaded as int32%s" % (name, stored, " (range checked)" if stored == "int64" else ""))
+            checked = " (range checked)" if stored == "int64" else ""
+            notes.append("%s: %s stored, loaded as int32%s" % (name, stored, checked))
     return notes
 
 
