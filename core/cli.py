@@ -245,14 +245,22 @@ def convert(args):
         if not eq:
             raise ValueError("--remap %r: write REGEX=REPLACEMENT" % (rule,))
         rules.append((pattern, replacement))
-    config = json.loads(args.model_config)
+    try:
+        config = json.loads(args.model_config)
+    except ValueError as e:
+        raise ValueError("--model-config is not JSON (%s)" % (e,)) from None
     if not isinstance(config, dict):
         raise ValueError("--model-config must be a JSON object, got %r" % (args.model_config,))
     state = convert_pytorch(args.checkpoint, args.out, top_level_key=args.key, remap=rules,
                             model_class=args.model_class, model_config=config,
                             progress=lambda text: print(text, flush=True))
+    grouped = {}  # "int64 stored, loaded as int32 (range checked)" -> [tensor names]
     for note in state.notes:
-        print("note: " + note, flush=True)
+        name, _, what = note.partition(": ")
+        grouped.setdefault(what, []).append(name)
+    for what, names in grouped.items():
+        shown = ", ".join(names[:3]) + (", ... (%d in all)" % len(names) if len(names) > 3 else "")
+        print("note: %s: %s" % (what, shown), flush=True)
     for key, what in state.other.items():
         print("also in the file (not converted): %s: %s" % (key, what), flush=True)
     return 0

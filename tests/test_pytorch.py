@@ -258,7 +258,7 @@ def test_cli_convert_writes_safetensors_the_official_library_reads(tmp_path, cap
     assert main(["convert", str(src), "--out", str(out), "--key", "state_dict", "--remap", r"^module\.="]) == 0
     printed = capsys.readouterr().out
     assert "read 4 tensors" in printed and "also in the file (not converted): epoch: int 7" in printed
-    assert "note: half: float16 stored, loaded as float32" in printed
+    assert "note: float16 stored, loaded as float32: half" in printed
     got = load_file(str(out))
     assert sorted(got) == ["bn.num_batches_tracked", "fc.bias", "fc.weight", "half"]
     np.testing.assert_array_equal(got["fc.weight"], weights["module.fc.weight"].numpy())
