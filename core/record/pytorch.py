@@ -304,10 +304,46 @@ def _buffer(n):
     return _np.empty(n, _np.uint8) if _np is not None else bytearray(n)
 
 
+class _CrcChecks:
+    """CRC-32 checks of storage entries, run on a helper thread while the next entry is read
+    (zlib.crc32 and readinto both release the GIL: the check costs about as much as the read),
+    inline where no thread can start (Pyodide). verify() before any tensor is handed out."""
+
+    def __init__(self):
+        self.pending, self.pool = [], None
+
+    def add(self, name, buf, crc):
+        if self.pool is None and self.pending is not None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="cinders-crc")
+        if self.pool is not None:
+            try:
+                self.pending.append((name, crc, self.pool.submit(zlib.crc32, buf)))
+                return
+            except RuntimeError:  # no threads here: check inline from now on
+                self.pool.shutdown()
+                self.pool, self.pending = None, None
+        if zlib.crc32(buf) != crc:
+            raise _crc_error(name)
+
+    def verify(self):
+        for name, crc, future in self.pending or ():
+            if future.result() != crc:
+                raise _crc_error(name)
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _crc_error(name):
+    return RecordError("checkpoint: entry %r fails its CRC check (corrupt file)" % (name,))
+
+
 class _ZipArchive:
-    def __init__(self, f, size):
+    def __init__(self, f, size, checks):
         _zip_limits(f, size)
-        self.f, self.size = f, size
+        self.f, self.size, self.checks = f, size, checks
         try:
             self.zip = zipfile.ZipFile(f)
             infos = self.zip.infolist()
@@ -328,8 +364,9 @@ class _ZipArchive:
             raise RecordError("checkpoint: byteorder entry says %r" % (bytes(order[:16]),))
         self.big_endian = order == b"big"
 
-    def entry_bytes(self, name, expected_max, exact=None, missing_ok=False):
-        """The bytes of one entry (a writable buffer), read only after its sizes are checked."""
+    def entry_bytes(self, name, expected_max, exact=None, missing_ok=False, defer_crc=False):
+        """The bytes of one entry (a writable buffer), read only after its sizes are checked.
+        defer_crc: the CRC check joins self.checks (verified before load_pytorch returns)."""
         info = self.entries.get(name)
         if info is None:
             if missing_ok:
@@ -342,7 +379,7 @@ class _ZipArchive:
             raise RecordError("checkpoint: entry %r is %d bytes (at most %d expected)"
                               % (name, info.file_size, expected_max))
         if info.compress_type == zipfile.ZIP_STORED:
-            return self._stored(info)
+            return self._stored(info, defer_crc)
         if info.file_size > MAX_INFLATE_RATIO * info.compress_size + (1 << 20):
             raise RecordError("checkpoint: entry %r inflates %d bytes to %d (zip bomb?)"
                               % (name, info.compress_size, info.file_size))
@@ -356,7 +393,7 @@ class _ZipArchive:
                               % (name, len(data), info.file_size))
         return bytearray(data)
 
-    def _stored(self, info):
+    def _stored(self, info, defer_crc):
         """An uncompressed entry straight from the file into one buffer (no second copy)."""
         f = self.f
         if not 0 <= info.header_offset <= self.size - 30:
@@ -376,15 +413,17 @@ class _ZipArchive:
         buf = _buffer(info.file_size)
         if f.readinto(buf) != info.file_size:
             raise RecordError("checkpoint: entry %r is truncated" % (info.filename,))
-        if zlib.crc32(buf) != info.CRC:
-            raise RecordError("checkpoint: entry %r fails its CRC check (corrupt file)" % (info.filename,))
+        if defer_crc:
+            self.checks.add(info.filename, buf, info.CRC)
+        elif zlib.crc32(buf) != info.CRC:
+            raise _crc_error(info.filename)
         return buf
 
     def load(self):
         data = self.entry_bytes(self.prefix + "data.pkl", MAX_PICKLE_BYTES)
 
         def fetch_for(key, nbytes):
-            return lambda: self.entry_bytes(self.prefix + "data/" + key, nbytes, exact=nbytes)
+            return lambda: self.entry_bytes(self.prefix + "data/" + key, nbytes, exact=nbytes, defer_crc=True)
 
         storages = _Storages(fetch_for)
         obj = Unpickler(data, _allowlist(), storages.zip_pid, what="data.pkl").load()
@@ -513,16 +552,17 @@ def _open(source):
     return source
 
 
-def _read(f):
+def _read(f, checks):
     """(object graph with TensorRefs, big_endian) from a seekable binary file. Storages are
-    read later, through StorageRef.fetch, while `f` is still open."""
+    read later, through StorageRef.fetch, while `f` is still open; their CRC checks go to
+    `checks`."""
     f.seek(0, 2)
     size = f.tell()
     f.seek(0)
     head = f.read(4)
     f.seek(0)
     if head == b"PK\x03\x04":
-        return _ZipArchive(f, size).load()
+        return _ZipArchive(f, size, checks).load()
     if head[:1] != b"\x80":
         raise RecordError("checkpoint: neither a torch.save zip archive nor a pickle (starts with %r)" % (bytes(head),))
     pos = _magic_end(f.read(64))
@@ -726,8 +766,9 @@ def load_pytorch(path_or_file, *, top_level_key=None, backend=None):
         from ..tensor import default_backend
         backend = default_backend()
     f = _open(path_or_file)
+    checks = _CrcChecks()
     try:
-        obj, big_endian = _read(f)
+        obj, big_endian = _read(f, checks)
         state, key, other = _choose_state(obj, top_level_key)
         refs, notes = {}, []
         for name, value in state.items():
@@ -738,7 +779,9 @@ def load_pytorch(path_or_file, *, top_level_key=None, backend=None):
             else:
                 notes.append("%s: skipped %s (not a tensor)" % (name, _describe(value)))
         tensors = _materialise(refs, backend, big_endian)
+        checks.verify()
     finally:
+        checks.close()
         if f is not path_or_file:
             f.close()
     return PyTorchState(tensors, _notes(refs) + notes, other, key)
