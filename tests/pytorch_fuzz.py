@@ -123,7 +123,8 @@ def main(argv=None):
         by_kind.setdefault(kind, {}).setdefault(outcome, 0)
         by_kind[kind][outcome] += 1
     counts["by_mutation"] = by_kind
-    counts["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    with open("/proc/self/status") as f:  # VmHWM: ru_maxrss would report the parent's peak (kept across exec)
+        counts["peak_rss_mb"] = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) // 1024
     counts["cap_mb_beyond_startup"] = args.cap_mb
     counts["failure_examples"] = failures[:20]
     print(json.dumps(counts, sort_keys=True))
