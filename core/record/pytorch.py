@@ -191,11 +191,10 @@ def _allowlist(load_from_bytes=None):
     def add(name, call=None, new=None):
         allowed[name] = Allowed(name, call, new)
 
-    for module in ("torch._utils",):
-        add(module + "._rebuild_tensor", _rebuild_tensor)
-        add(module + "._rebuild_tensor_v2", _rebuild_tensor)
-        add(module + "._rebuild_parameter", _rebuild_parameter)
-        add(module + "._rebuild_parameter_with_state", _rebuild_parameter)
+    add("torch._utils._rebuild_tensor", _rebuild_tensor)
+    add("torch._utils._rebuild_tensor_v2", _rebuild_tensor)
+    add("torch._utils._rebuild_parameter", _rebuild_parameter)
+    add("torch._utils._rebuild_parameter_with_state", _rebuild_parameter)
     add("torch._tensor._rebuild_from_type_v2", _rebuild_from_type)
     add("collections.OrderedDict",
         lambda *a: OrderedDictValue(*a[:1]) if not a or isinstance(a[0], dict) else _bad("OrderedDict", a))
@@ -736,7 +735,7 @@ def _materialise(refs, backend, big_endian):
 def _flat_array(values, target):
     code = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}[target]
     flat = array(code)
-    flat.frombytes(values.astype({"f": "<f4", "i": "<i4", "B": "u1"}[code]).tobytes())
+    flat.frombytes(values.astype({"f": "=f4", "i": "=i4", "B": "u1"}[code]).tobytes())  # native, as array is
     return flat
 
 
