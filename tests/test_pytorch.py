@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import backends as registry
 import cinders as cn
 import pytorch_twins
 from cinders import models, nn
@@ -80,6 +81,15 @@ def test_pure_python_path_without_numpy(tmp_path, monkeypatch, layout):
     sample = _sample()
     state = load_pytorch(_save(tmp_path / "s.pt", sample, layout, 2), backend=cn.Python())
     assert all(t.backend.name == "python" for t in state.values())
+    _assert_state(state, sample)
+
+
+@pytest.mark.parametrize("name", registry.selected_names())
+def test_every_backend_gets_the_same_tensors(tmp_path, name):
+    backend = registry.BACKENDS[name]()
+    sample = _sample()
+    state = load_pytorch(_save(tmp_path / "s.pt", sample, "zip", 2), backend=backend)
+    assert all(t.backend is backend for t in state.values())
     _assert_state(state, sample)
 
 
