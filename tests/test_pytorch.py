@@ -105,8 +105,8 @@ def test_sources_path_file_and_bytes(tmp_path):
 
 def test_checkpoint_dict_finds_the_state_dict_and_lists_the_rest(tmp_path):
     model_state = {"fc.weight": torch.ones(2, 2), "fc.bias": torch.zeros(2)}
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1, momentum=0.9)
-    checkpoint = {"epoch": 12, "model": model_state, "optimizer": opt.state_dict(), "best": 0.9}
+    optimizer = {"state": {0: {"momentum_buffer": torch.ones(2)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    checkpoint = {"epoch": 12, "model": model_state, "optimizer": optimizer, "best": 0.9}
     path = _save(tmp_path / "ck.pt", checkpoint, "zip", 2)
     state = load_pytorch(path)
     assert list(state) == ["fc.weight", "fc.bias"] and state.key == "model"
