@@ -662,19 +662,24 @@ def _np_values(buf, ref, big_endian, shared):
     return out if whole or out.base is None else out.copy()
 
 
-def _array_values(buf, ref, big_endian):
-    """The tensor's values as an array/list in its cinders dtype, without NumPy."""
-    itemsize, code, _, target = _DTYPES[ref.storage.dtype]
-    stored = array(code)
-    stored.frombytes(bytes(buf))
+def _array_storage(buf, dtype, big_endian):
+    """A storage's values as an array (or tuple) of Python numbers, without NumPy."""
+    stored = array(_DTYPES[dtype][1])
+    stored.frombytes(buf)
     if big_endian != (sys.byteorder == "big"):
         stored.byteswap()
-    if ref.storage.dtype == "float16":
-        stored = struct.unpack("<%de" % len(stored), stored.tobytes())
-    elif ref.storage.dtype == "bfloat16":
+    if dtype == "float16":
+        return struct.unpack("=%de" % len(stored), stored.tobytes())
+    if dtype == "bfloat16":
         widened = array("I", [h << 16 for h in stored])
         stored = array("f")
         stored.frombytes(widened.tobytes())
+    return stored
+
+
+def _array_values(stored, ref):
+    """One tensor's values in its cinders dtype from its decoded storage, without NumPy."""
+    target = _DTYPES[ref.storage.dtype][3]
     if _contiguous(ref.size, ref.stride):
         flat = stored[ref.offset:ref.offset + ref.numel]
     else:
@@ -718,6 +723,8 @@ def _materialise(refs, backend, big_endian):
         buf = storage.fetch()
         if len(buf) != storage.nbytes:
             raise RecordError("checkpoint: storage %r has %d bytes, needs %d" % (storage.key, len(buf), storage.nbytes))
+        if not to_numpy:
+            buf = _array_storage(buf, storage.dtype, big_endian)
         for name in names:
             ref = refs[name]
             target = _DTYPES[storage.dtype][3]
@@ -726,7 +733,7 @@ def _materialise(refs, backend, big_endian):
                 if not keep_numpy:
                     values = _flat_array(values, target)
             else:
-                values = _array_values(buf, ref, big_endian)
+                values = _array_values(buf, ref)
             out[name] = Tensor(backend, backend.from_flat(values, ref.size, target), ref.size, target)
         del buf
     return {name: out[name] for name in refs}
