@@ -7,15 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from cinders.web.server import DemoServer, default_mounts, ensure_setup
-
-from browser_env import wait_ready
-from conftest import OutsideRequests
-
 
 @pytest.fixture(scope="module")
-def checkpoint_server(tmp_path_factory):
-    """The demo server plus /checkpoints/ serving the .pt files made here."""
+def checkpoints(demo_server, tmp_path_factory):
+    """The .pt files made here, served by the session's demo server under /checkpoints/."""
     folder = tmp_path_factory.mktemp("checkpoints")
     torch.manual_seed(0)
     base = torch.randn(3, 4)
@@ -25,25 +20,19 @@ def checkpoint_server(tmp_path_factory):
     torch.save({"model": state, "epoch": 3}, folder / "zip.pt")
     torch.save(state, folder / "legacy.pt", _use_new_zipfile_serialization=False)
     (folder / "evil.pt").write_bytes(b"\x80\x02cos\nsystem\n(X\x04\x00\x00\x00truetR.")
-    ensure_setup()
-    server = DemoServer(port=0, mounts=[("/checkpoints/", str(folder))] + default_mounts()).start()
-    yield server, state
-    server.stop()
+    handler = demo_server.httpd.RequestHandlerClass  # the server's mounts: add ours in front for this module
+    served = handler.mounts
+    handler.mounts = (("/checkpoints/", str(folder)),) + served
+    yield state
+    handler.mounts = served
 
 
-def test_pyodide_reads_torch_checkpoints_fetched_from_the_server(browser, checkpoint_server):
-    server, state = checkpoint_server
-    guard = OutsideRequests(server)
-    context = guard.attach(browser.new_context())
-    try:
-        page = context.new_page()
-        page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
-        page.goto(server.url)
-        wait_ready(page)
-        got = json.loads(page.evaluate("""async (code) => {
-            const py = window.cindersDemo.model.runtime.pyodide;
-            return await py.runPythonAsync(code);
-        }""", """
+def test_pyodide_reads_torch_checkpoints_fetched_from_the_server(mnist_page, checkpoints):
+    state = checkpoints
+    got = json.loads(mnist_page.evaluate("""async (code) => {
+        const py = window.cindersDemo.model.runtime.pyodide;
+        return await py.runPythonAsync(code);
+    }""", """
 import json, sys
 import cinders as cn
 from cinders.record import load_pytorch
@@ -61,9 +50,6 @@ except cn.RecordError as e:
     out["evil"] = str(e)
 json.dumps(out)
 """))
-    finally:
-        context.close()
-    assert guard.seen == []
     assert got["numpy"] is False  # the pure-Python path: array/struct decoding
     assert got["zip.pt"]["key"] == "model" and got["zip.pt"]["other"] == {"epoch": "int 3"}
     assert got["legacy.pt"]["key"] is None
