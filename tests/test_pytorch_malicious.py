@@ -298,3 +298,11 @@ def test_nothing_is_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(hostile), str(clean)], capture_output=True, text=True,
                          check=True).stdout
     assert "refused global this.x" in out and out.strip().endswith("[]")
+
+
+def test_lengths_beyond_the_file_are_refused_before_allocating():
+    """A 4 GB string claimed by a few bytes: refused from the lengths, in every layout."""
+    payload = P2 + b"B" + struct.pack("<I", 2 ** 32 - 1) + b"\0" * 64
+    _refused(payload, "truncated: 4294967295 bytes needed")
+    _refused(_legacy_with(payload), "truncated")
+    _refused(P2 + b"\x8e" + struct.pack("<Q", 2 ** 62) + b".", "truncated")

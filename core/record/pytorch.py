@@ -38,7 +38,7 @@ except ImportError:  # Pyodide without NumPy, MicroPython: the array path below
 
 LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 LEGACY_PROTOCOL = 1001
-MAX_PICKLE_BYTES = 64 << 20       # data.pkl of a zip checkpoint (10k tensors take ~2 MB)
+MAX_PICKLE_BYTES = 64 << 20       # data.pkl / legacy pickles (a checkpoint of 10k tensors takes ~2 MB)
 MAX_ZIP_ENTRIES = 100000
 MAX_CENTRAL_DIRECTORY = 16 << 20  # bytes: zipfile builds one object per entry up front
 MAX_INFLATE_RATIO = 64            # deflated entries may grow at most this much (zip bombs)
@@ -466,6 +466,9 @@ def _legacy_pickles(src, pos, storages):
         except TruncatedPickle:
             if len(data) >= src.size:
                 raise
+            if chunk >= MAX_PICKLE_BYTES:
+                raise RecordError("%s: its pickles run past %d bytes (at most %d)"
+                                  % (what, pos + chunk, MAX_PICKLE_BYTES)) from None
             storages.by_key.clear()
             chunk *= 4
 
