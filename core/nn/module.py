@@ -154,8 +154,8 @@ class Module:
         remap: [(regex, replacement), ...] applied in order to every key of `state` (re.sub),
         e.g. [(r"^module\\.", ""), (r"^fc\\.", "head.")] for a checkpoint of another naming.
         strict=True raises cn.RecordError listing missing keys, unexpected keys and shape
-        mismatches; strict=False loads the keys that match and returns them in the result
-        LoadResult(missing_keys, unexpected_keys) (shape mismatches are always an error)."""
+        mismatches; strict=False loads the keys that match. Shape mismatches are always an error.
+        Returns LoadResult(missing_keys, unexpected_keys), like torch."""
         if remap:
             state = remap_keys(state, remap)
         current = {p: (v, is_buffer) for p, _, _, v, is_buffer in self._walk()}
