@@ -519,6 +519,47 @@ def export_web(args):
 def serve(args):
     from cinders.web.export import serve as serve_folder
     serve_folder(args.folder, args.port, args.open)
+
+
+# ---------------------------------------------------------------- convert
+
+@command("convert", "convert a PyTorch checkpoint (torch.save .pt/.pth) to safetensors, running none of its code", [
+    arg("checkpoint", help="a torch.save file: zip (torch >= 1.6), legacy or plain pickle"),
+    arg("--out", required=True, help="safetensors file to write"),
+    arg("--key", help="top-level key holding the state dict, e.g. state_dict or model.backbone "
+                      "(default: found automatically)"),
+    arg("--remap", nargs="*", default=[], metavar="REGEX=REPL",
+        help="rename keys: each rule is re.sub(REGEX, REPL, key), applied in order; split at the last '='"),
+    arg("--model-class", help="load into this cinders.models class (e.g. cinders.models.vision.ResNet) and "
+                              "write a cinders record that cn.load_model / export-micro rebuild"),
+    arg("--model-config", default="{}", help="JSON constructor arguments for --model-class"),
+])
+def convert(args):
+    from cinders.record.pytorch import convert_pytorch
+    rules = []
+    for rule in args.remap:
+        pattern, eq, replacement = rule.rpartition("=")
+        if not eq:
+            raise ValueError("--remap %r: write REGEX=REPLACEMENT" % (rule,))
+        rules.append((pattern, replacement))
+    try:
+        config = json.loads(args.model_config)
+    except ValueError as e:
+        raise ValueError("--model-config is not JSON (%s)" % (e,)) from None
+    if not isinstance(config, dict):
+        raise ValueError("--model-config must be a JSON object, got %r" % (args.model_config,))
+    state = convert_pytorch(args.checkpoint, args.out, top_level_key=args.key, remap=rules,
+                            model_class=args.model_class, model_config=config,
+                            progress=lambda text: print(text, flush=True))
+    grouped = {}  # "int64 stored, loaded as int32 (range checked)" -> [tensor names]
+    for note in state.notes:
+        name, _, what = note.partition(": ")
+        grouped.setdefault(what, []).append(name)
+    for what, names in grouped.items():
+        shown = ", ".join(names[:3]) + (", ... (%d in all)" % len(names) if len(names) > 3 else "")
+        print("note: %s: %s" % (what, shown), flush=True)
+    for key, what in state.other.items():
+        print("also in the file (not converted): %s: %s" % (key, what), flush=True)
     return 0
 
 

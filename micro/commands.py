@@ -23,11 +23,18 @@ def quantize(args):
     arg("--input-shape", metavar="A,B,...", type=shape_arg,
         help="shape of one input sample, e.g. 1,28,28 (default: recorded by model.save once the "
              "model has run, else the class's input_shape attribute)"),
+    arg("--model-class", help="for a PyTorch .pt input: the cinders.models class its state dict loads into"),
+    arg("--model-config", default="{}", help="for a PyTorch .pt input: JSON constructor arguments"),
 ])
 def export_micro(args):
+    import json
     from .export import export_micro as export
+    try:
+        config = json.loads(args.model_config)
+    except ValueError as e:
+        raise ValueError("--model-config is not JSON (%s)" % (e,)) from None
     files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source,
-                   input_shape=args.input_shape)
+                   input_shape=args.input_shape, model_class=args.model_class, model_config=config)
     print("wrote %d files to %s; run: cd %s && micropython predict.py INPUT.json"
           % (len(files), args.out, args.out), flush=True)
     return 0

@@ -250,13 +250,18 @@ def write_board_record(src, dst, input_shape=None, tensor_ops=True):
     return meta
 
 
-def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None,
-                 input_shape=None):
+def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
+                 model_config=None, input_shape=None):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
+    A PyTorch checkpoint (.pt) is converted first into a record of `model_class`.
 
     input_shape: one sample's shape (e.g. (1, 28, 28)) for predict.py; default: the record's
     `input_shape` (Module.save records it once the model has run), else the model class's
     `input_shape` attribute."""
+    from ..record import pytorch
+    if pytorch.is_checkpoint(record_path):
+        with pytorch.converted_record(record_path, model_class, model_config) as record:
+            return export_micro(record, out_dir, mpy, model_file, mpy_cross, input_shape=input_shape)
     try:
         with open(record_path, "rb") as f:
             meta = safetensors.Reader(f).metadata

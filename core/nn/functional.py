@@ -8,7 +8,7 @@ from ..errors import DTypeError, ShapeError
 from ..functional import (  # noqa: F401  (re-exported: nn.functional is the one place to look)
     avg_pool2d, conv2d, gelu, log_softmax, max_pool2d, relu, sigmoid, softmax)
 from ..creation import random
-from ..tensor import Tensor, _numel, where
+from ..tensor import Tensor, _numel, cat, where
 
 
 def tanh(x):
@@ -60,6 +60,50 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         out = out + bias
     return out
+
+
+def relu6(x):
+    return x.clamp(0.0, 6.0)
+
+
+def hardsigmoid(x):
+    """relu6(x + 3) / 6, torch's piecewise-linear sigmoid (MobileNetV3)."""
+    return (x + 3.0).clamp(0.0, 6.0) / 6.0
+
+
+def hardswish(x):
+    """x * hardsigmoid(x)."""
+    return x * hardsigmoid(x)
+
+
+def _adaptive_windows(size, out):
+    """torch's adaptive pooling windows along one dim: [floor(i*size/out), ceil((i+1)*size/out))."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Mean over the windows that split H and W into output_size cells, like torch. Equal
+    windows are one avg_pool2d; otherwise each axis is averaged window by window (separable)."""
+    if x.ndim != 4:
+        raise ShapeError("adaptive_avg_pool2d: needs input (N, C, H, W), got shape %s" % (x.shape,))
+    h, w = x.shape[2], x.shape[3]
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    oh, ow = h if oh is None else oh, w if ow is None else ow
+    if not (isinstance(oh, int) and isinstance(ow, int) and oh >= 1 and ow >= 1):
+        raise ShapeError("adaptive_avg_pool2d: output_size must be positive ints, got %r" % (output_size,))
+    if (oh, ow) == (1, 1):
+        return x.mean((2, 3), keepdim=True)
+    if h % oh == 0 and w % ow == 0:
+        return avg_pool2d(x, (h // oh, w // ow))
+    for axis, size, out in ((2, h, oh), (3, w, ow)):
+        if out != size:
+            index = [slice(None)] * 4
+            parts = []
+            for start, stop in _adaptive_windows(size, out):
+                index[axis] = slice(start, stop)
+                parts.append(x[tuple(index)].mean(axis, keepdim=True))
+            x = cat(parts, axis)
+    return x
 
 
 def batch_norm(x, mean, var, weight=None, bias=None, eps=1e-5):

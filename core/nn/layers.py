@@ -143,7 +143,8 @@ class AvgPool2d(Module):
 
 
 class BatchNorm2d(Module):
-    """Batch statistics in training (and an update of the running ones, unbiased variance,
+    """Batch statistics in training (and an update of the running ones, unbiased variance;
+    momentum=None averages all batches seen,
     like torch); running statistics in eval()."""
 
     buffers = ("running_mean", "running_var", "num_batches_tracked")
@@ -180,11 +181,12 @@ class BatchNorm2d(Module):
         with no_grad():
             if hasattr(mean.backend, "detach"):
                 mean, var = mean.detach(), var.detach()
-            m = self.momentum
+            self.num_batches_tracked = self.num_batches_tracked + 1
+            # momentum=None is torch's cumulative average: weight 1/k for the k-th batch
+            m = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
             unbiased = var * (n / max(n - 1, 1))
             self.running_mean = self.running_mean * (1.0 - m) + mean * m
             self.running_var = self.running_var * (1.0 - m) + unbiased * m
-            self.num_batches_tracked = self.num_batches_tracked + 1
 
 
 class LayerNorm(Module):
@@ -236,6 +238,40 @@ class Embedding(Module):
 class ReLU(Module):
     def forward(self, x):
         return x.relu()
+
+
+class ReLU6(Module):
+    def forward(self, x):
+        return F.relu6(x)
+
+
+class Hardsigmoid(Module):
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
+class Hardswish(Module):
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class AdaptiveAvgPool2d(Module):
+    """Averages each (N, C) plane down to output_size (an int, or (h, w); None keeps that dim)."""
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def extra_repr(self):
+        return "output_size=%r" % (self.output_size,)
 
 
 class GELU(Module):

@@ -15,6 +15,7 @@ The names are PyTorch's for the same structure, so torch state dicts load 1:1.
 
 import inspect
 import json
+import re
 import warnings
 
 from .. import record
@@ -172,10 +173,17 @@ class Module:
                 _assign(owner, key, replacement)
         return self
 
-    def load_state_dict(self, state, strict=True):
-        """Copy `state` ({path: Tensor or array-like}) into this module, all or nothing: every
-        key and shape is checked before anything changes. Raises cn.RecordError listing the
-        missing keys, unexpected keys and shape mismatches."""
+    def load_state_dict(self, state, strict=True, remap=()):
+        """Copy `state` ({path: Tensor or array-like}, e.g. cinders.record.load_pytorch's) into
+        this module, all or nothing: every key and shape is checked before anything changes.
+
+        remap: [(regex, replacement), ...] applied in order to every key of `state` (re.sub),
+        e.g. [(r"^module\\.", ""), (r"^fc\\.", "head.")] for a checkpoint of another naming.
+        strict=True raises cn.RecordError listing missing keys, unexpected keys and shape
+        mismatches; strict=False loads the keys that match. Shape mismatches are always an error.
+        Returns LoadResult(missing_keys, unexpected_keys), like torch."""
+        if remap:
+            state = remap_keys(state, remap)
         current = {p: (v, is_buffer) for p, _, _, v, is_buffer in self._walk()}
         missing = [k for k in current if k not in state]
         unexpected = [k for k in state if k not in current]
@@ -201,7 +209,8 @@ class Module:
         if problems:
             raise RecordError("load_state_dict(%s): %s (nothing was loaded)"
                               % (type(self).__name__, " | ".join(problems)))
-        return self.replace_tensors(converted)
+        self.replace_tensors(converted)
+        return LoadResult(missing, unexpected)
 
     # -- records (safetensors files; see cinders.record) ---------------------------------------
 
@@ -251,6 +260,43 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+class LoadResult(tuple):
+    """What load_state_dict did not match, like torch's (missing_keys, unexpected_keys)."""
+
+    def __new__(cls, missing_keys, unexpected_keys):
+        return super().__new__(cls, (list(missing_keys), list(unexpected_keys)))
+
+    missing_keys = property(lambda self: self[0])
+    unexpected_keys = property(lambda self: self[1])
+
+    def __repr__(self):
+        return "LoadResult(missing_keys=%r, unexpected_keys=%r)" % self
+
+
+def remap_keys(state, rules):
+    """{re.sub(rules...)(key): value}; two keys that land on one name are an error."""
+    compiled = []
+    for rule in rules:
+        try:
+            pattern, replacement = rule
+            compiled.append((re.compile(pattern), replacement))
+        except (TypeError, ValueError, re.error) as e:
+            raise RecordError("load_state_dict: remap rule %r is not (regex, replacement): %s" % (rule, e)) from None
+    out, source = {}, {}
+    for key, value in state.items():
+        new = key
+        for pattern, replacement in compiled:
+            try:
+                new = pattern.sub(replacement, new)
+            except (re.error, IndexError) as e:
+                raise RecordError("load_state_dict: remap replacement %r fails on %r: %s"
+                                  % (replacement, key, e)) from None
+        if new in out:
+            raise RecordError("load_state_dict: remap sends both %r and %r to %r" % (source[new], key, new))
+        out[new], source[new] = value, key
+    return out
 
 
 # Constructor arguments a record never stores: where tensors live is chosen at load time.

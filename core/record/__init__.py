@@ -25,6 +25,7 @@ from .. import dtypes
 from ..errors import RecordError
 from ..tensor import Tensor
 from . import safetensors, safetensors_write
+from .pytorch import load_pytorch  # noqa: F401  (cinders.record.load_pytorch: torch.save files)
 
 FORMAT = "cinders"
 
