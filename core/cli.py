@@ -519,6 +519,7 @@ def export_web(args):
 def serve(args):
     from cinders.web.export import serve as serve_folder
     serve_folder(args.folder, args.port, args.open)
+    return 0
 
 
 # ---------------------------------------------------------------- convert
