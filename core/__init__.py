@@ -23,7 +23,7 @@ from .fusion import Fusion
 from . import fusion
 from . import nn, optim
 from . import data, record, train
-from .record import load_model
+from .record import load_model, register_model
 from .profile import profile
 
 # Backends load on first use: NumPy is optional (Pyodide runs without it), so `import cinders`

@@ -8,7 +8,6 @@ A bundle is everything a board needs, nothing else:
                                 F32 and I8 only)
     DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
 """
-import importlib
 import inspect
 import os
 import shlex
@@ -42,17 +41,13 @@ def find_mpy_cross():
     return exe
 
 
-def model_source(class_path):
-    """The file defining `class_path` (e.g. "cinders.models.mnist.MnistCNN")."""
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RecordError("the record's model class %s cannot be imported (%s); pass "
-                          "--model-source FILE" % (class_path, e)) from None
-    if not hasattr(module, name):
-        raise RecordError("module %s has no class %s" % (module_name, name))
-    return inspect.getsourcefile(module)
+def model_source(class_path, allow=()):
+    """The file defining the model class a record names (e.g. "cinders.models.mnist.MnistCNN"),
+    found by the same registry rule as cn.load_model: nothing is imported because a file says so."""
+    from ..record.registry import resolve_class
+    cls = resolve_class(class_path, allow, "the record",
+                        how="pass its source with --model-source FILE")
+    return inspect.getsourcefile(cls)
 
 
 def write_board_record(src, dst):
@@ -84,20 +79,21 @@ def write_board_record(src, dst):
 
 
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
-                 model_config=None):
+                 model_config=None, allow=()):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
-    A PyTorch checkpoint (.pt) is converted first into a record of `model_class`."""
+    A PyTorch checkpoint (.pt) is converted first into a record of `model_class`. The record's
+    class is found by the registry rule (`allow`: classes it may name besides Cinders' own)."""
     from ..record import pytorch
     if pytorch.is_checkpoint(record_path):
         with pytorch.converted_record(record_path, model_class, model_config) as record:
-            return export_micro(record, out_dir, mpy, model_file, mpy_cross)
+            return export_micro(record, out_dir, mpy, model_file, mpy_cross, allow=allow)
     with open(record_path, "rb") as f:
         meta = safetensors.Reader(f).metadata
     class_path = meta.get("model_class")
     if not class_path:
         raise RecordError("%s names no model_class in its metadata: the bundle needs the model's "
                           "class (save it with model.save())" % record_path)
-    model_file = model_file or model_source(class_path)
+    model_file = model_file or model_source(class_path, allow)
     lib = os.path.join(out_dir, "lib", "cinders")
     if os.path.isdir(lib):
         shutil.rmtree(lib)  # no stale .py next to fresh .mpy (the board would import the .py)
