@@ -67,7 +67,7 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
             return safetensors_write.encode(t.backend.to_flat(t.handle), code, name)
 
         entries.append((name, code, t.shape, payload))
-    tmp = "%s.tmp-%d" % (path, os.getpid())
+    tmp = "%s%s%d" % (path, TMP_SUFFIX, os.getpid())
     try:
         with open(tmp, "wb") as f:
             safetensors_write.write(f, entries, metadata)
@@ -77,6 +77,41 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    remove_stale_temporaries(path)
+
+
+TMP_SUFFIX = ".tmp-"  # save_tensors writes PATH.tmp-PID, then renames it to PATH
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):  # another user's process, or no os.kill (Pyodide): keep it
+        return True
+    return True
+
+
+def remove_stale_temporaries(path):
+    """Delete PATH.tmp-PID files left by writers that were killed mid-write (their process is
+    gone); a write in progress in a live process keeps its file. Returns the removed paths."""
+    folder, name = os.path.split(os.path.abspath(path))
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry[len(name) + len(TMP_SUFFIX):]
+        if entry.startswith(name + TMP_SUFFIX) and pid.isdigit() and int(pid) != os.getpid() \
+                and not _alive(int(pid)):
+            try:
+                os.remove(os.path.join(folder, entry))
+                removed.append(os.path.join(folder, entry))
+            except OSError:
+                pass
+    return removed
 
 
 def _open(path):

@@ -5,7 +5,8 @@ state tensors (Adam's moments...). Metadata: the model record's keys (class, con
 version), plus
     kind="checkpoint", progress (JSON: epoch, batch, history, metric sums, early-stopping state),
     optimizer (JSON: step count and the numeric entries of the optimizer state).
-Written atomically (temp file + os.replace), so an interrupted write leaves the previous one.
+Written atomically (temp file + os.replace), so an interrupted write leaves the previous one;
+the temp file a killed write leaves behind is removed by the next save or resume.
 """
 
 import json
@@ -38,7 +39,9 @@ def save_checkpoint(path, model, optimizer, progress):
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint, all or nothing; returns its progress."""
+    """Restore model and optimizer from a checkpoint, all or nothing; returns its progress.
+    Temporary files of checkpoint writes that were killed are removed."""
+    record.remove_stale_temporaries(path)
     state = model.state_dict()
     backend = record.backend_of(state)
     metadata, tensors = record.read_tensors(path, _inner(backend))
