@@ -7,7 +7,9 @@
 __version__ = "0.1.0"
 
 from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bool, like torch.bool)
-from .errors import CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError
+from .errors import (CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError,
+                     ArgumentError, ArgumentTypeError, IndexingError, SizeLimitError, InputError)
+from . import limits
 from .backend import Backend
 from .tensor import (
     Tensor, default_backend, set_default_backend, matmul, where, maximum, minimum, cat, pad, unfold2d,
