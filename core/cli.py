@@ -179,11 +179,8 @@ def evaluate(args):
 
 def read_digit(path):
     """784 floats in [0, 1] (row-major 28x28) from a JSON file."""
-    with open(path) as f:
-        try:
-            pixels = json.load(f)
-        except ValueError as e:
-            raise ValueError("%s is not JSON (%s)" % (path, e)) from None
+    from cinders.inputs import read_json
+    pixels = read_json(path)  # size-capped; InputError (a ValueError) for a bad file
     if (not isinstance(pixels, list) or len(pixels) != 784
             or not all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pixels)):
         raise ValueError("%s must hold a JSON list of 784 numbers (a 28x28 image, row-major), got %s"

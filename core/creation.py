@@ -141,7 +141,9 @@ def eye(n, m=None, backend=None, dtype=float32):
     n, m = _shape_arg("eye", (n, m))
     check_shape("eye", (n, m), LIST_ELEMENT_BYTES)
     dtype = _check_dtype("eye", dtype)
-    values = [1 if i == j else 0 for i in range(n) for j in range(m)]
+    values = [0] * (n * m)
+    k = min(n, m)
+    values[:k * (m + 1):m + 1] = [1] * k  # the diagonal: every (m + 1)-th element
     backend = backend or default_backend()
     return Tensor(backend, backend.from_flat(values, (n, m), dtype), (n, m), dtype)
 

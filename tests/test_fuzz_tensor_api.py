@@ -20,7 +20,7 @@ import cinders as cn
 from cinders import functional as F
 
 SEED = 10
-CASES = 2500
+CASES = 8000
 CASE_SECONDS = 5
 MEMORY_CAP = 256 * 2 ** 20
 LIMIT = 10 ** 6          # elements: set for the run, so huge shapes are refused at once
@@ -228,7 +228,7 @@ def outcome(call, backend):
         result = run(call, backend)
         if isinstance(result, cn.Tensor):
             assert result.backend == backend
-            values = result.tolist()
+            values = result.tolist() if result.numel() else None  # (10**6, 0): a million empty lists
             return "ok", (result.shape, result.dtype.name, values)
         return "ok", (result,)
     except cn.CindersError as e:
