@@ -9,6 +9,7 @@ decorator backend such as Autodiff sees nothing but primitives.
 
 import math
 import sys
+import threading
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
@@ -33,11 +34,15 @@ _PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0}
 
 
 _default_backend = None
+_this_thread = threading.local()  # .backend: a default for this thread only (default_backend_here)
 
 
 def default_backend():
     """The backend used wherever `backend=` is omitted: NumPy when it imports, else Python."""
     global _default_backend
+    here = getattr(_this_thread, "backend", None)
+    if here is not None:
+        return here
     if _default_backend is None:
         try:
             from .backends.numpy_backend import NumPy
@@ -54,6 +59,22 @@ def set_default_backend(backend):
     if not hasattr(backend, "from_flat"):
         raise ArgumentTypeError("set_default_backend: %r is not a backend" % (backend,))
     _default_backend = backend
+
+
+class default_backend_here:
+    """`with default_backend_here(b):` makes b the default in this thread only, for the block
+    (records build a model on a shape-only backend this way while other threads go on)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __enter__(self):
+        self.previous = getattr(_this_thread, "backend", None)
+        _this_thread.backend = self.backend
+        return self.backend
+
+    def __exit__(self, *exc):
+        _this_thread.backend = self.previous
 
 
 # ---------------------------------------------------------------------------------------------

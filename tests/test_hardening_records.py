@@ -262,3 +262,23 @@ def test_unknown_format_or_newer_version_is_refused(tmp_path):
         cn.load_model(path)
     rewrite(path, {"cinders_version": "0.0.1", "format": "pt"})  # older, and plain safetensors: fine
     assert type(cn.load_model(path)) is MnistMLP
+
+
+def test_checking_a_record_leaves_seeds_and_other_threads_alone(tmp_path):
+    import threading
+    from cinders.tensor import default_backend_here
+    path = mlp_record(tmp_path, hidden=4)
+    cn.manual_seed(5)
+    cn.load_model(path)
+    after_load = cn.random(3).tolist()
+    cn.manual_seed(5)
+    MnistMLP(hidden=4)  # what loading builds for real: the same seeds drawn, no more
+    assert cn.random(3).tolist() == after_load
+    seen = []
+    meta = record.validate.MetaBackend(10)
+    with default_backend_here(meta):
+        assert cn.default_backend() is meta
+        worker = threading.Thread(target=lambda: seen.append(cn.default_backend()))
+        worker.start()
+        worker.join()
+    assert seen[0] is not meta and cn.default_backend() is seen[0]

@@ -15,7 +15,6 @@ Every failure is a RecordError that names the file and the key or tensor at faul
 
 import inspect
 import math
-import threading
 
 from .. import dtypes
 from ..backend import Backend
@@ -346,25 +345,22 @@ class MetaBackend(Backend):
         return self._new((n, ck // (kernel[0] * kernel[1]), size[0], size[1]), cols.dtype)
 
 
-_default_lock = threading.Lock()  # the default backend is swapped while a model builds on shapes
-
-
 def _meta_build(cls, config, limit):
     """(state spec, None) of cls(**config) built on a MetaBackend, or (None, why) when the
-    shape-only build cannot tell (the constructor reads values)."""
-    from ..tensor import default_backend, set_default_backend
+    shape-only build cannot tell (the constructor reads values). The seeds cn.random draws
+    when given none are put back, so checking a record does not change later random tensors."""
+    from .. import creation
+    from ..tensor import default_backend_here
     from . import spec_of
-    meta = MetaBackend(limit)
-    with _default_lock:
-        previous = default_backend()
-        set_default_backend(meta)
-        try:
+    seeds = creation._seed_counter[0]
+    try:
+        with default_backend_here(MetaBackend(limit)):
             model = cls(**config)
             return spec_of(model.state_dict()), None
-        except _Unsupported as e:
-            return None, str(e)
-        finally:
-            set_default_backend(previous)
+    except _Unsupported as e:
+        return None, str(e)
+    finally:
+        creation._seed_counter[0] = seeds
 
 
 def _builds(cls, config, limit):
