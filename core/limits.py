@@ -19,7 +19,19 @@ from .errors import SizeLimitError
 FALLBACK_BYTES = 4 << 30
 LIST_ELEMENT_BYTES = 40   # a Python list of floats/ints: 8-byte slot + the number object
 _CHEAP_BYTES = 64 << 20   # below this nothing is measured: small tensors pay no system call
-_limit = [None]
+
+
+def _from_environment():
+    env = os.environ.get("CINDERS_MAX_ELEMENTS")
+    if not env:
+        return None
+    try:
+        return int(env)
+    except ValueError:
+        raise SizeLimitError("CINDERS_MAX_ELEMENTS=%r is not an integer" % (env,)) from None
+
+
+_fixed = [_from_environment()]  # elements, or None: the memory available decides
 
 
 def available_bytes():
@@ -40,42 +52,33 @@ def available_bytes():
 def max_elements():
     """The fixed limit (elements) set by set_max_elements or CINDERS_MAX_ELEMENTS, or None
     when the default (the memory available) applies."""
-    if _limit[0] is None:
-        env = os.environ.get("CINDERS_MAX_ELEMENTS")
-        if env:
-            try:
-                return int(env)
-            except ValueError:
-                raise SizeLimitError("CINDERS_MAX_ELEMENTS=%r is not an integer" % (env,)) from None
-    return _limit[0]
+    return _fixed[0]
 
 
 def set_max_elements(n):
     """Fix the limit at n elements (an int >= 1), or None for the default. Returns the old one."""
     if n is not None and (type(n) is not int or n < 1):
         raise SizeLimitError("set_max_elements: %r is not a positive int" % (n,))
-    old = _limit[0]
-    _limit[0] = n
+    old = _fixed[0]
+    _fixed[0] = n
     return old
 
 
 def check_elements(op, count, shape=None, element_bytes=4):
     """SizeLimitError naming `op` when `count` elements (costing `element_bytes` each while
     being built) exceed the limit. Returns count."""
+    fixed = _fixed[0]
+    if fixed is None and count * element_bytes <= _CHEAP_BYTES or fixed is not None and count <= fixed:
+        return count  # the common case: no system call, no message
     where = "%s: %s%d elements" % (op, "shape %s, " % (tuple(shape),) if shape is not None else "", count)
-    fixed = max_elements()
     if fixed is not None:
-        if count > fixed:
-            raise SizeLimitError("%s is more than the limit of %d set by cn.limits.set_max_elements "
-                                 "or CINDERS_MAX_ELEMENTS" % (where, fixed))
-        return count
-    need = count * element_bytes
-    if need > _CHEAP_BYTES:
-        have = available_bytes()
-        if need > have:
-            raise SizeLimitError("%s need about %d MB but %d MB of memory are available; refused before "
-                                 "allocating (cn.limits.set_max_elements(n) sets another limit)"
-                                 % (where, need >> 20, have >> 20))
+        raise SizeLimitError("%s is more than the limit of %d set by cn.limits.set_max_elements "
+                             "or CINDERS_MAX_ELEMENTS" % (where, fixed))
+    have = available_bytes()
+    if count * element_bytes > have:
+        raise SizeLimitError("%s need about %d MB but %d MB of memory are available; refused before "
+                             "allocating (cn.limits.set_max_elements(n) sets another limit)"
+                             % (where, (count * element_bytes) >> 20, have >> 20))
     return count
 
 

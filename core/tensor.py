@@ -374,6 +374,7 @@ class Tensor:
                 shape = sa
             else:
                 shape = _broadcast_shapes(op, sa, sb) if not reverse else _broadcast_shapes(op, sb, sa)
+                check_shape(op, shape, element_bytes(backend))
                 n = len(shape)
                 if len(sa) < n:
                     ha = backend.reshape(ha, (1,) * (n - len(sa)) + sa)
@@ -859,7 +860,9 @@ def matmul(a, b):
         raise DTypeError("matmul: needs float32 operands, got %r (use .cast(cn.float32))" % (bad,))
     sa, sb = a.shape, b.shape
     if len(sa) == len(sb) >= 2 and sa[-1] == sb[-2] and sa[:-2] == sb[:-2]:  # no broadcasting
-        return Tensor(a.backend, a.backend.matmul(a.handle, b.handle), sa[:-1] + sb[-1:], float32)
+        shape = sa[:-1] + sb[-1:]
+        check_shape("matmul", shape, element_bytes(a.backend))
+        return Tensor(a.backend, a.backend.matmul(a.handle, b.handle), shape, float32)
     if not sa or not sb:
         raise ShapeError("matmul: needs at least 1-D operands, got shapes %s and %s" % (sa, sb))
     ea = (1,) + sa if len(sa) == 1 else sa
@@ -873,6 +876,7 @@ def matmul(a, b):
         raise ShapeError("matmul: batch dims of shapes %s and %s do not broadcast" % (sa, sb)) from None
     n = len(batch) + 2
     backend = a.backend
+    check_shape("matmul", batch + (ea[-2], eb[-1]), element_bytes(backend))
     ha, hb = a.handle, b.handle
     if len(ea) < n or len(sa) == 1:
         ea = (1,) * (n - len(ea)) + ea
@@ -907,6 +911,8 @@ def where(cond, a, b):
         if isinstance(v, Tensor) and v.shape != shape:
             shape = _broadcast_shapes("where", shape, v.shape)
     backend, n = cond.backend, len(shape)
+    if shape != cond.shape:
+        check_shape("where", shape, element_bytes(backend))
     handles = []
     for v in (cond, a, b):
         if not isinstance(v, Tensor):

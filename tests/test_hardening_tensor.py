@@ -3,6 +3,8 @@ that names what is wrong (still a ValueError/TypeError/IndexError for code that 
 and input files are read with a size cap."""
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,7 +31,11 @@ def fixed_limit():
     lambda: cn.full((10 ** 13,), 1.5),
     lambda: cn.zeros(3, backend=cn.Python()).reshape(3, 1).expand(3, 10 ** 12),
     lambda: cn.pad(cn.zeros(2, backend=cn.Python()), (0, 10 ** 12)),
-], ids=["arange", "arange-float", "eye", "random-python", "random-numpy", "zeros", "full", "expand", "pad"])
+    lambda: cn.zeros(10 ** 6, 1, backend=cn.NumPy()) + cn.zeros(10 ** 6, backend=cn.NumPy()),
+    lambda: cn.zeros(10 ** 6, 1, backend=cn.Python()) @ cn.zeros(1, 10 ** 6, backend=cn.Python()),
+    lambda: cn.where(cn.zeros(10 ** 6, 1, dtype=cn.bool), cn.zeros(10 ** 6), 1.0),
+], ids=["arange", "arange-float", "eye", "random-python", "random-numpy", "zeros", "full", "expand", "pad",
+        "broadcast", "matmul", "where"])
 def test_huge_tensors_fail_fast_before_allocating(make, fixed_limit):
     started = time.monotonic()
     with pytest.raises(cn.SizeLimitError, match="elements"):
@@ -49,6 +55,11 @@ def test_the_limit_is_configurable(fixed_limit):
     with pytest.raises(cn.SizeLimitError):
         limits.set_max_elements(0)
     assert issubclass(cn.SizeLimitError, cn.CindersError) and issubclass(cn.SizeLimitError, ValueError)
+    code = ("import cinders as cn\ncn.zeros(10)\ntry:\n    cn.zeros(11)\nexcept cn.SizeLimitError as e:\n"
+            "    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, CINDERS_MAX_ELEMENTS="10"),
+                         capture_output=True, text=True, timeout=60)
+    assert "limit of 10 set by" in out.stdout, out.stderr
 
 
 def test_eye_rejects_negative_sizes_on_every_backend(backend):
