@@ -7,15 +7,17 @@ import json
 from .errors import InputError
 
 MAX_INPUT_BYTES = 64 << 20  # 64 MB: far above any single input, far below any memory
+MAX_DATASET_BYTES = 2 << 30  # 2 GB: a whole dataset file (EMNIST's largest is 0.64 GB)
 
 
-def read_bytes(path, max_bytes=MAX_INPUT_BYTES):
-    """The bytes of `path`, reading at most max_bytes + 1 (works for endless devices too)."""
+def read_bytes(path, max_bytes=MAX_INPUT_BYTES, opener=open):
+    """The bytes of `path`, reading at most max_bytes + 1 (works for endless devices, and for
+    gzip bombs with opener=gzip.open: the cap applies to the decompressed bytes)."""
     try:
-        with open(path, "rb") as f:
+        with opener(path, "rb") as f:
             data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise InputError("cannot read %s: %s" % (path, e.strerror or e)) from None
+    except (OSError, EOFError) as e:  # (gzip raises BadGzipFile, an OSError, and EOFError)
+        raise InputError("cannot read %s: %s" % (path, getattr(e, "strerror", None) or e)) from None
     if len(data) > max_bytes:
         raise InputError("%s is larger than %d bytes; inputs are read whole, so this is refused"
                          % (path, max_bytes))

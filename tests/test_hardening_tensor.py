@@ -179,3 +179,24 @@ def test_predict_refuses_endless_and_deeply_nested_inputs(tmp_path, capsys):
         assert message in err and "Traceback" not in err
         assert time.monotonic() - started < 10
     assert os.path.exists(record)
+
+
+def test_idx_files_are_read_with_a_cap_and_checked(tmp_path, monkeypatch):
+    import gzip
+    from cinders.data import mnist
+    good = tmp_path / "labels.idx1-ubyte"
+    good.write_bytes(b"\0\0\x08\x01" + (3).to_bytes(4, "big") + bytes([7, 1, 4]))
+    assert mnist.read_idx(str(good)) == ((3,), bytes([7, 1, 4]))
+    lying = tmp_path / "lying.idx1-ubyte"
+    lying.write_bytes(b"\0\0\x08\x01" + (2 ** 31).to_bytes(4, "big") + bytes([7, 1, 4]))
+    with pytest.raises(cn.InputError, match="needs 2147483648 bytes of data, file has 3"):
+        mnist.read_idx(str(lying))
+    bomb = tmp_path / "bomb.idx1-ubyte.gz"
+    with gzip.open(bomb, "wb") as f:  # 4 MB of zeros behind a 4 KB file
+        f.write(b"\0\0\x08\x01" + bytes(4 << 20))
+    monkeypatch.setattr(cn.inputs, "MAX_DATASET_BYTES", 1 << 20)
+    with pytest.raises(cn.InputError, match="larger than 1048576 bytes"):
+        mnist.read_idx(str(bomb))
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    with pytest.raises(cn.InputError, match="cannot read"):
+        mnist.read_idx(str(tmp_path / "bad.gz"))
