@@ -7,12 +7,16 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 import cinders as cn
 from cinders.models.mnist import MnistMLP
 from cinders.train.checkpoint import load_checkpoint, save_checkpoint
 
 CHILD = r"""
 import os, signal, sys
+import pytest
+
 import cinders as cn
 from cinders.models.mnist import MnistMLP
 from cinders.train.checkpoint import save_checkpoint
@@ -48,3 +52,44 @@ def test_killed_checkpoint_write_leaves_no_temporary_after_resume(tmp_path):
     assert live.exists()  # other files' temporaries are not this file's
     save_checkpoint(path, MnistMLP(hidden=4), cn.optim.Adam(1e-3), {"epoch": 4, "batch": 0})
     assert not live.exists()  # its writer is gone now
+
+
+def test_malformed_checkpoint_metadata_is_refused_before_anything_loads(tmp_path):
+    import json
+
+    import numpy as np
+
+    from cinders.record import safetensors as st
+    from cinders.record import safetensors_write as stw
+    path = str(tmp_path / "checkpoint.safetensors")
+    backend = cn.Autodiff(cn.NumPy())
+    model, optimizer = MnistMLP(hidden=4).to(backend), cn.optim.Adam(1e-3)
+    optimizer.step(model, model(cn.random((2, 1, 28, 28), backend=backend)).sum().backward())
+    save_checkpoint(path, model, optimizer, {"epoch": 1, "batch": 0, "history": [], "metrics": []})
+    good_meta, good_tensors = st.read_file(path)
+    progress, opt = json.loads(good_meta["progress"]), json.loads(good_meta["optimizer"])
+    bad_cases = [
+        ({"progress": "[" * 10000}, "progress metadata is not JSON"),
+        ({"progress": "[1, 2]"}, "progress metadata is not a JSON object"),
+        ({"progress": json.dumps(dict(progress, epoch="1"))}, "epoch '1' is not a count"),
+        ({"progress": json.dumps(dict(progress, history={"a": 1}))}, "history is not a list"),
+        ({"progress": json.dumps(dict(progress, metrics=[{"total": "x", "count": 1}]))}, "metrics"),
+        ({"optimizer": json.dumps(dict(opt, steps=-1))}, "steps -1 is not a count"),
+        ({"optimizer": json.dumps(dict(opt, numbers={"layers.1.weight": {"t": [1]}}))}, "numbers"),
+        ({"optimizer": json.dumps(dict(opt, numbers={"nowhere": {}}))}, "unknown parameters nowhere"),
+    ]
+    name = next(k for k in good_tensors if k.startswith("optim/"))
+    code, shape, values = good_tensors[name]
+    for meta_change, message in bad_cases + [(None, "optimizer state .* has shape")]:
+        meta, tensors = dict(good_meta), dict(good_tensors)
+        if meta_change is None:  # a moment tensor of the wrong shape
+            tensors[name] = (code, (len(values),), values)
+        else:
+            meta.update(meta_change)
+        stw.write_file(path, tensors, meta)
+        fresh, fresh_opt = MnistMLP(hidden=4).to(backend), cn.optim.Adam(1e-3)
+        before = {k: v.numpy().copy() for k, v in fresh.state_dict().items()}
+        with pytest.raises(cn.RecordError, match=message):
+            load_checkpoint(path, fresh, fresh_opt)
+        assert all(np.array_equal(before[k], v.numpy()) for k, v in fresh.state_dict().items())
+        assert fresh_opt.steps == 0
