@@ -258,7 +258,10 @@ class Tensor:
         return float(self.item())
 
     def __int__(self):
-        return int(self.item())
+        value = self.item()
+        if value != value or value in (math.inf, -math.inf):
+            raise ArgumentError("int: cannot convert %r to an integer" % (value,))
+        return int(value)
 
     def __bool__(self):
         if _numel(self.shape) != 1:
@@ -976,6 +979,8 @@ def pad(x, pads, value=0):
         raise ArgumentTypeError("pad: value must be a number, got %r" % (value,))
     if x.dtype is not float32 and (value != value or value in (math.inf, -math.inf)):
         raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
+    if x.dtype is int32 and not -2147483648 <= value <= 2147483647:
+        raise ArgumentError("pad: value %r does not fit int32" % (value,))
     if x.dtype is not float32 and isinstance(value, float) and value != int(value):
         raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
     value = _PY_TYPE[x.dtype](value)
@@ -1015,7 +1020,9 @@ def unfold2d(x, kernel, stride=1, padding=0, dilation=1, pad_value=0.0):
     if x.dtype is not float32:
         raise DTypeError("unfold2d: needs a float32 input, got %r" % (x.dtype,))
     n, c = x.shape[0], x.shape[1]
-    check_shape("unfold2d", (n, c * kernel[0] * kernel[1], oh * ow), element_bytes(x.backend))
+    room = element_bytes(x.backend)  # backends may pad the image first, then gather the windows
+    check_shape("unfold2d", (n, c, x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]), room)
+    check_shape("unfold2d", (n, c * kernel[0] * kernel[1], oh * ow), room)
     h = x.backend.unfold2d(x.handle, kernel, stride, padding, dilation, float(pad_value))
     return Tensor(x.backend, h, (n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
 

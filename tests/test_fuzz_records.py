@@ -22,8 +22,8 @@ from cinders.models.mnist import MnistCNN, MnistMLP
 from cinders.record import safetensors as st
 from cinders.train.checkpoint import load_checkpoint, save_checkpoint
 
-SEED = 10
-CASES = 2000             # a few ms each: about 15 s on the 2-core CI machine
+SEED = int(os.environ.get("CINDERS_FUZZ_SEED", 10))  # CI: fixed; set it to fuzz further
+CASES = int(os.environ.get("CINDERS_FUZZ_CASES", 2000))             # a few ms each: about 15 s on the 2-core CI machine
 CASE_SECONDS = 5         # a single input taking longer is a hang
 MEMORY_CAP = 256 * 2 ** 20  # the process may grow by at most this over the whole run (peak RSS)
 CLASSES = ["cinders.models.mnist.MnistMLP", "cinders.models.mnist.MnistCNN", "os.system",

@@ -8,6 +8,7 @@ Fixed seed and count: under a minute on the 2-core CI machine."""
 
 import collections
 import math
+import os
 import random
 import signal
 import time
@@ -19,8 +20,8 @@ import pytest
 import cinders as cn
 from cinders import functional as F
 
-SEED = 10
-CASES = 20000
+SEED = int(os.environ.get("CINDERS_FUZZ_SEED", 10))  # CI: fixed; set it to fuzz further
+CASES = int(os.environ.get("CINDERS_FUZZ_CASES", 20000))
 CASE_SECONDS = 5
 MEMORY_CAP = 256 * 2 ** 20  # the process may grow by at most this over the whole run (peak RSS)
 LIMIT = 10 ** 6          # elements: set for the run, so huge shapes are refused at once
