@@ -13,6 +13,7 @@ Nothing is imported, called or looked up by attribute because a file names it. B
 
 import importlib
 import threading
+import types
 
 from ..errors import RecordError
 
@@ -63,7 +64,7 @@ def _trusted(allow):
     for entry in allow or ():
         if isinstance(entry, type) and issubclass(entry, Module):
             found[class_path(entry)] = entry
-        elif type(entry).__name__ == "module":
+        elif isinstance(entry, types.ModuleType):
             for cls in _module_classes(entry):
                 found[class_path(cls)] = cls
         else:
