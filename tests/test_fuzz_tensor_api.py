@@ -14,11 +14,9 @@ import signal
 import time
 import resource
 
-import numpy as np
 import pytest
 
 import cinders as cn
-from cinders import functional as F
 
 SEED = int(os.environ.get("CINDERS_FUZZ_SEED", 10))  # CI: fixed; set it to fuzz further
 CASES = int(os.environ.get("CINDERS_FUZZ_CASES", 20000))
