@@ -8,10 +8,10 @@ import collections
 import json
 import os
 import random
+import resource
 import signal
 import struct
 import time
-import resource
 
 import numpy as np
 import pytest

@@ -10,9 +10,9 @@ import collections
 import math
 import os
 import random
+import resource
 import signal
 import time
-import resource
 
 import pytest
 
