@@ -174,7 +174,8 @@ def _signature(cls):
 
 def check_config(cls, config, where):
     """Each key is an argument of cls(...), and each value has the type of that argument's
-    default (an int where the default is an int...). Raises RecordError naming the key."""
+    annotation (int, float, bool, str, list) or else of its default (an int where the default
+    is an int...). Raises RecordError naming the key."""
     if not isinstance(config, dict):
         raise RecordError("%s: model_config is not a JSON object" % (where,))
     params = _signature(cls)
@@ -192,10 +193,10 @@ def check_config(cls, config, where):
             raise RecordError("%s: model_config key %r is not an argument of %s (it takes: %s)"
                               % (where, key, cls.__qualname__, ", ".join(named) or "none"))
         default = p.default
-        if default is p.empty or default is None:
+        kind = p.annotation if p.annotation in _KINDS else type(default)  # `x: float = 0` is a float
+        if kind not in _KINDS:
             continue
-        kind = type(default)
-        if kind in _KINDS and not _fits(value, kind):
+        if not _fits(value, kind) and not (value is None and default is None):
             raise RecordError("%s: model_config[%r] is %r; %s.%s takes %s (default %r)"
                               % (where, key, value, cls.__qualname__, key, _KINDS[kind], default))
     missing = [k for k, p in named.items() if p.default is p.empty and k not in config]
