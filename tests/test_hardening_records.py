@@ -306,3 +306,22 @@ def test_models_whose_constructor_reads_values_still_load(tmp_path):
     rewrite(path, {"model_config": json.dumps({"n": 5})})
     with pytest.raises(cn.RecordError, match="does not match"):  # checked after the real build
         cn.load_model(path, allow=[ReadsValues])
+
+
+class Annotated(nn.Module):
+    def __init__(self, rate: float = 0, width=2):
+        super().__init__()
+        self.rate = rate
+        self.w = cn.zeros(width)
+
+    def config(self):
+        return {"rate": self.rate, "width": self.w.shape[0]}
+
+
+def test_annotations_decide_config_types_before_defaults(tmp_path):
+    path = str(tmp_path / "annotated.safetensors")
+    Annotated(rate=0.5, width=3).save(path)
+    assert cn.load_model(path, allow=[Annotated]).rate == 0.5   # `rate: float = 0` takes 0.5
+    rewrite(path, {"model_config": json.dumps({"rate": 0.5, "width": 3.0})})
+    with pytest.raises(cn.RecordError, match=r"model_config\['width'\] is 3.0; Annotated.width takes an integer"):
+        cn.load_model(path, allow=[Annotated])
