@@ -2,8 +2,8 @@
 
 A record's metadata says `model_class: "cinders.models.mnist.MnistCNN"`. That string only ever
 *selects* among classes the program already trusts:
-* Cinders' own model classes (the layers of `cinders.nn`, the models of `cinders.models`), from
-  a fixed list of modules written here, not taken from the file;
+* Cinders' own model classes (the layers of `cinders.nn`, the models of `cinders.models`): the
+  modules of those two packages, listed by this code, never taken from the file;
 * classes the program registered with `cn.register_model(cls)` (also a class decorator);
 * classes the caller passes for this one load (`allow=[Net]`, or `cls=` through `Net.load(path)`);
   a module in `allow` stands for every `nn.Module` subclass defined in it.
@@ -12,13 +12,15 @@ Nothing is imported, called or looked up by attribute because a file names it. B
 """
 
 import importlib
+import pkgutil
 import threading
 import types
 
 from ..errors import RecordError
 
-# Cinders' own modules whose nn.Module classes records may name (fixed here, in code).
-OWN_MODULES = ("cinders.nn.layers", "cinders.nn.attention", "cinders.models.mnist")
+# Cinders' own packages whose nn.Module classes records may name: every module in them (found
+# in the installed package's folder by this code, never from a file).
+OWN_PACKAGES = ("cinders.nn", "cinders.models")
 
 _registered = {}
 _lock = threading.Lock()
@@ -48,10 +50,19 @@ def _module_classes(module):
             if isinstance(v, type) and issubclass(v, Module) and v.__module__ == module.__name__]
 
 
+def own_modules():
+    """Names of the modules of OWN_PACKAGES (their submodules, one level)."""
+    names = []
+    for package in OWN_PACKAGES:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            names.append(package + "." + info.name)
+    return names
+
+
 def own_classes():
     """{dotted name: class} of Cinders' own model classes."""
     found = {}
-    for name in OWN_MODULES:
+    for name in own_modules():
         for cls in _module_classes(importlib.import_module(name)):
             found[class_path(cls)] = cls
     return found
