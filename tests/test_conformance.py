@@ -152,6 +152,8 @@ CASES = _binary_cases() + [
     Case("pow", lambda a, b: a ** b, lambda a, b: a ** b, F(2, 3, lo=0.1), F(3)),
     Case("pow square of negatives", lambda a: a ** 2, lambda a: a ** 2, F(6)),
     Case("int pow -> float", lambda a: a ** 2, lambda a: (a ** 2).astype(np.float64), I(5)),
+    Case("pow -inf base", lambda a, b: a ** b, np.power, np.full(4, -np.inf, np.float32),
+         np.array([0.5, 2.0, -0.5, 3.0], np.float32)),
     Case("maximum NaN", lambda a, b: a.maximum(b), np.maximum, SPECIAL, SPECIAL[::-1].copy()),
     Case("minimum NaN", lambda a, b: cn.minimum(a, b), np.minimum, SPECIAL, SPECIAL[::-1].copy()),
     Case("NaN/inf add", lambda a, b: a + b, lambda a, b: a + b, SPECIAL, SPECIAL[::-1].copy()),
