@@ -7,7 +7,9 @@
 __version__ = "0.1.0"
 
 from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bool, like torch.bool)
-from .errors import CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError
+from .errors import (CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError,
+                     ArgumentError, ArgumentTypeError, IndexingError, SizeLimitError, InputError)
+from . import limits
 from .backend import Backend
 from .tensor import (
     Tensor, default_backend, set_default_backend, matmul, where, maximum, minimum, cat, pad, unfold2d,
@@ -23,7 +25,7 @@ from .fusion import Fusion
 from . import fusion
 from . import nn, optim
 from . import data, record, train
-from .record import load_model
+from .record import load_model, register_model
 from .profile import profile
 
 # Backends load on first use: NumPy is optional (Pyodide runs without it), so `import cinders`

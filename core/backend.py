@@ -55,8 +55,8 @@ indexing
     Index values: in [-n, n) for an axis of size n, negatives counting from the end (NumPy's
     take_along_axis; torch.gather rejects negatives, cinders accepts them on every backend).
     An index outside that range is an error that a backend reports where it costs no device
-    sync: CPU backends (Python, NumPy) raise IndexError("<op>: index <i> is out of bounds for
-    axis <a> with size <n>"). A GPU backend cannot see the values without waiting for the
+    sync: CPU backends (Python, NumPy) raise cinders.errors.IndexingError (an IndexError)
+    "<op>: index <i> is out of bounds for axis <a> with size <n>". A GPU backend cannot see the values without waiting for the
     device, so it never raises: gather reads 0 there and scatter_add drops the value, and
     neither ever touches another row. The tensor layer itself checks Python-list indices
     (x[[0, 5]]), whose values it holds.

@@ -219,9 +219,6 @@ def train(args):
 
 # ---------------------------------------------------------------- eval / predict
 
-INPUT_BYTES_LIMIT = 64 << 20  # an input file larger than this is refused before parsing
-
-
 def import_model_source(path):
     """The module of a user's model file (run: the user named it on the command line; a record
     never does). Its folder goes on sys.path so that its own imports of neighbours work."""
@@ -290,21 +287,11 @@ def input_shape_of(model, meta, given=None):
     return tuple(shape) if shape else None
 
 
-def read_json_file(path, what="input"):
-    """JSON from a file, read with a size cap and no recursion blow-up; errors name the file."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(INPUT_BYTES_LIMIT + 1)
-    except OSError as e:
-        raise OSError(e.errno, "cannot read %s %s: %s" % (what, path, e.strerror)) from None
-    if len(data) > INPUT_BYTES_LIMIT:
-        raise ValueError("%s is larger than %d MB; refusing to parse it" % (path, INPUT_BYTES_LIMIT >> 20))
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("%s is nested too deeply to be an input" % path) from None
-    except ValueError as e:
-        raise ValueError("%s is not JSON (%s)" % (path, e)) from None
+def read_json_file(path):
+    """JSON from a file the user names: size-capped, depth-safe (cinders.inputs: InputError, a
+    ValueError, naming the file)."""
+    from cinders.inputs import read_json
+    return read_json(path)
 
 
 def flat_numbers(value, path):
@@ -412,7 +399,7 @@ def data_accuracy(model, backend, path, shape, batch_size):
     {"inputs": [...], "labels": [class, ...]} or {"inputs": [...], "targets": [...]}."""
     import cinders as cn
     from cinders.autodiff import no_grad
-    data = read_json_file(path, "data")
+    data = read_json_file(path)
     if not isinstance(data, dict) or "inputs" not in data or not ("labels" in data or "targets" in data):
         raise ValueError('%s must be a JSON object {"inputs": [...], "labels": [...]} (classes) or '
                          '{"inputs": [...], "targets": [...]} (regression)' % path)

@@ -8,7 +8,8 @@ import math
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
-from .errors import DTypeError, ShapeError
+from .errors import ArgumentError, ArgumentTypeError, DTypeError, ShapeError
+from .limits import LIST_ELEMENT_BYTES, check_elements, check_shape, element_bytes
 from .tensor import Tensor, _PY_TYPE, _check_dtype, _shape_arg, default_backend
 
 
@@ -79,20 +80,28 @@ def tensor(data, backend=None, dtype=None):
         flat, shape = [data], ()
         inferred = dtypes.of_python_value(data)
     else:
-        raise TypeError("tensor: cannot make a tensor from %s" % type(data).__name__)
+        raise ArgumentTypeError("tensor: cannot make a tensor from %s" % type(data).__name__)
     dtype = inferred if dtype is None else _check_dtype("tensor", dtype)
     py = _PY_TYPE[dtype]
     try:
         values = [py(v) for v in flat]
-    except (TypeError, ValueError) as e:
-        raise TypeError("tensor: values must be numbers for dtype %r (%s)" % (dtype, e)) from None
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ArgumentTypeError("tensor: values must be numbers for dtype %r (%s)" % (dtype, e)) from None
+    if dtype is int32 and values and not (-2147483648 <= min(values) and max(values) <= 2147483647):
+        raise ArgumentError("tensor: %r does not fit int32; give dtype=cn.float32 for large values"
+                            % (min(values) if min(values) < -2147483648 else max(values),))
     return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
 
 
 def full(shape, value, backend=None, dtype=None):
     shape = _shape_arg("full", (shape,) if isinstance(shape, int) else shape)
+    if not isinstance(value, (int, float)):
+        raise ArgumentTypeError("full: value must be a number or bool, not %r" % (value,))
     backend = backend or default_backend()
+    check_shape("full", shape, element_bytes(backend))
     dtype = dtypes.of_python_value(value) if dtype is None else _check_dtype("full", dtype)
+    if dtype is int32 and not -2147483648 <= value <= 2147483647:
+        raise ArgumentError("full: %r does not fit int32; give dtype=cn.float32" % (value,))
     return Tensor(backend, backend.full(shape, _PY_TYPE[dtype](value), dtype), shape, dtype)
 
 
@@ -115,9 +124,12 @@ def ones_like(x):
 def arange(start, stop=None, step=1, backend=None, dtype=None):
     if stop is None:
         start, stop = 0, start
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ArgumentTypeError("arange: %s must be a finite int or float, not %r" % (name, v))
     if step == 0:
-        raise ValueError("arange: step must not be 0")
-    n = max(0, math.ceil((stop - start) / step))
+        raise ArgumentError("arange: step must not be 0")
+    n = check_elements("arange", max(0, math.ceil((stop - start) / step)), None, LIST_ELEMENT_BYTES)
     if dtype is None:
         dtype = int32 if all(isinstance(v, int) for v in (start, stop, step)) else float32
     return tensor([start + i * step for i in range(n)], backend=backend, dtype=dtype) if n else \
@@ -126,9 +138,13 @@ def arange(start, stop=None, step=1, backend=None, dtype=None):
 
 def eye(n, m=None, backend=None, dtype=float32):
     m = n if m is None else m
-    values = [1 if i == j else 0 for i in range(n) for j in range(m)]
-    backend = backend or default_backend()
+    n, m = _shape_arg("eye", (n, m))
+    check_shape("eye", (n, m), LIST_ELEMENT_BYTES)
     dtype = _check_dtype("eye", dtype)
+    values = [0] * (n * m)
+    k = min(n, m)
+    values[:k * (m + 1):m + 1] = [1] * k  # the diagonal: every (m + 1)-th element
+    backend = backend or default_backend()
     return Tensor(backend, backend.from_flat(values, (n, m), dtype), (n, m), dtype)
 
 
@@ -145,12 +161,15 @@ def random(shape, backend=None, distribution="uniform", seed=None, dtype=float32
     protocol: the same seed gives the same numbers on every backend."""
     shape = _shape_arg("random", (shape,) if isinstance(shape, int) else shape)
     if distribution not in ("uniform", "normal"):
-        raise ValueError("random: unknown distribution %r; use 'uniform' or 'normal'" % (distribution,))
+        raise ArgumentError("random: unknown distribution %r; use 'uniform' or 'normal'" % (distribution,))
     dtype = _check_dtype("random", dtype)
     if dtype is not float32:
         raise DTypeError("random: draws float32 values, not %r" % (dtype,))
+    if seed is not None and type(seed) is not int:
+        raise ArgumentTypeError("random: seed must be an int or None, got %r" % (seed,))
     if seed is None:
         seed = _seed_counter[0]
         _seed_counter[0] += 1
     backend = backend or default_backend()
+    check_shape("random", shape, element_bytes(backend))
     return Tensor(backend, backend.random(shape, distribution, seed & 0xFFFFFFFF, dtype), shape, dtype)

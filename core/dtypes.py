@@ -3,6 +3,8 @@
 float16 exists for storage in records only; tensors compute in float32.
 """
 
+from .errors import DTypeError
+
 
 class DType:
     __slots__ = ("name", "itemsize", "kind", "array_code")
@@ -37,7 +39,7 @@ def from_name(name):
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise TypeError("unknown dtype %r; known: %s" % (name, ", ".join(sorted(_BY_NAME)))) from None
+        raise DTypeError("unknown dtype %r; known: %s" % (name, ", ".join(sorted(_BY_NAME)))) from None
 
 
 def of_python_value(value):

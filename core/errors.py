@@ -23,3 +23,25 @@ class NotDifferentiableError(CindersError, RuntimeError):
 
 class RecordError(CindersError, ValueError):
     """A model record (safetensors file) that is truncated, corrupt or does not match the model."""
+
+
+class ArgumentError(CindersError, ValueError):
+    """An argument with a value the op does not accept (a step of 0, an unknown option...)."""
+
+
+class ArgumentTypeError(CindersError, TypeError):
+    """An argument of a type the op does not accept (a float where a dim or index must be an int)."""
+
+
+class IndexingError(CindersError, IndexError):
+    """An index outside the axis it indexes, or of a kind the op does not take (a float, a
+    string); the message names the op, the index and the shape."""
+
+
+class SizeLimitError(CindersError, ValueError):
+    """A tensor larger than `cn.limits.max_elements()` was asked for; refused before allocating.
+    Raise the limit with cn.limits.set_max_elements(n) or CINDERS_MAX_ELEMENTS."""
+
+
+class InputError(CindersError, ValueError):
+    """An input file (digits, data) that is too large, not valid, or not what was asked for."""

@@ -9,7 +9,7 @@ composite's shape and dtype (see core/backend.py, "Composite overrides").
 import math
 
 from .dtypes import float32, int32, bool_
-from .errors import ShapeError, DTypeError
+from .errors import ArgumentError, ArgumentTypeError, DTypeError, IndexingError, ShapeError
 from .creation import arange, full
 from .tensor import Tensor, _axis, _axes, _numel, cat, unfold2d, where, window_args
 
@@ -28,7 +28,7 @@ def _fused(name, x, *args):
 
 def _float(op, x):
     if not isinstance(x, Tensor):
-        raise TypeError("%s: expected a Tensor, got %s" % (op, type(x).__name__))
+        raise ArgumentTypeError("%s: expected a Tensor, got %s" % (op, type(x).__name__))
     return x if x.dtype is float32 else x.cast(float32)
 
 
@@ -100,7 +100,7 @@ def mean(x, axis=None, keepdim=False):
 def clamp(x, min=None, max=None):  # noqa: A002  (torch's names)
     """Elementwise min(max(x, min), max); NaN stays NaN."""
     if min is None and max is None:
-        raise ValueError("clamp: give min, max or both")
+        raise ArgumentError("clamp: give min, max or both")
     if min is not None:
         x = x.maximum(min)
     if max is not None:
@@ -112,9 +112,11 @@ def clamp(x, min=None, max=None):  # noqa: A002  (torch's names)
 
 def stack(tensors, axis=0):
     """Join same-shape tensors along a new axis."""
-    tensors = list(tensors)
+    tensors = list(tensors) if isinstance(tensors, (list, tuple)) else tensors
+    if not isinstance(tensors, list) or not all(isinstance(t, Tensor) for t in tensors):
+        raise ArgumentTypeError("stack: needs a list of Tensors, got %r" % (tensors,))
     if not tensors:
-        raise ValueError("stack: needs at least one tensor")
+        raise ArgumentError("stack: needs at least one tensor")
     first = tensors[0]
     for t in tensors[1:]:
         if t.shape != first.shape:
@@ -124,12 +126,17 @@ def stack(tensors, axis=0):
 
 
 def one_hot(indices, num_classes, dtype=int32):
-    """(...,) int32 class indices -> (..., num_classes); an index outside [0, num_classes) gives a
-    row of zeros."""
+    """(...,) int32 class indices -> (..., num_classes). An index outside [0, num_classes)
+    (negative ones included) is an IndexingError: checking it reads one bool from the
+    device."""
     if not isinstance(indices, Tensor) or indices.dtype is not int32:
         raise DTypeError("one_hot: indices must be an int32 Tensor, got %r" % (getattr(indices, "dtype", indices),))
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError("one_hot: num_classes must be a positive int, got %r" % (num_classes,))
+    if type(num_classes) is not int or num_classes < 1:
+        raise ArgumentError("one_hot: num_classes must be a positive int, got %r" % (num_classes,))
+    if indices.numel() and ((indices < 0) | (indices >= num_classes)).any().item():
+        bad = [i for i in indices.reshape(-1).tolist() if not 0 <= i < num_classes]
+        raise IndexingError("one_hot: index %d is outside [0, %d) (num_classes=%d)"
+                                   % (bad[0], num_classes, num_classes))
     classes = arange(num_classes, backend=indices.backend)
     return (indices.unsqueeze(-1) == classes).cast(dtype)
 

@@ -19,6 +19,7 @@ unspecified, as in torch.
 
 from .creation import _flatten_nested, arange, full, tensor
 from .dtypes import bool_, int32
+from .errors import IndexingError, ShapeError
 from .tensor import Tensor, _numel, where
 
 
@@ -42,7 +43,10 @@ def getitem(x, key):
             continue
         n = x.shape[dim]
         if isinstance(k, slice):
-            start, stop, step = k.indices(n)
+            try:
+                start, stop, step = k.indices(n)
+            except (TypeError, ValueError) as e:  # a step of 0, non-int bounds
+                raise IndexingError("index: %r on axis %d of shape %s: %s" % (k, dim, x.shape, e)) from None
             count = len(range(start, stop, step))
             if step < 0:  # read the same elements forwards, then reverse them
                 start, step = (start + (count - 1) * step if count else 0), -step
@@ -53,7 +57,7 @@ def getitem(x, key):
             out_shape.append(count)
         elif isinstance(k, (Tensor, list)):
             if advanced is not None:
-                raise IndexError("index: only one tensor/list index per subscript is supported, got %r" % (key,))
+                raise IndexingError("index: only one tensor/list index per subscript is supported, got %r" % (key,))
             advanced = (len(out_shape), k, dim)
             starts.append(0)
             stops.append(n)
@@ -61,13 +65,13 @@ def getitem(x, key):
             out_shape.append(n)
         elif isinstance(k, bool) or not hasattr(k, "__index__"):
             kind = "a float" if isinstance(k, float) else "a bool" if isinstance(k, bool) else type(k).__name__
-            raise IndexError("index: %r is %s; use ints, slices, None, ..., one int32 tensor or list "
+            raise IndexingError("index: %r is %s; use ints, slices, None, ..., one int32 tensor or list "
                              "of ints, or a bool mask" % (k, kind))
         else:
             i = k.__index__()
             j = i + n if i < 0 else i
             if not 0 <= j < n:
-                raise IndexError("index: index %d out of range for axis %d of shape %s" % (i, dim, x.shape))
+                raise IndexingError("index: index %d out of range for axis %d of shape %s" % (i, dim, x.shape))
             starts.append(j)
             stops.append(j + 1)
             steps.append(1)
@@ -103,7 +107,7 @@ def setitem(x, key, value):
         value = tensor(value, backend=x.backend, dtype=x.dtype)
     if value.shape != positions.shape:
         if value.ndim > positions.ndim or any(v not in (1, p) for v, p in zip(value.shape[::-1], positions.shape[::-1])):
-            raise ValueError("setitem: value of shape %s does not broadcast to the indexed shape %s"
+            raise ShapeError("setitem: value of shape %s does not broadcast to the indexed shape %s"
                              % (value.shape, positions.shape))
         value = value.reshape((1,) * (positions.ndim - value.ndim) + value.shape).expand(positions.shape)
     # scatter_add adds; bools add as ints. `hit` marks the written positions, `where` keeps the rest.
@@ -125,9 +129,9 @@ def _full_key(x, key):
                     for k in key if k is not None and k is not Ellipsis)
     ellipses = [i for i, k in enumerate(key) if k is Ellipsis]
     if len(ellipses) > 1:
-        raise IndexError("index: only one Ellipsis (...) allowed, got %r" % (key,))
+        raise IndexingError("index: only one Ellipsis (...) allowed, got %r" % (key,))
     if consuming > x.ndim:
-        raise IndexError("index: %d indices for shape %s" % (consuming, x.shape))
+        raise IndexingError("index: %d indices for shape %s" % (consuming, x.shape))
     fill = (slice(None),) * (x.ndim - consuming)
     if ellipses:
         return key[:ellipses[0]] + fill + key[ellipses[0] + 1:]
@@ -152,7 +156,7 @@ def _masks_to_positions(x, key):
         if isinstance(k, Tensor) and k.dtype is bool_:
             covered = x.shape[dim:dim + k.ndim]
             if k.shape != covered:
-                raise IndexError("index: mask of shape %s does not fit dims %d..%d of shape %s (%s)"
+                raise IndexingError("index: mask of shape %s does not fit dims %d..%d of shape %s (%s)"
                                  % (k.shape, dim, dim + k.ndim - 1, x.shape, covered))
             x = x.reshape(x.shape[:dim] + (_numel(covered),) + x.shape[dim + k.ndim:])
             positions = [p for p, hit in enumerate(k.reshape(-1).tolist()) if hit]
@@ -168,14 +172,14 @@ def _index_tensor(x, index, dim):
         flat, shape = _flatten_nested(index)
         for i in flat:
             if isinstance(i, bool) or not isinstance(i, int):
-                raise IndexError("index: %r in an index list is %s; indices are ints (or all bools: a mask)"
+                raise IndexingError("index: %r in an index list is %s; indices are ints (or all bools: a mask)"
                                  % (i, "a float" if isinstance(i, float) else type(i).__name__))
             if not -n <= i < n:
-                raise IndexError("index: %r out of range for axis %d of shape %s" % (i, dim, x.shape))
+                raise IndexingError("index: %r out of range for axis %d of shape %s" % (i, dim, x.shape))
         return Tensor(x.backend, x.backend.from_flat(flat, shape, int32), shape, int32)
     x._same_device("index", index)
     if index.dtype is not int32:
-        raise IndexError("index: tensor indices must be int32 (or a bool mask), got %r" % (index.dtype,))
+        raise IndexingError("index: tensor indices must be int32 (or a bool mask), got %r" % (index.dtype,))
     return index
 
 

@@ -9,11 +9,14 @@ decorator backend such as Autodiff sees nothing but primitives.
 
 import math
 import sys
+import threading
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
 from .backend import unfold2d_output_size
-from .errors import ShapeError, DTypeError, DeviceError, NotDifferentiableError
+from .errors import (ShapeError, DTypeError, DeviceError, NotDifferentiableError, ArgumentError,
+                     ArgumentTypeError)
+from .limits import check_shape, element_bytes
 
 from . import ops
 
@@ -31,11 +34,15 @@ _PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0}
 
 
 _default_backend = None
+_this_thread = threading.local()  # .backend: a default for this thread only (default_backend_here)
 
 
 def default_backend():
     """The backend used wherever `backend=` is omitted: NumPy when it imports, else Python."""
     global _default_backend
+    here = getattr(_this_thread, "backend", None)
+    if here is not None:
+        return here
     if _default_backend is None:
         try:
             from .backends.numpy_backend import NumPy
@@ -50,8 +57,24 @@ def set_default_backend(backend):
     """Make `backend` the default for every later creation call that omits `backend=`."""
     global _default_backend
     if not hasattr(backend, "from_flat"):
-        raise TypeError("set_default_backend: %r is not a backend" % (backend,))
+        raise ArgumentTypeError("set_default_backend: %r is not a backend" % (backend,))
     _default_backend = backend
+
+
+class default_backend_here:
+    """`with default_backend_here(b):` makes b the default in this thread only, for the block
+    (records build a model on a shape-only backend this way while other threads go on)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __enter__(self):
+        self.previous = getattr(_this_thread, "backend", None)
+        _this_thread.backend = self.backend
+        return self.backend
+
+    def __exit__(self, *exc):
+        _this_thread.backend = self.previous
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,8 +121,8 @@ def _broadcast_new(op, sa, sb):
 
 
 def _axis(op, axis, ndim, shape):
-    if not isinstance(axis, int):
-        raise TypeError("%s: axis must be an int, got %r" % (op, axis))
+    if type(axis) is not int:
+        raise ArgumentTypeError("%s: axis must be an int, got %r" % (op, axis))
     a = axis + ndim if axis < 0 else axis
     if not 0 <= a < ndim:
         raise ShapeError("%s: axis %d out of range for shape %s" % (op, axis, shape))
@@ -110,6 +133,8 @@ def _axes(op, axis, shape):
     """An int or a tuple of axes, normalised, checked for repeats, in descending order."""
     if isinstance(axis, int):
         return (_axis(op, axis, len(shape), shape),)
+    if not isinstance(axis, (tuple, list)):
+        raise ArgumentTypeError("%s: axis must be an int, a tuple of ints or None, got %r" % (op, axis))
     axes = tuple(sorted({_axis(op, a, len(shape), shape) for a in axis}, reverse=True))
     if len(axes) != len(axis):
         raise ShapeError("%s: repeated axis in %r for shape %s" % (op, tuple(axis), shape))
@@ -118,6 +143,8 @@ def _axes(op, axis, shape):
 
 def _shape_arg(op, args):
     """zeros(2, 3), zeros((2, 3)) and zeros([2, 3]) all mean shape (2, 3)."""
+    if not isinstance(args, (tuple, list)):
+        raise ShapeError("%s: shape %r must be non-negative ints" % (op, args))
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = args[0]
     shape = tuple(args)
@@ -141,6 +168,9 @@ _scalar_cache = {}
 def _scalar(backend, value, dtype, ndim):
     """A handle holding `value` with shape (1,) * ndim, cached for backends whose constants are
     never mutated (`backend.shares_constants`, see core/backend.py), so one serves every op."""
+    if dtype is int32 and not -2147483648 <= value <= 2147483647:
+        raise ArgumentError("%r does not fit int32 (an int32 tensor meets it); use a float or a "
+                            "float32 tensor" % (value,))
     if not backend.shares_constants:
         return backend.full((1,) * ndim, _PY_TYPE[dtype](value), dtype)
     key = (id(backend), value, type(value), dtype, ndim)
@@ -190,7 +220,7 @@ class Tensor:
 
     def __len__(self):
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise ArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     def __iter__(self):
@@ -228,7 +258,10 @@ class Tensor:
         return float(self.item())
 
     def __int__(self):
-        return int(self.item())
+        value = self.item()
+        if value != value or value in (math.inf, -math.inf):
+            raise ArgumentError("int: cannot convert %r to an integer" % (value,))
+        return int(value)
 
     def __bool__(self):
         if _numel(self.shape) != 1:
@@ -344,6 +377,7 @@ class Tensor:
                 shape = sa
             else:
                 shape = _broadcast_shapes(op, sa, sb) if not reverse else _broadcast_shapes(op, sb, sa)
+                check_shape(op, shape, element_bytes(backend))
                 n = len(shape)
                 if len(sa) < n:
                     ha = backend.reshape(ha, (1,) * (n - len(sa)) + sa)
@@ -389,7 +423,7 @@ class Tensor:
     def _binary_or_raise(self, op, other):
         out = self._binary(op, other)
         if out is NotImplemented:
-            raise TypeError("%s: expected a Tensor or a Python number, got %s" % (op, type(other).__name__))
+            raise ArgumentTypeError("%s: expected a Tensor or a Python number, got %s" % (op, type(other).__name__))
         return out
 
     def matmul(self, other):
@@ -427,6 +461,8 @@ class Tensor:
     # -- reductions ------------------------------------------------------------------------------
 
     def _reduce(self, op, axis, keepdim):
+        if keepdim is not True and keepdim is not False:
+            raise ArgumentTypeError("%s: keepdim must be True or False, got %r" % (op, keepdim))
         x = self
         dtype = _INPUT_DTYPE[op][x.dtype]
         if dtype is not x.dtype:
@@ -451,7 +487,7 @@ class Tensor:
                 out = backend.reshape(out, out_shape)
             return Tensor(backend, out, out_shape, out_dtype)
         if not isinstance(axis, int) and op in ("argmax", "argmin"):
-            raise TypeError("%s: axis must be an int or None, got %r" % (op, axis))
+            raise ArgumentTypeError("%s: axis must be an int or None, got %r" % (op, axis))
         axes = _axes(op, axis, shape)
         h = x.handle
         out_shape = list(shape)
@@ -477,7 +513,7 @@ class Tensor:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         shape = tuple(shape)
-        if shape == self.shape:
+        if shape == self.shape and all(type(d) is int for d in shape):
             return self
         n = _numel(self.shape)
         known = 1
@@ -488,6 +524,8 @@ class Tensor:
         else:
             if known == n:
                 return Tensor(self.backend, self.backend.reshape(self.handle, shape), shape, self.dtype)
+        if any(type(d) is not int for d in shape):
+            raise ShapeError("reshape: the new shape %r must be ints (one may be -1)" % (shape,))
         if -1 in shape:
             if shape.count(-1) > 1:
                 raise ShapeError("reshape: only one -1 allowed in %s" % (shape,))
@@ -517,7 +555,10 @@ class Tensor:
             dims = dims[0]
         n = self.ndim
         dims = tuple(dims)
-        checked = _valid_perms.get(dims)  # a model permutes with a handful of `dims` only
+        try:
+            checked = _valid_perms.get(dims)  # a model permutes with a handful of `dims` only
+        except TypeError:  # unhashable entries: _axis below names them
+            checked = None
         if checked is None or len(dims) != n:
             if len(dims) != n:
                 raise ShapeError("permute: %d dims %s for shape %s" % (len(dims), dims, self.shape))
@@ -561,6 +602,8 @@ class Tensor:
             dims = range(self.ndim)
         elif isinstance(dim, int):
             dims = (_axis("squeeze", dim, self.ndim, self.shape),)
+        elif not isinstance(dim, (tuple, list)):
+            raise ArgumentTypeError("squeeze: dim must be an int, a tuple of ints or None, got %r" % (dim,))
         else:
             dims = tuple(_axis("squeeze", d, self.ndim, self.shape) for d in dim)
         drop = {d for d in dims if self.shape[d] == 1}
@@ -570,6 +613,8 @@ class Tensor:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         shape = tuple(shape)
+        if any(type(n) is not int for n in shape):
+            raise ShapeError("expand: the new shape %r must be ints (-1 keeps a dim)" % (shape,))
         lead = len(shape) - self.ndim
         if lead < 0:
             raise ShapeError("expand: cannot expand shape %s to fewer dims %s" % (self.shape, shape))
@@ -587,6 +632,7 @@ class Tensor:
         if target == self.shape:
             return self
         x = self.reshape((1,) * lead + self.shape) if lead else self
+        check_shape("expand", target, element_bytes(self.backend))
         return Tensor(self.backend, self.backend.expand(x.handle, target), target, self.dtype)
 
     def expand_as(self, other):
@@ -605,7 +651,7 @@ class Tensor:
         [-n, n), negatives counting from the end; out of range raises IndexError on CPU backends
         and reads 0 on GPU backends, which cannot check without a device sync (core/backend.py)."""
         if not isinstance(index, Tensor):
-            raise TypeError("gather: index must be an int32 Tensor, got %s" % type(index).__name__)
+            raise ArgumentTypeError("gather: index must be an int32 Tensor, got %s" % type(index).__name__)
         self._same_device("gather", index)
         if index.dtype is not int32:
             raise DTypeError("gather: index must be int32, got %r" % (index.dtype,))
@@ -621,7 +667,7 @@ class Tensor:
         rule as for gather; an out-of-range src value is dropped where it cannot be checked."""
         for t in (index, src):
             if not isinstance(t, Tensor):
-                raise TypeError("scatter_add: index and src must be Tensors")
+                raise ArgumentTypeError("scatter_add: index and src must be Tensors")
             self._same_device("scatter_add", t)
         if index.dtype is not int32:
             raise DTypeError("scatter_add: index must be int32, got %r" % (index.dtype,))
@@ -792,7 +838,7 @@ def _as_tensors(op, values):
     """The Tensors among `values` fix the backend; Python numbers join as 0-d tensors there."""
     ref = next((v for v in values if isinstance(v, Tensor)), None)
     if ref is None:
-        raise TypeError("%s: needs at least one Tensor argument" % op)
+        raise ArgumentTypeError("%s: needs at least one Tensor argument" % op)
     out = []
     for v in values:
         if isinstance(v, Tensor):
@@ -800,9 +846,9 @@ def _as_tensors(op, values):
             out.append(v)
         elif isinstance(v, (int, float)):
             dt = dtypes.of_python_value(v)
-            out.append(Tensor(ref.backend, ref.backend.full((), _PY_TYPE[dt](v), dt), (), dt))
+            out.append(Tensor(ref.backend, _scalar(ref.backend, v, dt, 0), (), dt))
         else:
-            raise TypeError("%s: expected Tensors or numbers, got %s" % (op, type(v).__name__))
+            raise ArgumentTypeError("%s: expected Tensors or numbers, got %s" % (op, type(v).__name__))
     return out
 
 
@@ -810,14 +856,16 @@ def matmul(a, b):
     """Batched matrix product with torch's rules: 1-D operands become a row/column and that dim
     is dropped again; batch dims broadcast."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TypeError("matmul: needs two Tensors")
+        raise ArgumentTypeError("matmul: needs two Tensors")
     a._same_device("matmul", b)
     if a.dtype is not float32 or b.dtype is not float32:
         bad = a.dtype if a.dtype is not float32 else b.dtype
         raise DTypeError("matmul: needs float32 operands, got %r (use .cast(cn.float32))" % (bad,))
     sa, sb = a.shape, b.shape
     if len(sa) == len(sb) >= 2 and sa[-1] == sb[-2] and sa[:-2] == sb[:-2]:  # no broadcasting
-        return Tensor(a.backend, a.backend.matmul(a.handle, b.handle), sa[:-1] + sb[-1:], float32)
+        shape = sa[:-1] + sb[-1:]
+        check_shape("matmul", shape, element_bytes(a.backend))
+        return Tensor(a.backend, a.backend.matmul(a.handle, b.handle), shape, float32)
     if not sa or not sb:
         raise ShapeError("matmul: needs at least 1-D operands, got shapes %s and %s" % (sa, sb))
     ea = (1,) + sa if len(sa) == 1 else sa
@@ -831,6 +879,7 @@ def matmul(a, b):
         raise ShapeError("matmul: batch dims of shapes %s and %s do not broadcast" % (sa, sb)) from None
     n = len(batch) + 2
     backend = a.backend
+    check_shape("matmul", batch + (ea[-2], eb[-1]), element_bytes(backend))
     ha, hb = a.handle, b.handle
     if len(ea) < n or len(sa) == 1:
         ea = (1,) * (n - len(ea)) + ea
@@ -865,6 +914,8 @@ def where(cond, a, b):
         if isinstance(v, Tensor) and v.shape != shape:
             shape = _broadcast_shapes("where", shape, v.shape)
     backend, n = cond.backend, len(shape)
+    if shape != cond.shape:
+        check_shape("where", shape, element_bytes(backend))
     handles = []
     for v in (cond, a, b):
         if not isinstance(v, Tensor):
@@ -890,7 +941,7 @@ def cat(tensors, axis=0):
     """Join tensors along an existing axis (dtypes promote; other dims must match)."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("cat: needs at least one tensor")
+        raise ArgumentError("cat: needs at least one tensor")
     tensors = _as_tensors("cat", tensors)
     first = tensors[0]
     if first.ndim == 0:
@@ -910,10 +961,12 @@ def cat(tensors, axis=0):
 def pad(x, pads, value=0):
     """Constant padding, torch.nn.functional.pad style: pads = (last_before, last_after,
     second_last_before, second_last_after, ...)."""
+    if not isinstance(pads, (tuple, list)):
+        raise ShapeError("pad: pads must be a tuple of non-negative ints, got %r" % (pads,))
     pads = tuple(pads)
     if len(pads) % 2 or len(pads) // 2 > x.ndim:
         raise ShapeError("pad: %d pad values for shape %s (need pairs, at most 2 per dim)" % (len(pads), x.shape))
-    if any(not isinstance(p, int) or p < 0 for p in pads):
+    if any(type(p) is not int or p < 0 for p in pads):
         raise ShapeError("pad: pads must be non-negative ints, got %r for shape %s" % (pads, x.shape))
     pairs = [(0, 0)] * x.ndim
     for i in range(len(pads) // 2):
@@ -921,6 +974,13 @@ def pad(x, pads, value=0):
     shape = tuple(n + b + e for n, (b, e) in zip(x.shape, pairs))
     if shape == x.shape:
         return x
+    check_shape("pad", shape, element_bytes(x.backend))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError("pad: value must be a number, got %r" % (value,))
+    if x.dtype is not float32 and (value != value or value in (math.inf, -math.inf)):
+        raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
+    if x.dtype is int32 and not -2147483648 <= value <= 2147483647:
+        raise ArgumentError("pad: value %r does not fit int32" % (value,))
     if x.dtype is not float32 and isinstance(value, float) and value != int(value):
         raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
     value = _PY_TYPE[x.dtype](value)
@@ -945,12 +1005,11 @@ def window_args(op, shape, kernel, stride=1, padding=0, dilation=1):
 
 
 def _pair(op, v, name):
-    if isinstance(v, int):
+    if type(v) is int:
         return (v, v)
-    v = tuple(v)
-    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+    if not isinstance(v, (tuple, list)) or len(v) != 2 or not all(type(i) is int for i in v):
         raise ShapeError("%s: %s must be an int or a pair of ints, got %r" % (op, name, v))
-    return v
+    return tuple(v)
 
 
 def unfold2d(x, kernel, stride=1, padding=0, dilation=1, pad_value=0.0):
@@ -961,6 +1020,9 @@ def unfold2d(x, kernel, stride=1, padding=0, dilation=1, pad_value=0.0):
     if x.dtype is not float32:
         raise DTypeError("unfold2d: needs a float32 input, got %r" % (x.dtype,))
     n, c = x.shape[0], x.shape[1]
+    room = element_bytes(x.backend)  # backends may pad the image first, then gather the windows
+    check_shape("unfold2d", (n, c, x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]), room)
+    check_shape("unfold2d", (n, c * kernel[0] * kernel[1], oh * ow), room)
     h = x.backend.unfold2d(x.handle, kernel, stride, padding, dilation, float(pad_value))
     return Tensor(x.backend, h, (n, c * kernel[0] * kernel[1], oh * ow), x.dtype)
 

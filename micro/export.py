@@ -13,7 +13,6 @@ nothing of it runs here): every `nn.X` layer, `cinders.X` function and Tensor me
 must exist on the board, else BoardSupportError lists what does not.
 """
 import ast
-import importlib
 import inspect
 import json
 import os
@@ -198,24 +197,13 @@ def declared_input_shape(model_file, class_name):
     return None
 
 
-def model_source(class_path):
-    """The file defining `class_path`, one of Cinders' own models (e.g.
-    "cinders.models.mnist.MnistCNN"); any other class needs --model-source: a record never makes
-    this import a module it names."""
-    module_name, _, name = class_path.rpartition(".")
-    if not module_name.startswith("cinders.models."):
-        raise RecordError("the record's model class %s cannot be imported: it is not one of "
-                          "Cinders' models, and a record never makes export-micro import a module "
-                          "it names; pass the file that defines it with --model-source FILE"
-                          % class_path)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RecordError("the record's model class %s cannot be imported (%s); pass "
-                          "--model-source FILE" % (class_path, e)) from None
-    if not hasattr(module, name):
-        raise RecordError("module %s has no class %s" % (module_name, name))
-    return inspect.getsourcefile(module)
+def model_source(class_path, allow=()):
+    """The file defining the model class a record names (e.g. "cinders.models.mnist.MnistCNN"),
+    found by the same registry rule as cn.load_model: nothing is imported because a file says so."""
+    from ..record.registry import resolve_class
+    cls = resolve_class(class_path, allow, "the record",
+                        how="pass its source with --model-source FILE")
+    return inspect.getsourcefile(cls)
 
 
 def write_board_record(src, dst, input_shape=None, tensor_ops=True):
@@ -251,17 +239,19 @@ def write_board_record(src, dst, input_shape=None, tensor_ops=True):
 
 
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
-                 model_config=None, input_shape=None):
+                 model_config=None, input_shape=None, allow=()):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
     A PyTorch checkpoint (.pt) is converted first into a record of `model_class`.
 
     input_shape: one sample's shape (e.g. (1, 28, 28)) for predict.py; default: the record's
     `input_shape` (Module.save records it once the model has run), else the model class's
-    `input_shape` attribute."""
+    `input_shape` attribute. The record's class is found by the registry rule (`allow`: classes
+    it may name besides Cinders' own)."""
     from ..record import pytorch
     if pytorch.is_checkpoint(record_path):
         with pytorch.converted_record(record_path, model_class, model_config) as record:
-            return export_micro(record, out_dir, mpy, model_file, mpy_cross, input_shape=input_shape)
+            return export_micro(record, out_dir, mpy, model_file, mpy_cross, input_shape=input_shape,
+                                allow=allow)
     try:
         with open(record_path, "rb") as f:
             meta = safetensors.Reader(f).metadata
@@ -271,7 +261,7 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
     if not class_path:
         raise RecordError("%s names no model_class in its metadata: the bundle needs the model's "
                           "class (save it with model.save())" % record_path)
-    model_file = model_file or model_source(class_path)
+    model_file = model_file or model_source(class_path, allow)
     if not os.path.isfile(model_file):
         raise RecordError("model source %s: no such file" % model_file)
     check_board_support(model_file)

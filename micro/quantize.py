@@ -15,10 +15,10 @@ import os
 from array import array
 
 from ..errors import RecordError
-from ..record import safetensors, safetensors_write
+from ..record import safetensors, safetensors_write, validate
 
-SCHEME = "int8-per-channel-symmetric"
-SCALE_SUFFIX = ".scale"
+SCHEME = validate.QUANTIZED_SCHEME
+SCALE_SUFFIX = validate.SCALE_SUFFIX
 
 
 def quantizable(name, shape):
@@ -77,16 +77,15 @@ def quantize_file(src, dst):
     return dst
 
 
-def dequantize(metadata, tensors):
+def dequantize(metadata, tensors, where="the record"):
     """{name: (dtype, shape, values)} of a record -> the float32 tensors the model expects.
 
-    Records without quantization metadata come back unchanged.
+    Records without quantization metadata come back unchanged; scales of the wrong dtype,
+    shape or value raise RecordError (cinders.record.validate.check_quantized).
     """
-    scheme = metadata.get("quantization")
-    if not scheme:
+    if not metadata.get("quantization"):
         return tensors
-    if scheme != SCHEME:
-        raise RecordError("unknown quantization %r (this cinders reads %r)" % (scheme, SCHEME))
+    validate.check_quantized(metadata, {n: (t[0], t[1]) for n, t in tensors.items()}, where)
     out = {}
     for name, (dtype, shape, values) in tensors.items():
         if name.endswith(SCALE_SUFFIX) and name[:-len(SCALE_SUFFIX)] in tensors:
@@ -95,9 +94,8 @@ def dequantize(metadata, tensors):
             if name + SCALE_SUFFIX not in tensors:
                 raise RecordError("int8 tensor %r has no %r" % (name, name + SCALE_SUFFIX))
             scales = tensors[name + SCALE_SUFFIX][2]
+            validate.check_scales(name + SCALE_SUFFIX, scales, where)
             rows = shape[0]
-            if len(scales) != rows:
-                raise RecordError("%r: %d scales for %d rows" % (name + SCALE_SUFFIX, len(scales), rows))
             cols = len(values) // rows if rows else 0
             w = array("f", bytes(4 * len(values)))
             for j in range(rows):
@@ -110,7 +108,7 @@ def dequantize(metadata, tensors):
     return out
 
 
-def load_into(model, path):
+def load_into(model, path, allow_nonfinite=False):
     """model.load(path) of an int8 record (cinders.record.load_into calls this when the record's
     metadata names a quantization, so cn.load_model and model.load take int8 records as they
     are): the weights dequantized to float32, checked and loaded all or nothing."""
@@ -122,8 +120,10 @@ def load_into(model, path):
         raise RecordError("%s has no tensors to load from %r" % (type(model).__name__, path))
     be = next(iter(state.values())).backend
     tensors = {}
-    for n, (dtype, shape, values) in dequantize(metadata, raw).items():
+    for n, (dtype, shape, values) in dequantize(metadata, raw, "record %r" % (path,)).items():
         dt = dtypes.float32 if dtype in ("F32", "F16") else dtypes.int32
+        if dt is dtypes.float32:
+            validate.check_finite(n, values, "record %r" % (path,), allow_nonfinite)
         tensors[n] = Tensor(be, be.from_flat(values, tuple(shape), dt), tuple(shape), dt)
     record.check_match(path, record.spec_of(tensors), record.spec_of(state))
     model.load_state_dict(tensors)

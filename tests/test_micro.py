@@ -286,7 +286,7 @@ def test_export_rejects_unknown_class_and_widens_float16(records, tmp_path):
     with open(os.path.join(bundle, "model.py")) as f, open(importlib.util.find_spec(
             "cinders.models.mnist").origin) as g:
         assert f.read() == g.read()
-    with pytest.raises(cn.RecordError, match="cannot be imported"):
+    with pytest.raises(cn.RecordError, match="not allowed: pass its source with --model-source"):
         export.model_source("nowhere.Model")
 
 

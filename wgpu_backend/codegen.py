@@ -86,7 +86,12 @@ HELPERS = {
   if (b == 0.0) { return 1.0; }
   let r = pow(abs(a), b);
   if (a < 0.0) {
-    if (floor(b) != b) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
+    if (floor(b) != b) {
+      // a negative base to a non-integer power is NaN, except -inf (C99/NumPy/torch: inf or 0)
+      if (bitcast<u32>(a) == 0xff800000u) { return r; }
+      let nan_bits = 0x7fc00000u;
+      return bitcast<f32>(nan_bits);
+    }
     if (fract(b * 0.5) != 0.0) { return -r; }
   }
   return r;

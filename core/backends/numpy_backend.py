@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import dtypes
 from ..backend import Backend, _hash32, unfold2d_output_size
+from ..errors import IndexingError
 from ..ops import result_dtype
 
 # IEEE results (inf, nan, overflow) are the answer the protocol asks for, not a problem to
@@ -66,9 +67,9 @@ def _hash32_np(x):
 
 
 def _out_of_bounds(op, index, axis, size):
-    """The IndexError every CPU backend raises for an index outside [-size, size)."""
+    """The IndexingError (an IndexError) every CPU backend raises for an index outside [-size, size)."""
     bad = int(index[(index < -size) | (index >= size)].flat[0])
-    return IndexError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
+    return IndexingError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
 
 
 class NumPy(Backend):

@@ -22,6 +22,7 @@ from operator import itemgetter, mul
 
 from .. import dtypes
 from ..backend import Backend, _hash32, unfold2d_output_size
+from ..errors import IndexingError
 from ..ops import result_dtype
 
 _INT_CODE = "i" if array("i").itemsize == 4 else "l"
@@ -430,6 +431,7 @@ class Python(Backend):
     """Pure-Python CPU backend (float32 compute via array('f')); runs anywhere."""
 
     name = "python"
+    element_bytes = 40  # peak bytes per element while a primitive builds a result (Python lists)
 
     def shape(self, h):
         return h.shape
@@ -526,7 +528,7 @@ class Python(Backend):
         span = n * inner
         if inner == 1:
             values = [fn(data[o * span:o * span + n]) for o in range(outer)]
-        elif op in _FOLD_OPS and n:
+        elif op in _FOLD_OPS and span:  # (span 0: an empty inner dim, nothing to fold)
             exprs = (_FLOAT_BINARY if x.dtype is dtypes.float32 else _INT_BINARY)[_FOLD_OPS[op]]
             values = []
             for o in range(0, outer * span, span):
@@ -641,7 +643,7 @@ class Python(Backend):
             low, high = min(indices), max(indices)
             if low < -size or high >= size:
                 bad = low if low < -size else high
-                raise IndexError("%s: index %d is out of bounds for axis %d with size %d"
+                raise IndexingError("%s: index %d is out of bounds for axis %d with size %d"
                                  % (op, bad, axis, size))
             if low < 0:
                 indices = [i + size if i < 0 else i for i in indices]

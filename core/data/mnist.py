@@ -18,6 +18,7 @@ import struct
 from array import array
 
 from . import Batcher, Dataset
+from ..errors import InputError
 
 PIXELS = 28 * 28
 TRAIN_COUNT = 8004
@@ -115,22 +116,21 @@ def read_idx(path):
 
     Format: 2 zero bytes, a type byte, the number of dims, then each dim as a big-endian u32.
     """
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    from ..inputs import MAX_DATASET_BYTES, read_bytes
+    data = read_bytes(path, MAX_DATASET_BYTES, gzip.open if path.endswith(".gz") else open)
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
-        raise ValueError("%s: not an IDX file (bad magic %r)" % (path, bytes(data[:4])))
+        raise InputError("%s: not an IDX file (bad magic %r)" % (path, bytes(data[:4])))
     code, size = _IDX_TYPES[data[2]]
     ndim = data[3]
     if len(data) < 4 + 4 * ndim:
-        raise ValueError("%s: truncated IDX header" % path)
+        raise InputError("%s: truncated IDX header" % path)
     shape = struct.unpack(">%dI" % ndim, data[4:4 + 4 * ndim])
     n = 1
     for d in shape:
         n *= d
     body = data[4 + 4 * ndim:]
     if len(body) != n * size:
-        raise ValueError("%s: IDX shape %s needs %d bytes of data, file has %d"
+        raise InputError("%s: IDX shape %s needs %d bytes of data, file has %d"
                          % (path, shape, n * size, len(body)))
     if code == "B":
         return shape, body

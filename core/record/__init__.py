@@ -13,35 +13,31 @@ plus whatever a caller adds (checkpoints add their own keys).
 
 Loading validates everything first (header, names, shapes, dtypes, every tensor's bytes) and
 only then assigns, so a bad file leaves the model exactly as it was. Rebuilding a model from a
-file imports only classes under `cinders.` or ones the caller allows: a record never names code
-that gets run otherwise.
+file looks its class up in a registry (registry.py) and never imports anything a file names; the
+config is checked against the file's own tensors on shapes alone before anything is allocated
+(validate.py). NaN/infinite weights, unknown formats and records of a newer cinders are refused.
 """
 
-import importlib
 import json
 import os
 
 from .. import dtypes
-from ..errors import RecordError
+from ..errors import CindersError, RecordError
 from ..tensor import Tensor
-from . import safetensors, safetensors_write
+from . import safetensors, safetensors_write, validate
 from .pytorch import load_pytorch  # noqa: F401  (cinders.record.load_pytorch: torch.save files)
+from .registry import class_path, register_model, resolve_class  # noqa: F401  (the public names)
 
-FORMAT = "cinders"
+FORMAT = validate.FORMAT
 
 _CODE_OF = {dtypes.float32: "F32", dtypes.float16: "F16", dtypes.int32: "I32", dtypes.bool_: "BOOL"}
 # What each stored dtype becomes in memory (float16 is storage only; tensors compute in float32).
-_TENSOR_DTYPE = {"F32": dtypes.float32, "F16": dtypes.float32, "I32": dtypes.int32,
-                 "I8": dtypes.int32, "U8": dtypes.int32, "BOOL": dtypes.bool_}
+_TENSOR_DTYPE = validate.TENSOR_DTYPE
 
 
 def _version():
     from .. import __version__
     return __version__
-
-
-def class_path(cls):
-    return cls.__module__ + "." + cls.__qualname__
 
 
 def model_metadata(model, dtype):
@@ -71,7 +67,7 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
             return safetensors_write.encode(t.backend.to_flat(t.handle), code, name)
 
         entries.append((name, code, t.shape, payload))
-    tmp = "%s.tmp-%d" % (path, os.getpid())
+    tmp = "%s%s%d" % (path, TMP_SUFFIX, os.getpid())
     try:
         with open(tmp, "wb") as f:
             safetensors_write.write(f, entries, metadata)
@@ -81,6 +77,41 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    remove_stale_temporaries(path)
+
+
+TMP_SUFFIX = ".tmp-"  # save_tensors writes PATH.tmp-PID, then renames it to PATH
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, AttributeError):  # another user's process, or no os.kill (Pyodide): keep it
+        return True
+    return True
+
+
+def remove_stale_temporaries(path):
+    """Delete PATH.tmp-PID files left by writers that were killed mid-write (their process is
+    gone); a write in progress in a live process keeps its file. Returns the removed paths."""
+    folder, name = os.path.split(os.path.abspath(path))
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        pid = entry[len(name) + len(TMP_SUFFIX):]
+        if entry.startswith(name + TMP_SUFFIX) and pid.isdigit() and int(pid) != os.getpid() \
+                and not _alive(int(pid)):
+            try:
+                os.remove(os.path.join(folder, entry))
+                removed.append(os.path.join(folder, entry))
+            except OSError:
+                pass
+    return removed
 
 
 def _open(path):
@@ -90,14 +121,26 @@ def _open(path):
         raise RecordError("cannot open record %r: %s" % (path, e.strerror or e)) from None
 
 
-def read_tensors(path, backend, expected=None):
+def read_header(path):
+    """(metadata, {name: (dtype code, shape)}) of a record: its header only, validated
+    (`safetensors.parse_header`, `validate.check_format`), no tensor bytes read."""
+    with _open(path) as f:
+        reader = safetensors.Reader(f)
+        validate.check_format(reader.metadata, "record %r" % (path,))
+        return reader.metadata, {n: (reader.info(n).dtype, reader.info(n).shape) for n in reader.names()}
+
+
+def read_tensors(path, backend, expected=None, allow_nonfinite=False):
     """(metadata, {name: Tensor on backend}) of a record, everything validated before returning.
 
     expected: optional {name: (shape, dtype)}; names missing or unexpected and shape or dtype
-    mismatches raise RecordError listing all of them.
+    mismatches raise RecordError listing all of them. Float tensors holding NaN or infinity
+    raise RecordError unless allow_nonfinite.
     """
+    where = "record %r" % (path,)
     with _open(path) as f:
         reader = safetensors.Reader(f)
+        validate.check_format(reader.metadata, where)
         if expected is not None:
             _check_expected(path, reader, expected)
         out = {}
@@ -105,6 +148,8 @@ def read_tensors(path, backend, expected=None):
             info = reader.info(name)
             dtype = _TENSOR_DTYPE[info.dtype]
             values = reader.read(name)
+            if dtype is dtypes.float32:
+                validate.check_finite(name, values, where, allow_nonfinite)
             out[name] = Tensor(backend, backend.from_flat(values, info.shape, dtype), info.shape, dtype)
         return reader.metadata, out
 
@@ -162,91 +207,79 @@ def backend_of(state):
     return default_backend()
 
 
-def _quantized(path):
-    return bool(read_metadata(path).get("quantization"))  # RecordError for a missing/bad file
-
-
-def load_into(model, path):
+def load_into(model, path, allow_nonfinite=False):
     """model.load(path): replace the model's tensors with the record's, all or nothing."""
-    if _quantized(path):  # int8 records (`cinders quantize`) load dequantized to float32
+    metadata, _ = read_header(path)  # RecordError for a missing, bad or too new file
+    if metadata.get("quantization"):  # int8 records (`cinders quantize`) load dequantized to float32
         from ..micro.quantize import load_into as load_quantized
-        return load_quantized(model, path)
+        return load_quantized(model, path, allow_nonfinite=allow_nonfinite)
     state = model.state_dict()
-    _, tensors = read_tensors(path, backend_of(state), spec_of(state))
+    _, tensors = read_tensors(path, backend_of(state), spec_of(state), allow_nonfinite)
     model.load_state_dict(tensors)
     return model
 
 
-def _resolve_class(name, allow):
-    for cls in allow or ():
-        if not isinstance(cls, str) and class_path(cls) == name:
-            return cls
-    if not (name.startswith("cinders.") or name in [a for a in (allow or ()) if isinstance(a, str)]):
-        raise RecordError("record names model class %r, which is outside cinders; pass it in "
-                          "allow=[TheClass] to load it (records never import arbitrary code)" % (name,))
-    module_name, _, qualname = name.rpartition(".")
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise RecordError("record names model class %r, which cannot be found (%s)" % (name, e)) from None
-    return obj
-
-
 def read_metadata(path):
-    with _open(path) as f:
-        return safetensors.Reader(f).metadata
+    return read_header(path)[0]
 
 
-def build_model(cls, metadata, path, backend=None):
-    """cls(**model_config) from the record's metadata, moved to backend."""
+def build_model(cls, metadata, path, backend=None, table=None):
+    """cls(**model_config) from the record's metadata, moved to backend.
+
+    With the file's header `table` ({name: (dtype code, shape)}), the config is first checked
+    (types, then a build on shapes only against the file's tensors), so a config that would
+    allocate more than the file holds is refused before anything is allocated.
+    """
+    where = "record %r" % (path,)
     try:
         config = json.loads(metadata.get("model_config", "{}"))
-    except ValueError:
-        raise RecordError("record %r: model_config is not JSON" % (path,)) from None
-    if not isinstance(config, dict):
-        raise RecordError("record %r: model_config is not a JSON object" % (path,))
+    except (ValueError, RecursionError):
+        raise RecordError("%s: model_config is not JSON" % (where,)) from None
+    validate.check_config(cls, config, where)
+    if table is not None:
+        validate.plan_model(cls, config, validate.file_spec(table, metadata), where)
     try:
         model = cls(**config)
-    except TypeError as e:
-        raise RecordError("record %r: model_config %s does not fit %s (%s)"
-                          % (path, metadata.get("model_config"), class_path(cls), e)) from None
+    except (CindersError, TypeError, ValueError) as e:
+        raise RecordError("%s: model_config %s does not fit %s (%s)"
+                          % (where, metadata.get("model_config"), class_path(cls), e)) from None
     return model.to(backend) if backend is not None else model
 
 
-def load_model(path, backend=None, allow=()):
+def load_model(path, backend=None, allow=(), allow_nonfinite=False):
     """Rebuild the model a record describes (class and config from its metadata) and load it.
 
-    allow: classes (or their dotted names) outside `cinders.` that the record may name.
+    The class is looked up, never imported (`registry.resolve_class`): Cinders' own models,
+    classes registered with `cn.register_model`, and the classes (or modules) in `allow`.
     """
     from ..nn import Module
-    metadata = read_metadata(path)
+    metadata, table = read_header(path)
     name = metadata.get("model_class")
     if not name:
         raise RecordError("record %r names no model_class; load it into a model with model.load()" % (path,))
-    cls = _resolve_class(name, allow)
+    cls = resolve_class(name, allow, "record %r" % (path,))
     if not (isinstance(cls, type) and issubclass(cls, Module)):
         raise RecordError("record %r: %s is not a cinders.nn.Module" % (path, name))
-    return load_into(build_model(cls, metadata, path, backend), path)
+    return load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
 
 
-def load_as(cls, path, backend=None):
+def load_as(cls, path, backend=None, allow_nonfinite=False):
     """Model.load(path) on the class: a new `cls` from the record's config, then its tensors."""
-    metadata = read_metadata(path)
-    return load_into(build_model(cls, metadata, path, backend), path)
+    metadata, table = read_header(path)
+    return load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
 
 
 class LoadMethod:
     """Module.load: `Model.load(path, backend=None)` on the class builds a new model from the
-    record's config; `model.load(path)` on an instance loads in place and returns the model."""
+    record's config; `model.load(path)` on an instance loads in place and returns the model.
+    Both take allow_nonfinite=True to accept NaN/infinite weights."""
 
     def __get__(self, model, cls):
         if model is None:
-            def load(path, backend=None):
-                return load_as(cls, path, backend)
+            def load(path, backend=None, allow_nonfinite=False):
+                return load_as(cls, path, backend, allow_nonfinite)
         else:
-            def load(path):
-                return load_into(model, path)
+            def load(path, allow_nonfinite=False):
+                return load_into(model, path, allow_nonfinite)
         load.__doc__ = LoadMethod.__doc__
         return load

@@ -200,7 +200,7 @@ def parse_header(header_bytes, buffer_size):
             raise RecordError("corrupt header: entry %r must have exactly dtype, shape, "
                               "data_offsets (has %s)" % (name, ", ".join(sorted(entry.keys()))))
         dtype = entry["dtype"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise RecordError("tensor %r: dtype %r is not supported (supported: %s)"
                               % (name, dtype, _known()))
         shape = entry["shape"]

@@ -5,7 +5,8 @@ state tensors (Adam's moments...). Metadata: the model record's keys (class, con
 version), plus
     kind="checkpoint", progress (JSON: epoch, batch, history, metric sums, early-stopping state),
     optimizer (JSON: step count and the numeric entries of the optimizer state).
-Written atomically (temp file + os.replace), so an interrupted write leaves the previous one.
+Written atomically (temp file + os.replace), so an interrupted write leaves the previous one;
+the temp file a killed write leaves behind is removed by the next save or resume.
 """
 
 import json
@@ -40,35 +41,84 @@ def save_checkpoint(path, model, optimizer, progress):
 
 
 def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from a checkpoint, all or nothing; returns its progress."""
+    """Restore model and optimizer from a checkpoint, all or nothing; returns its progress.
+    Temporary files of checkpoint writes that were killed are removed."""
+    record.remove_stale_temporaries(path)
     state = model.state_dict()
     backend = record.backend_of(state)
     metadata, tensors = record.read_tensors(path, _inner(backend))
     if metadata.get("kind") != "checkpoint":
         raise RecordError("%r is not a training checkpoint (a model record? load it with model.load)" % (path,))
-    try:
-        progress = json.loads(metadata["progress"])
-        opt_meta = json.loads(metadata["optimizer"])
-    except (KeyError, ValueError) as e:
-        raise RecordError("checkpoint %r: bad progress/optimizer metadata (%s)" % (path, e)) from None
+    progress = _json_object(path, metadata, "progress")
+    opt_meta = _json_object(path, metadata, "optimizer")
+    _check_progress(path, progress)
     if opt_meta.get("class") != type(optimizer).__name__:
         raise RecordError("checkpoint %r holds %s state, not %s" % (path, opt_meta.get("class"),
                                                                     type(optimizer).__name__))
+    steps, numbers = opt_meta.get("steps"), opt_meta.get("numbers", {})
+    if type(steps) is not int or steps < 0:
+        raise RecordError("checkpoint %r: optimizer steps %r is not a count" % (path, steps))
+    if not isinstance(numbers, dict) or not all(
+            isinstance(v, dict) and all(_is_number(x) for x in v.values()) for v in numbers.values()):
+        raise RecordError("checkpoint %r: optimizer numbers must be {parameter: {name: number}}" % (path,))
     model_tensors = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     record.check_match(path, record.spec_of(model_tensors), record.spec_of(state))
-    opt_state = {p: dict(entries) for p, entries in opt_meta.get("numbers", {}).items()}
-    params = set(p for p, _ in model.named_parameters())
+    opt_state = {p: dict(entries) for p, entries in numbers.items()}
+    params = {p: t.shape for p, t in model.named_parameters()}
+    unknown = [p for p in numbers if p not in params]
+    if unknown:
+        raise RecordError("checkpoint %r: optimizer numbers for unknown parameters %s" % (path, ", ".join(unknown)))
     for key, value in tensors.items():
         if key.startswith("optim/"):
             param_path, _, name = key[len("optim/"):].rpartition("/")
             if param_path not in params:
                 raise RecordError("checkpoint %r: optimizer state for unknown parameter %r" % (path, param_path))
+            if value.shape != params[param_path]:  # moments and momenta have their parameter's shape
+                raise RecordError("checkpoint %r: optimizer state %r has shape %s, its parameter %s"
+                                  % (path, key, value.shape, params[param_path]))
             opt_state.setdefault(param_path, {})[name] = value
         elif not key.startswith("model/"):
             raise RecordError("checkpoint %r: unexpected tensor %r" % (path, key))
     model.load_state_dict(model_tensors)  # validated above: cannot fail half-way
-    optimizer.load_state_dict({"steps": opt_meta["steps"], "state": opt_state})
+    optimizer.load_state_dict({"steps": steps, "state": opt_state})
     return progress
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _json_object(path, metadata, key):
+    try:
+        value = json.loads(metadata[key])
+    except KeyError:
+        raise RecordError("checkpoint %r has no %s metadata" % (path, key)) from None
+    except (ValueError, RecursionError) as e:
+        raise RecordError("checkpoint %r: %s metadata is not JSON (%s)" % (path, key, e)) from None
+    if not isinstance(value, dict):
+        raise RecordError("checkpoint %r: %s metadata is not a JSON object" % (path, key))
+    return value
+
+
+def _check_progress(path, progress):
+    """The progress the Learner writes (epoch, batch, elapsed, history, metrics, early_stopping),
+    checked before anything is loaded, so a resume cannot fail half-way."""
+    def bad(what):
+        return RecordError("checkpoint %r: progress %s" % (path, what))
+    for key in ("epoch", "batch"):
+        if key in progress and (type(progress[key]) is not int or progress[key] < 0):
+            raise bad("%s %r is not a count" % (key, progress[key]))
+    if "elapsed" in progress and not _is_number(progress["elapsed"]):
+        raise bad("elapsed %r is not a number" % (progress["elapsed"],))
+    if not isinstance(progress.get("history", []), list) or not all(isinstance(h, dict) for h in progress.get("history", [])):
+        raise bad("history is not a list of objects")
+    for state in progress.get("metrics", []) if isinstance(progress.get("metrics", []), list) else [None]:
+        if not (isinstance(state, dict) and _is_number(state.get("total")) and type(state.get("count")) is int):
+            raise bad("metrics are not a list of {total, count}")
+    stopping = progress.get("early_stopping")
+    if stopping is not None and not (isinstance(stopping, dict) and _is_number(stopping.get("best", 0))
+                                     and type(stopping.get("bad_epochs", 0)) is int):
+        raise bad("early_stopping is not {best, bad_epochs}")
 
 
 def extract_model(checkpoint_path, out_path):

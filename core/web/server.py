@@ -57,16 +57,36 @@ def ensure_setup():
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    """GET and HEAD of the files under the mounts, nothing else: no directory listings, no other
+    methods (405), paths that are not clean UTF-8 without control characters get 400, and a
+    connection that sends nothing for `timeout` seconds is closed."""
+
     mounts = ()       # set per server
     quiet = True
+    timeout = 30      # seconds a connection may stay idle (socket timeout of each request's reads)
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
                       ".js": "text/javascript", ".mjs": "text/javascript", ".wasm": "application/wasm",
                       ".json": "application/json", ".whl": "application/zip",
                       ".safetensors": "application/octet-stream", ".py": "text/plain",
                       ".toml": "text/plain", ".map": "application/json"}
 
+    @staticmethod
+    def url_path(raw):
+        """The decoded path of a request target, or None when it is not a clean path: not
+        starting with "/", bad %-escapes or UTF-8, NUL or other control characters, backslashes."""
+        path = raw.split("?", 1)[0].split("#", 1)[0]
+        if not path.startswith("/"):
+            return None
+        try:
+            path = urllib.parse.unquote(path, errors="strict")
+        except UnicodeDecodeError:
+            return None
+        if any(c < " " or c == "\x7f" or c == "\\" for c in path):
+            return None
+        return path
+
     def translate_path(self, path):
-        path = urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0])
+        path = self.url_path(path) or ""
         for prefix, folder in self.mounts:
             if path == prefix.rstrip("/") and prefix != "/":
                 path = prefix  # "/pyscript" -> the folder's index, relative links then resolve
@@ -74,8 +94,27 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
                 # Only plain path components: no "..", no absolute parts, nothing outside folder.
                 parts = [p for p in posixpath.normpath(path[len(prefix):]).split("/")
                          if p not in ("", ".", "..")]
-                return os.path.join(folder, *parts)
+                # A trailing slash stays, so "file.js/" is not the file (send_head answers 404).
+                return os.path.join(folder, *parts, "") if path.endswith("/") else os.path.join(folder, *parts)
         return os.path.join(self.mounts[-1][1], "__not_found__")
+
+    def send_head(self):
+        if self.url_path(self.path) is None:
+            self.send_error(400, "Bad request path")
+            return None
+        return super().send_head()
+
+    def list_directory(self, path):
+        self.send_error(404, "File not found")  # folders without an index.html are not listed
+        return None
+
+    def method_not_allowed(self):
+        self.send_response(405)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = method_not_allowed
 
     def end_headers(self):
         # Served files change while developing; the browser revalidates instead of using stale copies.
@@ -90,9 +129,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 class DemoServer:
     """A threaded HTTP server over the mounts; bound to 127.0.0.1 only."""
 
-    def __init__(self, port=DEFAULT_PORT, mounts=None, quiet=True):
+    def __init__(self, port=DEFAULT_PORT, mounts=None, quiet=True, idle_timeout=_Handler.timeout):
         handler = type("Handler", (_Handler,), {"mounts": tuple(mounts or default_mounts()),
-                                                "quiet": quiet})
+                                                "quiet": quiet, "timeout": idle_timeout})
         self.httpd = http.server.ThreadingHTTPServer((HOST, port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
