@@ -239,19 +239,20 @@ def write_board_record(src, dst, input_shape=None, tensor_ops=True):
 
 
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
-                 model_config=None, input_shape=None, allow=()):
+                 model_config=None, input_shape=None, allow=(), check=True):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
     A PyTorch checkpoint (.pt) is converted first into a record of `model_class`.
 
     input_shape: one sample's shape (e.g. (1, 28, 28)) for predict.py; default: the record's
     `input_shape` (Module.save records it once the model has run), else the model class's
     `input_shape` attribute. The record's class is found by the registry rule (`allow`: classes
-    it may name besides Cinders' own)."""
+    it may name besides Cinders' own). check=False skips the board-support check of the model
+    source (tools that only want the files; the bundle may then fail on the board)."""
     from ..record import pytorch
     if pytorch.is_checkpoint(record_path):
         with pytorch.converted_record(record_path, model_class, model_config) as record:
             return export_micro(record, out_dir, mpy, model_file, mpy_cross, input_shape=input_shape,
-                                allow=allow)
+                                allow=allow, check=check)
     try:
         with open(record_path, "rb") as f:
             meta = safetensors.Reader(f).metadata
@@ -264,7 +265,8 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
     model_file = model_file or model_source(class_path, allow)
     if not os.path.isfile(model_file):
         raise RecordError("model source %s: no such file" % model_file)
-    check_board_support(model_file)
+    if check:
+        check_board_support(model_file)
     if input_shape is None and meta.get("input_shape"):
         input_shape = tuple(json.loads(meta["input_shape"]))
     if input_shape is None:
