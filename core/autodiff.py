@@ -241,6 +241,13 @@ class Autodiff(Backend):
         node = Node((), None) if require_grad else None
         return Tensor(self, Var(tensor.handle, node), tensor.shape, tensor.dtype)
 
+    # The decorator's two directions, named as on every decorator (cn.capture walks the stack).
+    def inner_tensor(self, tensor):
+        return self.to_inner(tensor)
+
+    def outer_tensor(self, tensor):
+        return self.from_inner(tensor)
+
     def backward(self, tensor):
         root = tensor.handle.node
         if root is None:

@@ -137,10 +137,33 @@ class Wgpu(Backend):
 
     name = "wgpu"
 
+    # cn.capture records and replays this backend's launches (core/capture.py).
+    capturable = True
+
     def __init__(self, adapter=None, autotune=True):
         self._rt = _runtime(adapter)
         self.device = self._rt.device
         self.autotune = autotune
+        if self.device.on_submit is None:
+            # cn.profile counts submissions ("submit" events) of this device.
+            self.device.on_submit = lambda: _record(self, {"kind": "submit", "name": "submit"}) \
+                if _PROFILING else None
+
+    @property
+    def pool(self):
+        return self._rt.pool
+
+    def capture_buffer(self, h):
+        """(raw buffer, byte offset, byte size) of a contiguous handle: what capture rebinds
+        (inputs) and copies out (outputs)."""
+        return h.storage.raw, 4 * h.offset, 4 * h.size
+
+    def contiguous(self, h):
+        return h if h.is_contiguous() else self._materialize(h)
+
+    def wrap_buffer(self, shape, dtype):
+        """A fresh contiguous handle for capture to copy an output into."""
+        return self._new(shape, dtype)
 
     def device_key(self):
         return ("Wgpu", self.device.name)
@@ -185,7 +208,8 @@ class Wgpu(Backend):
                 % (dtype.name, shape, nbytes, limit, self.device.name))
         return GpuArray(self._rt.pool.allocate(nbytes), shape, _contiguous_strides(shape), 0, dtype)
 
-    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written):
+    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
+                seed=None):
         found = self._rt.kernels.get(key)
         if found is None:
             wgsl = build()
@@ -200,7 +224,7 @@ class Wgpu(Backend):
             event = _record(self, {"kind": "kernel", "name": name,
                                            "bytes_read": bytes_read, "bytes_written": bytes_written})
             on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
-        self.device.dispatch(found, buffers, params, groups, on_time)
+        self.device.dispatch(found, buffers, params, groups, on_time, name, seed)
 
     # ---- the extension surface for generated/custom kernels (Fusion, user kernels) ----------
     def empty(self, shape, dtype):
@@ -269,7 +293,7 @@ class Wgpu(Backend):
         if n:
             self._launch(("random", distribution), lambda: codegen.random_wgsl(distribution),
                          [out.storage.raw], [n, _hash32(seed)], codegen.groups_for(n, codegen.WG),
-                         "random_" + distribution, 0, 4 * n)
+                         "random_" + distribution, 0, 4 * n, seed=seed)
         return out if dtype is dtypes.float32 else self.cast(out, dtype)
 
     def _readable(self, h):

@@ -100,6 +100,13 @@ class DesktopDevice(Device):
         self._layouts[id(pipeline)] = (signature, layout)
         return pipeline
 
+    def _group_for(self, pipeline, arena, window, buffers):
+        _, layout = self._layouts[id(pipeline)]
+        entries = [{"binding": 0, "resource": {"buffer": arena, "offset": 0, "size": window}}]
+        entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                    for j, b in enumerate(buffers)]
+        return self.device.create_bind_group(layout=layout, entries=entries)
+
     def _bind_group(self, pipeline, window, buffers):
         signature, layout = self._layouts[id(pipeline)]
         key = (signature, window) + tuple(id(b) for b in buffers)
@@ -107,13 +114,9 @@ class DesktopDevice(Device):
         if found is None:
             if len(self._groups) >= _MAX_CACHED_GROUPS:
                 self._groups.clear()
-            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
-                                                    "size": window}}]
-            entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                        for j, b in enumerate(buffers)]
             # The value keeps the buffers alive, so their ids in the key stay unique.
             found = self._groups[key] = (
-                self.device.create_bind_group(layout=layout, entries=entries), buffers)
+                self._group_for(pipeline, self._arena, window, buffers), buffers)
         return found[0]
 
     def _submit(self, dispatches, params, timed):
@@ -155,6 +158,38 @@ class DesktopDevice(Device):
         self.queue.submit([encoder.finish()])
         return (resolved, len(dispatches))
 
+    def _prepare(self, dispatches, params):
+        windows = [max(_PARAMS_WINDOW, d.params_size) for d in dispatches]
+        arena = self.device.create_buffer(
+            size=max(256, len(params) + max(windows, default=0)),
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.queue.write_buffer(arena, 0, params)
+        program = _Program(arena, dispatches, windows)
+        program.groups = [self._group_for(d.pipeline, arena, w, d.buffers)
+                          for d, w in zip(dispatches, windows)]
+        return program
+
+    def _replay(self, program, rebinds, patches, copies):
+        encoder = self.device.create_command_encoder()
+        if program is not None:
+            for offset, data in patches:
+                self.queue.write_buffer(program.arena, offset, data)
+            groups = program.groups
+            if rebinds:
+                groups = list(groups)
+                for i, buffers in rebinds.items():
+                    groups[i] = program.rebound(self, i, buffers)
+            compute = encoder.begin_compute_pass()
+            # The only per-kernel work of a replay: three encoder calls.
+            for d, group in zip(program.dispatches, groups):
+                compute.set_pipeline(d.pipeline)
+                compute.set_bind_group(0, group, [d.params_offset])
+                compute.dispatch_workgroups(*d.groups)
+            compute.end()
+        for src, src_offset, dst, dst_offset, nbytes in copies:
+            encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+        self.queue.submit([encoder.finish()])
+
     def _timings(self, token):
         resolved, count = token
         if resolved is None:
@@ -185,6 +220,28 @@ class DesktopDevice(Device):
         if self._sentinel is None:
             self._sentinel = self._create_buffer(16)
         self.queue.read_buffer(self._sentinel, 0, 4)
+
+
+class _Program:
+    """A captured sequence on this device: its parameter arena and bind groups, built once."""
+
+    def __init__(self, arena, dispatches, windows):
+        self.arena = arena
+        self.dispatches = dispatches
+        self.windows = windows
+        self.groups = []
+        self._rebound = {}  # (launch index, buffer ids) -> (bind group, buffers kept alive)
+
+    def rebound(self, device, i, buffers):
+        key = (i,) + tuple(id(b) for b in buffers)
+        found = self._rebound.get(key)
+        if found is None:
+            if len(self._rebound) >= 256:
+                self._rebound.clear()
+            d = self.dispatches[i]
+            found = self._rebound[key] = (
+                device._group_for(d.pipeline, self.arena, self.windows[i], buffers), buffers)
+        return found[0]
 
 
 def _describe(adapter):

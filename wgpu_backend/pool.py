@@ -4,6 +4,10 @@ A `Storage` owns one device buffer. Tensor handles (views) point at a Storage; w
 view is garbage collected, `weakref.finalize` hands the buffer back to the pool, where the next
 allocation of the same size class reuses it instead of asking the driver (allocation is slow,
 and a training step allocates the same sizes every iteration).
+
+Captured programs (core/capture.py) own the buffers their kernels use: while a capture records,
+`allocated` collects every buffer handed out; `reserve` then takes them out of circulation for
+good (a replay writes them again, so nobody else may ever get them).
 """
 
 import weakref
@@ -44,6 +48,9 @@ class BufferPool:
         self.reused = 0             # allocations served from the pool
         self.inplace = 0            # elementwise results written into a dying input's buffer
         self._released = deque()    # (raw, size class) handed back by finalizers, not yet pooled
+        self.recording = None       # while a capture records: {id(raw): raw} of what it got
+        self._reserved = set()      # ids of buffers owned by captured programs
+        self.reserved_bytes = 0
 
     def allocate(self, nbytes):
         """A Storage of at least nbytes (the caller checked the device limit)."""
@@ -58,6 +65,8 @@ class BufferPool:
             else:
                 raw = self.device.create_buffer(cls)
                 self.buffers_created += 1
+            if self.recording is not None:
+                self.recording[id(raw)] = raw
             self.allocated_bytes += cls
             self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         storage = Storage(raw, cls)
@@ -74,8 +83,26 @@ class BufferPool:
         while self._released:
             raw, cls = self._released.popleft()
             self.allocated_bytes -= cls
+            if id(raw) in self._reserved:
+                self.reserved_bytes += cls  # a captured program's: never handed out again
+                continue
             self.pooled_bytes += cls
             self._free.setdefault(cls, []).append(raw)
+
+    def reserve(self, raws):
+        """Take these buffers (a captured program's) out of circulation: the free ones now,
+        the ones still held by tensors when those let go."""
+        with self.device.lock:
+            self._drain_released()
+            ids = {id(r) for r in raws}
+            self._reserved |= ids
+            for cls, free in self._free.items():
+                kept = [r for r in free if id(r) not in ids]
+                taken = len(free) - len(kept)
+                if taken:
+                    free[:] = kept
+                    self.pooled_bytes -= cls * taken
+                    self.reserved_bytes += cls * taken
 
     def empty_cache(self):
         """Destroy every pooled (unused) buffer, e.g. before a phase with different shapes."""
@@ -93,4 +120,5 @@ class BufferPool:
         return {"allocated_bytes": self.allocated_bytes, "pooled_bytes": self.pooled_bytes,
                 "reserved_bytes": self.allocated_bytes + self.pooled_bytes,
                 "peak_bytes": self.peak_bytes, "buffers_created": self.buffers_created,
+                "captured_bytes": self.reserved_bytes,
                 "reused": self.reused, "inplace": self.inplace}
