@@ -37,7 +37,8 @@ import sys
 
 from .errors import CindersError
 from .profile import ACTIVE as _PROFILING, record as _profile_event
-from .tensor import Tensor, _seed_counter
+from .creation import _seed_counter
+from .tensor import Tensor
 
 _SEED_MASK = 0xFFFFFFFF
 
