@@ -47,6 +47,30 @@ class CaptureError(CindersError, RuntimeError):
     """fn cannot be captured as it is (the message says where and why)."""
 
 
+_CAPTURING = []  # the base backends of the cn.capture calls running fn now
+
+
+def capturing():
+    """True while cn.capture runs fn (its first calls): state (parameters, optimizer moments)
+    must then be updated in place and computed before fn returns, since a replay reuses the
+    buffers it recorded and runs no Python (optimizers do this)."""
+    return bool(_CAPTURING)
+
+
+def realize(t):
+    """Compute t now (a lazy value would otherwise be computed in some later call)."""
+    _to_base(t)
+
+
+def assign(dst, src):
+    """Write src's values into dst's own buffer (same shape and dtype), in place."""
+    d, s = _to_base(dst), _to_base(src)
+    if d.shape != s.shape or d.dtype is not s.dtype:
+        raise CaptureError("cn.capture: cannot update a %s %s tensor in place with a %s %s one"
+                           % (d.dtype.name, d.shape, s.dtype.name, s.shape))
+    d.backend.assign(d.handle, s.handle)
+
+
 def _user_line():
     """'file:line: source' of the innermost frame outside cinders (the user's code)."""
     frame = sys._getframe(1)
@@ -167,7 +191,11 @@ class Captured:
             # The first call fills caches (constants, compiled kernels, autotuning) that later
             # calls only read: it is run as it is; the next two are recorded and compared.
             entry.warm = True
-            return self.fn(*args, **kwargs)
+            _CAPTURING.append(base)
+            try:
+                return self.fn(*args, **kwargs)
+            finally:
+                _CAPTURING.pop()
         recording, out = _record(self.fn, args, kwargs, base, [raw for raw, _, _ in views])
         if entry.first is None:
             entry.first = recording
@@ -192,11 +220,12 @@ class _Entry:
 class _Recording:
     def __init__(self, launches, allocated, inputs, outputs, seeds):
         self.launches = launches    # [device.Launch]
-        self.allocated = allocated  # {id(raw): raw} allocated while recording
+        self.allocated = allocated  # {id(raw): (raw, launches before it)} allocated meanwhile
         self.inputs = inputs        # [raw] per tensor argument
         self.outputs = outputs      # [(chain, base Tensor)] per output tensor
         self.seeds = seeds          # (counter before, counter after)
         roles, first_seen, index = [], {}, {id(r): i for i, r in enumerate(inputs)}
+        self.inputs_ids = index
         for launch in launches:
             for raw in launch.buffers:
                 if id(raw) in index:
@@ -219,6 +248,7 @@ def _record(fn, args, kwargs, base, inputs):
     launches, allocated = [], {}
     start = _seed_counter[0]
     device.recording, pool.recording = launches, allocated
+    _CAPTURING.append(base)
     try:
         out = fn(*args, **kwargs)
         # The outputs are computed inside the recording (Fusion launches pending groups here).
@@ -234,6 +264,7 @@ def _record(fn, args, kwargs, base, inputs):
                                 Tensor(b.backend, b.backend.contiguous(b.handle), b.shape,
                                        b.dtype)))
     finally:
+        _CAPTURING.pop()
         device.recording, pool.recording = None, None
     stop = _seed_counter[0]
     return _Recording(launches, allocated, inputs, outputs, (start, stop)), out
@@ -279,11 +310,11 @@ def _compare(first, second):
     # State read in place: a buffer that existed before the first call must be the very same
     # buffer in the second. A different one means fn replaced a tensor it reads (e.g. a
     # parameter updated out of place), and a replay would keep reading the old one.
-    flat1 = [raw for launch in first.launches for raw in launch.buffers]
-    flat2 = [raw for launch in second.launches for raw in launch.buffers]
-    for pos, (r1, r2, role) in enumerate(zip(flat1, flat2, first.roles)):
-        if role[0] == "buffer" and id(r1) not in first.allocated and r1 is not r2:
-            k = _launch_at(second, pos)
+    for k, (a, b) in enumerate(zip(first.launches, second.launches)):
+        for r1, r2 in zip(a.buffers, b.buffers):
+            made = first.allocated.get(id(r1))
+            if r1 is r2 or id(r1) in first.inputs_ids or (made is not None and made[1] <= k):
+                continue
             raise CaptureError(
                 "cn.capture: %s reads a tensor that fn replaced between calls (state such as "
                 "parameters must be updated in place: optimizers do so under cn.capture)"

@@ -161,6 +161,10 @@ class Wgpu(Backend):
     def contiguous(self, h):
         return h if h.is_contiguous() else self._materialize(h)
 
+    def assign(self, dst, src):
+        """Copy src into dst's buffer in place (cn.capture's state updates)."""
+        self._elementwise("copy", [src], dst.dtype, out=dst)
+
     def wrap_buffer(self, shape, dtype):
         """A fresh contiguous handle for capture to copy an output into."""
         return self._new(shape, dtype)

@@ -48,7 +48,7 @@ class BufferPool:
         self.reused = 0             # allocations served from the pool
         self.inplace = 0            # elementwise results written into a dying input's buffer
         self._released = deque()    # (raw, size class) handed back by finalizers, not yet pooled
-        self.recording = None       # while a capture records: {id(raw): raw} of what it got
+        self.recording = None       # while a capture records: {id(raw): (raw, launches before)}
         self._reserved = set()      # ids of buffers owned by captured programs
         self.reserved_bytes = 0
 
@@ -65,8 +65,8 @@ class BufferPool:
             else:
                 raw = self.device.create_buffer(cls)
                 self.buffers_created += 1
-            if self.recording is not None:
-                self.recording[id(raw)] = raw
+            if self.recording is not None:  # (the buffer, how many launches preceded it)
+                self.recording.setdefault(id(raw), (raw, len(self.device.recording or ())))
             self.allocated_bytes += cls
             self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         storage = Storage(raw, cls)

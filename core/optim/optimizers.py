@@ -9,6 +9,7 @@ parameters being replaced and can be saved with state_dict(). The math is PyTorc
 
 import math
 
+from .. import capture
 from ..errors import NotDifferentiableError
 from ..tensor import Tensor
 
@@ -42,8 +43,21 @@ class Optimizer:
             if grad is None:
                 return None
             state = self.state.setdefault(path, {})
-            new = self._update(state, backend.to_inner(param), grad, lr)
-            return backend.from_inner(new, require_grad=True)
+            inner = backend.to_inner(param)
+            if not capture.capturing():
+                return backend.from_inner(self._update(state, inner, grad, lr), require_grad=True)
+            # Under cn.capture a replay reuses the recorded buffers: update them in place.
+            before = dict(state)
+            new = self._update(state, inner, grad, lr)
+            for name, value in state.items():
+                old = before.get(name)
+                if isinstance(old, Tensor) and value is not old:
+                    capture.assign(old, value)
+                    state[name] = old
+                elif old is None and isinstance(value, Tensor):
+                    capture.realize(value)
+            capture.assign(inner, new)
+            return None
         # All or nothing: a parameter on the wrong backend raises before anything is replaced.
         model.update_parameters(update)
         self.steps += 1
