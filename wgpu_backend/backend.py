@@ -614,8 +614,9 @@ class Wgpu(Backend):
             bits = struct.unpack("<I", struct.pack("<f", float(pad_value)))[0]
         else:
             bits = int(pad_value) & 0xFFFFFFFF
-        params = codegen.geometry_params(total, x.shape, kernel, stride, padding, dilation,
-                                         (oh, ow)) + [x.offset] + list(x.strides) + [bits]
+        params = codegen.UNFOLD2D_PARAMS.pack(
+            x_off=x.offset, x_strides=x.strides, pad_bits=bits,
+            **codegen.geometry_values(total, x.shape, kernel, stride, padding, dilation, (oh, ow)))
         self._launch(("unfold2d", ty), lambda: codegen.unfold2d_wgsl(ty),
                      [x.storage.raw, out.storage.raw], params,
                      codegen.groups_for(total, codegen.WG), "unfold2d", 4 * total, 4 * total)
@@ -637,8 +638,8 @@ class Wgpu(Backend):
         if cols.offset:
             cols = self._materialize(cols)
         ty = _TYPE[cols.dtype]
-        params = codegen.geometry_params(total, (n, c, h, w), kernel, stride, padding, dilation,
-                                         (oh, ow))
+        params = codegen.FOLD2D_PARAMS.pack(**codegen.geometry_values(
+            total, (n, c, h, w), kernel, stride, padding, dilation, (oh, ow)))
         self._launch(("fold2d", ty), lambda: codegen.fold2d_wgsl(ty),
                      [cols.storage.raw, out.storage.raw], params,
                      codegen.groups_for(total, codegen.WG), "fold2d", 4 * cols.size, 4 * total)
