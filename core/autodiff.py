@@ -302,6 +302,15 @@ class Autodiff(Backend):
                 return Var(value, Node(parents, backward))
         return Var(value)
 
+    # -- user kernels (cinders.fusion.custom_op) ----------------------------------------------
+
+    def custom(self, op, handles, shape):
+        values = [h.value for h in handles]
+        out = self._inner.custom(op, values, shape)
+        if not handles:
+            return Var(out)
+        return self._record(out, handles, lambda g: op.gradients(self._inner, values, out, shape, g))
+
     # -- creation / reading: constants -----------------------------------------------------
 
     def from_flat(self, values, shape, dtype):

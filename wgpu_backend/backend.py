@@ -244,6 +244,17 @@ class Wgpu(Backend):
         self._launch(key, build, [h.storage.raw for h in handles], params, groups, name,
                      bytes_read, bytes_written)
 
+    def custom(self, op, handles, shape):
+        """A user kernel (cinders.fusion.custom_op): one generated elementwise kernel around its
+        WGSL function, compiled like a fused group of one op."""
+        from cinders.fusion.graph import Expr, LEAF, PENDING, Program
+        from .fusion_codegen import compiler
+        leaves = [Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
+                  for h in handles]
+        node = Expr(PENDING, "custom", op, tuple(leaves), shape, shape, dtypes.float32,
+                    frame=(shape, None))
+        return compiler(self).run(Program([node], [node], (shape, None)))[0]
+
     def _donatable(self, h, out_shape, out_dtype, refs):
         """Can h's buffer take the result (see the module docstring)? refs: getrefcount(h) as
         seen in the public method that received it."""

@@ -297,6 +297,8 @@ class Fusion(Backend):
 
     def custom(self, op, handles, shape):
         """A user-registered elementwise kernel (cinders.fusion.custom): recorded like any op."""
+        if self.compiler is None:
+            return self._inner.custom(op, handles, shape)
         return self._record("custom", op, handles, shape, dtypes.float32)
 
     # -- reductions: sum/prod/max/min fuse with what feeds them and what follows -------------
