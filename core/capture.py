@@ -57,6 +57,36 @@ def capturing():
     return bool(_CAPTURING)
 
 
+_HOST = []  # per recording in progress: {"values": [(raw, offset, compute)], "callbacks": [...]}
+
+
+def host_value(compute, backend):
+    """A float32 scalar tensor holding compute(), recomputed at every call of the captured
+    function, replays included (uploaded before its kernels run): how a Python number that
+    changes per call (a scheduled learning rate, Adam's bias corrections) reaches a replay.
+    Outside a recording it is just cn.tensor(compute())."""
+    from . import dtypes
+    from .creation import tensor
+    chain = _chain(backend)
+    base = chain[-1]
+    if not _HOST or not getattr(base, "capturable", False):
+        return tensor(float(compute()), backend=backend)
+    # Its own buffer, held until the recording ends: a pooled one could serve another value of
+    # the same call too, which the replay's upload (before every kernel) would clobber.
+    h = base.host_scalar(compute())
+    raw, offset, _ = base.capture_buffer(h)
+    _HOST[-1]["values"].append((raw, offset, compute))
+    _HOST[-1]["held"].append(h)
+    return _from_base(Tensor(base, h, (), dtypes.float32), chain)
+
+
+def on_replay(callback):
+    """Run callback() at every replay of the call being recorded, after the host values are
+    computed: how Python-side state that fn advances (step counters) keeps counting."""
+    if _HOST:
+        _HOST[-1]["callbacks"].append(callback)
+
+
 def realize(t):
     """Compute t now (a lazy value would otherwise be computed in some later call)."""
     _to_base(t)
@@ -249,6 +279,8 @@ def _record(fn, args, kwargs, base, inputs):
     start = _seed_counter[0]
     device.recording, pool.recording = launches, allocated
     _CAPTURING.append(base)
+    host = {"values": [], "callbacks": [], "held": []}
+    _HOST.append(host)
     try:
         out = fn(*args, **kwargs)
         # The outputs are computed inside the recording (Fusion launches pending groups here).
@@ -264,10 +296,13 @@ def _record(fn, args, kwargs, base, inputs):
                                 Tensor(b.backend, b.backend.contiguous(b.handle), b.shape,
                                        b.dtype)))
     finally:
+        _HOST.pop()
         _CAPTURING.pop()
         device.recording, pool.recording = None, None
     stop = _seed_counter[0]
-    return _Recording(launches, allocated, inputs, outputs, (start, stop)), out
+    recording = _Recording(launches, allocated, inputs, outputs, (start, stop))
+    recording.host = host
+    return recording, out
 
 
 def _compare(first, second):
@@ -358,10 +393,13 @@ class _Program:
                         for chain, t in recording.outputs]
         self.template = None
         self.kernels = len(launches)
+        self.host_values = recording.host["values"]
+        self.callbacks = recording.host["callbacks"]
         # Everything but the inputs is the program's from now on (workspace and state).
         kept = {id(r): r for buffers in self.launches for r in buffers if id(r) not in inputs}
         kept.update((id(t.handle.storage.raw), t.handle.storage.raw)
                     for _, t in recording.outputs)
+        kept.update((id(raw), raw) for raw, _, _ in self.host_values)
         base.pool.reserve(list(kept.values()))
 
     def hand_out(self, out):
@@ -395,6 +433,12 @@ class _Program:
                 seed = (counter + rel) & _SEED_MASK
                 patches.append((offset, _hash32(seed).to_bytes(4, "little")))
             _seed_counter[0] = counter + self.draws
+        if self.host_values:
+            import struct
+            for raw, offset, compute in self.host_values:
+                self.device.write_buffer(raw, offset, struct.pack("<f", float(compute())))
+            for callback in self.callbacks:
+                callback()
         fresh, copies = self._fresh_outputs()
         if _PROFILING:
             _profile_event(self.base, {"kind": "replay", "name": name, "kernels": self.kernels})

@@ -147,12 +147,21 @@ def test_random_draws_fresh_numbers_like_uncaptured(stack):
     assert not np.allclose(got[-1], got[-2])
 
 
-def test_training_step_replays_match_uncaptured_steps():
+OPTIMIZERS = {
+    "sgd-momentum": lambda: cn.optim.SGD(lr=0.05, momentum=0.9),
+    # a schedule and Adam's bias corrections: Python numbers that change every step
+    "adamw-schedule": lambda: cn.optim.AdamW(lr=cn.optim.LinearWarmup(
+        cn.optim.CosineAnnealing(2e-3, total_steps=10), warmup_steps=3), weight_decay=1e-4),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_step_replays_match_uncaptured_steps(optimizer):
     def train(captured):
         cn.manual_seed(0)
         backend = cn.Autodiff(cn.Fusion(Wgpu()))
         model = MnistCNN().to(backend)
-        opt = cn.optim.SGD(lr=0.05, momentum=0.9)
+        opt = OPTIMIZERS[optimizer]()
 
         def step(x, y):
             loss = F.cross_entropy(model(x), y)
@@ -166,11 +175,12 @@ def test_training_step_replays_match_uncaptured_steps():
             x = cn.tensor(_images(rng, 8), backend=backend)
             y = cn.tensor(rng.integers(0, 10, 8).astype(np.int32), backend=backend)
             losses.append(run(x, y).item())
-        return losses, run, model
+        return losses, run, model, opt
 
-    want, _, plain = train(False)
-    got, fast, model = train(True)
+    want, _, plain, plain_opt = train(False)
+    got, fast, model, opt = train(True)
     assert (fast.captures, fast.replays) == (1, 3)
+    assert opt.steps == plain_opt.steps == 6 and opt.lr == plain_opt.lr
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(model.layers[0].weight.numpy(), plain.layers[0].weight.numpy(),
                                rtol=1e-5, atol=1e-6)

@@ -165,6 +165,13 @@ class Wgpu(Backend):
         """Copy src into dst's buffer in place (cn.capture's state updates)."""
         self._elementwise("copy", [src], dst.dtype, out=dst)
 
+    def host_scalar(self, value):
+        """A float32 scalar in a buffer of its own, never shared with any other value (cn.capture
+        rewrites it before each replay, while other values may reuse pooled buffers)."""
+        out = GpuArray(self._rt.pool.allocate(4, fresh=True), (), (), 0, dtypes.float32)
+        self.device.write_buffer(out.storage.raw, 0, struct.pack("<f", float(value)))
+        return out
+
     def wrap_buffer(self, shape, dtype):
         """A fresh contiguous handle for capture to copy an output into."""
         return self._new(shape, dtype)

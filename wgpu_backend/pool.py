@@ -52,12 +52,13 @@ class BufferPool:
         self._reserved = set()      # ids of buffers owned by captured programs
         self.reserved_bytes = 0
 
-    def allocate(self, nbytes):
-        """A Storage of at least nbytes (the caller checked the device limit)."""
+    def allocate(self, nbytes, fresh=False):
+        """A Storage of at least nbytes (the caller checked the device limit); fresh: a buffer
+        no kernel has used yet (never one from the pool)."""
         cls = min(size_class(nbytes), max(self.limit, nbytes))
         with self.device.lock:
             self._drain_released()
-            free = self._free.get(cls)
+            free = None if fresh else self._free.get(cls)
             if free:
                 raw = free.pop()
                 self.pooled_bytes -= cls
