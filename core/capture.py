@@ -98,7 +98,7 @@ def assign(dst, src):
     if d.shape != s.shape or d.dtype is not s.dtype:
         raise CaptureError("cn.capture: cannot update a %s %s tensor in place with a %s %s one"
                            % (d.dtype.name, d.shape, s.dtype.name, s.shape))
-    d.backend.assign(d.handle, s.handle)
+    d.backend.copy_into(d.handle, s.handle)
 
 
 def _user_line():

@@ -161,8 +161,8 @@ class Wgpu(Backend):
     def contiguous(self, h):
         return h if h.is_contiguous() else self._materialize(h)
 
-    def assign(self, dst, src):
-        """Copy src into dst's buffer in place (cn.capture's state updates)."""
+    def copy_into(self, dst, src):
+        """Copy src into dst's own buffer, in place (cn.capture's state updates)."""
         self._elementwise("copy", [src], dst.dtype, out=dst)
 
     def host_scalar(self, value):
