@@ -5,12 +5,11 @@ buffers, so reshape of contiguous data, permute, expand and slice cost no kernel
 their inputs through strides. Ops only *record* launches on the Device (device.py); the CPU
 waits for the GPU in `to_flat` alone.
 
-In-place reuse: an elementwise op may write its result into an input's buffer when nothing but
-this call can ever see that input again: the handle is a temporary (its reference count is what
-a temporary argument has; calibrated at import, and disabled where the interpreter cannot tell a
-temporary from a held reference) and no other view shares its storage. Through the tensor
-layer every handle is also held by its Tensor, so there the tensor layer decides instead and
-calls `unary_donated` / `binary_donated` (core/backend.py, "Buffer donation").
+In-place reuse has one decider, the tensor layer (core/tensor.py, "buffer donation"): when the
+operand Tensor of an elementwise op is a temporary that alone holds its handle, it calls
+`unary_donated` / `binary_donated` (core/backend.py, "Buffer donation"), and this backend then
+checks what only it knows: no other view shares the storage and the result fits the buffer.
+Called directly (Autodiff's forward, Fusion), the backend never reuses an input's buffer.
 """
 
 import math
@@ -74,32 +73,14 @@ class GpuArray:
             self.shape, self.dtype, self.strides, self.offset)
 
 
-def _refcount_of_temporary():
-    """What sys.getrefcount reports inside a method for an argument nobody else holds, or None
-    when a held argument reads the same (then the count cannot prove exclusivity)."""
-    if not hasattr(sys, "getrefcount"):
-        return None
-
-    class Probe:
-        def count(self, op, a):
-            return sys.getrefcount(a)
-
-    probe = Probe()
-    temporary = probe.count("op", GpuArray(None, (), (), 0, None))
-    held = GpuArray(None, (), (), 0, None)
-    if probe.count("op", held) <= temporary:
-        return None
-    return temporary
-
-
 def _storage_refs(h):
     return sys.getrefcount(h.storage)
 
 
-_TEMPORARY_REFS = _refcount_of_temporary()
-# What _storage_refs reads for a storage that one handle alone references.
+# What _storage_refs reads for a storage that one view alone references (measured: the count
+# an attribute read and a call add is the interpreter's), or None where it cannot tell.
 _STORAGE_ALONE = _storage_refs(GpuArray(GpuArray(None, (), (), 0, None), (), (), 0, None)) \
-    if _TEMPORARY_REFS is not None else None
+    if hasattr(sys, "getrefcount") else None
 
 
 class _Runtime:
@@ -262,12 +243,6 @@ class Wgpu(Backend):
                     frame=(shape, None))
         return compiler(self).run(Program([node], [node], (shape, None)))[0]
 
-    def _donatable(self, h, out_shape, out_dtype, refs):
-        """Can h's buffer take the result (see the module docstring)? refs: getrefcount(h) as
-        seen in the public method that received it."""
-        return _TEMPORARY_REFS is not None and refs <= _TEMPORARY_REFS and \
-            self._fits_in_place(h, out_shape, out_dtype)
-
     def _fits_in_place(self, h, out_shape, out_dtype):
         """No other view shares h's storage, and the result fits h's buffer exactly."""
         return (_STORAGE_ALONE is not None and _storage_refs(h) <= _STORAGE_ALONE
@@ -389,22 +364,10 @@ class Wgpu(Backend):
         return self._elementwise("copy", [h], h.dtype)
 
     def unary(self, op, x):
-        refs = sys.getrefcount(x)  # first, before x is pushed as anyone's argument
-        out_dtype = result_dtype(op, x.dtype)
-        donor = 0 if self._donatable(x, x.shape, out_dtype, refs) else None
-        return self._elementwise(op, [x], out_dtype, donor)
+        return self._elementwise(op, [x], result_dtype(op, x.dtype))
 
     def binary(self, op, a, b):
-        refs_a, refs_b = sys.getrefcount(a), sys.getrefcount(b)
-        out_dtype = result_dtype(op, a.dtype)
-        shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
-        donor = None
-        if a is not b:
-            if self._donatable(a, shape, out_dtype, refs_a):
-                donor = 0
-            elif self._donatable(b, shape, out_dtype, refs_b):
-                donor = 1
-        return self._elementwise(op, [a, b], out_dtype, donor)
+        return self._elementwise(op, [a, b], result_dtype(op, a.dtype))
 
     # Buffer donation through the tensor layer (core/backend.py): it vouches that nothing else
     # holds the donated handle, so only views sharing its storage remain to be ruled out.
