@@ -9,6 +9,11 @@ import wgpu
 
 from .device import Device
 
+try:  # wgpu-native's C entry points: a replay's encoding loop calls them with no Python wrapper
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi, lib as _lib
+except ImportError:  # another wgpu-py layout: the public encoder methods serve
+    _ffi = _lib = None
+
 # Limits we ask the adapter for in full (the WebGPU defaults are small, e.g. 128 MiB bindings).
 _WANTED_LIMITS = (
     "max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -167,6 +172,9 @@ class DesktopDevice(Device):
         program = _Program(arena, dispatches, windows)
         program.groups = [self._group_for(d.pipeline, arena, w, d.buffers)
                           for d, w in zip(dispatches, windows)]
+        if _lib is not None:
+            program.raw = [(d.pipeline._internal, g._internal, _ffi.new("uint32_t[]", [d.params_offset]))
+                           + tuple(d.groups) for d, g in zip(dispatches, program.groups)]
         return program
 
     def _replay(self, program, rebinds, patches, copies):
@@ -180,11 +188,28 @@ class DesktopDevice(Device):
                 for i, buffers in rebinds.items():
                     groups[i] = program.rebound(self, i, buffers)
             compute = encoder.begin_compute_pass()
-            # The only per-kernel work of a replay: three encoder calls.
-            for d, group in zip(program.dispatches, groups):
-                compute.set_pipeline(d.pipeline)
-                compute.set_bind_group(0, group, [d.params_offset])
-                compute.dispatch_workgroups(*d.groups)
+            # The only per-kernel work of a replay: three encoder calls (straight into
+            # wgpu-native where it can: its commands were validated when they were recorded).
+            if program.raw is not None:
+                pass_ptr = compute._internal
+                raw = program.raw
+                if rebinds:
+                    raw = list(raw)
+                    for i in rebinds:
+                        pipeline, _, offsets, x, y, z = raw[i]
+                        raw[i] = (pipeline, groups[i]._internal, offsets, x, y, z)
+                set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
+                set_group = _lib.wgpuComputePassEncoderSetBindGroup
+                dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
+                for pipeline, group, offsets, x, y, z in raw:
+                    set_pipeline(pass_ptr, pipeline)
+                    set_group(pass_ptr, 0, group, 1, offsets)
+                    dispatch(pass_ptr, x, y, z)
+            else:
+                for d, group in zip(program.dispatches, groups):
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, group, [d.params_offset])
+                    compute.dispatch_workgroups(*d.groups)
             compute.end()
         for src, src_offset, dst, dst_offset, nbytes in copies:
             encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
@@ -230,6 +255,7 @@ class _Program:
         self.dispatches = dispatches
         self.windows = windows
         self.groups = []
+        self.raw = None     # [(pipeline, bind group, offsets, x, y, z)] as C handles, if usable
         self._rebound = {}  # (launch index, buffer ids) -> (bind group, buffers kept alive)
 
     def rebound(self, device, i, buffers):
