@@ -100,9 +100,29 @@ def inference_rows(name, make_model, shape, stacks, repeat, torch, device):
 
 def _launches(backend, fast, *args):
     with cn.profile(backend) as p:
-        fast(*args).numpy()
+        out = fast(*args)
+        out = out[-1] if isinstance(out, tuple) else out
+        out.numpy()
     return {"kernels_per_replay": p.kernel_launches, "submits_per_replay": p.submits,
-            "peak_bytes": backend.memory_stats()["peak_bytes"]}
+            "peak_bytes": backend.memory_stats()["peak_bytes"], **_breakdown(backend, fast, *args)}
+
+
+def _breakdown(backend, fast, *args, repeat=20):
+    """Where a captured call's time goes: the replay call itself (Python, encoding, submit),
+    the GPU work after it, and reading the result back (median ms of each)."""
+    call, gpu, read = [], [], []
+    for _ in range(repeat):
+        backend.synchronize()
+        t0 = time.perf_counter()
+        out = fast(*args)
+        t1 = time.perf_counter()
+        backend.synchronize()
+        t2 = time.perf_counter()
+        (out[-1] if isinstance(out, tuple) else out).numpy()
+        t3 = time.perf_counter()
+        call.append(t1 - t0), gpu.append(t2 - t1), read.append(t3 - t2)
+    ms = lambda v: round(statistics.median(v) * 1e3, 4)  # noqa: E731
+    return {"replay_call_ms": ms(call), "gpu_wait_ms": ms(gpu), "readback_ms": ms(read)}
 
 
 def training_rows(batch, stacks, repeat, torch, device):
