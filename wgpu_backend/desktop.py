@@ -26,6 +26,7 @@ _STORAGE_BINDING = re.compile(r"@binding\((\d+)\)\s*var<storage,\s*(read_write|r
 # so one bind group serves every batch in which the same buffers meet the same kernel layout.
 _PARAMS_WINDOW = 256
 _MAX_CACHED_GROUPS = 4096
+_STAGING_MAX = 1 << 20  # reads up to this size go through reused staging buffers
 
 
 def _adapters():
@@ -68,6 +69,7 @@ class DesktopDevice(Device):
         self._group_layouts = {}  # signature (storage access modes) -> bind group layout
         self._groups = {}         # (signature, window, buffer ids) -> (bind group, buffers)
         self._arena = None        # the uniform buffer holding a batch's parameter blocks
+        self._staging = {}        # size class -> [free MAP_READ buffers] for small reads
         self._sentinel = None
 
     # ---- Device primitives --------------------------------------------------------------
@@ -224,7 +226,27 @@ class DesktopDevice(Device):
         return [max(0, ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(count)]
 
     def _read_buffer(self, raw, offset, nbytes):
-        return bytes(self.queue.read_buffer(raw, offset, nbytes))
+        # Small reads (logits, a loss) reuse mappable staging buffers: creating and destroying
+        # one per read costs more than the copy.
+        size = -(-nbytes // 4) * 4
+        if size > _STAGING_MAX:
+            return bytes(self.queue.read_buffer(raw, offset, nbytes))
+        cls = max(256, 1 << (size - 1).bit_length())
+        with self.lock:
+            free = self._staging.setdefault(cls, [])
+            staging = free.pop() if free else self.device.create_buffer(
+                size=cls, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        encoder = self.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(raw, offset, staging, 0, size)
+        self.queue.submit([encoder.finish()])
+        staging.map_sync(wgpu.MapMode.READ, 0, size)
+        try:
+            data = bytes(staging.read_mapped(0, size))[:nbytes]
+        finally:
+            staging.unmap()
+            with self.lock:
+                free.append(staging)
+        return data
 
     async def _read_buffer_async(self, raw, offset, nbytes):
         staging = self.device.create_buffer(
