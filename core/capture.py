@@ -33,6 +33,7 @@ On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simpl
 
 import linecache
 import sys
+import threading
 
 
 from .errors import CindersError
@@ -281,6 +282,7 @@ def _record(fn, args, kwargs, base, inputs):
     device.flush()  # work queued before the call is not part of it
     launches, allocated = [], {}
     start = _seed_counter[0]
+    device.recording_thread = threading.get_ident()
     device.recording, pool.recording = launches, allocated
     _CAPTURING.append(base)
     host = {"values": [], "callbacks": [], "held": []}

@@ -109,6 +109,7 @@ class Device:
         self.pipeline_cache_hits = 0
         self.pipeline_compiles = 0
         self.recording = None         # a list receiving every Launch while capture records
+        self.recording_thread = None  # ... of this thread only (data loaders run beside it)
         self.submits = 0              # queue submissions of kernel work (batches and replays)
         self.on_submit = None         # callback() per submission (cn.profile's "submit" events)
 
@@ -130,8 +131,14 @@ class Device:
                 self.flush()
             self._write_buffer(raw, offset, data)
 
+    def recording_here(self):
+        """The recording of the calling thread, or None."""
+        if self.recording is not None and threading.get_ident() == self.recording_thread:
+            return self.recording
+        return None
+
     def _check_not_recording(self):
-        if self.recording is not None:
+        if self.recording_here() is not None:
             from cinders.capture import reading_while_recording
             raise reading_while_recording()
 
@@ -169,7 +176,7 @@ class Device:
         random seed hashed into params[1] (capture draws a new one per replay)."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
         block = pack_params(params)
-        if self.recording is not None:
+        if self.recording is not None and threading.get_ident() == self.recording_thread:
             self.recording.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
                                          seed))
         with self.lock:

@@ -66,8 +66,9 @@ class BufferPool:
             else:
                 raw = self.device.create_buffer(cls)
                 self.buffers_created += 1
-            if self.recording is not None:  # (the buffer, how many launches preceded it)
-                self.recording.setdefault(id(raw), (raw, len(self.device.recording or ())))
+            if self.recording is not None and self.device.recording_here() is not None:
+                # (the buffer, how many launches preceded it)
+                self.recording.setdefault(id(raw), (raw, len(self.device.recording)))
             self.allocated_bytes += cls
             self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
         storage = Storage(raw, cls)
