@@ -34,6 +34,7 @@ On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simpl
 import linecache
 import sys
 import threading
+import weakref
 
 
 from .errors import CindersError
@@ -407,6 +408,10 @@ class _Program:
                     for _, t in recording.outputs)
         kept.update((id(raw), raw) for raw, _, _ in self.host_values)
         base.pool.reserve(list(kept.values()))
+        # The program's last reference (this object) keeps the raw buffers alive, so their ids
+        # stay unique until the pool has them back.
+        weakref.finalize(self, base.pool.unreserve_later, list(kept))
+        self._kept = list(kept.values())
 
     def hand_out(self, out):
         """The second call's outputs, copied out of the workspace (one submit)."""

@@ -218,3 +218,27 @@ def test_learner_captures_the_step_on_wgpu_and_says_so(capsys):
     assert got[-1]["train_loss"] == pytest.approx(want[-1]["train_loss"], rel=1e-5)
     np.testing.assert_allclose(model[0].weight.numpy(), plain[0].weight.numpy(), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_workspace_is_one_calls_buffers_and_returns_to_the_pool():
+    import gc
+    backend = cn.Fusion(Wgpu())
+    pool = backend.inner.pool
+    model = MnistCNN().to(backend).eval()
+    x = cn.tensor(_images(np.random.default_rng(4), 2), backend=backend)
+    model(x).numpy()
+    gc.collect()
+    pool.empty_cache()
+    before = pool.stats()
+    model(x).numpy()                     # from an empty pool: the buffers one call needs
+    gc.collect()
+    one_call = pool.stats()["reserved_bytes"] - before["reserved_bytes"]
+    fast = cn.capture(model)
+    for _ in range(4):
+        fast(x).numpy()
+    gc.collect()
+    workspace = pool.stats()["captured_bytes"] - before["captured_bytes"]
+    assert 0 < workspace <= one_call
+    del fast
+    gc.collect()
+    assert pool.stats()["captured_bytes"] == before["captured_bytes"]

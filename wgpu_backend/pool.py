@@ -6,8 +6,9 @@ allocation of the same size class reuses it instead of asking the driver (alloca
 and a training step allocates the same sizes every iteration).
 
 Captured programs (core/capture.py) own the buffers their kernels use: while a capture records,
-`allocated` collects every buffer handed out; `reserve` then takes them out of circulation for
-good (a replay writes them again, so nobody else may ever get them).
+`recording` collects every buffer handed out; `reserve` then takes them out of circulation while
+the program lives (a replay writes them again, so nobody else may get them), and
+`unreserve_later` hands them back when it dies.
 """
 
 import weakref
@@ -50,6 +51,8 @@ class BufferPool:
         self._released = deque()    # (raw, size class) handed back by finalizers, not yet pooled
         self.recording = None       # while a capture records: {id(raw): (raw, launches before)}
         self._reserved = set()      # ids of buffers owned by captured programs
+        self._reserved_idle = {}    # id -> (raw, size class): theirs, held by no tensor
+        self._unreserved = deque()  # id lists of programs that died (handed back by finalizers)
         self.reserved_bytes = 0
 
     def allocate(self, nbytes, fresh=False):
@@ -82,14 +85,29 @@ class BufferPool:
         self._released.append((raw, cls))
 
     def _drain_released(self):
+        while self._unreserved:  # programs that died give their buffers back
+            for key in self._unreserved.popleft():
+                self._reserved.discard(key)
+                found = self._reserved_idle.pop(key, None)
+                if found is not None:
+                    self.reserved_bytes -= found[1]
+                    self.pooled_bytes += found[1]
+                    self._free.setdefault(found[1], []).append(found[0])
         while self._released:
             raw, cls = self._released.popleft()
             self.allocated_bytes -= cls
             if id(raw) in self._reserved:
-                self.reserved_bytes += cls  # a captured program's: never handed out again
+                # a captured program's: handed out to no one else while the program lives
+                self.reserved_bytes += cls
+                self._reserved_idle[id(raw)] = (raw, cls)
                 continue
             self.pooled_bytes += cls
             self._free.setdefault(cls, []).append(raw)
+
+    def unreserve_later(self, ids):
+        """A captured program died: its buffers return to the pool (at the next allocation;
+        safe from a finalizer in any thread)."""
+        self._unreserved.append(list(ids))
 
     def reserve(self, raws):
         """Take these buffers (a captured program's) out of circulation: the free ones now,
@@ -102,6 +120,9 @@ class BufferPool:
                 kept = [r for r in free if id(r) not in ids]
                 taken = len(free) - len(kept)
                 if taken:
+                    for r in free:
+                        if id(r) in ids:
+                            self._reserved_idle[id(r)] = (r, cls)
                     free[:] = kept
                     self.pooled_bytes -= cls * taken
                     self.reserved_bytes += cls * taken
