@@ -3,7 +3,9 @@
 The same weights in both (copied from the cinders model into an identical torch.nn.Sequential);
 latency is one forward pass plus reading the logits back to the host, median of --repeat runs.
 One JSON line per batch size:
-    {"bench": "mnist_cnn", "batch", "cinders_ms", "torch_ms", "ratio", "max_abs_diff", ...}
+    {"bench": "mnist_cnn", "batch", "cinders_ms", "captured_ms", "torch_ms", "ratio",
+     "captured_ratio", "max_abs_diff", ...}
+cinders_ms runs the model as it is; captured_ms the same model through cn.capture (replays).
 
     python benchmarks/gpu_mnist.py             # batch 1 and 256 (a real GPU)
     python benchmarks/gpu_mnist.py --small     # fewer repeats: runs on lavapipe
@@ -77,7 +79,10 @@ def main():
         def run_cinders():
             return model(x).numpy()
 
+        fast = cn.capture(model)
         ours = median_ms(run_cinders, repeat)
+        fast(x), fast(x)  # the first three calls run the model (median_ms warms up twice more)
+        captured = median_ms(lambda: fast(x).numpy(), repeat)
         theirs = diff = None
         if net is not None:
             xt = torch.from_numpy(x_np).to(device)
@@ -90,8 +95,9 @@ def main():
             diff = float(np.max(np.abs(run_cinders() - run_torch())))
         print(json.dumps({
             "bench": "mnist_cnn", "batch": batch, "cinders_ms": round(ours, 4),
-            "torch_ms": round(theirs, 4) if theirs else None,
+            "captured_ms": round(captured, 4), "torch_ms": round(theirs, 4) if theirs else None,
             "ratio": round(ours / theirs, 4) if theirs else None,
+            "captured_ratio": round(captured / theirs, 4) if theirs else None,
             "max_abs_diff": diff, "device": backend.device.name, "torch_device": device}),
             flush=True)
 

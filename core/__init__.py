@@ -27,6 +27,7 @@ from . import nn, optim
 from . import data, record, train
 from .record import load_model, register_model
 from .profile import profile
+from .capture import capture, CaptureError
 
 # Backends load on first use: NumPy is optional (Pyodide runs without it), so `import cinders`
 # must not import it. Later backends add their `name: module` entry here.

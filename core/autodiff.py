@@ -241,6 +241,13 @@ class Autodiff(Backend):
         node = Node((), None) if require_grad else None
         return Tensor(self, Var(tensor.handle, node), tensor.shape, tensor.dtype)
 
+    # The decorator's two directions, named as on every decorator (cn.capture walks the stack).
+    def inner_tensor(self, tensor):
+        return self.to_inner(tensor)
+
+    def outer_tensor(self, tensor):
+        return self.from_inner(tensor)
+
     def backward(self, tensor):
         root = tensor.handle.node
         if root is None:
@@ -294,6 +301,15 @@ class Autodiff(Backend):
             if p is not None:
                 return Var(value, Node(parents, backward))
         return Var(value)
+
+    # -- user kernels (cinders.fusion.custom_op) ----------------------------------------------
+
+    def custom(self, op, handles, shape):
+        values = [h.value for h in handles]
+        out = self._inner.custom(op, values, shape)
+        if not handles:
+            return Var(out)
+        return self._record(out, handles, lambda g: op.gradients(self._inner, values, out, shape, g))
 
     # -- creation / reading: constants -----------------------------------------------------
 

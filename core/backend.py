@@ -88,6 +88,14 @@ float32 and in this order, exactly what cn.optim.Adam composes:
     m <- m + (g - m) * (1 - beta1);  v <- v * beta2 + g * g * (1 - beta2)
     p' = p - m / (sqrt(v) + eps) * step_size
 
+User kernels (cinders.fusion.custom_op)
+---------------------------------------
+    custom(op, handles, shape) -> handle   op's elementwise function over float32 handles of
+                                           `shape` (already broadcast to its rank)
+Every backend has it: the base class runs `op.reference` in tensor ops; Autodiff computes on its
+inner backend and records `op.backward`; Fusion records it into the lazy graph; Wgpu launches
+the op's WGSL. A new decorator backend overrides it to pass the call inward; nothing else.
+
 Buffer donation (optional)
 --------------------------
 A backend that can write an elementwise result into an operand's buffer defines
@@ -168,6 +176,10 @@ class Backend:
     @property
     def inner(self):
         return None
+
+    def custom(self, op, handles, shape):
+        """A user kernel (see "User kernels" above); here: its reference in tensor ops."""
+        return op.run_reference(self, handles, shape)
 
     unary_donated = None   # optional hooks, see "Buffer donation" above
     binary_donated = None

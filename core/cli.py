@@ -136,7 +136,7 @@ RECIPES = {
 
 
 def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, seed=0, augment=True,
-                   workers=1, train_limit=None, dashboard="auto", out_dir=None):
+                   workers=1, train_limit=None, dashboard="auto", out_dir=None, capture="auto"):
     """(learner, train loader, held-out loader, epochs) of the default MNIST recipe."""
     import cinders as cn
     from cinders.data import DataLoader, Subset
@@ -173,7 +173,8 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
         return F.cross_entropy(logits, labels, label_smoothing=smoothing)
 
     learner = Learner(model, optimizer, loss, out_dir=out_dir, dashboard=dashboard,
-                      title="cinders train --dataset mnist --model %s (%s)" % (model_name, backend.name))
+                      title="cinders train --dataset mnist --model %s (%s)" % (model_name, backend.name),
+                      capture=capture)
     return learner, train, heldout, epochs
 
 
@@ -195,13 +196,16 @@ def build_training(model_name, backend, epochs=None, batch_size=64, lr=None, see
     arg("--resume", action="store_true", help="continue from the run directory's checkpoint"),
     arg("--dashboard", choices=["auto", "rich", "plain"], default="auto",
         help="progress display: rich on a terminal, one line per epoch otherwise (default: auto)"),
+    arg("--capture", choices=["auto", "on", "off"], nargs="?", const="on", default="auto",
+        help="run the training step through cn.capture (default auto: on GPU backends)"),
     THREADS_ARG,
 ])
 def train(args):
     run_dir = args.run_dir or os.path.join("runs", "mnist-" + args.model)
     learner, train_loader, heldout, epochs = build_training(
         args.model, make_backend(args.backend), args.epochs, args.batch_size, args.lr, args.seed,
-        not args.no_augment, args.workers, args.train_limit, args.dashboard, run_dir)
+        not args.no_augment, args.workers, args.train_limit, args.dashboard, run_dir,
+        {"auto": "auto", "on": True, "off": False}[args.capture])
     t0 = time.time()
     try:
         learner.fit(train_loader, heldout, epochs, resume=args.resume)

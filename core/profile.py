@@ -11,6 +11,8 @@ nobody profiles. Kinds the counters understand:
                  which a GPU backend may fill in later (timestamps resolve after submission)
     "compile"    a kernel/pipeline cache miss (it was compiled)
     "cache_hit"  a kernel/pipeline cache hit (counted, not kept in `events`)
+    "submit"     one submission of queued GPU work (counted in `submits`, not kept)
+    "replay"     a cn.capture replay: "kernels" launches in one submission
 A profiler of backend B sees the events of B and of every backend B wraps (`B.inner` chain).
 Backends may define `profile_start()` / `profile_stop()` (e.g. to turn GPU timestamps on) and
 `synchronize()`, which the profiler calls on exit so that timings are complete.
@@ -32,6 +34,7 @@ class Profile:
         self.bytes_written = 0
         self.cache_hits = 0
         self.cache_misses = 0
+        self.submits = 0
 
     @property
     def gpu_time(self):
@@ -47,6 +50,11 @@ class Profile:
         if kind == "cache_hit":
             self.cache_hits += 1
             return
+        if kind == "submit":
+            self.submits += 1
+            return
+        if kind == "replay":
+            self.kernel_launches += event["kernels"]
         if kind == "compile":
             self.cache_misses += 1
         elif kind == "kernel":
@@ -74,10 +82,10 @@ class Profile:
         return False
 
     def __repr__(self):
-        return ("Profile(kernel_launches=%d, bytes_read=%d, bytes_written=%d, gpu_time=%r, "
-                "cache_hits=%d, cache_misses=%d)" % (
-                    self.kernel_launches, self.bytes_read, self.bytes_written, self.gpu_time,
-                    self.cache_hits, self.cache_misses))
+        return ("Profile(kernel_launches=%d, submits=%d, bytes_read=%d, bytes_written=%d, "
+                "gpu_time=%r, cache_hits=%d, cache_misses=%d)" % (
+                    self.kernel_launches, self.submits, self.bytes_read, self.bytes_written,
+                    self.gpu_time, self.cache_hits, self.cache_misses))
 
 
 def profile(backend=None):

@@ -5,12 +5,11 @@ buffers, so reshape of contiguous data, permute, expand and slice cost no kernel
 their inputs through strides. Ops only *record* launches on the Device (device.py); the CPU
 waits for the GPU in `to_flat` alone.
 
-In-place reuse: an elementwise op may write its result into an input's buffer when nothing but
-this call can ever see that input again: the handle is a temporary (its reference count is what
-a temporary argument has; calibrated at import, and disabled where the interpreter cannot tell a
-temporary from a held reference) and no other view shares its storage. Through the tensor
-layer every handle is also held by its Tensor, so there the tensor layer decides instead and
-calls `unary_donated` / `binary_donated` (core/backend.py, "Buffer donation").
+In-place reuse has one decider, the tensor layer (core/tensor.py, "buffer donation"): when the
+operand Tensor of an elementwise op is a temporary that alone holds its handle, it calls
+`unary_donated` / `binary_donated` (core/backend.py, "Buffer donation"), and this backend then
+checks what only it knows: no other view shares the storage and the result fits the buffer.
+Called directly (Autodiff's forward, Fusion), the backend never reuses an input's buffer.
 """
 
 import math
@@ -74,32 +73,14 @@ class GpuArray:
             self.shape, self.dtype, self.strides, self.offset)
 
 
-def _refcount_of_temporary():
-    """What sys.getrefcount reports inside a method for an argument nobody else holds, or None
-    when a held argument reads the same (then the count cannot prove exclusivity)."""
-    if not hasattr(sys, "getrefcount"):
-        return None
-
-    class Probe:
-        def count(self, op, a):
-            return sys.getrefcount(a)
-
-    probe = Probe()
-    temporary = probe.count("op", GpuArray(None, (), (), 0, None))
-    held = GpuArray(None, (), (), 0, None)
-    if probe.count("op", held) <= temporary:
-        return None
-    return temporary
-
-
 def _storage_refs(h):
     return sys.getrefcount(h.storage)
 
 
-_TEMPORARY_REFS = _refcount_of_temporary()
-# What _storage_refs reads for a storage that one handle alone references.
+# What _storage_refs reads for a storage that one view alone references (measured: the count
+# an attribute read and a call add is the interpreter's), or None where it cannot tell.
 _STORAGE_ALONE = _storage_refs(GpuArray(GpuArray(None, (), (), 0, None), (), (), 0, None)) \
-    if _TEMPORARY_REFS is not None else None
+    if hasattr(sys, "getrefcount") else None
 
 
 class _Runtime:
@@ -137,10 +118,44 @@ class Wgpu(Backend):
 
     name = "wgpu"
 
+    # cn.capture records and replays this backend's launches (core/capture.py).
+    capturable = True
+
     def __init__(self, adapter=None, autotune=True):
         self._rt = _runtime(adapter)
         self.device = self._rt.device
         self.autotune = autotune
+        if self.device.on_submit is None:
+            # cn.profile counts submissions ("submit" events) of this device.
+            self.device.on_submit = lambda: _record(self, {"kind": "submit", "name": "submit"}) \
+                if _PROFILING else None
+
+    @property
+    def pool(self):
+        return self._rt.pool
+
+    def capture_buffer(self, h):
+        """(raw buffer, byte offset, byte size) of a contiguous handle: what capture rebinds
+        (inputs) and copies out (outputs)."""
+        return h.storage.raw, 4 * h.offset, 4 * h.size
+
+    def contiguous(self, h):
+        return h if h.is_contiguous() else self._materialize(h)
+
+    def copy_into(self, dst, src):
+        """Copy src into dst's own buffer, in place (cn.capture's state updates)."""
+        self._elementwise("copy", [src], dst.dtype, out=dst)
+
+    def host_scalar(self, value):
+        """A float32 scalar in a buffer of its own, never shared with any other value (cn.capture
+        rewrites it before each replay, while other values may reuse pooled buffers)."""
+        out = GpuArray(self._rt.pool.allocate(4, fresh=True), (), (), 0, dtypes.float32)
+        self.device.write_buffer(out.storage.raw, 0, struct.pack("<f", float(value)))
+        return out
+
+    def wrap_buffer(self, shape, dtype):
+        """A fresh contiguous handle for capture to copy an output into."""
+        return self._new(shape, dtype)
 
     def device_key(self):
         return ("Wgpu", self.device.name)
@@ -185,7 +200,8 @@ class Wgpu(Backend):
                 % (dtype.name, shape, nbytes, limit, self.device.name))
         return GpuArray(self._rt.pool.allocate(nbytes), shape, _contiguous_strides(shape), 0, dtype)
 
-    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written):
+    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
+                seed=None):
         found = self._rt.kernels.get(key)
         if found is None:
             wgsl = build()
@@ -200,7 +216,7 @@ class Wgpu(Backend):
             event = _record(self, {"kind": "kernel", "name": name,
                                            "bytes_read": bytes_read, "bytes_written": bytes_written})
             on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
-        self.device.dispatch(found, buffers, params, groups, on_time)
+        self.device.dispatch(found, buffers, params, groups, on_time, name, seed)
 
     # ---- the extension surface for generated/custom kernels (Fusion, user kernels) ----------
     def empty(self, shape, dtype):
@@ -216,11 +232,16 @@ class Wgpu(Backend):
         self._launch(key, build, [h.storage.raw for h in handles], params, groups, name,
                      bytes_read, bytes_written)
 
-    def _donatable(self, h, out_shape, out_dtype, refs):
-        """Can h's buffer take the result (see the module docstring)? refs: getrefcount(h) as
-        seen in the public method that received it."""
-        return _TEMPORARY_REFS is not None and refs <= _TEMPORARY_REFS and \
-            self._fits_in_place(h, out_shape, out_dtype)
+    def custom(self, op, handles, shape):
+        """A user kernel (cinders.fusion.custom_op): one generated elementwise kernel around its
+        WGSL function, compiled like a fused group of one op."""
+        from cinders.fusion.graph import Expr, LEAF, PENDING, Program
+        from .fusion_codegen import compiler
+        leaves = [Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
+                  for h in handles]
+        node = Expr(PENDING, "custom", op, tuple(leaves), shape, shape, dtypes.float32,
+                    frame=(shape, None))
+        return compiler(self).run(Program([node], [node], (shape, None)))[0]
 
     def _fits_in_place(self, h, out_shape, out_dtype):
         """No other view shares h's storage, and the result fits h's buffer exactly."""
@@ -269,7 +290,7 @@ class Wgpu(Backend):
         if n:
             self._launch(("random", distribution), lambda: codegen.random_wgsl(distribution),
                          [out.storage.raw], [n, _hash32(seed)], codegen.groups_for(n, codegen.WG),
-                         "random_" + distribution, 0, 4 * n)
+                         "random_" + distribution, 0, 4 * n, seed=seed)
         return out if dtype is dtypes.float32 else self.cast(out, dtype)
 
     def _readable(self, h):
@@ -343,22 +364,10 @@ class Wgpu(Backend):
         return self._elementwise("copy", [h], h.dtype)
 
     def unary(self, op, x):
-        refs = sys.getrefcount(x)  # first, before x is pushed as anyone's argument
-        out_dtype = result_dtype(op, x.dtype)
-        donor = 0 if self._donatable(x, x.shape, out_dtype, refs) else None
-        return self._elementwise(op, [x], out_dtype, donor)
+        return self._elementwise(op, [x], result_dtype(op, x.dtype))
 
     def binary(self, op, a, b):
-        refs_a, refs_b = sys.getrefcount(a), sys.getrefcount(b)
-        out_dtype = result_dtype(op, a.dtype)
-        shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
-        donor = None
-        if a is not b:
-            if self._donatable(a, shape, out_dtype, refs_a):
-                donor = 0
-            elif self._donatable(b, shape, out_dtype, refs_b):
-                donor = 1
-        return self._elementwise(op, [a, b], out_dtype, donor)
+        return self._elementwise(op, [a, b], result_dtype(op, a.dtype))
 
     # Buffer donation through the tensor layer (core/backend.py): it vouches that nothing else
     # holds the donated handle, so only views sharing its storage remain to be ruled out.
@@ -586,8 +595,9 @@ class Wgpu(Backend):
             bits = struct.unpack("<I", struct.pack("<f", float(pad_value)))[0]
         else:
             bits = int(pad_value) & 0xFFFFFFFF
-        params = codegen.geometry_params(total, x.shape, kernel, stride, padding, dilation,
-                                         (oh, ow)) + [x.offset] + list(x.strides) + [bits]
+        params = codegen.UNFOLD2D_PARAMS.pack(
+            x_off=x.offset, x_strides=x.strides, pad_bits=bits,
+            **codegen.geometry_values(total, x.shape, kernel, stride, padding, dilation, (oh, ow)))
         self._launch(("unfold2d", ty), lambda: codegen.unfold2d_wgsl(ty),
                      [x.storage.raw, out.storage.raw], params,
                      codegen.groups_for(total, codegen.WG), "unfold2d", 4 * total, 4 * total)
@@ -609,8 +619,8 @@ class Wgpu(Backend):
         if cols.offset:
             cols = self._materialize(cols)
         ty = _TYPE[cols.dtype]
-        params = codegen.geometry_params(total, (n, c, h, w), kernel, stride, padding, dilation,
-                                         (oh, ow))
+        params = codegen.FOLD2D_PARAMS.pack(**codegen.geometry_values(
+            total, (n, c, h, w), kernel, stride, padding, dilation, (oh, ow)))
         self._launch(("fold2d", ty), lambda: codegen.fold2d_wgsl(ty),
                      [cols.storage.raw, out.storage.raw], params,
                      codegen.groups_for(total, codegen.WG), "fold2d", 4 * cols.size, 4 * total)

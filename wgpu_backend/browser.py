@@ -109,6 +109,57 @@ _SHIM = r"""
     uniform.destroy();  // after submit: the queued work keeps what it uses
   },
 
+  // A captured program (core/capture.py): its uniform buffer and bind groups, built once.
+  prepare(state, params, batch) {
+    const device = state.device;
+    const view = params.getBuffer("u8");
+    let uniform;
+    try {
+      uniform = device.createBuffer({ size: Math.max(256, view.data.byteLength + 256),
+                                      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      device.queue.writeBuffer(uniform, 0, view.data);
+    } finally { view.release(); }
+    const program = { uniform, steps: [] };
+    for (const [pipeline, buffers, offset, size, x, y, z] of batch) {
+      const step = { pipeline, offset, size, x, y, z };
+      step.group = this.bindGroup(state, program, step, buffers);
+      program.steps.push(step);
+    }
+    return program;
+  },
+
+  bindGroup(state, program, step, buffers) {
+    const entries = [{ binding: 0, resource: { buffer: program.uniform, offset: step.offset, size: step.size } }];
+    for (let j = 0; j < buffers.length; j++) entries.push({ binding: j + 1, resource: { buffer: buffers[j] } });
+    return state.device.createBindGroup({ layout: state.layouts.get(step.pipeline), entries });
+  },
+
+  // One call per replay: the seed patches, the dispatches (inputs rebound where they changed),
+  // the output copies, one submit. rebinds: [[step index, [buffers]]]; patches: [[offset,
+  // u32]]; copies: [[src, srcOffset, dst, dstOffset, nbytes]].
+  replay(state, program, rebinds, patches, copies) {
+    const device = state.device;
+    for (const [offset, value] of patches) {
+      device.queue.writeBuffer(program.uniform, offset, new Uint32Array([value]));
+    }
+    const groups = program ? program.steps.map((s) => s.group) : [];
+    for (const [i, buffers] of rebinds) groups[i] = this.bindGroup(state, program, program.steps[i], buffers);
+    const encoder = device.createCommandEncoder();
+    if (program) {
+      const pass = encoder.beginComputePass();
+      program.steps.forEach((s, i) => {
+        pass.setPipeline(s.pipeline);
+        pass.setBindGroup(0, groups[i]);
+        pass.dispatchWorkgroups(s.x, s.y, s.z);
+      });
+      pass.end();
+    }
+    for (const [src, srcOffset, dst, dstOffset, nbytes] of copies) {
+      encoder.copyBufferToBuffer(src, srcOffset, dst, dstOffset, nbytes);
+    }
+    device.queue.submit([encoder.finish()]);
+  },
+
   async read(state, buffer, offset, nbytes) {
     const device = state.device, size = Math.ceil(nbytes / 4) * 4;
     const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
@@ -243,6 +294,17 @@ class BrowserDevice(Device):
 
     def _timings(self, token):
         return [None] * token
+
+    def _prepare(self, dispatches, params):
+        batch = [[d.pipeline, d.buffers, d.params_offset, max(16, d.params_size)] + list(d.groups)
+                 for d in dispatches]
+        return self.shim.prepare(self.state, params, _to_js(batch))
+
+    def _replay(self, program, rebinds, patches, copies):
+        # Patches are u32 seeds: sent as numbers (the shim writes them as one Uint32Array each).
+        self.shim.replay(self.state, program, _to_js([[i, b] for i, b in rebinds.items()]),
+                         _to_js([[o, int.from_bytes(data, "little")] for o, data in patches]),
+                         _to_js([list(c) for c in copies]))
 
     def _read_buffer(self, raw, offset, nbytes):
         return _block_on(self._read_buffer_async(raw, offset, nbytes), "reading a tensor (tolist())")

@@ -32,6 +32,44 @@ def _p(i):
     return "P.v[%d][%d]" % (i // 4, i % 4)
 
 
+class ParamLayout:
+    """A kernel's uniform parameters by name. One list of fields orders both the packer
+    (`pack(name=value, ...)` -> the u32 list) and the generated code (`P[name]`, `P[name, i]`),
+    so the two cannot drift apart. A field is a name (one u32) or (name, count) (an array)."""
+
+    def __init__(self, *fields):
+        self.fields, at = [], 0
+        for field in fields:
+            name, count = (field, None) if isinstance(field, str) else field
+            self.fields.append((name, at, count))
+            at += 1 if count is None else count
+        self.size = at
+        self._at = {name: (start, count) for name, start, count in self.fields}
+
+    def __getitem__(self, key):
+        """The WGSL expression reading field `name`, or element i of array field (name, i)."""
+        name, i = key if isinstance(key, tuple) else (key, None)
+        start, count = self._at[name]
+        if (i is None) != (count is None) or (i is not None and not 0 <= i < count):
+            raise KeyError("parameter %r has %s elements, asked for %r" % (name, count, i))
+        return _p(start if i is None else start + i)
+
+    def pack(self, **values):
+        out = []
+        for name, _, count in self.fields:
+            value = values.pop(name)
+            if count is None:
+                out.append(int(value))
+            else:
+                value = [int(v) for v in value]
+                if len(value) != count:
+                    raise ValueError("parameter %r takes %d values, got %d" % (name, count, len(value)))
+                out += value
+        if values:
+            raise TypeError("unknown kernel parameters %s" % sorted(values))
+        return out
+
+
 def _header(n_params, buffers, shared=""):
     """Uniform block, storage bindings [(name, wgsl_type, writable)], helpers, entry point."""
     lines = ["struct Params { v: array<vec4<u32>, %d> }" % max(1, -(-n_params // 4)),
@@ -387,27 +425,67 @@ def reduce_params(n_out, axis_len, axis_stride, offset, outer_shape, outer_strid
 
 
 # ---- matmul --------------------------------------------------------------------------------
+# The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
+# template: the same parameters, prologue, bounds-checked global loads and stores of C; each
+# contributes only its entry point, its staging and its inner loop.
+
+def matmul_layout(nbatch):
+    """P of every matmul kernel; an epilogue's own parameters follow (matmul_param_count)."""
+    return ParamLayout("M", "N", "K", "kchunk", "a_off", "b_off", "a_sm", "a_sk", "b_sk", "b_sn",
+                       "nbatch", ("batch", nbatch), ("a_bstride", nbatch), ("b_bstride", nbatch))
+
+
+def matmul_param_count(nbatch, epilogue=None):
+    return matmul_layout(nbatch).size + (0 if epilogue is None else epilogue.n_params)
+
+
+def matmul_params(m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, batch_shape,
+                  a_bstrides, b_bstrides):
+    nb = 1
+    for s in batch_shape:
+        nb *= s
+    return matmul_layout(len(batch_shape)).pack(
+        M=m, N=n, K=k, kchunk=kchunk, a_off=a_off, b_off=b_off, a_sm=a_sm, a_sk=a_sk, b_sk=b_sk,
+        b_sn=b_sn, nbatch=nb, batch=batch_shape, a_bstride=a_bstrides, b_bstride=b_bstrides)
+
+
 def _matmul_prologue(nbatch):
-    """WGSL shared by the matmul kernels: sizes, this workgroup's split and batch element (grid
-    z = batch * splits), the operands' base offsets and strides, its range of k."""
-    lines = ["""  let M = %s; let N = %s; let K = %s; let kchunk = %s;
-  let z = wid.z; let nb = %s;
-  let split = z / nb; let bz = z %% nb;""" % (_p(0), _p(1), _p(2), _p(3), _p(10))]
-    lines.append(_unravel("bz", lambda d: _p(11 + d), nbatch, "b"))
+    """Sizes, this workgroup's split and batch element (grid z = batch * splits), the operands'
+    base offsets and strides, its range of k."""
+    P = matmul_layout(nbatch)
+    lines = ["  let M = %s; let N = %s; let K = %s; let kchunk = %s;" % (
+        P["M"], P["N"], P["K"], P["kchunk"]),
+        "  let z = wid.z; let nb = %s;" % P["nbatch"],
+        "  let split = z / nb; let bz = z % nb;"]
+    lines.append(_unravel("bz", lambda d: P["batch", d], nbatch, "b"))
     bc = ["b%d" % d for d in range(nbatch)]
-    for name, off, first in (("a_base", 4, 11 + nbatch), ("b_base", 5, 11 + 2 * nbatch)):
-        lines.append("  let %s = %s;" % (name, _dot(_p(off), bc, [_p(first + d) for d in range(nbatch)])))
+    for name, off, strides in (("a_base", "a_off", "a_bstride"), ("b_base", "b_off", "b_bstride")):
+        lines.append("  let %s = %s;" % (name, _dot(P[off], bc, [P[strides, d] for d in range(nbatch)])))
     lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
-                 % (_p(6), _p(7), _p(8), _p(9)))
+                 % (P["a_sm"], P["a_sk"], P["b_sk"], P["b_sn"]))
     lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
     return lines
 
 
-def _matmul_buffers(vec_a, vec_b, epilogue):
-    """A, B, then C, or (with an epilogue) the epilogue's own buffers instead of C."""
-    vec = lambda v: "vec4<f32>" if v else "f32"  # noqa: E731
-    out = [("C", vec(vec_b), True)] if epilogue is None else list(epilogue.buffers)
-    return [("A", vec(vec_a), False), ("B", vec(vec_b), False)] + out
+def _a_at(gm, gk, vec):
+    """WGSL reading A[gm, gk] (with vec: the vec4 of A[gm, gk..gk+3], k-contiguous)."""
+    return "A[(a_base + %s * a_sm + %s) / 4u]" % (gm, gk) if vec else \
+        "A[a_base + %s * a_sm + %s * a_sk]" % (gm, gk)
+
+
+def _b_at(gk, gn, vec):
+    """WGSL reading B[gk, gn] (with vec: the vec4 of B[gk, gn..gn+3], n-contiguous)."""
+    return "B[(b_base + %s * b_sk + %s) / 4u]" % (gk, gn) if vec else \
+        "B[b_base + %s * b_sk + %s * b_sn]" % (gk, gn)
+
+
+def _load(dst, zero, inside, expr, exact):
+    """dst = expr, or zero where the element lies outside (checked only for ragged tiles;
+    zero None: dst already holds it)."""
+    if exact:
+        return "%s = %s;" % (dst, expr)
+    reset = "" if zero is None else "%s = %s; " % (dst, zero)
+    return "%sif (%s) { %s = %s; }" % (reset, inside, dst, expr)
 
 
 def _c_store(index, value, vec, epilogue):
@@ -421,8 +499,36 @@ def _c_store(index, value, vec, epilogue):
                                                  for j in range(4)))
 
 
-def _with_epilogue(src, epilogue):
+def _store_tile(rows, cols, vec, exact, epilogue):
+    """A thread's block of C. rows: [(WGSL of the row m, r)]; cols: [(WGSL of the column n,
+    value(r) -> WGSL of the accumulator)], each a vec4 of columns n..n+3 when vec."""
+    lines = ["  let c_base = z * M * N;"]
+    for m, r in rows:
+        lines.append("  { let m = %s;" % m)
+        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
+        for n, value in cols:
+            lines.append("      { let n = %s; if (%s) { %s } }" % (
+                n, "true" if exact else "n < N",
+                _c_store("c_base + m * N + n", value(r), vec, epilogue)))
+        lines.append("    }\n  }")
+    return lines
+
+
+def _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body, store):
+    """The template: header (P, A, B, then C or the epilogue's buffers, workgroup memory), entry
+    point, the shared prologue, the kernel's own body, its stores, the epilogue's function."""
+    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
+                  shared)
+    lines = [entry] + _matmul_prologue(nbatch) + body + store
+    src += "\n".join(lines) + "\n}\n"
     return src if epilogue is None else src + epilogue.source()
+
+
+def _matmul_buffers(vec_a, vec_b, epilogue):
+    """A, B, then C, or (with an epilogue) the epilogue's own buffers instead of C."""
+    vec = lambda v: "vec4<f32>" if v else "f32"  # noqa: E731
+    out = [("C", vec(vec_b), True)] if epilogue is None else list(epilogue.buffers)
+    return [("A", vec(vec_a), False), ("B", vec(vec_b), False)] + out
 
 
 def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False, epilogue=None):
@@ -438,8 +544,7 @@ def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=Fals
     epilogue (no split-K): an object with `source()` (WGSL defining `fn epilogue(acc: f32, i: u32)`
     that computes and writes the element at linear index i of batch x M x N from its product
     `acc`), `buffers` (bindings replacing C) and `n_params` (its parameters follow ours).
-    P: M, N, K, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, nbatch_total,
-       batch_shape[nbatch], a_bstride[nbatch], b_bstride[nbatch]"""
+    P: matmul_layout(nbatch)."""
     wx, wy = bn // tn, bm // tm
     threads = wx * wy
     width = 4 if tn % 4 == 0 else 1
@@ -448,81 +553,65 @@ def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=Fals
     vt = "vec4<f32>" if width == 4 else "f32"
     shared = ("var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
               % (bk * bm, vt, bk * bn // width))
-    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
-                  shared)
-    lines = ["""
+    entry = """
 @compute @workgroup_size(%d, %d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let tx = lid.x; let ty = lid.y; let t = ty * %du + tx;
-  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, bm, bn)]
-    lines += _matmul_prologue(nbatch)
-    lines.append("  var acc: array<%s, %d>;" % (vt, tm * groups))
-    lines.append("  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk)
-
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, bm, bn)
+    body = ["  var acc: array<%s, %d>;" % (vt, tm * groups),
+            "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
     # Stage A[m0.., k0..] as As[kk * bm + mm] (k-major: the compute loop reads rows as a broadcast).
     if vec_a:
-        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bm // 4, threads))
-        lines.append("      let mm = e / %du; let kq = (e %% %du) * 4u; let gm = m0 + mm; let gk = k0 + kq;"
-                     % (bk // 4, bk // 4))
-        lines.append("      var v = vec4<f32>(0.0);")
-        load = "v = A[(a_base + gm * a_sm + gk) / 4u];"
-        lines.append("      " + load if exact else "      if (gm < M && gk < k_end) { %s }" % load)
-        for j in range(4):
-            lines.append("      As[(kq + %du) * %du + mm] = v[%d];" % (j, bm, j))
-        lines.append("    }")
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bm // 4, threads),
+                 "      let mm = e / %du; let kq = (e %% %du) * 4u; let gm = m0 + mm; let gk = k0 + kq;"
+                 % (bk // 4, bk // 4),
+                 "      var v = vec4<f32>(0.0);",
+                 "      " + _load("v", None, "gm < M && gk < k_end", _a_at("gm", "gk", True), exact)]
+        body += ["      As[(kq + %du) * %du + mm] = v[%d];" % (j, bm, j) for j in range(4)]
+        body.append("    }")
     else:
-        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bm, threads))
-        lines.append("      let kk = e / %du; let mm = e %% %du; let gm = m0 + mm; let gk = k0 + kk;" % (bm, bm))
-        load = "v = A[a_base + gm * a_sm + gk * a_sk];"
-        lines.append("      var v = 0.0;")
-        lines.append("      " + load if exact else "      if (gm < M && gk < k_end) { %s }" % load)
-        lines.append("      As[e] = v;\n    }")
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bm, threads),
+                 "      let kk = e / %du; let mm = e %% %du; let gm = m0 + mm; let gk = k0 + kk;"
+                 % (bm, bm),
+                 "      var v = 0.0;",
+                 "      " + _load("v", None, "gm < M && gk < k_end", _a_at("gm", "gk", False), exact),
+                 "      As[e] = v;\n    }"]
     # Stage B[k0.., n0..] as Bs[kk * bn + nn] (vec4 over nn when width is 4).
     if vec_b:
-        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bn // 4, threads))
-        lines.append("      let kk = e / %du; let gn = n0 + (e %% %du) * 4u; let gk = k0 + kk;"
-                     % (bn // 4, bn // 4))
-        load = "v = B[(b_base + gk * b_sk + gn) / 4u];"
-        lines.append("      var v = vec4<f32>(0.0);")
-        lines.append("      " + load if exact else "      if (gn < N && gk < k_end) { %s }" % load)
-        lines.append("      Bs[e] = v;\n    }")
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bn // 4, threads),
+                 "      let kk = e / %du; let gn = n0 + (e %% %du) * 4u; let gk = k0 + kk;"
+                 % (bn // 4, bn // 4),
+                 "      var v = vec4<f32>(0.0);",
+                 "      " + _load("v", None, "gn < N && gk < k_end", _b_at("gk", "gn", True), exact),
+                 "      Bs[e] = v;\n    }"]
     else:
-        lines.append("    for (var e = t; e < %du; e = e + %du) {" % (bk * bn, threads))
-        lines.append("      let kk = e / %du; let nn = e %% %du; let gn = n0 + nn; let gk = k0 + kk;" % (bn, bn))
-        load = "v = B[b_base + gk * b_sk + gn * b_sn];"
-        lines.append("      var v = 0.0;")
-        lines.append("      " + load if exact else "      if (gn < N && gk < k_end) { %s }" % load)
-        lines.append("      Bs[e / %du]%s = v;\n    }" % (width, "[e % 4u]" if width == 4 else ""))
-    lines.append("    workgroupBarrier();")
-    lines.append("    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % bk)
-    for g in range(groups):
-        lines.append("      let bv%d = Bs[kk * %du + %du + tx];" % (g, bn // width, g * wx))
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bn, threads),
+                 "      let kk = e / %du; let nn = e %% %du; let gn = n0 + nn; let gk = k0 + kk;"
+                 % (bn, bn),
+                 "      var v = 0.0;",
+                 "      " + _load("v", None, "gn < N && gk < k_end", _b_at("gk", "gn", False), exact),
+                 "      Bs[e / %du]%s = v;\n    }" % (width, "[e % 4u]" if width == 4 else "")]
+    body += ["    workgroupBarrier();",
+             "    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % bk]
+    body += ["      let bv%d = Bs[kk * %du + %du + tx];" % (g, bn // width, g * wx)
+             for g in range(groups)]
     for r in range(tm):
-        lines.append("      let av%d = As[kk * %du + %du + ty];" % (r, bm, r * wy))
-        for g in range(groups):
-            lines.append("      acc[%d] = fma(%s(av%d), bv%d, acc[%d]);"
-                         % (r * groups + g, vt, r, g, r * groups + g))
-    lines.append("    }\n    workgroupBarrier();\n  }")
+        body.append("      let av%d = As[kk * %du + %du + ty];" % (r, bm, r * wy))
+        body += ["      acc[%d] = fma(%s(av%d), bv%d, acc[%d]);"
+                 % (r * groups + g, vt, r, g, r * groups + g) for g in range(groups)]
+    body.append("    }\n    workgroupBarrier();\n  }")
     # Thread (tx, ty) owns rows m0 + r*wy + ty and columns n0 + (g*wx + tx)*width + j.
-    lines.append("  let c_base = z * M * N;")
-    for r in range(tm):
-        lines.append("  { let m = m0 + %du + ty;" % (r * wy))
-        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
-        for g in range(groups):
-            n = "n0 + (%du + tx) * %du" % (g * wx, width)
-            if vec_b:
-                lines.append("      { let n = %s; if (%s) { %s } }" % (
-                    n, "true" if exact else "n < N",
-                    _c_store("c_base + m * N + n", "acc[%d]" % (r * groups + g), True, epilogue)))
-                continue
-            for j in range(width):
-                comp = "[%d]" % j if width == 4 else ""
-                lines.append("      { let n = %s + %du; if (%s) { %s } }" % (
-                    n, j, "true" if exact else "n < N",
-                    _c_store("c_base + m * N + n", "acc[%d]%s" % (r * groups + g, comp), False,
-                             epilogue)))
-        lines.append("    }\n  }")
-    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
+    rows = [("m0 + %du + ty" % (r * wy), r) for r in range(tm)]
+    if vec_b:
+        cols = [("n0 + (%du + tx) * 4u" % (g * wx),
+                 lambda r, g=g: "acc[%d]" % (r * groups + g)) for g in range(groups)]
+    else:
+        comp = (lambda j: "[%d]" % j) if width == 4 else (lambda j: "")
+        cols = [("n0 + (%du + tx) * %du + %du" % (g * wx, width, j),
+                 lambda r, g=g, j=j: "acc[%d]%s" % (r * groups + g, comp(j)))
+                for g in range(groups) for j in range(width)]
+    return _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body,
+                          _store_tile(rows, cols, vec_b, exact, epilogue))
 
 
 def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
@@ -545,29 +634,21 @@ def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False,
     ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
     sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
     a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
-    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
-                  "var<workgroup> As: array<vec4<f32>, %d>;\n"
-                  "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
+    shared = ("var<workgroup> As: array<vec4<f32>, %d>;\n"
+              "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
     warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
-    lines = ["""
+    entry = """
 @compute @workgroup_size(%d)
 fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
   let tx = t %% %du + %du * ((t / 32u) %% %du);
   let ty = (t / %du) %% %du + %du * (t / %du);
   let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (
-        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm, bn)]
-    lines += _matmul_prologue(nbatch)
+        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm, bn)
 
     # Global -> registers: A as vec4 along k (row mm, k quad kq), B as vec4 along n.
     na, nbv = bm * bk // 4 // threads, bk * bn // 4 // threads
     assert na * threads * 4 == bm * bk and nbv * threads * 4 == bk * bn, "tile/thread mismatch"
     assert wx % lanes_x == 0 and wy % lanes_y == 0, "warp shape does not tile the threads"
-
-    def load(dst, zero, inside, expr):
-        """dst = expr, or zero where the element lies outside (checked only for ragged tiles)."""
-        if exact:
-            return "      %s = %s;" % (dst, expr)
-        return "      %s = %s; if (%s) { %s = %s; }" % (dst, zero, inside, dst, expr)
 
     def fetch(k0):
         out = []
@@ -576,22 +657,24 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
             out.append("    { let mm = %s / %du; let gm = m0 + mm; let gk = %s + (%s %% %du) * 4u;"
                        % (e, bk // 4, k0, e, bk // 4))
             if vec_a:
-                out.append(load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
-                                "A[(a_base + gm * a_sm + gk) / 4u]"))
+                out.append("      " + _load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
+                                            _a_at("gm", "gk", True), exact))
             for c in range(0 if vec_a else 4):
-                out.append(load("pa%d[%d]" % (j, c), "0.0", "gm < M && gk + %du < k_end" % c,
-                                "A[a_base + gm * a_sm + (gk + %du) * a_sk]" % c))
+                out.append("      " + _load("pa%d[%d]" % (j, c), "0.0",
+                                            "gm < M && gk + %du < k_end" % c,
+                                            _a_at("gm", "(gk + %du)" % c, False), exact))
             out.append("    }")
         for j in range(nbv):
             e = "(t + %du)" % (j * threads)
             out.append("    { let gk = %s + %s / %du; let gn = n0 + (%s %% %du) * 4u;"
                        % (k0, e, bn // 4, e, bn // 4))
             if vec_b:
-                out.append(load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
-                                "B[(b_base + gk * b_sk + gn) / 4u]"))
+                out.append("      " + _load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
+                                            _b_at("gk", "gn", True), exact))
             for c in range(0 if vec_b else 4):
-                out.append(load("pb%d[%d]" % (j, c), "0.0", "gn + %du < N && gk < k_end" % c,
-                                "B[b_base + gk * b_sk + (gn + %du) * b_sn]" % c))
+                out.append("      " + _load("pb%d[%d]" % (j, c), "0.0",
+                                            "gn + %du < N && gk < k_end" % c,
+                                            _b_at("gk", "(gn + %du)" % c, False), exact))
             out.append("    }")
         return out
 
@@ -603,57 +686,40 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
             out.append("    { let mm = %s / %du; let kq = (%s %% %du) * 4u;"
                        % (e, bk // 4, e, bk // 4))
             out.append("      let at = %s * %du + mm / 4u;" % (buf, a_tile))
-            for c in range(4):
-                out.append("      As[at + (kq + %du) * %du][mm %% 4u] = pa%d[%d];" % (c, sa, j, c))
+            out += ["      As[at + (kq + %du) * %du][mm %% 4u] = pa%d[%d];" % (c, sa, j, c)
+                    for c in range(4)]
             out.append("    }")
-        for j in range(nbv):
-            out.append("    Bs[%s * %du + t + %du] = pb%d;" % (buf, b_tile, j * threads, j))
+        out += ["    Bs[%s * %du + t + %du] = pb%d;" % (buf, b_tile, j * threads, j)
+                for j in range(nbv)]
         return out
 
-    for j in range(na):
-        lines.append("  var pa%d: vec4<f32>;" % j)
-    for j in range(nbv):
-        lines.append("  var pb%d: vec4<f32>;" % j)
-    for r in range(tm):
-        for g in range(gj):
-            lines.append("  var c%d_%d = vec4<f32>(0.0);" % (r, g))
-    lines += fetch("k_begin") + stash("0u")
-    lines.append("  workgroupBarrier();")
-    lines.append("  var cur = 0u;")
-    lines.append("  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk)
+    body = ["  var pa%d: vec4<f32>;" % j for j in range(na)]
+    body += ["  var pb%d: vec4<f32>;" % j for j in range(nbv)]
+    body += ["  var c%d_%d = vec4<f32>(0.0);" % (r, g) for r in range(tm) for g in range(gj)]
+    body += fetch("k_begin") + stash("0u")
+    body += ["  workgroupBarrier();", "  var cur = 0u;",
+             "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
     # The last step fetches a slice that is never read: with exact tiles its own (in range, no
     # branch in the loop), else the one past k_end (masked to zeros by the bounds checks).
-    lines += fetch("min(k0 + %du, k_end - %du)" % (bk, bk) if exact else "k0 + %du" % bk)
-    lines.append("    let ao = cur * %du + ty; let bo = cur * %du + tx;" % (a_tile, b_tile))
+    body += fetch("min(k0 + %du, k_end - %du)" % (bk, bk) if exact else "k0 + %du" % bk)
+    body.append("    let ao = cur * %du + ty; let bo = cur * %du + tx;" % (a_tile, b_tile))
     for kk in range(bk):
-        for i in range(ri):
-            lines.append("    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy))
-        for g in range(gj):
-            lines.append("    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx))
-        for r in range(tm):
-            for g in range(gj):
-                lines.append("    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
-                             % (r, g, kk, r // 4, r % 4, kk, g, r, g))
-    lines.append("    cur = 1u - cur;")
-    lines += stash("cur")
-    lines.append("    workgroupBarrier();\n  }")
-    lines.append("  let c_base = z * M * N;")
-    for r in range(tm):
-        lines.append("  { let m = m0 + %du + ty * 4u;" % ((r // 4) * 4 * wy + r % 4))
-        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
-        for g in range(gj):
-            n = "n0 + %du + tx * 4u" % (g * 4 * wx)
-            if vec_b:
-                lines.append("      { let n = %s; if (%s) { %s } }" % (
-                    n, "true" if exact else "n < N",
-                    _c_store("c_base + m * N + n", "c%d_%d" % (r, g), True, epilogue)))
-                continue
-            for c in range(4):
-                lines.append("      { let n = %s + %du; if (%s) { %s } }" % (
-                    n, c, "true" if exact else "n < N",
-                    _c_store("c_base + m * N + n", "c%d_%d[%d]" % (r, g, c), False, epilogue)))
-        lines.append("    }\n  }")
-    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
+        body += ["    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy) for i in range(ri)]
+        body += ["    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx) for g in range(gj)]
+        body += ["    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
+                 % (r, g, kk, r // 4, r % 4, kk, g, r, g) for r in range(tm) for g in range(gj)]
+    body.append("    cur = 1u - cur;")
+    body += stash("cur")
+    body.append("    workgroupBarrier();\n  }")
+    rows = [("m0 + %du + ty * 4u" % ((r // 4) * 4 * wy + r % 4), r) for r in range(tm)]
+    if vec_b:
+        cols = [("n0 + %du + tx * 4u" % (g * 4 * wx), lambda r, g=g: "c%d_%d" % (r, g))
+                for g in range(gj)]
+    else:
+        cols = [("n0 + %du + tx * 4u + %du" % (g * 4 * wx, c),
+                 lambda r, g=g, c=c: "c%d_%d[%d]" % (r, g, c)) for g in range(gj) for c in range(4)]
+    return _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body,
+                          _store_tile(rows, cols, vec_b, exact, epilogue))
 
 
 def matmul_direct_wgsl(nbatch, bm, bn, tm, tn, epilogue=None):
@@ -662,47 +728,24 @@ def matmul_direct_wgsl(nbatch, bm, bn, tm, tn, epilogue=None):
     SwiftShader run fastest: barriers are expensive there). Same parameters and grid as
     matmul_wgsl, split-K and epilogue included."""
     wx, wy = bn // tn, bm // tm
-    src = _header(matmul_param_count(nbatch, epilogue), _matmul_buffers(False, False, epilogue))
-    lines = ["""
+    entry = """
 @compute @workgroup_size(%d, %d)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {""" % (wx, wy)]
-    lines += _matmul_prologue(nbatch)
-    lines.append("  var acc: array<f32, %d>;" % (tm * tn))
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let m0 = wid.y * %du + lid.y; let n0 = wid.x * %du + lid.x;""" % (wx, wy, bm, bn)
+    body = ["  var acc: array<f32, %d>;" % (tm * tn)]
     # Rows and columns past the edge are clamped for reading and skipped for writing.
-    for r in range(tm):
-        lines.append("  let ar%d = a_base + min(wid.y * %du + %du + lid.y, M - 1u) * a_sm;" % (r, bm, r * wy))
-    for c in range(tn):
-        lines.append("  let bc%d = b_base + min(wid.x * %du + %du + lid.x, N - 1u) * b_sn;" % (c, bn, c * wx))
-    lines.append("  for (var k = k_begin; k < k_end; k = k + 1u) {")
-    for r in range(tm):
-        lines.append("    let a%d = A[ar%d + k * a_sk];" % (r, r))
-    for c in range(tn):
-        lines.append("    let b%d = B[bc%d + k * b_sk];" % (c, c))
-    for r in range(tm):
-        for c in range(tn):
-            lines.append("    acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c))
-    lines.append("  }\n  let c_base = z * M * N;")
-    for r in range(tm):
-        for c in range(tn):
-            lines.append("  { let m = wid.y * %du + %du + lid.y; let n = wid.x * %du + %du + lid.x;"
-                         % (bm, r * wy, bn, c * wx))
-            lines.append("    if (m < M && n < N) { %s } }"
-                         % _c_store("c_base + m * N + n", "acc[%d]" % (r * tn + c), False, epilogue))
-    return _with_epilogue(src + "\n".join(lines) + "\n}\n", epilogue)
-
-
-def matmul_param_count(nbatch, epilogue=None):
-    return 11 + 3 * nbatch + (0 if epilogue is None else epilogue.n_params)
-
-
-def matmul_params(m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, batch_shape,
-                  a_bstrides, b_bstrides):
-    nb = 1
-    for s in batch_shape:
-        nb *= s
-    return ([m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, nb] + list(batch_shape)
-            + list(a_bstrides) + list(b_bstrides))
-
+    body += ["  let ar%d = a_base + min(m0 + %du, M - 1u) * a_sm;" % (r, r * wy) for r in range(tm)]
+    body += ["  let bc%d = b_base + min(n0 + %du, N - 1u) * b_sn;" % (c, c * wx) for c in range(tn)]
+    body.append("  for (var k = k_begin; k < k_end; k = k + 1u) {")
+    body += ["    let a%d = A[ar%d + k * a_sk];" % (r, r) for r in range(tm)]
+    body += ["    let b%d = B[bc%d + k * b_sk];" % (c, c) for c in range(tn)]
+    body += ["    acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c)
+             for r in range(tm) for c in range(tn)]
+    body.append("  }")
+    rows = [("m0 + %du" % (r * wy), r) for r in range(tm)]
+    cols = [("n0 + %du" % (c * wx), lambda r, c=c: "acc[%d]" % (r * tn + c)) for c in range(tn)]
+    return _matmul_kernel(nbatch, False, False, epilogue, "", entry, body,
+                          _store_tile(rows, cols, False, False, epilogue))
 
 # ---- indexing ------------------------------------------------------------------------------
 def gather_wgsl(ty, ndim, axis):
@@ -758,17 +801,29 @@ def scatter_add_params(n, x_shape, index_shape, x_view, idx_view, src_view):
 
 
 # ---- images --------------------------------------------------------------------------------
-# Shared geometry P: n, N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, then per kernel.
-_GEOMETRY = """  let N = %s; let C = %s; let H = %s; let W = %s; let kh = %s; let kw = %s;
-  let sh = %s; let sw = %s; let ph = %s; let pw = %s; let dh = %s; let dw = %s;
-  let OH = %s; let OW = %s;
-""" % tuple(_p(i) for i in range(1, 15))
+# The geometry both kernels read (n: elements of the output), then each kernel's own fields.
+_GEOMETRY_FIELDS = ("n", "N", "C", "H", "W", "kh", "kw", "sh", "sw", "ph", "pw", "dh", "dw",
+                    "OH", "OW")
+UNFOLD2D_PARAMS = ParamLayout(*_GEOMETRY_FIELDS, "x_off", ("x_strides", 4), "pad_bits")
+FOLD2D_PARAMS = ParamLayout(*_GEOMETRY_FIELDS)
+
+
+def _geometry(P):
+    return "".join("  let %s = %s;\n" % (name, P[name]) for name in _GEOMETRY_FIELDS[1:])
+
+
+def geometry_values(n, x_shape, kernel, stride, padding, dilation, out_hw):
+    """The geometry fields by name, for `UNFOLD2D_PARAMS.pack` / `FOLD2D_PARAMS.pack`."""
+    names = _GEOMETRY_FIELDS
+    return dict(zip(names, [n] + list(x_shape) + list(kernel) + list(stride) + list(padding)
+                    + list(dilation) + list(out_hw)))
 
 
 def unfold2d_wgsl(ty):
     """im2col: out (N, C*kh*kw, OH*OW) contiguous; x (N, C, H, W) read through strides.
-    P: geometry, x_off, x_strides[4], pad_value bits"""
-    body = _GEOMETRY + """  var r = i;
+    P: UNFOLD2D_PARAMS"""
+    P = UNFOLD2D_PARAMS
+    body = _geometry(P) + """  var r = i;
   let ox = r % OW; r = r / OW; let oy = r % OH; r = r / OH;
   let j = r % kw; r = r / kw; let ki = r % kh; r = r / kh; let c = r % C; let n = r / C;
   let y = i32(oy * sh + ki * dh) - i32(ph); let x = i32(ox * sw + j * dw) - i32(pw);
@@ -778,18 +833,20 @@ def unfold2d_wgsl(ty):
   }
   out[i] = v;
 """
-    for name, value in (("{T}", ty), ("{PAD}", _p(20)), ("{XO}", _p(15)), ("{XS0}", _p(16)),
-                        ("{XS1}", _p(17)), ("{XS2}", _p(18)), ("{XS3}", _p(19))):
+    for name, value in (("{T}", ty), ("{PAD}", P["pad_bits"]), ("{XO}", P["x_off"]),
+                        ("{XS0}", P["x_strides", 0]), ("{XS1}", P["x_strides", 1]),
+                        ("{XS2}", P["x_strides", 2]), ("{XS3}", P["x_strides", 3])):
         body = body.replace(name, value)
-    src = _header(21, [("inp", ty, False), ("out", ty, True)])
-    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
+    src = _header(P.size, [("inp", ty, False), ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"
 
 
 def fold2d_wgsl(ty):
     """col2im as a gather: each image pixel sums the kh*kw column entries that cover it
     (deterministic, no atomics). cols (N, C*kh*kw, OH*OW) contiguous; out (N, C, H, W).
-    P: geometry"""
-    body = _GEOMETRY + """  var r = i;
+    P: FOLD2D_PARAMS"""
+    P = FOLD2D_PARAMS
+    body = _geometry(P) + """  var r = i;
   let x = r % W; r = r / W; let y = r % H; r = r / H; let c = r % C; let n = r / C;
   var acc: {T} = {Z};
   for (var ki = 0u; ki < kh; ki = ki + 1u) {
@@ -807,10 +864,5 @@ def fold2d_wgsl(ty):
   }
   out[i] = acc;
 """.replace("{T}", ty).replace("{Z}", ZERO[ty])
-    src = _header(15, [("cols", ty, False), ("out", ty, True)])
-    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % _p(0) + body + "}\n"
-
-
-def geometry_params(n, x_shape, kernel, stride, padding, dilation, out_hw):
-    return [n] + list(x_shape) + list(kernel) + list(stride) + list(padding) + list(dilation) \
-        + list(out_hw)
+    src = _header(P.size, [("cols", ty, False), ("out", ty, True)])
+    return src + _entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"

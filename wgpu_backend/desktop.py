@@ -29,6 +29,11 @@ import wgpu  # noqa: E402
 
 from .device import Device  # noqa: E402
 
+try:  # wgpu-native's C entry points: a replay's encoding loop calls them with no Python wrapper
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi, lib as _lib
+except ImportError:  # another wgpu-py layout: the public encoder methods serve
+    _ffi = _lib = None
+
 # Limits we ask the adapter for in full (the WebGPU defaults are small, e.g. 128 MiB bindings).
 _WANTED_LIMITS = (
     "max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -41,6 +46,7 @@ _STORAGE_BINDING = re.compile(r"@binding\((\d+)\)\s*var<storage,\s*(read_write|r
 # so one bind group serves every batch in which the same buffers meet the same kernel layout.
 _PARAMS_WINDOW = 256
 _MAX_CACHED_GROUPS = 4096
+_STAGING_MAX = 1 << 20  # reads up to this size go through reused staging buffers
 
 
 def _adapters():
@@ -83,6 +89,7 @@ class DesktopDevice(Device):
         self._group_layouts = {}  # signature (storage access modes) -> bind group layout
         self._groups = {}         # (signature, window, buffer ids) -> (bind group, buffers)
         self._arena = None        # the uniform buffer holding a batch's parameter blocks
+        self._staging = {}        # size class -> [free MAP_READ buffers] for small reads
         self._sentinel = None
 
     # ---- Device primitives --------------------------------------------------------------
@@ -120,6 +127,13 @@ class DesktopDevice(Device):
         self._layouts[id(pipeline)] = (signature, layout)
         return pipeline
 
+    def _group_for(self, pipeline, arena, window, buffers):
+        _, layout = self._layouts[id(pipeline)]
+        entries = [{"binding": 0, "resource": {"buffer": arena, "offset": 0, "size": window}}]
+        entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                    for j, b in enumerate(buffers)]
+        return self.device.create_bind_group(layout=layout, entries=entries)
+
     def _bind_group(self, pipeline, window, buffers):
         signature, layout = self._layouts[id(pipeline)]
         key = (signature, window) + tuple(id(b) for b in buffers)
@@ -127,13 +141,9 @@ class DesktopDevice(Device):
         if found is None:
             if len(self._groups) >= _MAX_CACHED_GROUPS:
                 self._groups.clear()
-            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
-                                                    "size": window}}]
-            entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                        for j, b in enumerate(buffers)]
             # The value keeps the buffers alive, so their ids in the key stay unique.
             found = self._groups[key] = (
-                self.device.create_bind_group(layout=layout, entries=entries), buffers)
+                self._group_for(pipeline, self._arena, window, buffers), buffers)
         return found[0]
 
     def _submit(self, dispatches, params, timed):
@@ -175,6 +185,58 @@ class DesktopDevice(Device):
         self.queue.submit([encoder.finish()])
         return (resolved, len(dispatches))
 
+    def _prepare(self, dispatches, params):
+        windows = [max(_PARAMS_WINDOW, d.params_size) for d in dispatches]
+        arena = self.device.create_buffer(
+            size=max(256, len(params) + max(windows, default=0)),
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.queue.write_buffer(arena, 0, params)
+        program = _Program(arena, dispatches, windows)
+        program.groups = [self._group_for(d.pipeline, arena, w, d.buffers)
+                          for d, w in zip(dispatches, windows)]
+        if _lib is not None:
+            program.raw = [(d.pipeline._internal, g._internal, _ffi.new("uint32_t[]", [d.params_offset]))
+                           + tuple(d.groups) for d, g in zip(dispatches, program.groups)]
+        return program
+
+    def _replay(self, program, rebinds, patches, copies):
+        encoder = self.device.create_command_encoder()
+        if program is not None:
+            for offset, data in patches:
+                self.queue.write_buffer(program.arena, offset, data)
+            groups = program.groups
+            if rebinds:
+                groups = list(groups)
+                for i, buffers in rebinds.items():
+                    groups[i] = program.rebound(self, i, buffers)
+            compute = encoder.begin_compute_pass()
+            # The only per-kernel work of a replay: three encoder calls (straight into
+            # wgpu-native where it can: its commands were validated when they were recorded).
+            if program.raw is not None:
+                pass_ptr = compute._internal
+                raw = program.raw
+                if rebinds:
+                    raw = list(raw)
+                    for i in rebinds:
+                        pipeline, _, offsets, x, y, z = raw[i]
+                        raw[i] = (pipeline, groups[i]._internal, offsets, x, y, z)
+                set_pipeline = _lib.wgpuComputePassEncoderSetPipeline
+                set_group = _lib.wgpuComputePassEncoderSetBindGroup
+                dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
+                for pipeline, group, offsets, x, y, z in raw:
+                    set_pipeline(pass_ptr, pipeline)
+                    set_group(pass_ptr, 0, group, 1, offsets)
+                    dispatch(pass_ptr, x, y, z)
+            else:
+                for d, group in zip(program.dispatches, groups):
+                    compute.set_pipeline(d.pipeline)
+                    compute.set_bind_group(0, group, [d.params_offset])
+                    compute.dispatch_workgroups(*d.groups)
+            compute.end()
+        for src, src_offset, dst, dst_offset, nbytes in copies:
+            encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+        self.queue.submit([encoder.finish()])
+
     def _timings(self, token):
         resolved, count = token
         if resolved is None:
@@ -184,7 +246,27 @@ class DesktopDevice(Device):
         return [max(0, ticks[2 * i + 1] - ticks[2 * i]) * 1e-9 for i in range(count)]
 
     def _read_buffer(self, raw, offset, nbytes):
-        return bytes(self.queue.read_buffer(raw, offset, nbytes))
+        # Small reads (logits, a loss) reuse mappable staging buffers: creating and destroying
+        # one per read costs more than the copy.
+        size = -(-nbytes // 4) * 4
+        if size > _STAGING_MAX:
+            return bytes(self.queue.read_buffer(raw, offset, nbytes))
+        cls = max(256, 1 << (size - 1).bit_length())
+        with self.lock:
+            free = self._staging.setdefault(cls, [])
+            staging = free.pop() if free else self.device.create_buffer(
+                size=cls, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        encoder = self.device.create_command_encoder()
+        encoder.copy_buffer_to_buffer(raw, offset, staging, 0, size)
+        self.queue.submit([encoder.finish()])
+        staging.map_sync(wgpu.MapMode.READ, 0, size)
+        try:
+            data = bytes(staging.read_mapped(0, size))[:nbytes]
+        finally:
+            staging.unmap()
+            with self.lock:
+                free.append(staging)
+        return data
 
     async def _read_buffer_async(self, raw, offset, nbytes):
         staging = self.device.create_buffer(
@@ -205,6 +287,29 @@ class DesktopDevice(Device):
         if self._sentinel is None:
             self._sentinel = self._create_buffer(16)
         self.queue.read_buffer(self._sentinel, 0, 4)
+
+
+class _Program:
+    """A captured sequence on this device: its parameter arena and bind groups, built once."""
+
+    def __init__(self, arena, dispatches, windows):
+        self.arena = arena
+        self.dispatches = dispatches
+        self.windows = windows
+        self.groups = []
+        self.raw = None     # [(pipeline, bind group, offsets, x, y, z)] as C handles, if usable
+        self._rebound = {}  # (launch index, buffer ids) -> (bind group, buffers kept alive)
+
+    def rebound(self, device, i, buffers):
+        key = (i,) + tuple(id(b) for b in buffers)
+        found = self._rebound.get(key)
+        if found is None:
+            if len(self._rebound) >= 256:
+                self._rebound.clear()
+            d = self.dispatches[i]
+            found = self._rebound[key] = (
+                device._group_for(d.pipeline, self.arena, self.windows[i], buffers), buffers)
+        return found[0]
 
 
 def _describe(adapter):

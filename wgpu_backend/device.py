@@ -17,6 +17,8 @@ What an implementation provides (the abstract methods below, all small):
     _timings(token) -> [seconds]        GPU time of each dispatch of a timed submit (blocking)
     _read_buffer(raw, offset, nbytes) -> bytes            blocking readback
     async _read_buffer_async(raw, offset, nbytes) -> bytes
+    _prepare(dispatches, params) -> program          a captured sequence made ready to replay
+    _replay(program, rebinds, patches, copies)       encode it (and buffer copies) in ONE submit
 
 and these attributes:
 
@@ -30,6 +32,12 @@ Shared logic lives here, in pure Python, so both implementations batch identical
 dispatches are *recorded* (pipeline, buffers, a small block of u32 parameters, workgroup counts)
 and only encoded at `flush()`: all parameter blocks of a batch go into one uniform buffer, all
 dispatches into one command encoder, one `queue.submit`. The CPU never waits except in `read`.
+
+Captured execution (core/capture.py): while `recording` is set, every dispatch is also appended
+to it (pipeline, buffers, parameter block, workgroups); `prepare` turns such a sequence into a
+program whose parameter blocks and bind groups are built once, and `replay` submits it again
+with no Python per kernel beyond the implementation's encoding loop (one call into JS in the
+browser). Reading data while recording raises CaptureError (data-dependent Python).
 
 Binding convention of every generated kernel (codegen.py relies on it):
     @group(0) @binding(0)          var<uniform> P  (the dispatch's parameter block)
@@ -58,6 +66,26 @@ class Dispatch:
         self.on_time = on_time            # callback(seconds) when timing is on, else None
 
 
+class Launch:
+    """One kernel launch as a recording (core/capture.py) sees it."""
+
+    __slots__ = ("pipeline", "buffers", "params", "groups", "name", "seed")
+
+    def __init__(self, pipeline, buffers, params, groups, name, seed):
+        self.pipeline = pipeline
+        self.buffers = buffers    # raw buffers, binding 1..n
+        self.params = params      # the u32 parameter block (list)
+        self.groups = groups
+        self.name = name
+        self.seed = seed          # the random seed hashed into params[1] (random kernels), or None
+
+
+def pack_params(params):
+    """A parameter block as bytes: u32s, padded to 16 bytes (a vec4<u32> array)."""
+    block = struct.pack("<%dI" % len(params), *params) if params else b"\0" * 16
+    return block + b"\0" * (-len(block) % 16)
+
+
 class Device:
     """Abstract WebGPU compute device with batched submission. See the module docstring."""
 
@@ -80,6 +108,10 @@ class Device:
         self.timing = 0               # > 0 while some profiler wants GPU time
         self.pipeline_cache_hits = 0
         self.pipeline_compiles = 0
+        self.recording = None         # a list receiving every Launch while capture records
+        self.recording_thread = None  # ... of this thread only (data loaders run beside it)
+        self.submits = 0              # queue submissions of kernel work (batches and replays)
+        self.on_submit = None         # callback() per submission (cn.profile's "submit" events)
 
     # ---- buffers ------------------------------------------------------------------------
     def create_buffer(self, nbytes):
@@ -99,16 +131,29 @@ class Device:
                 self.flush()
             self._write_buffer(raw, offset, data)
 
+    def recording_here(self):
+        """The recording of the calling thread, or None."""
+        if self.recording is not None and threading.get_ident() == self.recording_thread:
+            return self.recording
+        return None
+
+    def _check_not_recording(self):
+        if self.recording_here() is not None:
+            from cinders.capture import reading_while_recording
+            raise reading_while_recording()
+
     def read(self, raw, offset, nbytes):
         """Blocking readback: the one place the CPU waits for the GPU. The lock is not held
         while waiting: wgpu-py resolves the map on its poll thread, where a pooled buffer's
         finalizer may run too."""
+        self._check_not_recording()
         self.flush()
         if nbytes == 0:
             return b""
         return self._read_buffer(raw, offset, nbytes)
 
     async def read_async(self, raw, offset, nbytes):
+        self._check_not_recording()
         self.flush()  # (no lock across the await: the browser runs one thread)
         if nbytes == 0:
             return b""
@@ -126,11 +171,14 @@ class Device:
         found = self._pipelines[wgsl] = self._compile(wgsl)
         return found, False
 
-    def dispatch(self, pipeline, buffers, params, groups, on_time=None):
-        """Record one launch. params: sequence of u32 (the kernel's uniform block)."""
+    def dispatch(self, pipeline, buffers, params, groups, on_time=None, name="kernel", seed=None):
+        """Record one launch. params: sequence of u32 (the kernel's uniform block); seed: the
+        random seed hashed into params[1] (capture draws a new one per replay)."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
-        block = struct.pack("<%dI" % len(params), *params) if params else b"\0" * 16
-        block += b"\0" * (-len(block) % 16)
+        block = pack_params(params)
+        if self.recording is not None and threading.get_ident() == self.recording_thread:
+            self.recording.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
+                                         seed))
         with self.lock:
             offset = len(self._params)
             self._params += block
@@ -150,10 +198,44 @@ class Device:
             self._pending, self._params, self._pending_buffers = [], bytearray(), set()
             timed = any(d.on_time is not None for d in dispatches)
             token = self._submit(dispatches, params, timed)
+            self._submitted()
         if timed:
             for d, seconds in zip(dispatches, self._timings(token)):
                 if d.on_time is not None:
                     d.on_time(seconds)
+
+    def _submitted(self):
+        self.submits += 1
+        if self.on_submit is not None:
+            self.on_submit()
+
+    # ---- captured programs ----------------------------------------------------------------
+    def prepare(self, launches):
+        """Make a recorded sequence of Launch ready to replay: parameter blocks laid out once
+        (returns the program and the byte offset of each launch's block), bind groups built
+        once."""
+        align = self.limits["min_uniform_buffer_offset_alignment"]
+        params, dispatches = bytearray(), []
+        for launch in launches:
+            block = pack_params(launch.params)
+            offset = len(params)
+            params += block
+            params += b"\0" * (-len(params) % align)
+            dispatches.append(Dispatch(launch.pipeline, launch.buffers, offset, len(block),
+                                       launch.groups, None))
+        with self.lock:
+            return self._prepare(dispatches, bytes(params)), [d.params_offset for d in dispatches]
+
+    def replay(self, program, rebinds, patches, copies):
+        """Submit a prepared program (None: only the copies) once more, after everything
+        recorded before it.
+        rebinds: {launch index: new buffer list} (inputs read in place); patches: [(byte
+        offset, bytes)] into its parameter blocks (fresh random seeds); copies: [(src, src
+        offset, dst, dst offset, nbytes)] encoded after the kernels (outputs handed out)."""
+        with self.lock:
+            self.flush()
+            self._replay(program, rebinds, patches, copies)
+            self._submitted()
 
     # ---- what an implementation provides -------------------------------------------------
     def _create_buffer(self, nbytes):
@@ -178,6 +260,12 @@ class Device:
         raise NotImplementedError
 
     async def _read_buffer_async(self, raw, offset, nbytes):
+        raise NotImplementedError
+
+    def _prepare(self, dispatches, params):
+        raise NotImplementedError
+
+    def _replay(self, program, rebinds, patches, copies):
         raise NotImplementedError
 
     def wait_idle(self):

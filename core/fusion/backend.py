@@ -144,6 +144,21 @@ class Fusion(Backend):
     def _value(self, h):
         return self._compute(h.expr)
 
+    # -- the decorator's two directions (cn.capture walks the stack with them) ----------------
+
+    def inner_tensor(self, tensor):
+        """The tensor as a Tensor of the inner backend (its pending group computed)."""
+        from ..tensor import Tensor
+        h = self._value(tensor.handle) if self.compiler is not None else tensor.handle
+        return Tensor(self._inner, h, tensor.shape, tensor.dtype)
+
+    def outer_tensor(self, tensor):
+        """A Tensor of the inner backend as a tensor of this one."""
+        from ..tensor import Tensor
+        h = self._leaf(tensor.handle, tensor.shape, tensor.dtype) if self.compiler is not None \
+            else tensor.handle
+        return Tensor(self, h, tensor.shape, tensor.dtype)
+
     def realize(self, tensor):
         """Compute a tensor's pending group now, without reading it back (benchmarks, or to
         overlap GPU work with Python); returns the tensor."""
@@ -282,6 +297,8 @@ class Fusion(Backend):
 
     def custom(self, op, handles, shape):
         """A user-registered elementwise kernel (cinders.fusion.custom): recorded like any op."""
+        if self.compiler is None:
+            return self._inner.custom(op, handles, shape)
         return self._record("custom", op, handles, shape, dtypes.float32)
 
     # -- reductions: sum/prod/max/min fuse with what feeds them and what follows -------------

@@ -7,7 +7,8 @@
         backward=lambda x, y, g: (g * (y + cn.sigmoid(x) * (1.0 - y)),))
     y = swish(x)
 
-Where it runs (walking the decorator stack of x's backend):
+Where it runs: the backend protocol's `custom(op, handles, shape)` (core/backend.py), so each
+backend of the stack decides:
   cn.Autodiff(...)   computes on the inner backend and records `backward(*inputs, y, g)`, which
                      returns one gradient per input (None: no gradient), written with tensor ops
   cn.Fusion(Wgpu)    becomes a node of the lazy graph: the function is pasted into the fused
@@ -24,7 +25,6 @@ import re
 from .. import dtypes
 from ..errors import NotDifferentiableError
 from ..tensor import Tensor, _broadcast_shapes
-from .graph import Expr, LEAF, PENDING, Program
 
 _SIGNATURE = re.compile(r"fn\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(([^)]*)\)\s*->\s*f32")
 
@@ -69,24 +69,10 @@ class CustomOp:
         n = len(shape)
         handles = [t.handle if t.ndim == n else
                    t.backend.reshape(t.handle, (1,) * (n - t.ndim) + t.shape) for t in tensors]
-        return Tensor(ref.backend, self._apply(ref.backend, handles, shape), shape, dtypes.float32)
+        return Tensor(ref.backend, ref.backend.custom(self, handles, shape), shape, dtypes.float32)
 
-    def _apply(self, backend, handles, shape):
-        from ..autodiff import Autodiff
-        from .backend import Fusion, compiler_for
-        if isinstance(backend, Autodiff):
-            return self._apply_autodiff(backend, handles, shape)
-        if isinstance(backend, Fusion):
-            if backend.lazy:
-                return backend.custom(self, handles, shape)
-            return self._apply(backend.inner, handles, shape)
-        compiler = compiler_for(backend)
-        if compiler is not None:
-            leaves = [Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
-                      for h in handles]
-            node = Expr(PENDING, "custom", self, tuple(leaves), shape, shape, dtypes.float32,
-                        frame=(shape, None))
-            return compiler.run(Program([node], [node], (shape, None)))[0]
+    def run_reference(self, backend, handles, shape):
+        """The op on a backend without WGSL: `reference(*inputs)` in tensor ops."""
         if self.reference is None:
             raise NotImplementedError(
                 "%s: %r runs no WGSL and this op was registered without `reference=` (the same "
@@ -98,24 +84,19 @@ class CustomOp:
                              % (self.name, out, shape))
         return out.cast(dtypes.float32).handle
 
-    def _apply_autodiff(self, backend, handles, shape):
-        from ..autodiff import Var
-        inner = backend.inner
-        values = [h.value for h in handles]
-        out = self._apply(inner, values, shape)
-
-        def backward(g):
-            if self.backward is None:
-                raise NotDifferentiableError(
-                    "%s: registered without `backward=`, so it has no gradient" % self.name)
-            xs = [Tensor(inner, v, tuple(inner.shape(v)), dtypes.float32) for v in values]
-            y = Tensor(inner, out, shape, dtypes.float32)
-            grads = self.backward(*xs, y, g)
-            if not isinstance(grads, (tuple, list)) or len(grads) != len(xs):
-                raise ValueError("%s: backward must return a tuple of %d gradients (None allowed)"
-                                 % (self.name, len(xs)))
-            return tuple(None if gx is None else _sum_to(gx, x.shape) for gx, x in zip(grads, xs))
-        return backend._record(out, handles, backward) if handles else Var(out)
+    def gradients(self, backend, values, out, shape, g):
+        """One gradient per input (None: none) from `backward`, for Autodiff: values are the
+        inputs' handles and out the result's, on `backend`; g the result's gradient."""
+        if self.backward is None:
+            raise NotDifferentiableError(
+                "%s: registered without `backward=`, so it has no gradient" % self.name)
+        xs = [Tensor(backend, v, tuple(backend.shape(v)), dtypes.float32) for v in values]
+        y = Tensor(backend, out, shape, dtypes.float32)
+        grads = self.backward(*xs, y, g)
+        if not isinstance(grads, (tuple, list)) or len(grads) != len(xs):
+            raise ValueError("%s: backward must return a tuple of %d gradients (None allowed)"
+                             % (self.name, len(xs)))
+        return tuple(None if gx is None else _sum_to(gx, x.shape) for gx, x in zip(grads, xs))
 
 
 def _sum_to(g, shape):

@@ -9,6 +9,7 @@ parameters being replaced and can be saved with state_dict(). The math is PyTorc
 
 import math
 
+from .. import capture
 from ..errors import NotDifferentiableError
 from ..tensor import Tensor
 
@@ -31,6 +32,9 @@ class Optimizer:
     def step(self, model, grads):
         """Apply one update to every parameter of `model` that has a gradient in `grads`."""
         lr = self.lr
+        capturing = capture.capturing()
+        if capturing:  # replays run no Python: the step count advances through a callback
+            capture.on_replay(self._count_step)
 
         def update(path, param):
             backend = param.backend
@@ -42,12 +46,30 @@ class Optimizer:
             if grad is None:
                 return None
             state = self.state.setdefault(path, {})
-            new = self._update(state, backend.to_inner(param), grad, lr)
-            return backend.from_inner(new, require_grad=True)
+            inner = backend.to_inner(param)
+            if not capturing:
+                return backend.from_inner(self._update(state, inner, grad, lr), require_grad=True)
+            # Under cn.capture a replay reuses the recorded buffers: update them in place, with
+            # the learning rate as a value uploaded per call (a schedule keeps working).
+            before = dict(state)
+            new = self._update(state, inner, grad, capture.host_value(lambda: self.lr,
+                                                                         inner.backend))
+            for name, value in state.items():
+                old = before.get(name)
+                if isinstance(old, Tensor) and value is not old:
+                    capture.assign(old, value)
+                    state[name] = old
+                elif old is None and isinstance(value, Tensor):
+                    capture.realize(value)
+            capture.assign(inner, new)
+            return None
         # All or nothing: a parameter on the wrong backend raises before anything is replaced.
         model.update_parameters(update)
-        self.steps += 1
+        self._count_step()
         return model
+
+    def _count_step(self):
+        self.steps += 1
 
     # state[path]["_private"] is True while the state tensors of `path` were made by this
     # optimizer and never handed out: only then may a fused kernel update them in place.
@@ -103,10 +125,20 @@ class Adam(Optimizer):
         m, v = state.get("exp_avg"), state.get("exp_avg_sq")
         # torch: p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), with bc_i = 1 - beta_i ** t;
         # multiplied through by sqrt(bc2) it needs one pass over the parameter less.
-        sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
-        step_size, eps = lr * sqrt_bc2 / (1.0 - b1 ** t), self.eps * sqrt_bc2
+        def scalars(lr, t):
+            sqrt_bc2 = math.sqrt(1.0 - b2 ** t)
+            return lr * sqrt_bc2 / (1.0 - b1 ** t), self.eps * sqrt_bc2
+        if isinstance(lr, Tensor):
+            # Under cn.capture (lr is then a per-call value): t changes every call, so the
+            # bias-corrected factors are per-call values too, and replays advance t.
+            state.setdefault("step", 0)
+            step_size = capture.host_value(lambda: scalars(self.lr, state["step"] + 1)[0], p.backend)
+            eps = capture.host_value(lambda: scalars(self.lr, state["step"] + 1)[1], p.backend)
+            capture.on_replay(lambda: state.__setitem__("step", state["step"] + 1))
+        else:
+            step_size, eps = scalars(lr, t)
         kernel = getattr(p.backend, "fused_adam", None)
-        if kernel is not None and state.get("_private"):
+        if kernel is not None and state.get("_private") and not isinstance(lr, Tensor):
             # One call instead of ~12 tensor ops, updating the moments in place: on NumPy the
             # temporaries' allocations cost more than the arithmetic.
             state["step"] = t

@@ -15,6 +15,12 @@ next batch of the same epoch, with the same shuffled order.
 
 The model is trained on the backend its parameters live on, which must record gradients
 (`model.to(cn.Autodiff(cn.NumPy()))`).
+
+On a GPU (cn.Wgpu under Autodiff, with or without Fusion) the step runs through cn.capture by
+default (`capture="auto"`): after three ordinary steps per batch shape it replays the recorded
+kernels in one submit, with no Python per kernel. The Learner says whether it does, and why not
+(grad_clip reads the gradient norm on the host; a CaptureError falls back to plain steps).
+capture=True insists (an error if the step cannot be captured), False never captures.
 """
 
 import itertools
@@ -25,6 +31,7 @@ import threading
 import time
 
 from ..autodiff import no_grad
+from ..capture import CaptureError, capture as _capture
 from ..optim import clip_grad_norm
 from .checkpoint import load_checkpoint, save_checkpoint
 from .dashboard import dashboard_for
@@ -95,7 +102,7 @@ class _StopRequest:
 
 class Learner:
     def __init__(self, model, optimizer, loss, metrics=None, out_dir=None, early_stopping=None,
-                 grad_clip=None, dashboard="auto", title="training"):
+                 grad_clip=None, dashboard="auto", title="training", capture="auto"):
         self.model = model
         self.optimizer = optimizer
         self.loss = loss
@@ -106,6 +113,56 @@ class Learner:
         self.dashboard_kind = dashboard
         self.title = title
         self.history = []
+        if capture not in ("auto", True, False):
+            raise ValueError("Learner: capture must be 'auto', True or False, got %r" % (capture,))
+        self.capture = capture
+        self._captured = None  # the cn.capture of the step, once decided
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def _step(self, inputs, targets):
+        output = self.model(inputs)
+        loss = self.loss(output, targets)
+        grads = loss.backward()
+        if self.grad_clip:
+            grads, _ = clip_grad_norm(grads, self.grad_clip)
+        self.model = self.optimizer.step(self.model, grads)
+        return output, loss
+
+    def _capture_decision(self, dash):
+        """Whether the step runs captured, and the message that says so."""
+        backend = next((p.backend for _, p in self.model.named_parameters()), None)
+        base = backend
+        while base is not None and base.inner is not None:
+            base = base.inner
+        if not getattr(base, "capturable", False):
+            why = "%r launches no GPU kernels" % (base,)
+        elif self.grad_clip:
+            why = "grad_clip reads the gradient norm on the host every step"
+        else:
+            dash.message("training step captured (cn.capture): from the third step of each batch "
+                         "shape on, one GPU submit per step, no Python per kernel")
+            return _capture(self._step)
+        if self.capture is True:
+            raise CaptureError("Learner(capture=True): the step cannot be captured: " + why)
+        if getattr(base, "capturable", False):  # on CPU backends there is nothing to say
+            dash.message("training step not captured: " + why)
+        return None
+
+    def _run_step(self, inputs, targets, dash):
+        if self._captured is None and self.capture:
+            self._captured = self._capture_decision(dash) or False
+        if not self._captured:
+            return self._step(inputs, targets)
+        try:
+            return self._captured(inputs, targets)
+        except CaptureError as e:
+            if self.capture is True:
+                raise
+            dash.message("training step no longer captured: %s" % (e,))
+            self._captured = False
+            # A mismatch found after the step ran has its results; anything else runs it again.
+            return e.result if getattr(e, "result", None) is not None else self._step(inputs, targets)
 
     # -- one epoch -------------------------------------------------------------------------------
 
@@ -122,13 +179,8 @@ class Learner:
         else:  # any re-iterable of (inputs, targets)
             batches = itertools.islice(iter(loader), start_batch, None)
         for index, (inputs, targets) in enumerate(batches, start_batch):
-            output = self.model(inputs)
-            loss = self.loss(output, targets)
-            grads = loss.backward()
-            if self.grad_clip:
-                grads, _ = clip_grad_norm(grads, self.grad_clip)
             lr = self.optimizer.lr
-            self.model = self.optimizer.step(self.model, grads)
+            output, loss = self._run_step(inputs, targets, dash)
             loss_value = loss.item()
             for m in self.metrics:
                 m.update(output, targets, loss_value)

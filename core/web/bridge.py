@@ -93,6 +93,9 @@ class Predictor:
 
     def __init__(self, model, meta, backend, name):
         self.model = model
+        # The forward pass replays its recorded kernels from the third call on: one call into
+        # JS per prediction instead of Python per kernel (cn.capture; on CPU backends a no-op).
+        self.forward = cn.capture(model)
         self.meta = meta
         self.backend = backend
         self.name = name
@@ -112,7 +115,7 @@ class Predictor:
             raise ValueError("predict: expected %d values (%d x %s), got %d"
                              % (n * per, n, "x".join(map(str, self.input_shape)), len(values)))
         x = cn.tensor(values, backend=self.backend).reshape(n, *self.input_shape)
-        logits = self.model(x)
+        logits = self.forward(x)
         flat = await read_async(logits)
         classes = logits.shape[-1]
         results = []

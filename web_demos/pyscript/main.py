@@ -24,6 +24,7 @@ chosen = await bridge.init("auto")  # noqa: F704  (PyScript runs this script wit
 show("#backend", chosen["backend"])
 show("#backend-note", "(%s)" % chosen["note"] if chosen["note"] else "")
 model = record.load_model("mnist-cnn.safetensors")  # class and config come from the record
+forward = cn.capture(model)  # from the third call on: one replay of the recorded GPU kernels
 show("#status", "ready")
 
 
@@ -55,7 +56,7 @@ async def classify(event):
         return
     pixels = field.to_py().tolist()
     draw_preview(pixels)
-    logits = model(cn.tensor(pixels).reshape(1, 1, 28, 28))
+    logits = forward(cn.tensor(pixels).reshape(1, 1, 28, 28))
     values = (await logits.to_data_async())[0]  # the browser reads GPU results asynchronously
     best = max(range(10), key=values.__getitem__)
     total = sum(math.exp(v - values[best]) for v in values)

@@ -1,0 +1,244 @@
+"""cn.capture on lavapipe: replays equal uncaptured runs, guards, counters, submits."""
+
+import numpy as np
+import pytest
+
+import cinders as cn
+import cinders.nn.functional as F
+from cinders import nn
+from cinders.capture import assign
+from cinders.models.mnist import MnistCNN
+from cinders.wgpu import Wgpu
+
+STACKS = {"wgpu": lambda: Wgpu(), "fusion-wgpu": lambda: cn.Fusion(Wgpu())}
+
+
+def _images(rng, batch):
+    return rng.random((batch, 1, 28, 28), dtype=np.float32)
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_forward_replay_matches_uncaptured_with_one_submit(stack):
+    backend = STACKS[stack]()
+    cn.manual_seed(0)
+    model = MnistCNN().to(backend).eval()
+    fast = cn.capture(model)
+    rng = np.random.default_rng(1)
+    for call in range(5):
+        x = cn.tensor(_images(rng, 2), backend=backend)
+        got, want = fast(x).numpy(), model(x).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (fast.captures, fast.replays) == (1, 2)
+    with cn.profile(backend) as p:
+        y = fast(x)
+    assert p.submits == 1, p
+    assert p.kernel_launches >= 5
+    assert y.backend is backend and y.shape == (2, 10)
+    # A replay's output is a fresh tensor: the next replay does not overwrite it.
+    before = y.numpy()
+    fast(cn.tensor(_images(rng, 2), backend=backend))
+    np.testing.assert_array_equal(y.numpy(), before)
+
+
+def test_new_shape_captures_again():
+    backend = Wgpu()
+    lin = nn.Linear(8, 3).to(backend)
+    fast = cn.capture(lambda x: lin(x).relu())
+    rng = np.random.default_rng(2)
+    for batch in (4, 4, 4, 4, 7, 7, 7, 7, 4):
+        x = cn.tensor(rng.standard_normal((batch, 8)).astype(np.float32), backend=backend)
+        np.testing.assert_allclose(fast(x).numpy(), lin(x).relu().numpy(), rtol=1e-5, atol=1e-6)
+    assert (fast.captures, fast.replays) == (2, 3)
+
+
+def test_parameter_changed_in_place_is_seen_by_the_next_replay():
+    backend = cn.Fusion(Wgpu())
+    lin = nn.Linear(4, 2).to(backend)
+    fast = cn.capture(lambda x: lin(x) * 2.0)
+    x = cn.tensor(np.ones((3, 4), np.float32), backend=backend)
+    for _ in range(3):
+        fast(x)
+    assign(lin.weight, lin.weight * 0.0 + 1.0)
+    got = fast(x).numpy()
+    np.testing.assert_allclose(got, (np.full((3, 2), 4.0) + lin.bias.numpy()) * 2.0, rtol=1e-6)
+    assert fast.replays == 1
+
+
+def test_different_second_recording_raises():
+    backend = Wgpu()
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.exp() if calls[0] % 2 else x.tanh()  # a branch on Python state
+
+    fast = cn.capture(fn)
+    x = cn.tensor([1.0, 2.0], backend=backend)
+    fast(x)
+    fast(x)
+    with pytest.raises(cn.CaptureError, match="different kernel sequence"):
+        fast(x)
+
+
+def test_changing_python_constant_raises():
+    backend = Wgpu()
+    scale = [1.0]
+
+    def fn(x):
+        scale[0] += 1.0
+        return x * scale[0]
+
+    fast = cn.capture(fn)
+    x = cn.tensor([1.0, 2.0], backend=backend)
+    fast(x)
+    fast(x)
+    with pytest.raises(cn.CaptureError, match="other constants"):
+        fast(x)
+
+
+def test_reading_a_value_inside_fn_names_the_line():
+    backend = Wgpu()
+
+    def fn(x):
+        if x.sum().item() > 0:  # the offending line
+            return x * 2.0
+        return x
+
+    fast = cn.capture(fn)
+    x = cn.tensor([1.0, 2.0], backend=backend)
+    fast(x)
+    with pytest.raises(cn.CaptureError, match="the offending line"):
+        fast(x)
+
+
+def test_replaced_state_raises():
+    backend = Wgpu()
+    holder = {"w": cn.tensor([1.0, 2.0], backend=backend)}
+
+    def fn(x):
+        holder["w"] = holder["w"] + x  # out of place: a replay would keep reading the old one
+        return holder["w"] * 1.0
+
+    fast = cn.capture(fn)
+    x = cn.tensor([1.0, 1.0], backend=backend)
+    fast(x)
+    fast(x)
+    with pytest.raises(cn.CaptureError, match="replaced"):
+        fast(x)
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_random_draws_fresh_numbers_like_uncaptured(stack):
+    backend = STACKS[stack]()
+
+    def fn(x):
+        return x + cn.random((5,), backend=backend)
+
+    def run(f):
+        cn.manual_seed(7)
+        x = cn.tensor(np.zeros(5, np.float32), backend=backend)
+        return [f(x).numpy() for _ in range(6)]
+
+    want, fast = run(fn), cn.capture(fn)
+    got = run(fast)
+    assert fast.replays == 3
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert not np.allclose(got[-1], got[-2])
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda: cn.optim.SGD(lr=0.05, momentum=0.9),
+    # a schedule and Adam's bias corrections: Python numbers that change every step
+    "adamw-schedule": lambda: cn.optim.AdamW(lr=cn.optim.LinearWarmup(
+        cn.optim.CosineAnnealing(2e-3, total_steps=10), warmup_steps=3), weight_decay=1e-4),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_step_replays_match_uncaptured_steps(optimizer):
+    def train(captured):
+        cn.manual_seed(0)
+        backend = cn.Autodiff(cn.Fusion(Wgpu()))
+        model = MnistCNN().to(backend)
+        opt = OPTIMIZERS[optimizer]()
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.step(model, loss.backward())
+            return loss
+
+        run = cn.capture(step) if captured else step
+        rng = np.random.default_rng(3)
+        losses = []
+        for _ in range(6):
+            x = cn.tensor(_images(rng, 8), backend=backend)
+            y = cn.tensor(rng.integers(0, 10, 8).astype(np.int32), backend=backend)
+            losses.append(run(x, y).item())
+        return losses, run, model, opt
+
+    want, _, plain, plain_opt = train(False)
+    got, fast, model, opt = train(True)
+    assert (fast.captures, fast.replays) == (1, 3)
+    assert opt.steps == plain_opt.steps == 6 and opt.lr == plain_opt.lr
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(model.layers[0].weight.numpy(), plain.layers[0].weight.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_backends_just_call_fn():
+    backend = cn.NumPy()
+    fast = cn.capture(lambda x: x * 2.0)
+    for _ in range(4):
+        assert fast(cn.tensor([1.0], backend=backend)).tolist() == [2.0]
+    assert (fast.captures, fast.replays) == (0, 0)
+
+
+def test_learner_captures_the_step_on_wgpu_and_says_so(capsys):
+    from cinders.train import Learner
+
+    def fit(capture):
+        cn.manual_seed(0)
+        backend = cn.Autodiff(cn.Fusion(Wgpu()))
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(backend)
+        rng = np.random.default_rng(5)
+        batches = [(cn.tensor(rng.standard_normal((8, 6)).astype(np.float32), backend=backend),
+                    cn.tensor(rng.integers(0, 3, 8).astype(np.int32), backend=backend))
+                   for _ in range(5)]
+        learner = Learner(model, cn.optim.SGD(lr=0.1, momentum=0.9), F.cross_entropy,
+                          dashboard="plain", capture=capture)
+        history = learner.fit(batches, epochs=2)
+        return history, learner, model
+
+    want, _, plain = fit(False)
+    assert "captured" not in capsys.readouterr().out
+    got, learner, model = fit("auto")
+    assert "training step captured" in capsys.readouterr().out
+    assert learner._captured.replays == 7  # 10 steps: 3 run as they are, then replays
+    assert got[-1]["train_loss"] == pytest.approx(want[-1]["train_loss"], rel=1e-5)
+    np.testing.assert_allclose(model[0].weight.numpy(), plain[0].weight.numpy(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_workspace_is_one_calls_buffers_and_returns_to_the_pool():
+    import gc
+    backend = cn.Fusion(Wgpu())
+    pool = backend.inner.pool
+    model = MnistCNN().to(backend).eval()
+    x = cn.tensor(_images(np.random.default_rng(4), 2), backend=backend)
+    model(x).numpy()
+    gc.collect()
+    pool.empty_cache()
+    before = pool.stats()
+    model(x).numpy()                     # from an empty pool: the buffers one call needs
+    gc.collect()
+    one_call = pool.stats()["reserved_bytes"] - before["reserved_bytes"]
+    fast = cn.capture(model)
+    for _ in range(4):
+        fast(x).numpy()
+    gc.collect()
+    workspace = pool.stats()["captured_bytes"] - before["captured_bytes"]
+    assert 0 < workspace <= one_call
+    del fast
+    gc.collect()
+    assert pool.stats()["captured_bytes"] == before["captured_bytes"]
