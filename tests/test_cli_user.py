@@ -116,11 +116,14 @@ def test_extract_model_from_a_learner_checkpoint(user_folder):
     checkpoint = folder / "run" / "checkpoint.safetensors"
     r = cinders("predict", checkpoint, "x.json", "--model-source", "spiral_model.py", cwd=folder)
     assert r.returncode == 1 and "extract-model" in r.stderr, r.stderr
+    with pytest.raises(cn.RecordError, match="extract-model"):
+        cn.load_model(str(checkpoint), allow=[module.SpiralMLP])
     r = cinders("extract-model", checkpoint, "--out", "extracted.safetensors", cwd=folder)
     assert r.returncode == 0, r.stderr
     again = cn.load_model(str(folder / "extracted.safetensors"), backend=cn.NumPy(), allow=[module.SpiralMLP])
     np.testing.assert_allclose(again.layers[0].weight.numpy(), learner.model.layers[0].weight.numpy())
     assert cn.record.read_metadata(str(folder / "extracted.safetensors"))["input_shape"] == "[2]"
+    assert again._input_shape == (2,)  # kept by load_model: a re-save records it again
 
 
 @pytest.mark.parametrize("argv, option", [

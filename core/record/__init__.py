@@ -254,13 +254,23 @@ def load_model(path, backend=None, allow=(), allow_nonfinite=False):
     """
     from ..nn import Module
     metadata, table = read_header(path)
+    if metadata.get("kind") == "checkpoint":
+        raise RecordError("%r is a training checkpoint, not a model record: get the model out with "
+                          "`cinders extract-model %s --out MODEL.safetensors` (or "
+                          "cinders.train.extract_model)" % (path, path))
     name = metadata.get("model_class")
     if not name:
         raise RecordError("record %r names no model_class; load it into a model with model.load()" % (path,))
     cls = resolve_class(name, allow, "record %r" % (path,))
     if not (isinstance(cls, type) and issubclass(cls, Module)):
         raise RecordError("record %r: %s is not a cinders.nn.Module" % (path, name))
-    return load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
+    model = load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
+    if metadata.get("input_shape"):  # kept for the next save (what exporters feed the model)
+        try:
+            model._input_shape = tuple(int(d) for d in json.loads(metadata["input_shape"]))
+        except (ValueError, TypeError):
+            pass  # metadata for exporters only: a bad one is their error to report
+    return model
 
 
 def load_as(cls, path, backend=None, allow_nonfinite=False):
