@@ -87,6 +87,12 @@ static inline int row_offset(const int *d, int r, int k) {
 
 #define LAST_STRIDE(d, k) ((d)[(d)[0] * (2 + (k))])
 
+/* Loop hints that keep the module small: strided loops stay scalar (wasm has no gathers, so
+ * their vector code would be long and no faster); contiguous loops vectorise without
+ * interleaving copies. */
+#define SCALAR_LOOP _Pragma("clang loop vectorize(disable) unroll(disable)")
+#define VECTOR_LOOP _Pragma("clang loop vectorize(enable) interleave_count(1) unroll(disable)")
+
 /* out = EXPR(x): unary ops, casts, copies (strided in, strided out) */
 #define MAP1(NAME, TO, TA, EXPR)                                                             \
     EXPORT(NAME) void NAME(const int *d, TO *po, const TA *pa) {                            \
@@ -95,12 +101,12 @@ static inline int row_offset(const int *d, int r, int k) {
             TO *__restrict out = po + row_offset(d, r, 0);                                   \
             const TA *__restrict in = pa + row_offset(d, r, 1);                              \
             if (so == 1 && sa == 1) {                                                        \
-                for (int i = 0; i < n; i++) { TA x = in[i]; out[i] = (EXPR); }               \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA x = in[i]; out[i] = (EXPR); }   \
             } else if (so == 1 && sa == 0) {                                                 \
                 TA x = in[0]; TO v = (EXPR);                                                 \
-                for (int i = 0; i < n; i++) out[i] = v;                                      \
+                VECTOR_LOOP for (int i = 0; i < n; i++) out[i] = v;                          \
             } else {                                                                         \
-                for (int i = 0; i < n; i++) { TA x = in[i * sa]; out[i * so] = (EXPR); }     \
+                SCALAR_LOOP for (int i = 0; i < n; i++) { TA x = in[i * sa]; out[i * so] = (EXPR); } \
             }                                                                                \
         }                                                                                    \
     }
@@ -115,15 +121,15 @@ static inline int row_offset(const int *d, int r, int k) {
             const TA *__restrict ra = pa + row_offset(d, r, 1);                              \
             const TA *__restrict rb = pb + row_offset(d, r, 2);                              \
             if (sa == 1 && sb == 1) {                                                        \
-                for (int i = 0; i < n; i++) { TA a = ra[i], b = rb[i]; out[i] = (EXPR); }    \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA a = ra[i], b = rb[i]; out[i] = (EXPR); } \
             } else if (sa == 1 && sb == 0) {                                                 \
                 TA b = rb[0];                                                                \
-                for (int i = 0; i < n; i++) { TA a = ra[i]; out[i] = (EXPR); }               \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA a = ra[i]; out[i] = (EXPR); }   \
             } else if (sa == 0 && sb == 1) {                                                 \
                 TA a = ra[0];                                                                \
-                for (int i = 0; i < n; i++) { TA b = rb[i]; out[i] = (EXPR); }               \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA b = rb[i]; out[i] = (EXPR); }   \
             } else {                                                                         \
-                for (int i = 0; i < n; i++) {                                                \
+                SCALAR_LOOP for (int i = 0; i < n; i++) {                                    \
                     TA a = ra[i * sa], b = rb[i * sb]; out[i] = (EXPR);                      \
                 }                                                                            \
             }                                                                                \
@@ -140,7 +146,7 @@ static inline int row_offset(const int *d, int r, int k) {
             const TC *__restrict rc = pc + row_offset(d, r, 1);                              \
             const TA *__restrict ra = pa + row_offset(d, r, 2);                              \
             const TB *__restrict rb = pb + row_offset(d, r, 3);                              \
-            for (int i = 0; i < n; i++) {                                                    \
+            SCALAR_LOOP for (int i = 0; i < n; i++) {                                        \
                 TC c = rc[i * sc]; TA a = ra[i * sa]; TB b = rb[i * sb]; out[i] = (EXPR);    \
             }                                                                                \
         }                                                                                    \
@@ -168,10 +174,10 @@ static inline int row_offset(const int *d, int r, int k) {
                 acc = r2; x = r3; r2 = (COMBINE);                                            \
                 acc = r0; x = r2; out[0] = (COMBINE);                                        \
             } else {                                                                         \
-                for (int k = 0; k < inner; k++) out[k] = INIT;                               \
+                VECTOR_LOOP for (int k = 0; k < inner; k++) out[k] = INIT;                   \
                 for (int j = 0; j < n; j++) {                                                \
                     const T *__restrict row = in + j * inner;                                \
-                    for (int k = 0; k < inner; k++) {                                        \
+                    VECTOR_LOOP for (int k = 0; k < inner; k++) {                            \
                         T acc = out[k], x = row[k]; out[k] = (COMBINE);                      \
                     }                                                                        \
                 }                                                                            \
