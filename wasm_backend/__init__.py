@@ -8,4 +8,10 @@ from its op tables around runtime.h, and build.py compiles with clang -msimd128.
 
 from .backend import Wasm
 
-__all__ = ["Wasm"]
+__all__ = ["Wasm", "load"]
+
+
+async def load(url=None):
+    """Pyodide: fetch and instantiate the kernels (once per page) so that cn.Wasm() can run."""
+    from . import engine_browser
+    return await engine_browser.load(url or engine_browser.DEFAULT_URL)

@@ -48,7 +48,7 @@ class Heap:
     def __init__(self, engine):
         self.engine = engine
         self.top = (engine.call("heap_base") + 15) & ~15
-        self.end = engine.call("memory_grow", 0) * _PAGE
+        self.end = engine.call("memory_pages") * _PAGE
         self.free = {}
         self.in_use = 0
 
@@ -241,6 +241,10 @@ class Wasm(Backend):
         if h.dtype is dtypes.bool_:
             return [v != 0 for v in values]
         return values.tolist()
+
+    async def to_flat_async(self, h):
+        """The same as to_flat (kernels run synchronously); for code written for async devices."""
+        return self.to_flat(h)
 
     # -- elementwise ---------------------------------------------------------------------------
     def unary(self, op, x):

@@ -51,14 +51,25 @@ def module_dir():
     return path
 
 
+SERVED_NAME = "cinders-kernels.wasm"   # the copy the demo server serves at /wasm-kernels/
+
+
 def module_path(build=True):
-    """Path of the built module for the current source; builds it first when missing."""
+    """Path of the built module for the current source; builds it first when missing, and
+    keeps the served copy (SERVED_NAME, same folder) equal to it."""
     source = c_source()
     path = os.path.join(module_dir(), "cinders-kernels-%s.wasm" % _source_hash(source))
     if not os.path.exists(path):
         if not build:
             raise FileNotFoundError("cn.Wasm()'s module is not built: run `python -m cinders.wasm.build`")
         _build(source, path)
+    served = os.path.join(module_dir(), SERVED_NAME)
+    with open(path, "rb") as f:
+        data = f.read()
+    if not os.path.exists(served) or os.path.getsize(served) != len(data) or open(served, "rb").read() != data:
+        with open(served + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(served + ".tmp", served)
     return path
 
 
@@ -94,7 +105,7 @@ def _build(source, path):
             raise WasmBuildError("wasm-opt failed:\n" + done.stderr[-4000:])
         # old builds of other sources are stale
         for old in os.listdir(os.path.dirname(path)):
-            if old.startswith("cinders-kernels-") and old.endswith(".wasm"):
+            if old.startswith("cinders-kernels-") and old.endswith(".wasm") and old != SERVED_NAME:
                 os.remove(os.path.join(os.path.dirname(path), old))
         tmp_out = path + ".tmp"
         shutil.copyfile(optimised, tmp_out)

@@ -71,7 +71,7 @@ REDUCE = {
 ARG_REDUCE = {"argmax": "x > best", "argmin": "x < best"}
 ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
-HAND_WRITTEN = ["heap_base", "memory_grow", "fill_32", "fill_8", "random_f32", "matmul_f32",
+HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "fill_32", "fill_8", "random_f32", "matmul_f32",
                 "unfold2d_f32", "fold2d_f32"]
 GATHER_DTYPES = ("f32", "i32", "u8")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]

@@ -22,6 +22,8 @@ typedef unsigned char u8;
 extern unsigned char __heap_base;
 EXPORT(heap_base) int heap_base(void) { return (int)(uintptr_t)&__heap_base; }
 EXPORT(memory_grow) int memory_grow(int pages) { return __builtin_wasm_memory_grow(0, pages); }
+/* (grow(0) would also detach the host's views of the memory) */
+EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(0); }
 
 static inline float bits_f32(int bits) { union { int i; float f; } u = { bits }; return u.f; }
 

@@ -1,6 +1,6 @@
 """What the browser runtime (wasm/cinders.js) calls inside Pyodide.
 
-    info = await init("auto")                  # picks WebGPU, else the CPU; says which and why
+    info = await init("auto")                  # WebGPU, else WebAssembly, else Python; says which and why
     predictor = await load_model(bytes, name)  # a record -> the model class it names
     result = await predictor.predict(pixels)   # {"class", "logits", "probabilities"}
 
@@ -27,31 +27,50 @@ def cpu_backend():
         return Python()
 
 
-async def init(prefer="auto", fusion=False):
-    """Choose the backend once per page. prefer: "auto" | "webgpu" | "cpu"; fusion: wrap WebGPU in
-    cn.Fusion (elementwise chains become one kernel: fewer dispatches, which is most of the cost
-    on software adapters). Returns {"backend": "webgpu"|"cpu", "name": backend repr, "note": why,
-    when it fell back}."""
-    note = ""
-    backend = None
-    if prefer not in ("auto", "webgpu", "cpu"):
-        raise ValueError("cinders: backend must be 'auto', 'webgpu' or 'cpu', got %r" % (prefer,))
-    if prefer != "cpu":
+PREFERENCES = ("auto", "webgpu", "wasm", "python", "cpu")
+
+
+async def _webgpu_backend(fusion):
+    from cinders.wgpu import browser
+    await browser.init_device()
+    # Autotuning times kernels with blocking waits, which the browser cannot do.
+    backend = cn.Wgpu(autotune=False)
+    return cn.Fusion(backend) if fusion else backend
+
+
+async def _wasm_backend(kernels_url):
+    from cinders import wasm
+    await wasm.load(kernels_url)
+    return wasm.Wasm()
+
+
+async def init(prefer="auto", fusion=False, kernels_url=None):
+    """Choose the backend once per page. prefer: "auto" (WebGPU, else WebAssembly SIMD, else
+    the CPU in Python) | "webgpu" | "wasm" | "python" (alias "cpu"): a named one is used or
+    fails loudly. fusion: wrap WebGPU in cn.Fusion (elementwise chains become one kernel: fewer
+    dispatches, which is most of the cost on software adapters). kernels_url: where cn.Wasm()'s
+    module is served (default: the demo server's /wasm-kernels/). Returns {"backend":
+    "webgpu"|"wasm"|"cpu", "name": backend repr, "note": why, when it fell back}."""
+    if prefer not in PREFERENCES:
+        raise ValueError("cinders: backend must be one of %s, got %r" % (", ".join(PREFERENCES), prefer))
+    notes, backend, kind = [], None, None
+    for candidate in ("webgpu", "wasm"):
+        if prefer not in ("auto", candidate):
+            continue
         try:
-            from cinders.wgpu import browser
-            await browser.init_device()
-            # Autotuning times kernels with blocking waits, which the browser cannot do.
-            backend = cn.Wgpu(autotune=False)
-            if fusion:
-                backend = cn.Fusion(backend)
-        except Exception as e:  # no navigator.gpu, null adapter, device lost: say so, use the CPU
-            if prefer == "webgpu":
+            backend = await (_webgpu_backend(fusion) if candidate == "webgpu" else _wasm_backend(kernels_url))
+            kind = candidate
+            break
+        except Exception as e:  # no navigator.gpu, null adapter, module missing: say so, go on
+            if prefer == candidate:
                 raise
-            note = "WebGPU unavailable (%s); running on the CPU" % (e,)
-    kind = "webgpu"
+            notes.append("%s unavailable (%s)" % ("WebGPU" if candidate == "webgpu" else "WebAssembly", e))
     if backend is None:
         backend, kind = cpu_backend(), "cpu"
-        note = note or "CPU backend requested"
+        notes.append("running on the CPU" if notes else "CPU backend requested")
+    elif notes:
+        notes.append("running on %s" % kind)
+    note = "; ".join(notes)
     _state.update(backend=backend, kind=kind, note=note)
     # Models built on this page (record loading included) start on the chosen backend, instead
     # of initialising their weights on the CPU and copying them over.

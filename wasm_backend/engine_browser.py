@@ -1,0 +1,63 @@
+"""cn.Wasm() in Pyodide: the module instantiated in the page, its kernels called through JS.
+
+    from cinders.wasm import engine_browser
+    await engine_browser.load()            # fetch + instantiate (the demo server's copy by default)
+    backend = cn.Wasm()
+
+Tensor bytes cross into the module's memory with one typed-array copy each way
+(`Uint8Array.assign` from a Python buffer, `assign_to` into one); kernel calls are plain JS
+calls with integer arguments. Nothing here holds a JS object at import time (the Pyodide memory
+snapshot of wasm/precompile.mjs imports this module).
+"""
+# The demo server (cinders.web.server) serves the built module here.
+DEFAULT_URL = "/wasm-kernels/cinders-kernels.wasm"
+
+_loaded = None
+
+
+class BrowserEngine:
+    def __init__(self, instance):
+        import js
+        self.exports = instance.exports
+        self.memory = self.exports.memory
+        self.kernels = frozenset(js.Object.keys(self.exports).to_py())
+        self._functions = {}
+        self._bytes = js.Uint8Array.new(self.memory.buffer)
+
+    def call(self, name, *args):
+        function = self._functions.get(name)
+        if function is None:
+            function = self._functions[name] = getattr(self.exports, name)
+        return function(*args)
+
+    def write(self, ptr, data):
+        self._bytes.subarray(ptr, ptr + len(data)).assign(data)
+
+    def read(self, ptr, nbytes):
+        out = bytearray(nbytes)
+        self._bytes.subarray(ptr, ptr + nbytes).assign_to(out)
+        return bytes(out)
+
+    def memory_grown(self):
+        import js
+        self._bytes = js.Uint8Array.new(self.memory.buffer)  # growing detaches the old buffer
+
+
+async def load(url=DEFAULT_URL):
+    """Fetch and instantiate the module once per page; returns the engine."""
+    global _loaded
+    if _loaded is None:
+        import js
+        response = await js.fetch(url)
+        if not response.ok:
+            raise RuntimeError("cn.Wasm(): cannot fetch the kernels from %s: HTTP %s" % (url, response.status))
+        result = await js.WebAssembly.instantiate(await response.arrayBuffer(), js.Object.new())
+        _loaded = BrowserEngine(result.instance)
+    return _loaded
+
+
+def loaded_engine():
+    if _loaded is None:
+        raise RuntimeError("cn.Wasm() in the browser needs its module: `await cinders.wasm.load()` "
+                           "first (wasm/cinders.js does it when it picks the wasm backend)")
+    return _loaded
