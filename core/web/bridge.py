@@ -98,13 +98,14 @@ def _softmax(logits):
 
 
 def _as_floats(pixels):
-    """A JS Float32Array (JsProxy), a buffer or a sequence -> list of Python floats."""
+    """A JS Float32Array (JsProxy), a buffer or a sequence -> array('f') (a flat sequence of
+    Python floats that every backend's from_flat takes without a per-value Python loop)."""
     to_bytes = getattr(pixels, "to_bytes", None)
     if to_bytes is not None:
-        return array("f", to_bytes()).tolist()
+        return array("f", to_bytes())
     if isinstance(pixels, (bytes, bytearray, memoryview)):
-        return array("f", bytes(pixels)).tolist()
-    return [float(v) for v in pixels]
+        return array("f", bytes(pixels))
+    return array("f", [float(v) for v in pixels])
 
 
 class Predictor:
@@ -130,7 +131,10 @@ class Predictor:
         if len(values) != n * per:
             raise ValueError("predict: expected %d values (%d x %s), got %d"
                              % (n * per, n, "x".join(map(str, self.input_shape)), len(values)))
-        x = cn.tensor(values, backend=self.backend).reshape(n, *self.input_shape)
+        shape = (n,) + self.input_shape
+        # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
+        # and dtype this code already knows (a third of a warm inference on cn.Wasm())
+        x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
         logits = self.model(x)
         flat = await read_async(logits)
         classes = logits.shape[-1]
