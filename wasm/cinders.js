@@ -58,6 +58,11 @@ async function startRuntime(options) {
   const t0 = now();
 
   status("loading Pyodide");
+  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
+  // backend skips it.
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
+    : WebAssembly.compileStreaming(fetch(options.kernelsURL));
+  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
   const { loadPyodide, version } = await import(new URL("pyodide.mjs", options.pyodideURL).href);
   // Everything downloads at once, while Pyodide compiles.
   const parts = await fetchParts(options.wheelManifest, version, options.snapshot);
@@ -95,7 +100,7 @@ async function startRuntime(options) {
 
   status("starting the backend");
   const t2 = now();
-  const chosen = (await bridge.init(options.backend, options.fusion, options.kernelsURL)).toJs({ dict_converter: Object.fromEntries });
+  const chosen = (await bridge.init(options.backend, options.fusion, kernels || options.kernelsURL)).toJs({ dict_converter: Object.fromEntries });
   timings.backend_ms = now() - t2;
   timings.runtime_ms = now() - t0;
   return { pyodide, bridge, backend: chosen.backend, backendName: chosen.name, backendNote: chosen.note, timings };
@@ -131,7 +136,9 @@ class Model {
   async predict(input) {
     const pixels = flatPixels(input);
     const t0 = now();
-    const result = toPlain(await this._predictor.predict(pixels));
+    // WebGPU reads are awaited; the CPU and cn.Wasm() answer within the call (no event-loop trip)
+    const result = toPlain(this.backend === "webgpu" ? await this._predictor.predict(pixels)
+                                                     : this._predictor.predict_now(pixels));
     result.ms = now() - t0;
     return result;
   }

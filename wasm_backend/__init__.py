@@ -11,7 +11,9 @@ from .backend import Wasm
 __all__ = ["Wasm", "load"]
 
 
-async def load(url=None):
-    """Pyodide: fetch and instantiate the kernels (once per page) so that cn.Wasm() can run."""
+async def load(source=None):
+    """Pyodide: fetch and instantiate the kernels (once per page) so that cn.Wasm() can run.
+    source: the module's URL (default: the demo server's), or a JS promise of the compiled
+    WebAssembly.Module."""
     from . import engine_browser
-    return await engine_browser.load(url or engine_browser.DEFAULT_URL)
+    return await engine_browser.load(source or engine_browser.DEFAULT_URL)

@@ -55,16 +55,23 @@ class BrowserEngine:
         self._views.clear()
 
 
-async def load(url=DEFAULT_URL):
-    """Fetch and instantiate the module once per page; returns the engine."""
+async def load(source=DEFAULT_URL):
+    """Instantiate the module once per page; returns the engine. source: the module's URL, or
+    a JS promise of the compiled WebAssembly.Module (wasm/cinders.js compiles it while Pyodide
+    starts)."""
     global _loaded
     if _loaded is None:
         import js
-        response = await js.fetch(url)
-        if not response.ok:
-            raise RuntimeError("cn.Wasm(): cannot fetch the kernels from %s: HTTP %s" % (url, response.status))
-        result = await js.WebAssembly.instantiate(await response.arrayBuffer(), js.Object.new())
-        _loaded = BrowserEngine(result.instance)
+        if isinstance(source, str):
+            response = await js.fetch(source)
+            if not response.ok:
+                raise RuntimeError("cn.Wasm(): cannot fetch the kernels from %s: HTTP %s"
+                                   % (source, response.status))
+            module = await js.WebAssembly.compile(await response.arrayBuffer())
+        else:
+            module = await source
+        instance = await js.WebAssembly.instantiate(module, js.Object.new())
+        _loaded = BrowserEngine(instance)
     return _loaded
 
 

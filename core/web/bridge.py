@@ -38,18 +38,19 @@ async def _webgpu_backend(fusion):
     return cn.Fusion(backend) if fusion else backend
 
 
-async def _wasm_backend(kernels_url):
+async def _wasm_backend(kernels):
     from cinders import wasm
-    await wasm.load(kernels_url)
+    await wasm.load(kernels)
     return wasm.Wasm()
 
 
-async def init(prefer="auto", fusion=False, kernels_url=None):
+async def init(prefer="auto", fusion=False, kernels=None):
     """Choose the backend once per page. prefer: "auto" (WebGPU, else WebAssembly SIMD, else
     the CPU in Python) | "webgpu" | "wasm" | "python" (alias "cpu"): a named one is used or
     fails loudly. fusion: wrap WebGPU in cn.Fusion (elementwise chains become one kernel: fewer
-    dispatches, which is most of the cost on software adapters). kernels_url: where cn.Wasm()'s
-    module is served (default: the demo server's /wasm-kernels/). Returns {"backend":
+    dispatches, which is most of the cost on software adapters). kernels: cn.Wasm()'s module, as
+    its URL (default: the demo server's /wasm-kernels/) or a JS promise of the compiled module.
+    Returns {"backend":
     "webgpu"|"wasm"|"cpu", "name": backend repr, "note": why, when it fell back}."""
     if prefer not in PREFERENCES:
         raise ValueError("cinders: backend must be one of %s, got %r" % (", ".join(PREFERENCES), prefer))
@@ -58,7 +59,7 @@ async def init(prefer="auto", fusion=False, kernels_url=None):
         if prefer not in ("auto", candidate):
             continue
         try:
-            backend = await (_webgpu_backend(fusion) if candidate == "webgpu" else _wasm_backend(kernels_url))
+            backend = await (_webgpu_backend(fusion) if candidate == "webgpu" else _wasm_backend(kernels))
             kind = candidate
             break
         except Exception as e:  # no navigator.gpu, null adapter, module missing: say so, go on
@@ -123,7 +124,7 @@ class Predictor:
         return {"class": type(self.model).__name__, "name": self.name,
                 "input_shape": list(self.input_shape), "backend": _state["kind"]}
 
-    async def predict_batch(self, pixels, n):
+    def _forward(self, pixels, n):
         values = _as_floats(pixels)
         per = 1
         for d in self.input_shape:
@@ -135,9 +136,10 @@ class Predictor:
         # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
         # and dtype this code already knows (a third of a warm inference on cn.Wasm())
         x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
-        logits = self.model(x)
-        flat = await read_async(logits)
-        classes = logits.shape[-1]
+        return self.model(x)
+
+    @staticmethod
+    def _results(flat, n, classes):
         results = []
         for i in range(n):
             row = [float(v) for v in flat[i * classes:(i + 1) * classes]]
@@ -145,8 +147,19 @@ class Predictor:
                             "probabilities": _softmax(row)})
         return results
 
+    async def predict_batch(self, pixels, n):
+        logits = self._forward(pixels, n)
+        return self._results(await read_async(logits), n, logits.shape[-1])
+
     async def predict(self, pixels):
         return (await self.predict_batch(pixels, 1))[0]
+
+    def predict_now(self, pixels):
+        """predict() without the event loop, for backends whose reads never wait (the CPU,
+        cn.Wasm()): a JS caller gets the result in the same task instead of after a
+        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
+        logits = self._forward(pixels, 1)
+        return self._results(logits.backend.to_flat(logits.handle), 1, logits.shape[-1])[0]
 
 
 async def load_model(data, name="model.safetensors"):
