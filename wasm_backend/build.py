@@ -19,7 +19,7 @@ from . import kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLANG_FLAGS = [
-    "--target=wasm32-wasi", "--sysroot=/usr", "-O3", "-fno-unroll-loops", "-msimd128", "-mbulk-memory",
+    "--target=wasm32-wasi", "--sysroot=/usr", "-O2", "-fno-unroll-loops", "-msimd128", "-mbulk-memory",
     "-mnontrapping-fptoint", "-msign-ext", "-std=c11", "-Wall", "-Werror", "-Wno-pass-failed", "-c",
 ]
 # wasm-ld directly (clang's driver would run wasm-opt itself, without the SIMD feature flags);

@@ -1,5 +1,5 @@
 /* cn.Wasm()'s kernels: the shared loops that kernels.py instantiates per op, and the kernels
- * that are not elementwise. Compiled by build.py (clang --target=wasm32-wasi -msimd128 -O3).
+ * that are not elementwise. Compiled by build.py (clang --target=wasm32-wasi -msimd128 -O2).
  *
  * Conventions (backend.py relies on them):
  * - Pointers are byte addresses in this module's linear memory; sizes are element counts.
