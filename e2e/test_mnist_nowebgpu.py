@@ -82,3 +82,21 @@ def test_backend_parameter_wasm_fails_loudly_when_forced_webgpu(new_page, no_web
 def test_pyscript_page_runs_on_wasm(new_page, no_webgpu_browser):
     page = wait_ready(new_page("/pyscript/", on_browser=no_webgpu_browser))
     assert page.text_content("#backend") == "wasm", page.text_content("#backend-note")
+
+
+def test_micro_page_runs_its_wasm_engine_and_python_forces_the_array_engine(new_page, no_webgpu_browser):
+    # /mnist-micro/ (MicroPython WebAssembly): the board runtime's `wasm` engine on cn.Wasm()'s
+    # kernels; ?backend=python keeps the plain array engine. Same predictions either way.
+    digits = heldout_digits(per_class=1)[::3]
+    predictions = {}
+    for query, backend, engine in (("", "wasm", "wasm"), ("?backend=python", "cpu", "array")):
+        page = wait_ready(new_page("/mnist-micro/" + query, on_browser=no_webgpu_browser))
+        assert page.text_content("#backend") == backend
+        results = page.evaluate(
+            "async (inputs) => { const out = []; for (const x of inputs) out.push(await window.cindersDemo.predict(x)); return out; }",
+            [pixels for pixels, _ in digits])
+        assert {r["engine"] for r in results} == {engine}
+        predictions[engine] = results
+    for wasm, plain in zip(predictions["wasm"], predictions["array"]):
+        assert wasm["class"] == plain["class"]
+        assert max(abs(a - b) for a, b in zip(wasm["logits"], plain["logits"])) <= 1e-4

@@ -27,4 +27,4 @@ def predict(pixels_json):
                        "engine": ENGINE})
 
 
-js.window.cindersMicroReady(predict)
+js.window.cindersMicroReady(predict, ENGINE)  # "wasm" when the page loaded cn.Wasm()'s kernels
