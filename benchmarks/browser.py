@@ -8,6 +8,8 @@ For each model (MNIST CNN and MLP):
                   cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
                   ?backend=cpu (cn.Python: no NumPy offline); cinders/wasm with ?backend=wasm
                   (cn.Wasm(): WebAssembly SIMD kernels, what browsers without WebGPU run)
+  micro/wasm      /mnist-micro/ (MicroPython WebAssembly, MLP): the board runtime's wasm engine
+                  on cn.Wasm()'s kernels; micro/array its array engine (?backend=python)
   ort/wasm        ONNX Runtime Web 1.30, WASM EP, ort.wasm.min.js (benchmarks/web/ort.html)
   ort/webgpu      ONNX Runtime Web, WebGPU EP, ort.webgpu.min.js
 measuring
@@ -249,6 +251,20 @@ def measure_cinders(browser, base, model_url, backend, pixels, warm):
         context.close()
 
 
+def measure_micro(browser, base, engine, pixels, warm):
+    """/mnist-micro/ (MicroPython WebAssembly, direct loader, the committed MLP record): the board
+    runtime's wasm engine (cn.Wasm()'s kernels) or, with ?backend=python, its array engine."""
+    query = "?loader=direct" + ("" if engine == "wasm" else "&backend=python")
+    context, page = open_cold(browser, base + "mnist-micro/" + query)
+    try:
+        ready = page.evaluate("() => window.cindersDemo.loadMs")
+        first, times, logits = timed_runs(page, "window.cindersDemo.predict", pixels, warm)
+        return {"cold_start_ms": ready, "first_ms": first, "warm_ms": statistics.median(times), "logits": logits,
+                "backend_used": page.text_content("#backend")}
+    finally:
+        context.close()
+
+
 def measure_ort(browser, base, onnx_url, ep, pixels, warm):
     context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s" % (base, ep, onnx_url))
     try:
@@ -268,6 +284,8 @@ def main(argv=None):
     parser.add_argument("--cinders", default="webgpu,webgpu+fusion,cpu,wasm",
                         help="cinders configurations (?backend= of the demo page, +fusion)")
     parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
+    parser.add_argument("--micro", default="wasm,array",
+                        help="/mnist-micro/ engines to time with the MLP (MicroPython WebAssembly); '' for none")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -295,11 +313,15 @@ def main(argv=None):
             runs = {}
             configs = [("cinders", c) for c in args.cinders.split(",") if c and not (args.no_cpu and c == "cpu")]
             configs += [("ort", ep) for ep in args.ort.split(",") if ep]
+            if name == "mlp":
+                configs += [("micro", engine) for engine in args.micro.split(",") if engine]
             for framework, ep in configs:
                 started = time.time()
                 try:
                     if framework == "cinders":
                         row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm)
+                    elif framework == "micro":
+                        row = measure_micro(browser, server.url, ep, pixels, args.warm)
                     else:
                         row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
                 except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
@@ -315,12 +337,14 @@ def main(argv=None):
                 for key in ("cold_start_ms", "first_ms", "warm_ms"):
                     row[key] = round(row[key], 3)
                 emit(row, out)
-            for ours_ep, ep in [(o, t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]:
-                if ("cinders", ours_ep) not in runs or ("ort", ep) not in runs:
+            pairs = [(("cinders", o), t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
+            pairs += [(("micro", engine), "wasm") for engine in ("wasm", "array")]
+            for (framework, ours_ep), ep in pairs:
+                if (framework, ours_ep) not in runs or ("ort", ep) not in runs:
                     continue
-                ours, ours_logits = runs[("cinders", ours_ep)]
+                ours, ours_logits = runs[(framework, ours_ep)]
                 theirs, their_logits = runs[("ort", ep)]
-                emit({"bench": "browser", "kind": "ratio", "model": name, "ours": "cinders/" + ours_ep,
+                emit({"bench": "browser", "kind": "ratio", "model": name, "ours": framework + "/" + ours_ep,
                       "theirs": "ort/" + ep,
                       "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
                       **{key.replace("_ms", "_ratio"): round(ours[key] / theirs[key], 3)
