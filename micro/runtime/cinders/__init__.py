@@ -13,12 +13,7 @@ try:
     from cinders import _ulab as engine
     ENGINE = "ulab"
 except ImportError:
-    try:  # MicroPython WebAssembly in a page that loaded cn.Wasm()'s kernels (wasm/micro_kernels.mjs)
-        from cinders import _wasm as engine
-        ENGINE = "wasm"
-    except ImportError:
-        from cinders import _array as engine
-        ENGINE = "array"
+    from cinders._engine import engine, ENGINE  # wasm on a page with cn.Wasm()'s kernels, else array
 
 from cinders.tensor import Tensor  # noqa: E402
 
