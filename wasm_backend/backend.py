@@ -29,12 +29,20 @@ def _prod(shape):
     return n
 
 
+_STRIDES = {}  # shape -> its row-major strides (a model meets the same few shapes every run)
+
+
 def _contiguous_strides(shape):
-    strides, step = [0] * len(shape), 1
-    for i in range(len(shape) - 1, -1, -1):
-        strides[i] = step
-        step *= shape[i]
-    return tuple(strides)
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        strides, step = [0] * len(shape), 1
+        for i in range(len(shape) - 1, -1, -1):
+            strides[i] = step
+            step *= shape[i]
+        strides = tuple(strides)
+        if len(_STRIDES) < 4096:
+            _STRIDES[shape] = strides
+    return strides
 
 
 def _f32_bits(value):
@@ -98,6 +106,7 @@ class Commands:
 
     CAPACITY = 16384  # int32s per batch
     PAD = 1024        # flushed lengths are multiples of this: the browser engine reuses views
+    ZEROS = bytes(4 * PAD)
 
     def __init__(self, engine, heap):
         self.engine = engine
@@ -119,7 +128,7 @@ class Commands:
         if ints:
             n = len(ints)
             self.ints = array("i")
-            ints.extend([0] * (-n % self.PAD))
+            ints.frombytes(self.ZEROS[:4 * (-n % self.PAD)])
             self.engine.write(self.ptr, ints.tobytes())
             self.engine.call("run_commands", self.ptr, n)
 
@@ -149,6 +158,8 @@ class WasmArray:
         return self.buf.ptr + self.offset * _SIZE[self.dtype]
 
     def is_contiguous(self):
+        if _STRIDES.get(self.shape) is self.strides:  # the shared row-major tuple: a fresh array
+            return True
         step = 1
         for n, s in zip(reversed(self.shape), reversed(self.strides)):
             if n != 1 and s != step:
