@@ -231,9 +231,6 @@ class Wasm(Backend):
     def device_key(self):
         return ("Wasm", id(self.engine))
 
-    def __repr__(self):
-        return "cn.Wasm()"
-
     # -- plumbing ---------------------------------------------------------------------------
     def _new(self, shape, dtype):
         shape = tuple(shape)
