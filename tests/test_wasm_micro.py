@@ -2,7 +2,6 @@
 installed as the /mnist-micro/ page does (wasm/micro_kernels.mjs): the engine is picked, and
 the answers equal cn.NumPy()'s (float32 and int8 records)."""
 import json
-import os
 import shutil
 import subprocess
 
