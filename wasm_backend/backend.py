@@ -12,7 +12,7 @@ from array import array
 
 from .. import dtypes
 from ..backend import Backend, _hash32, unfold2d_output_size
-from ..errors import DTypeError
+from ..errors import DTypeError, IndexingError
 from . import kernels
 
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
@@ -454,7 +454,7 @@ class Wasm(Backend):
     # -- indexing -----------------------------------------------------------------------------------------
     def _index_error(self, op, index, position, axis, size):
         bad = self.to_flat(index)[position]
-        return IndexError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
+        return IndexingError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
 
     def _indexed(self, kernel, op, out, data, index, axis, size, axis_stride, target):
         """gather/scatter_add over index's shape: operands (out, data, index); the operand
