@@ -1,9 +1,10 @@
 """Cinders on MicroPython: the inference half of `cinders.nn` over a streamed safetensors record.
 
 The same model source that trains on the desktop (`from cinders import nn`) imports unchanged
-here. Arrays come from one of two engines, chosen once at import:
+here. Arrays come from one of three engines, chosen once at import:
 
     ENGINE == "ulab"    `from ulab import numpy` is importable (2-D arrays, batch of one)
+    ENGINE == "wasm"    MicroPython WebAssembly with cn.Wasm()'s kernels on the page (js.cindersKernels)
     ENGINE == "array"   plain `array('f')` loops otherwise (every port has it)
 """
 
@@ -12,8 +13,7 @@ try:
     from cinders import _ulab as engine
     ENGINE = "ulab"
 except ImportError:
-    from cinders import _array as engine
-    ENGINE = "array"
+    from cinders._engine import engine, ENGINE  # wasm on a page with cn.Wasm()'s kernels, else array
 
 from cinders.tensor import Tensor  # noqa: E402
 
