@@ -212,6 +212,8 @@ def build(port="unix", float="float", dims=4, board="MPS2_AN500", heap=None, man
               % (fw.name, jobs, log_path), file=log, flush=True)
         args = ["make", "-j%d" % jobs, "BUILD=" + work, "USER_C_MODULES=" + ulab,
                 "FROZEN_MANIFEST=" + (manifest or "")]
+        if manifest:
+            args.append("MPY_LIB_DIR=" + _empty_micropython_lib(tree))
         dims_flag = "-DULAB_MAX_DIMS=%d" % dims
         if port == "unix":
             cflags = [dims_flag]
@@ -245,6 +247,16 @@ def build(port="unix", float="float", dims=4, board="MPS2_AN500", heap=None, man
         fw.path = os.path.join(out_dir, os.path.basename(fw.path))
         print("cinders: built %s in %.0f s" % (fw.path, time.time() - t0), file=log, flush=True)
     return fw
+
+
+def _empty_micropython_lib(tree):
+    """The archives hold no micropython-lib (a submodule), which make insists on for any frozen
+    manifest; bundle manifests require() nothing from it, so an empty stand-in does."""
+    path = os.path.join(tree, "micropython-lib-absent")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "README.md"), "w") as f:
+        f.write("Empty on purpose: Cinders' frozen manifests use nothing from micropython-lib.\n")
+    return path
 
 
 def _source_tree(src, src_key, jobs, log):

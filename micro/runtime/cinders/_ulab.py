@@ -23,6 +23,10 @@ from ulab import numpy as np
 from cinders._window import window_count
 from cinders.tensor import Tensor
 
+# float("-inf"), not -math.inf: the compiler folds math.inf into a constant, which mpy-tool
+# writes into frozen C code as `-inf` (no such C name), so frozen firmware would not build
+_NEG_INF = float("-inf")
+
 try:
     from ulab import scipy as _scipy
     _erf = _scipy.special.erf
@@ -165,6 +169,7 @@ def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act
     step = pool[0][0] if banded else 1  # bands hold whole pooling windows
     rows = OH - OH % step
     PW = OW // pool[0][1] if banded else OW
+    gc.collect()  # the previous layer's scratch: the output wants one contiguous block
     out = np.zeros((out_channels, (rows // step) * PW), dtype=np.float)
     xd = x.data
     for j, n, w, scale in _weight_rows(weight, max(1, _BAND_ITEMS // (step * OW))):
@@ -216,7 +221,7 @@ def pool2d(x, kernel, stride, padding, mode):
         count = _pool_windows(_padded(np.ones((1, H * W), dtype=np.float), 1, H, W, ph, pw, 0.0),
                               kh, kw, sh, sw, OH, OW, False)
     out = np.zeros((C, OH * OW), dtype=np.float)
-    planes = _padded(x.data, C, H, W, ph, pw, -math.inf if is_max else 0.0)
+    planes = _padded(x.data, C, H, W, ph, pw, _NEG_INF if is_max else 0.0)
     Hp = H + 2 * ph
     for c in range(C):
         acc = _pool_windows(planes[c * Hp:(c + 1) * Hp, :], kh, kw, sh, sw, OH, OW, is_max)
