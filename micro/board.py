@@ -36,7 +36,7 @@ def _transport(port, timeout=10):
     if not os.path.exists(port) and port.startswith("/dev/"):
         raise BoardError("no serial device at %s (is the board plugged in / is qemu running?)" % port)
     try:
-        t = SerialTransport(port, baudrate=115200)
+        t = SerialTransport(port, baudrate=115200, timeout=1)  # a pty read blocks without one
     except (TransportError, OSError) as e:
         raise BoardError("cannot open %s: %s" % (port, e)) from None
     try:
@@ -76,6 +76,11 @@ try:
 except OSError:
     fs = False
 info = {"platform": sys.platform, "fs": fs, "rom": rom}
+def ls(path):
+    try:
+        return os.listdir(path)
+    except OSError:  # /rom before any image was written
+        return []
 if rom:
     seg = vfs.rom_ioctl(2, 0)
     info["rom_size"] = len(seg) if not hasattr(seg, "ioctl") else seg.ioctl(4, 0) * seg.ioctl(5, 0)
@@ -121,12 +126,13 @@ except OSError:
 """
 
 
-def flash(bundle_dir, port, method="auto", mpremote="mpremote", log=sys.stderr):
-    """Install the bundle on the board at `port`; returns "fs" or "romfs" (how it went)."""
+def flash(bundle_dir, port, method="auto", mpremote="mpremote", log=sys.stderr, timeout=10):
+    """Install the bundle on the board at `port`; returns "fs" or "romfs" (how it went).
+    timeout: seconds to wait for the board's REPL."""
     _check_bundle(bundle_dir)
     if method not in ("auto", "fs", "romfs"):
         raise BoardError("method must be auto, fs or romfs, got %r" % (method,))
-    t = _transport(port)
+    t = _transport(port, timeout)
     try:
         info = probe(t)
         if method == "fs" or (method == "auto" and info["fs"]):
@@ -208,22 +214,22 @@ print(json.dumps({"class": k, "logits": logits, "engine": cinders.ENGINE, "us": 
 """
 
 
-def run(port, pixels, root=None, timeout=120):
+def run(port, pixels, root=None, timeout=120, connect_timeout=10):
     """Run the flashed model on one input (784 floats); the board's JSON answer as a dict:
-    class, logits, engine, us (time.ticks_us around the forward), heap_free."""
+    class, logits, engine, us (time.ticks_us around the forward), heap_free. timeout: seconds
+    the board may stay silent while it computes."""
     import array
     if len(pixels) != 28 * 28:
         raise BoardError("an input is 784 floats (28x28), got %d" % len(pixels))
     buf = array.array("f", [float(v) for v in pixels])
     if sys.byteorder != "little":
         buf.byteswap()
-    t = _transport(port)
+    t = _transport(port, connect_timeout)
     try:
         if root is None:
             info = probe(t)
             for root in (["/rom"] if info["rom"] else []) + ["/"]:
-                if "model.safetensors" in _eval(t, "__import__('os').listdir(%r)" % root,
-                                                "listing the board's files"):
+                if "model.safetensors" in _eval(t, "ls(%r)" % root, "listing the board's files"):
                     break
             else:
                 raise BoardError("no bundle on the board at %s: flash one first (cinders flash "
