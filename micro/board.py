@@ -193,7 +193,10 @@ def _write_ram(t, image):
 
 
 RUN = """
-import os, sys, gc, json, time
+import gc
+gc.collect()
+reserved = bytearray(max(0, gc.mem_free() + gc.mem_alloc() - %(heap)d)) if %(heap)d else None
+import os, sys, json, time
 from array import array
 from binascii import a2b_base64
 os.chdir(%(root)r)
@@ -214,10 +217,11 @@ print(json.dumps({"class": k, "logits": logits, "engine": cinders.ENGINE, "us": 
 """
 
 
-def run(port, pixels, root=None, timeout=120, connect_timeout=10):
+def run(port, pixels, root=None, timeout=120, connect_timeout=10, heap=None):
     """Run the flashed model on one input (784 floats); the board's JSON answer as a dict:
     class, logits, engine, us (time.ticks_us around the forward), heap_free. timeout: seconds
-    the board may stay silent while it computes."""
+    the board may stay silent while it computes; heap: bytes of heap to run in (the rest is
+    reserved in one block right after the soft reset, as if the board had less RAM)."""
     import array
     if len(pixels) != 28 * 28:
         raise BoardError("an input is 784 floats (28x28), got %d" % len(pixels))
@@ -234,7 +238,8 @@ def run(port, pixels, root=None, timeout=120, connect_timeout=10):
             else:
                 raise BoardError("no bundle on the board at %s: flash one first (cinders flash "
                                  "BUNDLE --port %s)" % (port, port))
-        out = _exec(t, RUN % {"root": root, "pixels": base64.b64encode(buf.tobytes())},
+        out = _exec(t, RUN % {"root": root, "pixels": base64.b64encode(buf.tobytes()),
+                              "heap": heap or 0},
                     "running the model", timeout)
     finally:
         t.close()

@@ -118,8 +118,9 @@ class Firmware:
     """One built firmware: `path` (unix: the micropython executable; qemu: firmware.elf) and
     the options it was built with."""
 
-    def __init__(self, path, port, float, dims, board, heap, frozen):
+    def __init__(self, path, port, float, dims, board, heap, frozen, ulab=True):
         self.path = path
+        self.ulab = ulab
         self.port = port
         self.float = float
         self.dims = dims
@@ -129,9 +130,10 @@ class Firmware:
 
     @property
     def name(self):
-        return "%s-%s%s-%dd%s" % (self.port, "" if self.port == "unix" else self.board.lower() + "-",
-                                  "float32" if self.float == "float" else "float64", self.dims,
-                                  "-frozen" if self.frozen else "")
+        return "%s-%s%s-%s%s" % (self.port, "" if self.port == "unix" else self.board.lower() + "-",
+                                 "float32" if self.float == "float" else "float64",
+                                 "%dd" % self.dims if self.ulab else "noulab",
+                                 "-frozen" if self.frozen else "")
 
     def qemu_command(self, serial="pty", icount=False, romfs=None):
         """qemu-system-arm arguments that boot this (qemu) firmware with its UART on `serial`
@@ -155,12 +157,13 @@ ROMFS_ADDR = {"MPS2_AN500": "0x60C00000"}  # ports/qemu/boards/MPS2_AN500/mpconf
 
 
 def build(port="unix", float="float", dims=4, board="MPS2_AN500", heap=None, manifest=None,
-          jobs=2, log=sys.stderr):
+          ulab=True, jobs=2, log=sys.stderr):
     """Build (or find in the cache) MicroPython with ulab; returns a Firmware.
 
     port "unix" or "qemu"; float "float" (float32) or "double"; dims: ULAB_MAX_DIMS (1-4);
     heap: the qemu board's GC heap in bytes (default: the port's, 140 KB); manifest: a
-    MicroPython manifest to freeze (`cinders export-micro --freeze` writes one)."""
+    MicroPython manifest to freeze (`cinders export-micro --freeze` writes one); ulab=False:
+    without ulab (the board runtime then uses its array engine; for comparisons)."""
     if port not in ("unix", "qemu"):
         raise FirmwareError("port must be 'unix' or 'qemu', got %r" % (port,))
     if float not in FLOATS:
@@ -187,9 +190,11 @@ def build(port="unix", float="float", dims=4, board="MPS2_AN500", heap=None, man
     options = {"port": port, "float": float, "dims": dims, "board": board if port == "qemu" else None,
                "heap": heap, "builder": _BUILDER_VERSION,
                "frozen": _tree_hash(os.path.dirname(manifest), (".py", ".mpy")) if manifest else None}
+    if not ulab:
+        options["ulab"] = False
     key = hashlib.sha256(json.dumps([src_key, options], sort_keys=True).encode()).hexdigest()[:12]
     fw = Firmware(None, port, float, dims, board if port == "qemu" else None, heap,
-                  manifest is not None)
+                  manifest is not None, ulab)
     out_dir = os.path.join(_root(), "%s-%s" % (fw.name, key))
     fw.path = os.path.join(out_dir, "micropython" if port == "unix" else "firmware.elf")
     done = os.path.join(out_dir, "firmware.json")
@@ -203,14 +208,14 @@ def build(port="unix", float="float", dims=4, board="MPS2_AN500", heap=None, man
         t0 = time.time()
         tree = _source_tree(src, src_key, jobs, log)
         mp = os.path.join(tree, "micropython")
-        ulab = os.path.join(tree, "micropython-ulab")
+        ulab_dir = os.path.join(tree, "micropython-ulab")
         work = os.path.join(tree, "build-" + key)
         if os.path.isdir(work):
             shutil.rmtree(work)  # a build that was interrupted
         log_path = os.path.join(tree, "build-%s.log" % key)
-        print("cinders: building MicroPython %s with ulab (make -j%d, ~30 s; log %s)"
+        print("cinders: building MicroPython %s (make -j%d, ~30 s; log %s)"
               % (fw.name, jobs, log_path), file=log, flush=True)
-        args = ["make", "-j%d" % jobs, "BUILD=" + work, "USER_C_MODULES=" + ulab,
+        args = ["make", "-j%d" % jobs, "BUILD=" + work, "USER_C_MODULES=" + (ulab_dir if ulab else ""),
                 "FROZEN_MANIFEST=" + (manifest or "")]
         if manifest:
             args.append("MPY_LIB_DIR=" + _empty_micropython_lib(tree))
