@@ -48,7 +48,7 @@ def _max_dims():
 
 DIMS = _max_dims()
 _CHUNK_BYTES = 8192  # weight rows (as the build's floats) per step
-_BAND_ITEMS = 4096 // FLOAT_BYTES  # convolution outputs per band (and channel chunk)
+_BAND_ITEMS = 2048 // FLOAT_BYTES  # convolution outputs per band (and channel chunk)
 
 
 def _layout(shape):
