@@ -45,6 +45,9 @@ def _transport(port, timeout=10):
         t.close()
         raise BoardError("%s does not answer as a MicroPython REPL (%s): is MicroPython "
                          "running on it, and nothing else holding the port?" % (port, e)) from None
+    # it answers: now reads may wait on a busy board (raw paste's flow control reads a byte and
+    # fails on an empty one), while the short timeout above kept a silent port from hanging
+    t.serial.timeout = 60
     return t
 
 
