@@ -98,13 +98,18 @@ def probe(t):
     return _eval(t, "info", "probing the board")
 
 
+def _mpremote(name):
+    """The mpremote executable: on PATH, or beside this Python (a virtual environment's bin)."""
+    exe = shutil.which(name) or os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(exe):
+        raise BoardError("mpremote not found: pip install mpremote")
+    return exe
+
+
 def romfs_image(bundle_dir, out_path, mpremote="mpremote"):
     """The bundle as a ROMFS image (`mpremote romfs build`); returns its size in bytes."""
     _check_bundle(bundle_dir)
-    exe = shutil.which(mpremote) or os.path.join(os.path.dirname(sys.executable), mpremote)
-    if not os.path.exists(exe):
-        raise BoardError("mpremote not found: pip install mpremote")
-    r = subprocess.run([exe, "romfs", "--no-mpy", "--output", out_path, "build", bundle_dir],
+    r = subprocess.run([_mpremote(mpremote), "romfs", "--no-mpy", "--output", out_path, "build", bundle_dir],
                        capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(out_path):
         raise BoardError("mpremote romfs build failed: %s" % (r.stderr or r.stdout).strip())
@@ -144,7 +149,7 @@ def flash(bundle_dir, port, method="auto", mpremote="mpremote", log=sys.stderr, 
                                  "--method romfs" % port)
             t.close()
             t = None
-            r = subprocess.run(flash_command(bundle_dir, port, mpremote), cwd=bundle_dir)
+            r = subprocess.run(flash_command(bundle_dir, port, _mpremote(mpremote)), cwd=bundle_dir)
             if r.returncode != 0:
                 raise BoardError("mpremote fs cp failed (exit %d)" % r.returncode)
             return "fs"
@@ -163,15 +168,11 @@ def flash(bundle_dir, port, method="auto", mpremote="mpremote", log=sys.stderr, 
             if info["rom_writable"]:
                 t.close()
                 t = None
-                exe = shutil.which(mpremote) or os.path.join(os.path.dirname(sys.executable), mpremote)
-                r = subprocess.run([exe, "connect", port, "romfs", "deploy", image])
+                r = subprocess.run([_mpremote(mpremote), "connect", port, "romfs", "deploy", image])
                 if r.returncode != 0:
                     raise BoardError("mpremote romfs deploy failed (exit %d)" % r.returncode)
                 return "romfs"
-            if info["platform"] != "qemu":
-                raise BoardError("the ROMFS partition of the board at %s cannot be written "
-                                 "(its port lacks vfs.rom_ioctl writes)" % port)
-            _write_ram(t, image)
+            _write_ram(t, image)  # the QEMU port: its partition is emulated RAM
         return "romfs"
     finally:
         if t is not None:
