@@ -7,6 +7,9 @@ A bundle is everything a board needs, nothing else:
     DIR/model.safetensors       the record (float16 tensors widened to float32: the board reads
                                 F32 and I8 only)
     DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
+With --freeze the runtime and model.py go to DIR/frozen/ instead, next to DIR/manifest.py, a
+MicroPython manifest that freezes them into a firmware (`cinders firmware --freeze
+DIR/manifest.py`): their bytecode then runs from flash and the heap holds only data.
 """
 import inspect
 import os
@@ -78,15 +81,29 @@ def write_board_record(src, dst):
     return meta
 
 
+MANIFEST = """# Written by `cinders export-micro --freeze`: freezes the Cinders board runtime and the model's
+# source into MicroPython firmware (paths are relative to this file). Build with
+#   cinders firmware --freeze %(path)s      (or make FROZEN_MANIFEST=%(path)s)
+# then run predict.py next to model.safetensors with that firmware.
+package("cinders", base_path="frozen")
+module("model.py", base_path="frozen")
+"""
+
+
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
-                 model_config=None, allow=()):
+                 model_config=None, allow=(), freeze=False):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
     A PyTorch checkpoint (.pt) is converted first into a record of `model_class`. The record's
-    class is found by the registry rule (`allow`: classes it may name besides Cinders' own)."""
+    class is found by the registry rule (`allow`: classes it may name besides Cinders' own).
+    freeze: runtime and model source under frozen/ with a manifest.py instead of lib/."""
+    if freeze and mpy:
+        raise ValueError("--freeze and --mpy exclude each other: frozen code is compiled by "
+                         "the firmware's own mpy-cross")
     from ..record import pytorch
     if pytorch.is_checkpoint(record_path):
         with pytorch.converted_record(record_path, model_class, model_config) as record:
-            return export_micro(record, out_dir, mpy, model_file, mpy_cross, allow=allow)
+            return export_micro(record, out_dir, mpy, model_file, mpy_cross, allow=allow,
+                                freeze=freeze)
     with open(record_path, "rb") as f:
         meta = safetensors.Reader(f).metadata
     class_path = meta.get("model_class")
@@ -94,9 +111,14 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
         raise RecordError("%s names no model_class in its metadata: the bundle needs the model's "
                           "class (save it with model.save())" % record_path)
     model_file = model_file or model_source(class_path, allow)
-    lib = os.path.join(out_dir, "lib", "cinders")
-    if os.path.isdir(lib):
-        shutil.rmtree(lib)  # no stale .py next to fresh .mpy (the board would import the .py)
+    code_dir = os.path.join(out_dir, "frozen" if freeze else "")
+    lib = os.path.join(code_dir, "cinders") if freeze else os.path.join(out_dir, "lib", "cinders")
+    for stale in (os.path.join(out_dir, "lib"), os.path.join(out_dir, "frozen"),
+                  os.path.join(out_dir, "model.py"), os.path.join(out_dir, "manifest.py")):
+        if os.path.isdir(stale):  # no stale .py beside fresh .mpy, no lib/ beside frozen/
+            shutil.rmtree(stale)
+        elif os.path.exists(stale):
+            os.remove(stale)
     os.makedirs(lib)
     written = []
     exe = find_mpy_cross() if mpy and not mpy_cross else mpy_cross
@@ -111,10 +133,15 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
             dst = os.path.join(lib, name)
             shutil.copyfile(src, dst)
         written.append(dst)
-    for src, name in ((model_file, "model.py"),
-                      (os.path.join(RUNTIME_DIR, "predict.py"), "predict.py")):
-        shutil.copyfile(src, os.path.join(out_dir, name))
-        written.append(os.path.join(out_dir, name))
+    for src, dst in ((model_file, os.path.join(code_dir, "model.py")),
+                     (os.path.join(RUNTIME_DIR, "predict.py"), os.path.join(out_dir, "predict.py"))):
+        shutil.copyfile(src, dst)
+        written.append(dst)
+    if freeze:
+        dst = os.path.join(out_dir, "manifest.py")
+        with open(dst, "w") as f:
+            f.write(MANIFEST % {"path": dst})
+        written.append(dst)
     dst = os.path.join(out_dir, "model.safetensors")
     write_board_record(record_path, dst)
     written.append(dst)
