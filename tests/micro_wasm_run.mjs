@@ -1,6 +1,6 @@
 // Runs a cinders micro bundle inside MicroPython WebAssembly (npm
 // @micropython/micropython-webassembly-pyscript) under Node:
-//   node micro_wasm_run.mjs MICROPYTHON_MJS BUNDLE_DIR INPUT_JSON [REPEAT]
+//   node micro_wasm_run.mjs MICROPYTHON_MJS BUNDLE_DIR INPUT_JSON [REPEAT] [KERNELS_WASM]
 // Copies the bundle into the interpreter's in-memory filesystem, runs the bundle's predict
 // entry (cinders.run.main) on INPUT_JSON, then times REPEAT more inferences. Prints the
 // predict JSON line, then one JSON line of timings.
@@ -8,7 +8,12 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join, relative } from "node:path";
 import { pathToFileURL } from "node:url";
 
-const [mjsPath, bundleDir, inputPath, repeatArg] = process.argv.slice(2);
+const [mjsPath, bundleDir, inputPath, repeatArg, kernelsPath] = process.argv.slice(2);
+if (kernelsPath) {  // cn.Wasm()'s module: the runtime then picks its wasm engine (test_wasm_micro.py)
+  const { installMicroKernels } = await import(new URL("../wasm/micro_kernels.mjs", import.meta.url).href);
+  const { instance } = await WebAssembly.instantiate(readFileSync(kernelsPath), {});
+  installMicroKernels(instance);
+}
 const repeat = parseInt(repeatArg || "0", 10);
 const t0 = performance.now();
 const { loadMicroPython } = await import(pathToFileURL(mjsPath).href);

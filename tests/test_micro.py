@@ -258,21 +258,6 @@ def test_board_rejects_bad_records_and_inputs(micropython, records, digits, tmp_
     assert rc != 0 and "Linear(3, 2)" in out and "(1, 4)" in out, out
 
 
-def test_ulab_engine(micropython, records, digits, tmp_path):
-    probe = subprocess.run([micropython, "-c", "from ulab import numpy"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip("ulab not available (this MicroPython build has no ulab module)")
-    model = record.load_model(records["mlp"], backend=cn.NumPy())
-    bundle = str(tmp_path / "bundle")
-    export.export_micro(records["mlp"], bundle)
-    path = str(tmp_path / "d.json")
-    with open(path, "w") as f:
-        json.dump(digits[0][0], f)
-    got = _run(micropython, bundle, ESP32_HEAP, path)
-    assert got["engine"] == "ulab"
-    np.testing.assert_allclose(got["logits"], _desktop_logits(model, digits[0][0]), rtol=1e-4, atol=1e-4)
-
-
 def test_export_rejects_unknown_class_and_widens_float16(records, tmp_path):
     m = record.load_model(records["mlp"], backend=cn.NumPy())
     half = str(tmp_path / "half.safetensors")

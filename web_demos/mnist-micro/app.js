@@ -7,29 +7,50 @@
 //   ?loader=direct              app.js loads the same interpreter module itself, copies the
 //                               bundle into its filesystem and runs main.py (no PyScript:
 //                               PyScript's own start-up is most of the cold start)
+//   ?backend=python              the runtime's array engine instead of cn.Wasm()'s kernels
 import { digitPage } from "/shared/digit_page.js";
 
 const params = new URLSearchParams(location.search);
 const loader = params.get("loader") || "pyscript";
+
+// The pixels cross into MicroPython as base64 float32 bytes: decoding 784 floats from JSON there
+// costs more than the whole MLP on the wasm engine.
+function float32Base64(pixels) {
+  const bytes = new Uint8Array(Float32Array.from(pixels).buffer);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i++) binary += String.fromCharCode(bytes[i]);
+  return btoa(binary);
+}
 
 // Inference is synchronous here (MicroPython runs on the main thread); the latest drawing wins.
 const page = digitPage({ inAnimationFrame: true });
 
 // main.py calls this once the model is loaded. Load time counts from navigation start: it is
 // the cold start (page, PyScript, interpreter, bundle files, record) to `ready`.
-window.cindersMicroReady = (predictPy) => {
+window.cindersMicroReady = (predictPy, engine = "array") => {
   page.ready({
     predict: (pixels) => {
       const t = performance.now();
-      const result = JSON.parse(predictPy(JSON.stringify(Array.from(pixels))));
+      const result = JSON.parse(predictPy(float32Base64(pixels)));
       result.ms = performance.now() - t;
       return result;
     },
-    backend: "cpu",
-    note: "MicroPython WebAssembly, array engine",
+    backend: engine === "wasm" ? "wasm" : "cpu",
+    note: `MicroPython WebAssembly, ${engine} engine${kernelsNote}`,
+    fallback: engine !== "wasm",
     loadMs: performance.now(),
   });
 };
+
+// cn.Wasm()'s kernels for the runtime's `wasm` engine (its `linear` runs in them); without them
+// (or with ?backend=python) the runtime picks its array engine. Loaded before MicroPython
+// imports cinders.
+let kernelsNote = "";
+const kernels = params.get("backend") === "python" ? Promise.resolve(null)
+  : import("/wasm/micro_kernels.mjs").then((m) => m.loadMicroKernels()).catch((error) => {
+    kernelsNote = ` (WebAssembly kernels unavailable: ${error.message})`;
+    return null;
+  });
 
 // The bundle is generated (cinders.micro.web.ensure_web_bundle, which `cinders demo` runs):
 // say so plainly when it is missing instead of leaving the page at "loading".
@@ -44,6 +65,7 @@ async function bundleConfig() {
 
 async function startWithPyScript() {
   await bundleConfig();
+  await kernels;
   const script = document.createElement("script");
   script.type = "mpy";
   script.src = "main.py";
@@ -70,6 +92,7 @@ async function startDirect() {
   const files = fetchBundle();
   const main = fetch("main.py").then((r) => r.text());
   const mp = await interpreter;
+  await kernels;
   for (const [path, data] of await files) {
     mp.FS.mkdirTree(path.slice(0, path.lastIndexOf("/")));
     mp.FS.writeFile(path, data);

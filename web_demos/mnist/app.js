@@ -1,6 +1,6 @@
 // The MNIST drawing page: pointer strokes -> MNIST-like 28x28 -> cinders model in Pyodide.
-// URL options: ?backend=cpu|webgpu|auto (default auto), ?model=<record url>, ?fusion=1 (WebGPU
-// through cn.Fusion).
+// URL options: ?backend=auto|webgpu|wasm|python (default auto: WebGPU, else WebAssembly SIMD,
+// else Python), ?model=<record url>, ?fusion=1 (WebGPU through cn.Fusion).
 // The page itself (drawing, bars, timings, window.cindersDemo) is web_demos/shared/digit_page.js;
 // here the model is loaded. window.cindersDemo adds {model, readyAt} for tests and benchmarks.
 import { Cinders } from "/wasm/cinders.js";

@@ -19,8 +19,10 @@ def show(selector, text):
     document.querySelector(selector).textContent = text
 
 
-# WebGPU when the browser has it (cinders.wgpu's browser device), else the CPU; say which.
-chosen = await bridge.init("auto")  # noqa: F704  (PyScript runs this script with top-level await)
+# WebGPU when the browser has it (cinders.wgpu's browser device), else WebAssembly SIMD kernels
+# (cn.Wasm()), else Python; say which. ?backend=webgpu|wasm|python forces one.
+prefer = js.URLSearchParams.new(js.location.search).get("backend") or "auto"
+chosen = await bridge.init(prefer)  # noqa: F704  (PyScript runs this script with top-level await)
 show("#backend", chosen["backend"])
 show("#backend-note", "(%s)" % chosen["note"] if chosen["note"] else "")
 model = record.load_model("mnist-cnn.safetensors")  # class and config come from the record

@@ -130,7 +130,7 @@ export function digitPage({ inAnimationFrame = false } = {}) {
   $("clear").addEventListener("click", clear);
 
   // ---- the model is loaded --------------------------------------------------------------------
-  // backend: "webgpu" | "cpu"; note: shown in brackets after it, marked as a fallback when
+  // backend: "webgpu" | "wasm" | "cpu"; note: shown in brackets after it, marked as a fallback when
   // `fallback`; loadMs: load time shown; api: what the page adds to window.cindersDemo.
   function ready({ predict: modelPredict, backend, note, fallback = false, loadMs, api = {} }) {
     predict = modelPredict;

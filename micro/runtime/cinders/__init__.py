@@ -5,7 +5,8 @@ here. Arrays come from one of the engines, chosen once, when first needed (`cind
 
     ENGINE == "ulab"    `from ulab import numpy` is importable (2-D arrays)
     ENGINE == "wasm"    MicroPython WebAssembly in a page that loaded cn.Wasm()'s kernels
-                        (cinders/_wasm.py, where the bundle has it)
+                        (js.cindersKernels; chosen in _engine.py, which a board never compiles
+                        past its `import js`)
     ENGINE == "array"   plain `array('f')` loops otherwise (every port has it)
 
 The desktop API where the board has it: `cinders.tensor(nested lists)` or `(flat, shape)`,
@@ -34,17 +35,15 @@ def __getattr__(name):
     import sys
     gc.collect()
     if name in ("engine", "ENGINE"):
-        for kind in ("ulab", "wasm", "array"):  # _ulab/_wasm raise ImportError where they cannot run
-            try:
-                if kind == "ulab":  # probe first: compiling _ulab.py for nothing costs RAM
-                    from ulab import numpy  # noqa: F401
-                __import__("cinders._" + kind)
-                break
-            except ImportError:
-                pass
         g = globals()
-        g["ENGINE"] = kind
-        g["engine"] = sys.modules["cinders._" + kind]
+        try:
+            from ulab import numpy  # noqa: F401  (probe first: compiling _ulab.py for nothing costs RAM)
+            __import__("cinders._ulab")
+            g["engine"], g["ENGINE"] = sys.modules["cinders._ulab"], "ulab"
+        except ImportError:  # wasm on a page with cn.Wasm()'s kernels, else array (_engine.py)
+            __import__("cinders._engine")
+            chosen = sys.modules["cinders._engine"]
+            g["engine"], g["ENGINE"] = chosen.engine, chosen.ENGINE
     elif name == "Tensor":
         from cinders._tensor import Tensor
         return Tensor

@@ -1,11 +1,13 @@
 """Convolution and pooling of the `array('f')` engine (see _array.py), in their own module so
 that models without them do not hold their code in RAM."""
 
-import math
-
 from cinders._array import UNARY_FN, _buffer, _relu
 from cinders._window import window_count
 from cinders._tensor import Tensor, empty
+
+# float("-inf"), not -math.inf: the compiler folds math.inf into a constant, which mpy-tool
+# writes into frozen C code as `-inf` (no such C name), so frozen firmware would not build
+_NEG_INF = float("-inf")
 
 
 def _span(offset, stride, size, out_size):
@@ -114,7 +116,7 @@ def _pool_plane(src, H, W, dst, pool):
         for ox in range(OW):
             x0 = ox * sw - pw
             ix0, ix1 = max(0, x0), min(W, x0 + kw)
-            acc = -math.inf if is_max else 0.0
+            acc = _NEG_INF if is_max else 0.0
             for iy in range(iy0, iy1):
                 r = iy * W
                 for ix in range(r + ix0, r + ix1):

@@ -1,13 +1,21 @@
 """The ulab engine: `from ulab import numpy` on firmware built with it, batch of one.
 
-Stock ulab firmware has at most 2 dimensions (ULAB_MAX_DIMS 2), so every tensor is a 2-D
-ndarray here: an image (1, C, H, W) is (C, H*W), a vector (1, n) is (1, n). Convolution unfolds
-one input channel at a time (im2col: (kh*kw, OH*OW)) and multiplies with np.dot; pooling takes
-strided 2-D slices of each plane. Only ulab's documented API is used (array, zeros, frombuffer,
-reshape, dot, maximum, exp, tanh, max, sum, 2-D slicing); weights come from `Param.chunks` like
-the array engine's, a few rows at a time.
+What the build offers is detected at import, because boards differ:
+    FLOAT_BYTES   4 on float32 firmware (most boards), 8 on double (the unix port's default):
+                  float32 record bytes are viewed as they are on the first, converted on the second
+    DIMS          ULAB_MAX_DIMS (stock firmware: 2); with 3 or more, convolution gathers a kernel
+                  tap of every input channel in one slice instead of one slice per channel
+
+Tensors are 2-D ndarrays: an image (1, C, H, W) is (C, H*W), a vector (1, n) is (1, n).
+Convolution runs a band of output rows at a time (im2col of the band, np.dot with the weight
+matrix, bias, activation, and a non-overlapping pool folded in), so its scratch is a few KB
+whatever the image size: a full 16x28x28 output plus its im2col matrix would need ~150 KB.
+Only ulab's documented API is used (array, zeros, ones, frombuffer, reshape, dot, maximum, exp,
+tanh, max, sum, slicing, slice assignment, `scipy.special.erf` when present); weights come from
+`Param.chunks` like the array engine's, a few rows at a time.
 """
 
+import gc
 import math
 
 from ulab import numpy as np
@@ -15,14 +23,32 @@ from ulab import numpy as np
 from cinders._window import window_count
 from cinders._tensor import Tensor
 
+# float("-inf"), not -math.inf: the compiler folds math.inf into a constant, which mpy-tool
+# writes into frozen C code as `-inf` (no such C name), so frozen firmware would not build
+_NEG_INF = float("-inf")
+
 try:
     from ulab import scipy as _scipy
     _erf = _scipy.special.erf
 except (ImportError, AttributeError):
     _erf = None
 
-_DTYPES = {"f": np.float, "b": np.int8}
-_CHUNK_BYTES = 8192
+FLOAT_BYTES = np.zeros(1, dtype=np.float).itemsize
+
+
+def _max_dims():
+    for n in (4, 3):
+        try:
+            np.zeros((1,) * n)
+            return n
+        except (TypeError, ValueError):
+            pass
+    return 2
+
+
+DIMS = _max_dims()
+_CHUNK_BYTES = 8192  # weight rows (as the build's floats) per step
+_BAND_ITEMS = 2048 // FLOAT_BYTES  # convolution outputs per band (and channel chunk)
 
 
 def _layout(shape):
@@ -53,41 +79,91 @@ def _column(values):
     return np.array(values, dtype=np.float).reshape((n, 1))
 
 
-def _weight_rows(weight):
-    """Yield (first row, float matrix of some rows): int8 rows are scaled as they arrive."""
+def _weight_rows(weight, most=1 << 30):
+    """Yield (first row, number of rows, matrix of those rows, their int8 scales as a column or
+    None), valid until the next step. float32 rows are viewed in place on float32 builds and
+    widened on double ones; int8 rows stay int8 (np.dot takes them): the caller scales the rows
+    of its result, which is n values instead of n * row_len."""
     L = weight.row_len
-    k = max(1, _CHUNK_BYTES // (4 * L))
-    dt = _DTYPES[weight.typecode]
+    int8 = weight.typecode == "b"
+    k = max(1, min(most, _CHUNK_BYTES // ((1 if int8 else FLOAT_BYTES) * L)))
     for j, n, rows in weight.chunks(k):
-        w = np.array(np.frombuffer(rows, dtype=dt), dtype=np.float).reshape((n, L))
-        if weight.scale is not None:
-            w = w * _column(weight.scale[j:j + n])
-        yield j, n, w
+        if int8:
+            w = np.frombuffer(rows, dtype=np.int8)
+        elif FLOAT_BYTES == 4:
+            w = np.frombuffer(rows, dtype=np.float)  # a view: no copy
+        else:
+            w = np.array(rows, dtype=np.float)  # float32 values widened to the build's double
+        scale = _column(weight.scale[j:j + n]) if weight.scale is not None else None
+        yield j, n, w.reshape((n, L)), scale
 
 
 def linear(x, weight, bias, n_out):
     n_in = x.shape[-1]
     xcol = x.data.reshape((n_in, 1))
     out = np.zeros((n_out, 1), dtype=np.float)
-    for j, n, w in _weight_rows(weight):
-        out[j:j + n, :] = np.dot(w, xcol)
+    for j, n, w, scale in _weight_rows(weight):
+        d = np.dot(w, xcol)
+        out[j:j + n, :] = d if scale is None else d * scale
     if bias is not None:
         out = out + _column(bias.data)
     return Tensor(out.reshape((1, n_out)), (1, n_out))
 
 
-def _padded(plane, H, W, ph, pw, fill):
+def _padded(x, C, H, W, ph, pw, fill):
+    """The (C, H*W) image as C stacked (H + 2ph, W + 2pw) planes: (C * Hp, Wp)."""
+    Hp, Wp = H + 2 * ph, W + 2 * pw
     if ph == 0 and pw == 0:
-        return plane
-    p = np.zeros((H + 2 * ph, W + 2 * pw), dtype=np.float)
+        return x.reshape((C * H, W))
+    p = np.zeros((C * Hp, Wp), dtype=np.float)
     if fill != 0.0:
         p = p + fill
-    p[ph:ph + H, pw:pw + W] = plane
+    for c in range(C):
+        p[c * Hp + ph:c * Hp + ph + H, pw:pw + W] = x[c, :].reshape((H, W))
     return p
 
 
+def _in_band_pool(pool):
+    """A pool whose windows tile the output (kernel == stride, no padding) is applied band by
+    band; others run on the whole convolution output."""
+    return pool is not None and tuple(pool[0]) == tuple(pool[1]) and tuple(pool[2]) == (0, 0)
+
+
+def _valid(o0, n, k, s, p, size):
+    """Of the outputs o0..o0+n along one axis, the first and end (o_lo, o_hi) whose input
+    o * s + k - p lies inside 0..size (the others read padding), and that first input."""
+    lo = max(o0, -((k - p) // s))
+    hi = min(o0 + n, (size - 1 - k + p) // s + 1)
+    return lo, max(lo, hi), lo * s + k - p
+
+
+def _tap(x, C, H, W, ky, kx, sh, sw, ph, pw, r0, nb, OW):
+    """Kernel tap (ky, kx) (dilation applied) under output rows r0..r0+nb: the input values it
+    multiplies, zero where it reads padding. (C, nb * OW); without padding a plain slice."""
+    ya, yb, iy = _valid(r0, nb, ky, sh, ph, H)
+    xa, xb, ix = _valid(0, OW, kx, sw, pw, W)
+    ye = iy + (yb - ya - 1) * sh + 1  # MicroPython cannot build slice objects: bounds only
+    xe = ix + (xb - xa - 1) * sw + 1
+    if DIMS >= 3:
+        x3 = x.reshape((C, H, W))
+        if yb - ya == nb and xb - xa == OW:
+            return np.array(x3[:, iy:ye:sh, ix:xe:sw]).reshape((C, nb * OW))
+        t = np.zeros((C, nb, OW), dtype=np.float)
+        if yb > ya and xb > xa:
+            t[:, ya - r0:yb - r0, xa:xb] = x3[:, iy:ye:sh, ix:xe:sw]
+        return t.reshape((C, nb * OW))
+    t = np.zeros((C * nb, OW), dtype=np.float)  # channel c's rows are c * nb .. (c + 1) * nb
+    if yb > ya and xb > xa:
+        for c in range(C):
+            t[c * nb + ya - r0:c * nb + yb - r0, xa:xb] = x[c, :].reshape((H, W))[iy:ye:sh, ix:xe:sw]
+    return t.reshape((C, nb * OW))
+
 def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act=None,
            pool=None):
+    """Output channels a chunk of weight rows at a time (as they stream from the record), and
+    within a chunk a band of output rows at a time: per kernel tap, np.dot of the chunk's
+    weights for that tap (n, C) with the tap's inputs (C, band). No padded copy of the input,
+    no full weight matrix, no full-size output when a pool follows."""
     _, C, H, W = x.shape
     kh, kw = kernel
     sh, sw = stride
@@ -96,31 +172,48 @@ def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act
     OH = window_count(H, kh, sh, ph, dh)
     OW = window_count(W, kw, sw, pw, dw)
     K = kh * kw
-    wmat = np.zeros((out_channels, C * K), dtype=np.float)
-    for j, n, w in _weight_rows(weight):
-        wmat[j:j + n, :] = w
-    out = np.zeros((out_channels, OH * OW), dtype=np.float)
-    cols = np.zeros((K, OH * OW), dtype=np.float)
-    for c in range(C):
-        plane = _padded(x.data[c, :].reshape((H, W)), H, W, ph, pw, 0.0)
-        t = 0
-        for ky in range(kh):
-            for kx in range(kw):
-                y0 = ky * dh
-                x0 = kx * dw
-                cols[t, :] = plane[y0:y0 + (OH - 1) * sh + 1:sh,
-                                   x0:x0 + (OW - 1) * sw + 1:sw].flatten()
-                t += 1
-        out = out + np.dot(wmat[:, c * K:(c + 1) * K], cols)
-    if bias is not None:
-        out = out + _column(bias.data)
+    banded = _in_band_pool(pool)
+    step = pool[0][0] if banded else 1  # bands hold whole pooling windows
+    rows = OH - OH % step
+    PW = OW // pool[0][1] if banded else OW
+    gc.collect()  # the previous layer's scratch: the output wants one contiguous block
+    out = np.zeros((out_channels, (rows // step) * PW), dtype=np.float)
+    xd = x.data
+    for j, n, w, scale in _weight_rows(weight, max(1, _BAND_ITEMS // (step * OW))):
+        band = max(step, _BAND_ITEMS // (max(n, C) * OW) // step * step)
+        bcol = _column(bias.data[j:j + n]) if bias is not None else None
+        gc.collect()  # free the previous chunk's scratch in one piece: bands need ~3x 8 KB
+        for r0 in range(0, rows, band):
+            nb = min(band, rows - r0)
+            acc = None
+            for t in range(K):
+                ky, kx = t // kw, t % kw
+                d = np.dot(w[:, t::K], _tap(xd, C, H, W, ky * dh, kx * dw, sh, sw, ph, pw,
+                                            r0, nb, OW))
+                if acc is None:
+                    acc = d
+                else:
+                    acc += d
+            if scale is not None:
+                acc *= scale
+            if bcol is not None:
+                acc += bcol
+            if act is not None:
+                acc = _unary(act, acc)
+            if banded:
+                pk = pool[0]
+                acc = _pool_windows(acc.reshape((n * nb, OW)), pk[0], pk[1], pk[0], pk[1],
+                                    n * nb // pk[0], PW, pool[3] == "max")
+                if pool[3] != "max":
+                    acc = acc * (1.0 / (pk[0] * pk[1]))
+            m = (nb // step) * PW
+            out[j:j + n, (r0 // step) * PW:(r0 // step) * PW + m] = acc.reshape((n, m))
+    if banded:
+        return Tensor(out, (1, out_channels, rows // step, PW))
     y = Tensor(out, (1, out_channels, OH, OW))
-    if act is not None:
-        y = unary(act, y)
     if pool is not None:
         y = pool2d(y, *pool)
     return y
-
 
 def pool2d(x, kernel, stride, padding, mode):
     _, C, H, W = x.shape
@@ -132,12 +225,13 @@ def pool2d(x, kernel, stride, padding, mode):
     is_max = mode == "max"
     count = None
     if mode == "avg_valid":  # how many real pixels each window covers
-        count = _window_sum(_padded(np.ones((H, W), dtype=np.float), H, W, ph, pw, 0.0),
-                            kh, kw, sh, sw, OH, OW, False)
+        count = _pool_windows(_padded(np.ones((1, H * W), dtype=np.float), 1, H, W, ph, pw, 0.0),
+                              kh, kw, sh, sw, OH, OW, False)
     out = np.zeros((C, OH * OW), dtype=np.float)
+    planes = _padded(x.data, C, H, W, ph, pw, _NEG_INF if is_max else 0.0)
+    Hp = H + 2 * ph
     for c in range(C):
-        plane = _padded(x.data[c, :].reshape((H, W)), H, W, ph, pw, -math.inf if is_max else 0.0)
-        acc = _window_sum(plane, kh, kw, sh, sw, OH, OW, is_max)
+        acc = _pool_windows(planes[c * Hp:(c + 1) * Hp, :], kh, kw, sh, sw, OH, OW, is_max)
         if count is not None:
             acc = acc / count
         elif not is_max:
@@ -146,7 +240,8 @@ def pool2d(x, kernel, stride, padding, mode):
     return Tensor(out, (1, C, OH, OW))
 
 
-def _window_sum(plane, kh, kw, sh, sw, OH, OW, is_max):
+def _pool_windows(plane, kh, kw, sh, sw, OH, OW, is_max):
+    """Max or sum over the (kh, kw) windows of a 2-D plane, stride (sh, sw): (OH, OW)."""
     acc = None
     for ky in range(kh):
         for kx in range(kw):
@@ -156,7 +251,7 @@ def _window_sum(plane, kh, kw, sh, sw, OH, OW, is_max):
             elif is_max:
                 acc = np.maximum(acc, v)
             else:
-                acc = acc + v
+                acc += v
     return acc
 
 
@@ -174,17 +269,18 @@ def _gelu(d, approximate):
     return d * 0.5 * (e.reshape(d.shape) + 1.0)
 
 
-def unary(op, x):
-    d = x.data
+def _unary(op, d):
     if op == "relu":
-        d = np.maximum(d, 0.0)
-    elif op == "sigmoid":
-        d = np.ones(d.shape, dtype=np.float) / (np.exp(d * -1.0) + 1.0)
-    elif op == "tanh":
-        d = np.tanh(d)
-    else:
-        d = _gelu(d, op == "gelu_tanh")
-    return Tensor(d, x.shape)
+        return np.maximum(d, 0.0)
+    if op == "sigmoid":
+        return np.ones(d.shape, dtype=np.float) / (np.exp(d * -1.0) + 1.0)
+    if op == "tanh":
+        return np.tanh(d)
+    return _gelu(d, op == "gelu_tanh")
+
+
+def unary(op, x):
+    return Tensor(_unary(op, x.data), x.shape)
 
 
 def softmax_last(x):

@@ -1,0 +1,505 @@
+"""cn.Wasm(): the backend protocol on WebAssembly SIMD kernels (kernels.py, runtime.h).
+
+Tensor data lives in the module's linear memory; a handle (WasmArray) is a strided view of a
+buffer there: reshape of contiguous data, permute, expand and slice make views and move no
+bytes; every kernel that reads elementwise reads strided operands directly (broadcasting is a
+stride of 0), and the few that need contiguous input (matmul's left operand, reductions,
+unfold2d) get a copy only when the view is not contiguous. This module only decides layouts
+and calls kernels; the engine (engine_browser.py, engine_node.py) is how Python reaches them.
+"""
+import struct
+from array import array
+
+from .. import dtypes
+from ..backend import Backend, _hash32, unfold2d_output_size
+from ..errors import DTypeError, IndexingError
+from . import kernels
+
+_CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
+_ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
+_SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1}
+_BOOL_RESULT = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"))
+_PAGE = 65536
+
+
+def _prod(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_STRIDES = {}  # shape -> its row-major strides (a model meets the same few shapes every run)
+
+
+def _contiguous_strides(shape):
+    strides = _STRIDES.get(shape)
+    if strides is None:
+        strides, step = [0] * len(shape), 1
+        for i in range(len(shape) - 1, -1, -1):
+            strides[i] = step
+            step *= shape[i]
+        strides = tuple(strides)
+        if len(_STRIDES) < 4096:
+            _STRIDES[shape] = strides
+    return strides
+
+
+def _f32_bits(value):
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+class Heap:
+    """The linear memory above the module's stack and data, handed out in size classes
+    (quarter steps between powers of two, 16-byte aligned for SIMD loads) and reused through
+    free lists; grows the memory when full. Buffers give their block back when collected."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.top = (engine.call("heap_base") + 15) & ~15
+        self.end = engine.call("memory_pages") * _PAGE
+        self.free = {}
+        self.in_use = 0
+        self.classes = {}  # nbytes -> size class (a model allocates the same sizes every run)
+
+    @staticmethod
+    def size_class(nbytes):
+        n = max(16, nbytes)
+        top = 1 << (n - 1).bit_length()  # power of two >= n
+        step = max(16, top >> 3)
+        return (n + step - 1) // step * step
+
+    def alloc(self, nbytes):
+        size = self.classes.get(nbytes)
+        if size is None:
+            size = self.classes[nbytes] = self.size_class(nbytes)
+        blocks = self.free.get(size)
+        self.in_use += size
+        if blocks:
+            return blocks.pop(), size
+        ptr = self.top
+        self.top += size
+        if self.top > self.end:
+            pages = (self.top - self.end + _PAGE - 1) // _PAGE
+            pages = max(pages, self.end // _PAGE // 4)  # grow geometrically: fewer, larger steps
+            if self.engine.call("memory_grow", pages) < 0:
+                self.top -= size
+                self.in_use -= size
+                raise MemoryError("cn.Wasm(): cannot grow the WebAssembly memory by %d pages for "
+                                  "%d bytes (in use: %d bytes)" % (pages, nbytes, self.in_use))
+            self.end += pages * _PAGE
+            self.engine.memory_grown()
+        return ptr, size
+
+    def release(self, ptr, size):
+        self.in_use -= size
+        self.free.setdefault(size, []).append(ptr)
+
+
+class Commands:
+    """Kernel calls queued in program order and run by one call of the module's run_commands:
+    a forward pass costs the host one call instead of one per kernel (a JS call from Pyodide,
+    a round trip to Node). Anything the host does directly (write, read, a kernel whose result
+    it needs) runs the queue first, so it sees every earlier kernel's effect; a block freed
+    while queued kernels still use it can only be reused by later queued kernels or after a
+    flush, so queue order keeps it safe."""
+
+    CAPACITY = 16384  # int32s per batch
+    PAD = 1024        # flushed lengths are multiples of this: the browser engine reuses views
+    ZEROS = bytes(4 * PAD)
+
+    def __init__(self, engine, heap):
+        self.engine = engine
+        self.ids = {name: i for i, (name, _) in enumerate(kernels.queued_kernels())}
+        self.ptr = heap.alloc(4 * self.CAPACITY)[0]
+        self.ints = array("i")
+        self.launches = 0
+
+    def add(self, name, *args):
+        ints = self.ints
+        ints.append(self.ids[name])
+        ints.extend(args)
+        self.launches += 1
+        if len(ints) > self.CAPACITY - 64:
+            self.flush()
+
+    def flush(self):
+        ints = self.ints
+        if ints:
+            n = len(ints)
+            self.ints = array("i")
+            ints.frombytes(self.ZEROS[:4 * (-n % self.PAD)])
+            self.engine.write(self.ptr, ints.tobytes())
+            self.engine.call("run_commands", self.ptr, n)
+
+
+class Buffer:
+    __slots__ = ("ptr", "size", "heap", "__weakref__")
+
+    def __init__(self, heap, nbytes):
+        self.heap = heap
+        self.ptr, self.size = heap.alloc(nbytes)
+
+    def __del__(self):
+        heap = self.heap
+        if heap is not None:
+            heap.release(self.ptr, self.size)
+
+
+class WasmArray:
+    """A strided view of a Buffer: element offset, shape, element strides, dtype."""
+    __slots__ = ("buf", "offset", "shape", "strides", "dtype")
+
+    def __init__(self, buf, offset, shape, strides, dtype):
+        self.buf, self.offset, self.shape, self.strides, self.dtype = buf, offset, shape, strides, dtype
+
+    @property
+    def ptr(self):
+        return self.buf.ptr + self.offset * _SIZE[self.dtype]
+
+    def is_contiguous(self):
+        if _STRIDES.get(self.shape) is self.strides:  # the shared row-major tuple: a fresh array
+            return True
+        step = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != step:
+                return False
+            step *= n
+        return True
+
+    def __repr__(self):
+        return "WasmArray(shape=%s, dtype=%r, strides=%s)" % (self.shape, self.dtype, self.strides)
+
+
+def _merge_dims(shape, operand_strides):
+    """Drop size-1 dims and merge neighbours that every operand walks contiguously, so the
+    kernels' rows (the last dim) are as long as possible. At least one dim remains."""
+    dims = [(n, [s[i] for s in operand_strides]) for i, n in enumerate(shape) if n != 1]
+    if not dims:
+        return [1], [[0] for _ in operand_strides]
+    merged = [dims[0]]
+    for n, strides in dims[1:]:
+        pn, pstrides = merged[-1]
+        if all(ps == s * n for ps, s in zip(pstrides, strides)):
+            merged[-1] = (pn * n, strides)
+        else:
+            merged.append((n, strides))
+    return [n for n, _ in merged], [[s[k] for _, s in merged] for k in range(len(operand_strides))]
+
+
+def _broadcast_strides(h, shape):
+    """h's strides seen from the (same-ndim) shape it broadcasts to: 0 where h has size 1."""
+    return [0 if n == 1 and m != 1 else s for n, m, s in zip(h.shape, shape, h.strides)]
+
+
+class Wasm(Backend):
+    """The backend protocol on WebAssembly SIMD128 kernels.
+
+    In Pyodide the kernels are the module the page loaded (`await cinders.wasm.load()` or
+    wasm/cinders.js does it); on the desktop they run in a Node child process (the tests'
+    way of running the very same module). `engine=` takes any object with the engine
+    interface (call, write, read, memory_grown)."""
+
+    name = "wasm"
+
+    def __init__(self, engine=None):
+        if engine is None:
+            from . import engines
+            engine = engines.default_engine()
+        self.engine = engine
+        heap = getattr(engine, "heap", None)
+        if heap is None:
+            heap = engine.heap = Heap(engine)
+            engine.constants = {}  # descriptor (or its operands' layout) -> its address
+            engine.constant_blocks = []
+            engine.commands = Commands(engine, heap)
+        self.heap = heap
+        self.commands = engine.commands
+        self._run = self.commands.add
+
+    def synchronize(self):
+        self.commands.flush()
+
+    def _write(self, ptr, data):
+        self.commands.flush()
+        self.engine.write(ptr, data)
+
+    def _call_now(self, name, *args):
+        self.commands.flush()
+        return self.engine.call(name, *args)
+
+    def device_key(self):
+        return ("Wasm", id(self.engine))
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _new(self, shape, dtype):
+        shape = tuple(shape)
+        return WasmArray(Buffer(self.heap, _prod(shape) * _SIZE[dtype]), 0, shape,
+                         _contiguous_strides(shape), dtype)
+
+    def _constant(self, ints):
+        """Address of these int32s in linear memory. A model runs the same shapes again and
+        again, so descriptors are written once and reused: a warm inference writes no
+        descriptor (each write is a JS call in the browser). Bounded: at 1024 entries the
+        blocks go back to the heap and the cache starts over."""
+        constants = self.engine.constants
+        ptr = constants.get(ints)
+        if ptr is None:
+            blocks = self.engine.constant_blocks
+            if len(blocks) >= 1024:
+                for block in blocks:
+                    self.heap.release(*block)
+                blocks.clear()
+                constants.clear()
+            block = self.heap.alloc(4 * len(ints))
+            blocks.append(block)
+            self._write(block[0], array("i", ints).tobytes())
+            ptr = constants[ints] = block[0]
+        return ptr
+
+    def _descriptor(self, shape, operand_strides):
+        shape, strides = _merge_dims(shape, operand_strides)
+        desc = [len(shape)] + shape
+        for s in strides:
+            desc += s
+        return self._constant(tuple(desc))
+
+    def _map(self, kernel, out, operands):
+        """One strided elementwise kernel over out's shape (operands broadcast to it)."""
+        layout = (out.shape, out.strides) + tuple((h.shape, h.strides) for h in operands)
+        desc = self.engine.constants.get(layout)
+        if desc is None:
+            if _prod(out.shape) == 0:
+                return out
+            strides = [list(out.strides)] + [_broadcast_strides(h, out.shape) for h in operands]
+            desc = self._descriptor(out.shape, strides)
+            self.engine.constants[layout] = desc
+        self._run(kernel, desc, out.ptr, *[h.ptr for h in operands])
+        return out
+
+    def _contiguous(self, h):
+        if h.is_contiguous():
+            return h
+        return self._map("copy_%s" % _CODE[h.dtype], self._new(h.shape, h.dtype), [h])
+
+    # -- creation and reading ----------------------------------------------------------------
+    def shape(self, h):
+        return h.shape
+
+    def dtype(self, h):
+        return h.dtype
+
+    def from_flat(self, values, shape, dtype):
+        out = self._new(shape, dtype)
+        if dtype is dtypes.bool_:
+            values = [1 if v else 0 for v in values]
+        data = array(_ARRAY[dtype], values).tobytes()
+        if data:
+            self._write(out.ptr, data)
+        return out
+
+    def full(self, shape, value, dtype):
+        out = self._new(shape, dtype)
+        n = _prod(out.shape)
+        if n:
+            if dtype is dtypes.bool_:
+                self._run("fill_8", out.ptr, n, 1 if value else 0)
+            else:
+                bits = _f32_bits(value) if dtype is dtypes.float32 else int(value)
+                self._run("fill_32", out.ptr, n, bits)
+        return out
+
+    def random(self, shape, distribution, seed, dtype):
+        if distribution not in ("uniform", "normal"):
+            raise ValueError("unknown distribution %r: use 'uniform' or 'normal'" % (distribution,))
+        out = self._new(shape, dtypes.float32)
+        n = _prod(out.shape)
+        if n:
+            key = _hash32(seed)
+            self._run("random_f32", out.ptr, n, key - (1 << 32) if key >= 1 << 31 else key,
+                      int(distribution == "normal"))
+        return out if dtype is dtypes.float32 else self.cast(out, dtype)
+
+    def to_flat(self, h):
+        h = self._contiguous(h)
+        n = _prod(h.shape)
+        values = array(_ARRAY[h.dtype])
+        if n:
+            self.commands.flush()
+            values.frombytes(self.engine.read(h.ptr, n * _SIZE[h.dtype]))
+        if h.dtype is dtypes.bool_:
+            return [v != 0 for v in values]
+        return values.tolist()
+
+    async def to_flat_async(self, h):
+        """The same as to_flat (kernels run synchronously); for code written for async devices."""
+        return self.to_flat(h)
+
+    # -- elementwise ---------------------------------------------------------------------------
+    def unary(self, op, x):
+        kernel = "unary_%s_%s" % (op, _CODE[x.dtype])
+        if kernel not in self.engine.kernels:
+            if op == "logical_not" or x.dtype is dtypes.float32:
+                raise DTypeError("cn.Wasm(): no %s kernel for %r" % (op, x.dtype))
+            # float-only math on an int/bool tensor: in float32, cast back (as cn.Python())
+            return self.cast(self.unary(op, self.cast(x, dtypes.float32)), x.dtype)
+        dtype = dtypes.bool_ if op == "logical_not" else x.dtype
+        return self._map(kernel, self._new(x.shape, dtype), [x])
+
+    def binary(self, op, a, b):
+        kernel = "binary_%s_%s" % (op, _CODE[a.dtype])
+        shape = tuple(max(m, n) if m != 0 and n != 0 else 0 for m, n in zip(a.shape, b.shape))
+        if kernel not in self.engine.kernels:
+            if a.dtype is dtypes.float32 or op in _BOOL_RESULT:
+                raise DTypeError("cn.Wasm(): no %s kernel for %r" % (op, a.dtype))
+            f32 = self.binary(op, self.cast(a, dtypes.float32), self.cast(b, dtypes.float32))
+            return self.cast(f32, a.dtype)
+        dtype = dtypes.bool_ if op in _BOOL_RESULT else a.dtype
+        return self._map(kernel, self._new(shape, dtype), [a, b])
+
+    def where(self, cond, a, b):
+        shape = tuple(max(dims) if 0 not in dims else 0 for dims in zip(cond.shape, a.shape, b.shape))
+        return self._map("where_%s" % _CODE[a.dtype], self._new(shape, a.dtype), [cond, a, b])
+
+    def cast(self, x, dtype):
+        if dtype is x.dtype:
+            return x
+        return self._map("cast_%s_%s" % (_CODE[x.dtype], _CODE[dtype]), self._new(x.shape, dtype), [x])
+
+    # -- reductions ------------------------------------------------------------------------------
+    def reduce(self, op, x, axis, keepdim):
+        x = self._contiguous(x)
+        outer, n, inner = _prod(x.shape[:axis]), x.shape[axis], _prod(x.shape[axis + 1:])
+        shape = x.shape[:axis] + ((1,) if keepdim else ()) + x.shape[axis + 1:]
+        dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
+        kernel = "reduce_%s_%s" % (op, _CODE[x.dtype])
+        if kernel not in self.engine.kernels:  # sum/prod of bool: in int32
+            return self.reduce(op, self.cast(x, dtypes.int32), axis, keepdim)
+        out = self._new(shape, dtype)
+        if outer * inner:
+            self._run(kernel, out.ptr, x.ptr, outer, n, inner)
+        return out
+
+    # -- matmul ------------------------------------------------------------------------------------
+    def _batched(self, h, batch_shape, matrix_size):
+        """(pointer, batch stride) of a contiguous-per-matrix operand: stride 0 when every batch
+        dim broadcasts, a copy expanded to the batch shape when only some do."""
+        own = h.shape[:-2]
+        if _prod(own) == 1:
+            return h, 0
+        if own != batch_shape:
+            h = self._contiguous(self.expand(h, batch_shape + h.shape[-2:]))
+        return h, matrix_size
+
+    def matmul(self, a, b):
+        batch_shape = tuple(max(m, n) if m and n else 0 for m, n in zip(a.shape[:-2], b.shape[:-2]))
+        (m, k), n = a.shape[-2:], b.shape[-1]
+        out = self._new(batch_shape + (m, n), dtypes.float32)
+        batch = _prod(batch_shape)
+        if batch * m * n == 0:
+            return out
+        a = self._contiguous(a)
+        # b's transpose contiguous (x @ W.T in Linear): dot products along contiguous K
+        nd = len(b.shape)
+        bt = self.permute(b, tuple(range(nd - 2)) + (nd - 1, nd - 2))
+        transposed = not b.is_contiguous() and bt.is_contiguous()
+        b = bt if transposed else self._contiguous(b)
+        a, a_stride = self._batched(a, batch_shape, m * k)
+        b, b_stride = self._batched(b, batch_shape, k * n)
+        self._run("matmul_f32", out.ptr, a.ptr, b.ptr, batch, m, k, n, a_stride, b_stride,
+                         int(transposed))
+        return out
+
+    # -- movement: views ------------------------------------------------------------------------------
+    def reshape(self, x, shape):
+        shape = tuple(shape)
+        x = self._contiguous(x)
+        return WasmArray(x.buf, x.offset, shape, _contiguous_strides(shape), x.dtype)
+
+    def permute(self, x, dims):
+        return WasmArray(x.buf, x.offset, tuple(x.shape[d] for d in dims),
+                         tuple(x.strides[d] for d in dims), x.dtype)
+
+    def expand(self, x, shape):
+        shape = tuple(shape)
+        return WasmArray(x.buf, x.offset, shape, tuple(_broadcast_strides(x, shape)), x.dtype)
+
+    def slice(self, x, starts, stops, steps):
+        offset = x.offset + sum(a * s for a, s in zip(starts, x.strides))
+        shape = tuple(max(0, (b - a + s - 1) // s) for a, b, s in zip(starts, stops, steps))
+        strides = tuple(st * s for st, s in zip(x.strides, steps))
+        return WasmArray(x.buf, offset, shape, strides, x.dtype)
+
+    def _copy_into(self, out, starts, x):
+        """Copy x into the region of out that starts at `starts` (x's shape)."""
+        region = self.slice(out, starts, [a + n for a, n in zip(starts, x.shape)], [1] * len(x.shape))
+        self._map("copy_%s" % _CODE[x.dtype], region, [x])
+
+    def cat(self, xs, axis):
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
+        out = self._new(shape, xs[0].dtype)
+        starts = [0] * len(shape)
+        for x in xs:
+            self._copy_into(out, starts, x)
+            starts[axis] += x.shape[axis]
+        return out
+
+    def pad(self, x, pads, value):
+        shape = [n + before + after for n, (before, after) in zip(x.shape, pads)]
+        out = self.full(shape, value, x.dtype)
+        self._copy_into(out, [before for before, _ in pads], x)
+        return out
+
+    # -- indexing -----------------------------------------------------------------------------------------
+    def _index_error(self, op, index, position, axis, size):
+        bad = self.to_flat(index)[position]
+        return IndexingError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
+
+    def _indexed(self, kernel, op, out, data, index, axis, size, axis_stride, target):
+        """gather/scatter_add over index's shape: operands (out, data, index); the operand
+        `target` (0 or 1) is addressed by the index along axis, so its stride there is 0."""
+        if _prod(index.shape) == 0:
+            return out
+        strides = [list(out.strides), list(data.strides), list(index.strides)]
+        strides[target][axis] = 0
+        desc = self._descriptor(index.shape, strides)
+        bad = self._call_now(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
+        if bad >= 0:
+            raise self._index_error(op, self._contiguous(index), bad, axis, size)
+        return out
+
+    def gather(self, x, axis, index):
+        out = self._new(index.shape, x.dtype)
+        return self._indexed("gather_%s" % _CODE[x.dtype], "gather", out, x, index, axis,
+                             x.shape[axis], x.strides[axis], 1)
+
+    def scatter_add(self, x, axis, index, src):
+        if x.dtype is dtypes.bool_:
+            raise DTypeError("cn.Wasm(): scatter_add needs float32 or int32, got %r" % (x.dtype,))
+        out = self._map("copy_%s" % _CODE[x.dtype], self._new(x.shape, x.dtype), [x])
+        return self._indexed("scatter_add_%s" % _CODE[x.dtype], "scatter_add", out, src, index, axis,
+                             x.shape[axis], out.strides[axis], 0)
+
+    # -- images ----------------------------------------------------------------------------------------------
+    def _geometry(self, n, c, h, w, kernel, stride, padding, dilation):
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
+        return self._constant((n, c, h, w, *kernel, *stride, *padding, *dilation, oh, ow)), oh, ow
+
+    def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
+        x = self._contiguous(x)
+        n, c, h, w = x.shape
+        g, oh, ow = self._geometry(n, c, h, w, kernel, stride, padding, dilation)
+        out = self._new((n, c * kernel[0] * kernel[1], oh * ow), dtypes.float32)
+        if _prod(out.shape):
+            self._run("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
+        return out
+
+    def fold2d(self, cols, size, kernel, stride, padding, dilation):
+        cols = self._contiguous(cols)
+        n, c = cols.shape[0], cols.shape[1] // (kernel[0] * kernel[1])
+        g, _, _ = self._geometry(n, c, size[0], size[1], kernel, stride, padding, dilation)
+        out = self._new((n, c) + tuple(size), dtypes.float32)
+        if _prod(out.shape):
+            self._run("fold2d_f32", out.ptr, cols.ptr, g)
+        return out

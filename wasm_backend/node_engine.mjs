@@ -1,0 +1,47 @@
+// cn.Wasm()'s kernels in Node, for a CPython process (engines.NodeEngine) that talks over stdio.
+//   node node_engine.mjs cinders-kernels-<hash>.wasm
+// One JSON request per stdin line:
+//   ["c", name, [int args]]  call an exported kernel    -> reply {"v": result or null}
+//   ["w", ptr, base64]       write bytes at ptr         -> no reply (an error goes with the next)
+//   ["r", ptr, nbytes]       read bytes                 -> reply {"v": base64}
+// The first reply lists the module's exports. A failed request replies {"e": message}.
+import fs from "node:fs";
+import readline from "node:readline";
+
+const module = new WebAssembly.Module(fs.readFileSync(process.argv[2]));
+const { exports } = new WebAssembly.Instance(module, {});
+const memory = exports.memory;
+let pendingError = null;
+
+function reply(value) {
+  const message = pendingError !== null ? { e: pendingError } : { v: value };
+  pendingError = null;
+  process.stdout.write(JSON.stringify(message) + "\n");
+}
+
+function handle([op, a, b]) {
+  if (op === "c") {
+    const kernel = exports[a];
+    if (typeof kernel !== "function") throw new Error(`no kernel named ${a}`);
+    const result = kernel(...b);
+    reply(result === undefined ? null : result);
+  } else if (op === "w") {
+    new Uint8Array(memory.buffer).set(Buffer.from(b, "base64"), a);
+  } else if (op === "r") {
+    reply(Buffer.from(memory.buffer, a, b).toString("base64"));
+  } else {
+    throw new Error(`unknown request ${op}`);
+  }
+}
+
+reply(Object.keys(exports));
+readline.createInterface({ input: process.stdin }).on("line", (line) => {
+  let request;
+  try {
+    request = JSON.parse(line);
+    handle(request);
+  } catch (error) {
+    if (request && request[0] === "w") pendingError = String(error);
+    else { pendingError = String(error); reply(null); }
+  }
+});

@@ -1,0 +1,440 @@
+/* cn.Wasm()'s kernels: the shared loops that kernels.py instantiates per op, and the kernels
+ * that are not elementwise. Compiled by build.py (clang --target=wasm32-wasi -msimd128 -O2).
+ *
+ * Conventions (backend.py relies on them):
+ * - Pointers are byte addresses in this module's linear memory; sizes are element counts.
+ * - Float scalars arrive as their 32-bit patterns (int), so every host passes plain integers.
+ * - An N-d strided loop reads a descriptor d = [nd, shape[nd], strides of operand 0 (the
+ *   output)[nd], strides of operand 1[nd], ...], strides in elements, 0 where an operand
+ *   broadcasts. The last dim is the row: contiguous rows are plain loops that clang turns into
+ *   SIMD128 code; the host merges dims beforehand so rows are as long as the layout allows.
+ * - No kernel allocates: the host (backend.py) owns the heap above heap_base().
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <wasm_simd128.h>
+
+/* noinline: run_commands calls every kernel; inlining them all there would double the module */
+#define EXPORT(name) __attribute__((export_name(#name), noinline))
+typedef unsigned char u8;
+
+extern unsigned char __heap_base;
+EXPORT(heap_base) int heap_base(void) { return (int)(uintptr_t)&__heap_base; }
+EXPORT(memory_grow) int memory_grow(int pages) { return __builtin_wasm_memory_grow(0, pages); }
+/* (grow(0) would also detach the host's views of the memory) */
+EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(0); }
+
+static inline float bits_f32(int bits) { union { int i; float f; } u = { bits }; return u.f; }
+
+/* -- scalar helpers named in kernels.py's tables (NumPy's semantics, see core/backend.py) -- */
+static inline float max_f32(float a, float b) { return __builtin_wasm_max_f32(a, b); }
+static inline float min_f32(float a, float b) { return __builtin_wasm_min_f32(a, b); }
+
+static inline float mod_f32(float a, float b) {
+    if (b == 0) return fmodf(a, b);  /* NaN */
+    float m = fmodf(a, b);
+    if (m != 0) { if ((b < 0) != (m < 0)) m += b; }
+    else m = copysignf(0.0f, b);
+    return m;
+}
+
+static inline float floordiv_f32(float a, float b) {
+    if (b == 0) return a / b;
+    float m = fmodf(a, b), div = (a - m) / b;
+    if (m != 0 && (b < 0) != (m < 0)) div -= 1.0f;
+    if (div == 0) return copysignf(0.0f, a / b);
+    float f = floorf(div);
+    return div - f > 0.5f ? f + 1.0f : f;
+}
+
+static inline int floordiv_i32(int a, int b) {
+    if (b == 0) return 0;
+    if (b == -1) return (int)(0u - (unsigned)a);  /* INT_MIN // -1 wraps, as in NumPy */
+    int q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+static inline int mod_i32(int a, int b) {
+    if (b == 0 || b == -1) return 0;
+    int r = a % b;
+    return (r != 0 && (r < 0) != (b < 0)) ? r + b : r;
+}
+
+static inline int trunc_f32_i32(float x) {  /* saturating: NaN -> 0, never a trap */
+    if (x != x) return 0;
+    if (x >= 2147483648.0f) return INT_MAX;
+    if (x <= -2147483648.0f) return INT_MIN;
+    return (int)x;
+}
+
+/* -- N-d strided iteration -------------------------------------------------------------- */
+static inline int row_count(const int *d) {
+    int rows = 1;
+    for (int i = 0; i < d[0] - 1; i++) rows *= d[1 + i];
+    return rows;
+}
+
+/* element offset of row r in operand k */
+static inline int row_offset(const int *d, int r, int k) {
+    int nd = d[0], off = 0;
+    const int *stride = d + 1 + nd * (1 + k);
+    for (int i = nd - 2; i >= 0; i--) {
+        int n = d[1 + i];
+        off += (r % n) * stride[i];
+        r /= n;
+    }
+    return off;
+}
+
+#define LAST_STRIDE(d, k) ((d)[(d)[0] * (2 + (k))])
+
+/* Loop hints that keep the module small: strided loops stay scalar (wasm has no gathers, so
+ * their vector code would be long and no faster); contiguous loops vectorise without
+ * interleaving copies. */
+#define SCALAR_LOOP _Pragma("clang loop vectorize(disable) unroll(disable)")
+#define VECTOR_LOOP _Pragma("clang loop vectorize(enable) interleave_count(1) unroll(disable)")
+
+/* out = EXPR(x): unary ops, casts, copies (strided in, strided out) */
+#define MAP1(NAME, TO, TA, EXPR)                                                             \
+    EXPORT(NAME) void NAME(const int *d, TO *po, const TA *pa) {                            \
+        int n = d[d[0]], rows = row_count(d), so = LAST_STRIDE(d, 0), sa = LAST_STRIDE(d, 1); \
+        for (int r = 0; r < rows; r++) {                                                     \
+            TO *__restrict out = po + row_offset(d, r, 0);                                   \
+            const TA *__restrict in = pa + row_offset(d, r, 1);                              \
+            if (so == 1 && sa == 1) {                                                        \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA x = in[i]; out[i] = (EXPR); }   \
+            } else if (so == 1 && sa == 0) {                                                 \
+                TA x = in[0]; TO v = (EXPR);                                                 \
+                VECTOR_LOOP for (int i = 0; i < n; i++) out[i] = v;                          \
+            } else {                                                                         \
+                SCALAR_LOOP for (int i = 0; i < n; i++) { TA x = in[i * sa]; out[i * so] = (EXPR); } \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+/* out = EXPR(a, b): binary ops with broadcasting (output contiguous) */
+#define MAP2(NAME, TO, TA, EXPR)                                                             \
+    EXPORT(NAME) void NAME(const int *d, TO *po, const TA *pa, const TA *pb) {              \
+        int n = d[d[0]], rows = row_count(d);                                                \
+        int sa = LAST_STRIDE(d, 1), sb = LAST_STRIDE(d, 2);                                  \
+        for (int r = 0; r < rows; r++) {                                                     \
+            TO *__restrict out = po + row_offset(d, r, 0);                                   \
+            const TA *__restrict ra = pa + row_offset(d, r, 1);                              \
+            const TA *__restrict rb = pb + row_offset(d, r, 2);                              \
+            if (sa == 1 && sb == 1) {                                                        \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA a = ra[i], b = rb[i]; out[i] = (EXPR); } \
+            } else if (sa == 1 && sb == 0) {                                                 \
+                TA b = rb[0];                                                                \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA a = ra[i]; out[i] = (EXPR); }   \
+            } else if (sa == 0 && sb == 1) {                                                 \
+                TA a = ra[0];                                                                \
+                VECTOR_LOOP for (int i = 0; i < n; i++) { TA b = rb[i]; out[i] = (EXPR); }   \
+            } else {                                                                         \
+                SCALAR_LOOP for (int i = 0; i < n; i++) {                                    \
+                    TA a = ra[i * sa], b = rb[i * sb]; out[i] = (EXPR);                      \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+/* out = EXPR(c, a, b): where (c is bool) */
+#define MAP3(NAME, TO, TC, TA, TB, EXPR)                                                     \
+    EXPORT(NAME) void NAME(const int *d, TO *po, const TC *pc, const TA *pa, const TB *pb) {\
+        int n = d[d[0]], rows = row_count(d);                                                \
+        int sc = LAST_STRIDE(d, 1), sa = LAST_STRIDE(d, 2), sb = LAST_STRIDE(d, 3);          \
+        for (int r = 0; r < rows; r++) {                                                     \
+            TO *__restrict out = po + row_offset(d, r, 0);                                   \
+            const TC *__restrict rc = pc + row_offset(d, r, 1);                              \
+            const TA *__restrict ra = pa + row_offset(d, r, 2);                              \
+            const TB *__restrict rb = pb + row_offset(d, r, 3);                              \
+            SCALAR_LOOP for (int i = 0; i < n; i++) {                                        \
+                TC c = rc[i * sc]; TA a = ra[i * sa]; TB b = rb[i * sb]; out[i] = (EXPR);    \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+/* reduce the middle axis of a contiguous (outer, n, inner) array into (outer, inner) */
+#define REDUCE(NAME, T, INIT, COMBINE)                                                       \
+    EXPORT(NAME) void NAME(T *po, const T *px, int outer, int n, int inner) {               \
+        for (int p = 0; p < outer; p++) {                                                    \
+            T *__restrict out = po + p * inner;                                              \
+            const T *__restrict in = px + p * n * inner;                                     \
+            if (inner == 1) {                                                                \
+                /* four partial results: shorter dependency chains, and for float sums a    \
+                   smaller rounding error than one running total */                         \
+                T r0 = INIT, r1 = INIT, r2 = INIT, r3 = INIT, acc, x;                        \
+                int j = 0;                                                                   \
+                for (; j + 4 <= n; j += 4) {                                                 \
+                    acc = r0; x = in[j]; r0 = (COMBINE);                                     \
+                    acc = r1; x = in[j + 1]; r1 = (COMBINE);                                 \
+                    acc = r2; x = in[j + 2]; r2 = (COMBINE);                                 \
+                    acc = r3; x = in[j + 3]; r3 = (COMBINE);                                 \
+                }                                                                            \
+                for (; j < n; j++) { acc = r0; x = in[j]; r0 = (COMBINE); }                  \
+                acc = r0; x = r1; r0 = (COMBINE);                                            \
+                acc = r2; x = r3; r2 = (COMBINE);                                            \
+                acc = r0; x = r2; out[0] = (COMBINE);                                        \
+            } else {                                                                         \
+                VECTOR_LOOP for (int k = 0; k < inner; k++) out[k] = INIT;                   \
+                for (int j = 0; j < n; j++) {                                                \
+                    const T *__restrict row = in + j * inner;                                \
+                    VECTOR_LOOP for (int k = 0; k < inner; k++) {                            \
+                        T acc = out[k], x = row[k]; out[k] = (COMBINE);                      \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+/* index of the best element along the middle axis: the first one wins, a NaN beats all */
+#define ARG_REDUCE(NAME, T, BETTER)                                                          \
+    EXPORT(NAME) void NAME(int *po, const T *px, int outer, int n, int inner) {             \
+        for (int p = 0; p < outer; p++)                                                      \
+            for (int k = 0; k < inner; k++) {                                                \
+                const T *in = px + p * n * inner + k;                                        \
+                T best = in[0];                                                              \
+                int at = 0;                                                                  \
+                for (int j = 1; j < n; j++) {                                                \
+                    T x = in[j * inner];                                                     \
+                    if (best == best && ((BETTER) || x != x)) { best = x; at = j; }          \
+                }                                                                            \
+                po[p * inner + k] = at;                                                      \
+            }                                                                                \
+    }
+
+/* torch.gather over the index's shape: operand 0 = out, 1 = x (its stride along the axis is
+ * 0 in d; the index value times axis_stride is added), 2 = index. Returns -1, or the flat
+ * position of the first index outside [-size, size) (the host reports it; nothing is read). */
+#define GATHER(NAME, T)                                                                      \
+    EXPORT(NAME) int NAME(const int *d, T *po, const T *px, const int *pi, int size,        \
+                          int axis_stride) {                                                 \
+        int n = d[d[0]], rows = row_count(d);                                                \
+        int so = LAST_STRIDE(d, 0), sx = LAST_STRIDE(d, 1), si = LAST_STRIDE(d, 2);          \
+        for (int r = 0; r < rows; r++) {                                                     \
+            T *out = po + row_offset(d, r, 0);                                               \
+            const T *x = px + row_offset(d, r, 1);                                           \
+            const int *idx = pi + row_offset(d, r, 2);                                       \
+            for (int i = 0; i < n; i++) {                                                    \
+                int v = idx[i * si];                                                         \
+                if (v < 0) v += size;                                                        \
+                if (v < 0 || v >= size) return r * n + i;                                    \
+                out[i * so] = x[i * sx + v * axis_stride];                                   \
+            }                                                                                \
+        }                                                                                    \
+        return -1;                                                                           \
+    }
+
+/* torch.scatter_add into out (already a copy of x): operand 0 = out (stride 0 along the
+ * axis), 1 = src, 2 = index. Checks every index first, so a bad one changes nothing. */
+#define SCATTER_ADD(NAME, T, ADD)                                                            \
+    EXPORT(NAME) int NAME(const int *d, T *po, const T *ps, const int *pi, int size,        \
+                          int axis_stride) {                                                 \
+        int n = d[d[0]], rows = row_count(d);                                                \
+        int so = LAST_STRIDE(d, 0), ss = LAST_STRIDE(d, 1), si = LAST_STRIDE(d, 2);          \
+        for (int r = 0; r < rows; r++) {                                                     \
+            const int *idx = pi + row_offset(d, r, 2);                                       \
+            for (int i = 0; i < n; i++) {                                                    \
+                int v = idx[i * si];                                                         \
+                if (v < -size || v >= size) return r * n + i;                                \
+            }                                                                                \
+        }                                                                                    \
+        for (int r = 0; r < rows; r++) {                                                     \
+            T *out = po + row_offset(d, r, 0);                                               \
+            const T *src = ps + row_offset(d, r, 1);                                         \
+            const int *idx = pi + row_offset(d, r, 2);                                       \
+            for (int i = 0; i < n; i++) {                                                    \
+                int v = idx[i * si];                                                         \
+                if (v < 0) v += size;                                                        \
+                T *at = out + i * so + v * axis_stride, b = src[i * ss], a = *at;            \
+                *at = (ADD);                                                                 \
+            }                                                                                \
+        }                                                                                    \
+        return -1;                                                                           \
+    }
+
+/* -- creation ---------------------------------------------------------------------------- */
+EXPORT(fill_32) void fill_32(int *o, int n, int bits) { for (int i = 0; i < n; i++) o[i] = bits; }
+EXPORT(fill_8) void fill_8(u8 *o, int n, int v) { memset(o, v, (size_t)n); }
+
+/* the counter-based generator of core/backend.py (RANDOM) */
+static inline uint32_t hash32(uint32_t x) {
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    return x;
+}
+static inline double uniform(uint32_t i, uint32_t key) {
+    return (double)(hash32(i ^ key) >> 8) * (1.0 / 16777216.0);
+}
+EXPORT(random_f32) void random_f32(float *o, int n, int key, int normal) {
+    uint32_t k = (uint32_t)key;
+    if (!normal) {
+        for (int i = 0; i < n; i++) o[i] = (float)uniform((uint32_t)i, k);
+        return;
+    }
+    for (int i = 0; i < n; i++) {  /* Box-Muller in double, rounded once, as NumPy does */
+        double u1 = uniform(2u * (uint32_t)i, k), u2 = uniform(2u * (uint32_t)i + 1u, k);
+        o[i] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+/* -- matmul: register-blocked SIMD128 ---------------------------------------------------- */
+#define FMA4(acc, x, y) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(x, y))
+
+static inline float hsum(v128_t v) {
+    return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
+           (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
+}
+
+/* o (M, N) = a (M, K) @ b (K, N), all row-major: 4x8 tiles held in eight v128 registers,
+ * each step broadcasts one a value per row against two b vectors */
+static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+        const float *a0 = a + i * K, *a1 = a0 + K, *a2 = a1 + K, *a3 = a2 + K;
+        float *o0 = o + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
+        int j = 0;
+        for (; j + 8 <= N; j += 8) {
+            v128_t c00 = wasm_f32x4_splat(0), c01 = c00, c10 = c00, c11 = c00;
+            v128_t c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+            const float *bk = b + j;
+            for (int k = 0; k < K; k++, bk += N) {
+                v128_t b0 = wasm_v128_load(bk), b1 = wasm_v128_load(bk + 4), x;
+                x = wasm_f32x4_splat(a0[k]); FMA4(c00, x, b0); FMA4(c01, x, b1);
+                x = wasm_f32x4_splat(a1[k]); FMA4(c10, x, b0); FMA4(c11, x, b1);
+                x = wasm_f32x4_splat(a2[k]); FMA4(c20, x, b0); FMA4(c21, x, b1);
+                x = wasm_f32x4_splat(a3[k]); FMA4(c30, x, b0); FMA4(c31, x, b1);
+            }
+            wasm_v128_store(o0 + j, c00); wasm_v128_store(o0 + j + 4, c01);
+            wasm_v128_store(o1 + j, c10); wasm_v128_store(o1 + j + 4, c11);
+            wasm_v128_store(o2 + j, c20); wasm_v128_store(o2 + j + 4, c21);
+            wasm_v128_store(o3 + j, c30); wasm_v128_store(o3 + j + 4, c31);
+        }
+        for (; j < N; j++) {
+            float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            for (int k = 0; k < K; k++) {
+                float y = b[k * N + j];
+                s0 += a0[k] * y; s1 += a1[k] * y; s2 += a2[k] * y; s3 += a3[k] * y;
+            }
+            o0[j] = s0; o1[j] = s1; o2[j] = s2; o3[j] = s3;
+        }
+    }
+    for (; i < M; i++) {
+        const float *ar = a + i * K;
+        float *orow = o + i * N;
+        int j = 0;
+        for (; j + 8 <= N; j += 8) {
+            v128_t c0 = wasm_f32x4_splat(0), c1 = c0;
+            const float *bk = b + j;
+            for (int k = 0; k < K; k++, bk += N) {
+                v128_t x = wasm_f32x4_splat(ar[k]);
+                FMA4(c0, x, wasm_v128_load(bk)); FMA4(c1, x, wasm_v128_load(bk + 4));
+            }
+            wasm_v128_store(orow + j, c0); wasm_v128_store(orow + j + 4, c1);
+        }
+        for (; j < N; j++) {
+            float s = 0;
+            for (int k = 0; k < K; k++) s += ar[k] * b[k * N + j];
+            orow[j] = s;
+        }
+    }
+}
+
+/* o (M, N) = a (M, K) @ bt (N, K)^T: dot products along contiguous K (Linear's x @ W.T),
+ * one a row against four bt rows at a time */
+static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N) {
+    int k4 = K & ~3;
+    for (int i = 0; i < M; i++) {
+        const float *ar = a + i * K;
+        float *orow = o + i * N;
+        int j = 0;
+        for (; j + 4 <= N; j += 4) {
+            const float *b0 = bt + j * K, *b1 = b0 + K, *b2 = b1 + K, *b3 = b2 + K;
+            v128_t c0 = wasm_f32x4_splat(0), c1 = c0, c2 = c0, c3 = c0;
+            for (int k = 0; k < k4; k += 4) {
+                v128_t x = wasm_v128_load(ar + k);
+                FMA4(c0, x, wasm_v128_load(b0 + k)); FMA4(c1, x, wasm_v128_load(b1 + k));
+                FMA4(c2, x, wasm_v128_load(b2 + k)); FMA4(c3, x, wasm_v128_load(b3 + k));
+            }
+            float s0 = hsum(c0), s1 = hsum(c1), s2 = hsum(c2), s3 = hsum(c3);
+            for (int k = k4; k < K; k++) {
+                float x = ar[k];
+                s0 += x * b0[k]; s1 += x * b1[k]; s2 += x * b2[k]; s3 += x * b3[k];
+            }
+            orow[j] = s0; orow[j + 1] = s1; orow[j + 2] = s2; orow[j + 3] = s3;
+        }
+        for (; j < N; j++) {
+            const float *br = bt + j * K;
+            v128_t c = wasm_f32x4_splat(0);
+            for (int k = 0; k < k4; k += 4) FMA4(c, wasm_v128_load(ar + k), wasm_v128_load(br + k));
+            float s = hsum(c);
+            for (int k = k4; k < K; k++) s += ar[k] * br[k];
+            orow[j] = s;
+        }
+    }
+}
+
+/* batched: out (batch, M, N) contiguous; a and b advance by their batch strides (0 when a
+ * batch dim broadcasts); transposed_b: b is stored (N, K) */
+EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int batch, int M,
+                                   int K, int N, int a_batch_stride, int b_batch_stride,
+                                   int transposed_b) {
+    for (int p = 0; p < batch; p++) {
+        float *op = o + p * M * N;
+        const float *ap = a + p * a_batch_stride, *bp = b + p * b_batch_stride;
+        if (transposed_b) mm_nt(op, ap, bp, M, K, N);
+        else mm_nn(op, ap, bp, M, K, N);
+    }
+}
+
+/* -- images: im2col and its adjoint ------------------------------------------------------ */
+/* g = [N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW] */
+EXPORT(unfold2d_f32) void unfold2d_f32(float *o, const float *x, const int *g, int pad_bits) {
+    int N = g[0], C = g[1], H = g[2], W = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];
+    int ph = g[8], pw = g[9], dh = g[10], dw = g[11], OH = g[12], OW = g[13], L = OH * OW;
+    float pad = bits_f32(pad_bits);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            const float *img = x + (n * C + c) * H * W;
+            for (int i = 0; i < kh; i++)
+                for (int j = 0; j < kw; j++) {
+                    float *row = o + ((n * C + c) * kh * kw + i * kw + j) * L;
+                    for (int oh = 0; oh < OH; oh++) {
+                        int ih = oh * sh - ph + i * dh;
+                        float *out = row + oh * OW;
+                        if (ih < 0 || ih >= H) {
+                            for (int ow = 0; ow < OW; ow++) out[ow] = pad;
+                            continue;
+                        }
+                        const float *src = img + ih * W;
+                        for (int ow = 0; ow < OW; ow++) {
+                            int iw = ow * sw - pw + j * dw;
+                            out[ow] = (iw >= 0 && iw < W) ? src[iw] : pad;
+                        }
+                    }
+                }
+        }
+}
+
+EXPORT(fold2d_f32) void fold2d_f32(float *o, const float *cols, const int *g) {
+    int N = g[0], C = g[1], H = g[2], W = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];
+    int ph = g[8], pw = g[9], dh = g[10], dw = g[11], OH = g[12], OW = g[13], L = OH * OW;
+    memset(o, 0, (size_t)N * C * H * W * sizeof(float));
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            float *img = o + (n * C + c) * H * W;
+            for (int i = 0; i < kh; i++)
+                for (int j = 0; j < kw; j++) {
+                    const float *row = cols + ((n * C + c) * kh * kw + i * kw + j) * L;
+                    for (int oh = 0; oh < OH; oh++) {
+                        int ih = oh * sh - ph + i * dh;
+                        if (ih < 0 || ih >= H) continue;
+                        float *dst = img + ih * W;
+                        for (int ow = 0; ow < OW; ow++) {
+                            int iw = ow * sw - pw + j * dw;
+                            if (iw >= 0 && iw < W) dst[iw] += row[oh * OW + ow];
+                        }
+                    }
+                }
+        }
+}
