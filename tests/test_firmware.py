@@ -95,7 +95,7 @@ def test_every_layer_on_ulab(unix_build, tmp_path):
     path = str(tmp_path / "all.safetensors")
     record.save(model, path)
     bundle = str(tmp_path / "bundle")
-    export.export_micro(path, bundle, model_file=str(src), mpy=True)
+    export.export_micro(path, bundle, model_file=str(src), mpy=True, input_shape=(1, 28, 28))
     pixels = fs.digits(1)[0][0]
     got = _run(fw.path, bundle, fs.write_digit(pixels, str(tmp_path / "d.json")))
     want = model(cn.tensor(pixels, backend=cn.NumPy()).reshape(1, 1, 28, 28)).tolist()[0]

@@ -50,6 +50,8 @@ def __getattr__(name):
     elif name in OPS_FUNCTIONS:
         from cinders import _ops
         return getattr(_ops, name)
+    elif name[0] == "_":  # a private module (`from cinders import _wasm`): its ImportError stands
+        __import__("cinders." + name)
     else:  # MicroPython asks here for submodules too (`from cinders import record`)
         try:
             __import__("cinders." + name)

@@ -3,7 +3,15 @@ Conv2d -> activation -> pool fusion that Sequential applies to them."""
 
 from cinders import engine
 from cinders.nn import Module, _need
-from cinders._nn_more import per_sample
+
+
+def per_sample(fn, x):
+    """fn(x); a batch of several samples goes through _nn_more.per_sample (code, and RAM, that a
+    batch of one never loads: the CNN on ulab has no KB to spare at 160 KB)."""
+    if x.shape[0] == 1:
+        return fn(x)
+    from cinders._nn_more import per_sample as each
+    return each(fn, x)
 
 
 def _pair(v):

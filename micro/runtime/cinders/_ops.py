@@ -15,6 +15,11 @@ from array import array
 from cinders import engine
 from cinders._tensor import Tensor, live, empty
 
+# Not math.inf/math.nan: frozen firmware (mpy-cross) folds those into C constants that do not
+# compile; a call is left alone.
+_INF = float("inf")
+_NAN = float("nan")
+
 
 def flat(t):
     """The values of t, flat row-major, as an indexable sequence of floats."""
@@ -170,15 +175,15 @@ def _erf(v):
 
 
 def _log(v):  # IEEE like the desktop, where math raises "math domain error"
-    return math.log(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
+    return math.log(v) if v > 0.0 else (-_INF if v == 0.0 else _NAN)
 
 
 def _sqrt(v):
-    return math.sqrt(v) if v >= 0.0 else math.nan
+    return math.sqrt(v) if v >= 0.0 else _NAN
 
 
 def _exp(v):
-    return math.exp(v) if v < 88.7 else math.inf  # float32 overflows past 88.72
+    return math.exp(v) if v < 88.7 else _INF  # float32 overflows past 88.72
 
 
 def _round(v):  # half to even, like the desktop (and Python's round)
@@ -231,17 +236,17 @@ def _div(x, y):
     if y != 0.0:
         return x / y
     if x == 0.0 or x != x:
-        return math.nan
-    return math.inf if (x > 0) == (math.copysign(1.0, y) > 0) else -math.inf  # IEEE, like the desktop
+        return _NAN
+    return _INF if (x > 0) == (math.copysign(1.0, y) > 0) else -_INF  # IEEE, like the desktop
 
 
 def _pow(x, y):
     if x < 0.0 and y % 1.0 != 0.0:
-        return math.nan  # not a complex number, as MicroPython would give
+        return _NAN  # not a complex number, as MicroPython would give
     try:
         return x ** y
     except (OverflowError, ZeroDivisionError):
-        return math.inf
+        return _INF
 
 
 BINARY = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,

@@ -8,6 +8,10 @@ from array import array
 from cinders._ops import _strides, flat, make, numel, reshape, squeeze, unsqueeze
 from cinders._tensor import Tensor, empty
 
+# Not math.nan: frozen firmware (mpy-cross) folds it into a C constant that does not compile;
+# a call is left alone.
+_NAN = float("nan")
+
 
 def permute(t, *dims):
     if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
@@ -136,7 +140,7 @@ def reduce(name, t, axis=None, keepdim=False):
                         (name == "min" or name == "argmin") and x < best:
                     best = x
                     at = s
-            out[o * inner + i] = {"sum": acc, "prod": product, "mean": acc / size if size else math.nan,
+            out[o * inner + i] = {"sum": acc, "prod": product, "mean": acc / size if size else _NAN,
                                   "max": best, "min": best, "argmax": at, "argmin": at}[name]
     y = make(out, shape)
     if name[:3] == "arg":

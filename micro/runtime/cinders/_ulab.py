@@ -47,7 +47,8 @@ def _max_dims():
 
 
 DIMS = _max_dims()
-_CHUNK_BYTES = 8192  # weight rows (as the build's floats) per step
+_CHUNK_BYTES = 4096  # weight rows (as the build's floats) per step (8192 left the double build's
+#                     CNN 8 KB short of one contiguous block at 160 KB once the tensor API came)
 _BAND_ITEMS = 2048 // FLOAT_BYTES  # convolution outputs per band (and channel chunk)
 
 

@@ -53,6 +53,7 @@ class Param:
                 n = min(k, rows - j)
                 yield j, n, mv[j * L:(j + n) * L]
             return
+        gc.collect()  # the scratch wants one contiguous block (8 KB for the CNN's chunks)
         buf = memoryview(empty(self.typecode, L * min(k, rows)))
         f = self._f
         for j in range(0, rows, k):
