@@ -1,0 +1,323 @@
+"""ONNX graph -> Python source of a cinders.nn.Module (the one way in: `load` executes this source,
+`cinders import-onnx` writes it to a file).
+
+The source is built by us from the validated graph; nothing the file says is ever pasted into
+code. Identifiers are sanitised to [A-Za-z0-9_], and every string from the file (value names,
+node names, producer) appears only as an ascii() literal: in comments (ascii() has no line
+breaks) or as string constants. Numbers are emitted by repr() of Python ints/floats we decoded.
+"""
+
+import keyword
+import math
+import re
+
+from . import ops as onnx_ops
+from .ops import cinders_dtype_name
+from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
+
+# Inputs smaller than this that are constants and land on a parameter an op reads as Python
+# numbers (shapes, axes, pads ...) are written into the code as literals.
+LITERAL_LIMIT = 4096
+SUPPORTED_DOMAINS = ("", "ai.onnx")
+DOCS = "docs/onnx-ops.md"
+
+_RESERVED = set(keyword.kwlist) | {"self", "cn", "ops", "backend", "Model", "None", "True", "False"}
+_MODULE_NAMES = {"forward", "load", "save", "to", "train", "eval", "training", "buffers", "config",
+                 "parameters", "named_parameters", "named_buffers", "state_dict", "modules",
+                 "load_state_dict", "replace_tensors", "update_parameters", "num_params",
+                 "input_names", "output_names", "opset", "extra_repr"}
+
+# Ops written as plain Tensor expressions (same semantics as ONNX for the dtypes ONNX allows).
+_INLINE = {
+    "Add": "{0} + {1}", "Sub": "{0} - {1}", "Mul": "{0} * {1}", "MatMul": "{0} @ {1}",
+    "Relu": "{0}.relu()", "Sigmoid": "{0}.sigmoid()", "Tanh": "{0}.tanh()", "Exp": "{0}.exp()",
+    "Log": "{0}.log()", "Sqrt": "{0}.sqrt()", "Neg": "-{0}", "Abs": "{0}.abs()", "Erf": "{0}.erf()",
+    "Identity": "{0}",
+}
+
+
+class _Names:
+    def __init__(self, reserved):
+        self.taken = set(reserved)
+        self.of = {}
+
+    def add(self, onnx_name, prefix="v"):
+        if onnx_name in self.of:
+            return self.of[onnx_name]
+        base = re.sub(r"[^0-9A-Za-z_]", "_", onnx_name).strip("_")
+        base = re.sub(r"_+", "_", base)[:60] or prefix
+        if base[0].isdigit():
+            base = prefix + "_" + base
+        name, i = base, 1
+        while name in self.taken or keyword.iskeyword(name):
+            i += 1
+            name = "%s_%d" % (base, i)
+        self.taken.add(name)
+        self.of[onnx_name] = name
+        return name
+
+
+def literal(value):
+    """Python source of a number / string / nested list that we decoded (never file text)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "float('nan')"
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(value)
+    if isinstance(value, (str, bytes)):
+        return ascii(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    raise OnnxError("internal: cannot write %r as a literal" % (type(value).__name__,))
+
+
+def nest(flat, shape):
+    """Flat values -> nested lists of `shape` (a scalar for shape ())."""
+    flat = list(flat)
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return flat
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+class Constant:
+    """A value known at import: an initializer or a Constant node's output."""
+
+    def __init__(self, onnx_type, shape, values):
+        self.onnx_type, self.shape, self.values = onnx_type, tuple(shape), values
+        self.dtype = cinders_dtype_name(onnx_type)
+        self.attr = None  # the Model attribute holding it, once something reads it as a tensor
+
+    def python_values(self):
+        """Flat Python numbers in the cinders dtype (int64 beyond int32 saturates)."""
+        if self.dtype == "float32":
+            return [float(v) for v in self.values]
+        if self.dtype == "bool":
+            return [bool(v) for v in self.values]
+        return [int(v) for v in self.values]
+
+    def storable_values(self):
+        if self.dtype == "int32" and self.onnx_type in ("int64", "uint32", "uint64"):
+            return [min(max(int(v), -2 ** 31), 2 ** 31 - 1) for v in self.values]
+        return self.values
+
+
+def _attribute_value(attr, where):
+    t = attr.type
+    if t == 1:
+        return attr.f
+    if t == 2:
+        return attr.i
+    if t == 3:
+        return attr.s.decode("utf-8", "replace")
+    if t == 6:
+        return list(attr.floats)
+    if t == 7:
+        return list(attr.ints)
+    if t == 8:
+        return [s.decode("utf-8", "replace") for s in attr.strings]
+    if t == 4:
+        return attr.t
+    if t == 0:  # old exporters leave the type out: infer from what is set
+        for field, conv in (("ints", list), ("floats", list)):
+            if getattr(attr, field):
+                return conv(getattr(attr, field))
+        if attr.s:
+            return attr.s.decode("utf-8", "replace")
+        if attr.t is not None:
+            return attr.t
+        return attr.i if attr.i else attr.f
+    raise _Unsupported("attribute %r of type %d (graphs, sparse tensors, type protos) is not supported"
+                       % (attr.name, t))
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _constant_node(node, opset):
+    """The Constant node's value as a Constant."""
+    attrs = {a.name: a for a in node.attribute}
+    if "value" in attrs:
+        type_name, shape, values = tensor_values(attrs["value"].t)
+        return Constant(type_name, shape, values)
+    for name, type_name, listed in (("value_float", "float32", False), ("value_floats", "float32", True),
+                                    ("value_int", "int64", False), ("value_ints", "int64", True)):
+        if name in attrs:
+            v = _attribute_value(attrs[name], node.name)
+            values = list(v) if listed else [v]
+            return Constant(type_name, (len(values),) if listed else (), values)
+    raise _Unsupported("Constant with attributes %s" % sorted(attrs))
+
+
+def opset_of(model):
+    for o in model.opset_import:
+        if o.domain in SUPPORTED_DOMAINS:
+            return o.version
+    return 1
+
+
+def generate(model, external=None, class_name="Model", source_name="model.onnx"):
+    """(source, {attribute: Constant}) for the ModelProto `model`. Raises OnnxError listing every
+    unsupported node at once."""
+    graph = model.graph
+    opset = opset_of(model)
+    values = _Names(_RESERVED)
+    attrs = _Names(_RESERVED | _MODULE_NAMES)
+    constants = {}
+    for init in graph.initializer:
+        type_name, shape, data = tensor_values(init, external)
+        if type_name == "string":
+            raise OnnxError("initializer %s holds strings, which cinders tensors cannot" % ascii(init.name))
+        constants[init.name] = Constant(type_name, shape, data)
+    if graph.sparse_initializer:
+        raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
+
+    inputs = [vi for vi in graph.input if vi.name not in constants]
+    input_vars = [values.add(vi.name, "x") for vi in inputs]
+    known = set(vi.name for vi in inputs) | set(constants)
+
+    problems, lines = [], []
+    registry = onnx_ops.REGISTRY
+    for index, node in enumerate(graph.node):
+        where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
+        try:
+            if node.domain not in SUPPORTED_DOMAINS:
+                raise _Unsupported("domain %s" % ascii(node.domain))
+            if node.op_type == "Constant":
+                if len(node.output) != 1:
+                    raise _Unsupported("Constant with %d outputs" % len(node.output))
+                constants[node.output[0]] = _constant_node(node, opset)
+                known.add(node.output[0])
+                continue
+            fn = registry.get(node.op_type)
+            if fn is None:
+                raise _Unsupported("op not supported")
+            for name in node.input:
+                if name and name not in known:
+                    raise OnnxError("%s reads %s, which no earlier node produces (the graph is "
+                                    "not in topological order or is incomplete)" % (where, ascii(name)))
+            lines.append(_node_statement(node, fn, opset, values, attrs, constants))
+            known.update(o for o in node.output if o)
+        except _Unsupported as e:
+            problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), opset, e))
+    if problems:
+        raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
+                        % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
+    outputs = []
+    for vi in graph.output:
+        if vi.name not in known:
+            raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
+        outputs.append(_operand(vi.name, values, attrs, constants, host=False))
+    return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
+                          lines, constants), {c.attr: c for c in constants.values() if c.attr}
+
+
+def _operand(name, values, attrs, constants, host):
+    if not name:
+        return "None"
+    const = constants.get(name)
+    if const is None:
+        return values.of[name]
+    n = len(const.values)
+    if host and n <= LITERAL_LIMIT:
+        return literal(nest(const.python_values(), const.shape))
+    if const.attr is None:
+        const.attr = attrs.add(name, "w")
+    return "self." + const.attr
+
+
+def _node_statement(node, fn, opset, values, attrs, constants):
+    params = fn.params
+    attributes = {}
+    for a in node.attribute:
+        if a.name not in params or a.name in ("outputs", "opset", "backend"):
+            raise _Unsupported("attribute %s" % ascii(a.name))
+        value = _attribute_value(a, node.name)
+        if a.name == "to" or a.name == "dtype":
+            value = DATA_TYPES.get(value, ("unknown",))[0]
+        elif not isinstance(value, (int, float, str, list)):  # a tensor attribute
+            type_name, shape, data = tensor_values(value)
+            value = [type_name, list(shape), list(data)] if len(data) <= LITERAL_LIMIT else None
+            if value is None:
+                raise _Unsupported("tensor attribute %s larger than %d elements" % (ascii(a.name), LITERAL_LIMIT))
+        attributes[a.name] = value
+    if len(node.input) > len(fn.inputs):
+        raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
+    args = [_operand(name, values, attrs, constants, host=fn.inputs[i] in fn.host)
+            for i, name in enumerate(node.input)]
+    while args and args[-1] == "None":
+        args.pop()
+    outs = [values.add(o) if o else "_" for o in node.output]
+    while len(outs) > 1 and outs[-1] == "_":
+        outs.pop()
+    inline = _INLINE.get(node.op_type)
+    if inline is not None and not attributes and len(args) == inline.count("{") and "None" not in args \
+            and not any(a.startswith("[") or a[:1].isdigit() or a[:1] == "-" for a in args):
+        expr = inline.format(*args)
+    else:
+        keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()]
+        if "opset" in params:
+            keywords.append("opset=%d" % opset)
+        if "backend" in params:
+            keywords.append("backend=backend")
+        if fn.multi and len(outs) > 1:
+            keywords.append("outputs=%d" % len(outs))
+        expr = "ops.%s(%s)" % (node.op_type, ", ".join(args + keywords))
+    if fn.multi and len(outs) > 1:
+        target = ", ".join(outs)
+    else:
+        target = outs[0] if outs else "_"
+    comment = "  # %s" % ascii(node.name) if node.name else ""
+    return "%s = %s%s" % (target, expr, comment)
+
+
+def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, constants):
+    header = [
+        "# Generated by cinders from %s: do not expect it to match the file byte for byte," % ascii(source_name),
+        "# but feel free to edit, fine-tune (cn.Autodiff) or export it (cinders export-micro).",
+        "# Producer: %s %s, opset %d." % (ascii(model.producer_name), ascii(model.producer_version), opset),
+        "import cinders as cn",
+        "from cinders.onnx import ops",
+        "",
+        "",
+        "class %s(cn.nn.Module):" % class_name,
+    ]
+    stored = [c for c in constants.values() if c.attr]
+    buffers = [c.attr for c in stored if c.dtype != "float32"]
+    body = [
+        "input_names = %s" % literal(tuple_of(vi.name for vi in inputs)),
+        "output_names = %s" % literal(tuple_of(o.name for o in model.graph.output)),
+        "opset = %d" % opset,
+        "buffers = %s" % literal(buffers),
+        "",
+        "def __init__(self, backend=None):",
+        "    super().__init__()",
+    ]
+    for c in stored:
+        dtype = "" if c.dtype == "float32" else ", dtype=cn.%s" % c.dtype
+        body.append("    self.%s = cn.zeros(%s, backend=backend%s)" % (c.attr, literal(list(c.shape)), dtype))
+    body += ["", "def forward(self, %s):" % ", ".join(input_vars)]
+    if any("backend=backend" in line for line in lines):  # ops that make tensors from nothing
+        body.append("    backend = ops.backend_of(%s)" % ", ".join(input_vars + ["self"]))
+    body += ["    " + line for line in lines]
+    body.append("    return " + (outputs[0] if len(outputs) == 1 else "(%s,)" % ", ".join(outputs)))
+    body = ["    " + line if line else "" for line in body]
+    return "\n".join(header + body) + "\n"
+
+
+def tuple_of(items):
+    return list(items)
+
+
+def module_name(text):
+    """A Python module name made from a file name."""
+    name = re.sub(r"[^0-9A-Za-z_]", "_", text).strip("_") or "model"
+    return "m_" + name if name[0].isdigit() or keyword.iskeyword(name) else name
