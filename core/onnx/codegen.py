@@ -242,7 +242,10 @@ def _node_statement(node, fn, opset, values, attrs, constants):
             raise _Unsupported("attribute %s" % ascii(a.name))
         value = _attribute_value(a, node.name)
         if a.name == "to" or a.name == "dtype":
-            value = DATA_TYPES.get(value, ("unknown",))[0]
+            if value not in DATA_TYPES or value in (8, 16):
+                raise _Unsupported("%s=%d: cinders computes in float32, int32 and bool; this type "
+                                   "(8-bit/4-bit floats, strings, ...) is not emulated" % (a.name, value))
+            value = DATA_TYPES[value][0]
         elif not isinstance(value, (int, float, str, list)):  # a tensor attribute
             type_name, shape, data = tensor_values(value)
             value = [type_name, list(shape), list(data)] if len(data) <= LITERAL_LIMIT else None

@@ -469,7 +469,9 @@ def _empty_safe(op_name, x, axes, keep):
         shape = tuple(1 if a in axes else n for a, n in enumerate(x.shape)) if keep else \
             tuple(n for a, n in enumerate(x.shape) if a not in axes)
         value = -math.inf if op_name == "max" else math.inf
-        if x.dtype is not float32:
+        if x.dtype is bool_:
+            value = op_name == "min"
+        elif x.dtype is not float32:
             value = -2 ** 31 if op_name == "max" else 2 ** 31 - 1
         return cn.full(shape, value, backend=x.backend, dtype=x.dtype)
     return getattr(x, op_name)(axes, keep)
@@ -1102,7 +1104,7 @@ def ConvTranspose(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kern
     return out.squeeze(2) if nd == 1 else out
 
 
-def _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, pad_value):
+def _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     """(x padded, kernel, strides, dilations, begins, ends) with 1-D inputs made 2-D."""
     nd = X.ndim - 2
     if nd not in (1, 2):
@@ -1254,7 +1256,7 @@ def GroupNormalization(X, scale, bias, epsilon=1e-5, num_groups=1, stash_type=1)
 def LpNormalization(input, axis=-1, p=2):
     a = _axis(axis, input.ndim)
     norm = input.abs().sum(a, keepdim=True) if p == 1 else (input * input).sum(a, keepdim=True).sqrt()
-    return input / norm
+    return cn.where(norm == 0, 0.0, input / norm)
 
 
 @op()
@@ -1286,8 +1288,8 @@ def _source_coords(out_size, in_size, scale, mode, roi_start=0.0, roi_end=1.0):
             x = (i + 0.5) / scale - 0.5
         elif mode == "pytorch_half_pixel":
             x = (i + 0.5) / scale - 0.5 if out_size > 1 else 0.0
-        elif mode == "align_corners":
-            x = i * (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        elif mode == "align_corners":  # the resized length is in_size * scale, unrounded
+            x = i * (in_size - 1) / (in_size * scale - 1) if in_size * scale > 1 else 0.0
         elif mode == "asymmetric":
             x = i / scale
         elif mode == "tf_crop_and_resize":
@@ -1593,3 +1595,164 @@ def RNN(X, W, R, B=None, sequence_lens=None, initial_h=None, activation_alpha=No
         activations=None, clip=None, direction="forward", hidden_size=None, layout=0, outputs=1):
     return _recurrent("RNN", X, W, R, B, sequence_lens, initial_h, None, None, activations, activation_alpha,
                       activation_beta, clip, direction, hidden_size, layout, 0, 0, outputs)
+
+
+# -- ops the generated code usually writes inline (`a + b`), here for the other cases --------------
+
+@op()
+def Add(A, B):
+    return A + B
+
+
+@op()
+def Sub(A, B):
+    return A - B
+
+
+@op()
+def Mul(A, B):
+    return A * B
+
+
+@op()
+def Relu(X):
+    return X.relu()
+
+
+@op()
+def Tanh(input):
+    return input.tanh()
+
+
+@op()
+def Exp(input):
+    return input.exp()
+
+
+@op()
+def Log(input):
+    return input.log()
+
+
+@op()
+def Sqrt(X):
+    return X.sqrt()
+
+
+@op()
+def Neg(X):
+    return -X
+
+
+@op()
+def Abs(X):
+    return X.abs()
+
+
+@op()
+def Erf(input):
+    return input.erf()
+
+
+@op()
+def Identity(input):
+    return input
+
+
+# -- losses ---------------------------------------------------------------------------------------
+
+@op()
+def NegativeLogLikelihoodLoss(input, target, weight=None, ignore_index=None, reduction="mean"):  # noqa: A002
+    target = target.cast(int32)
+    c = input.shape[1]
+    valid = (target >= 0) & (target < c)
+    if ignore_index is not None:
+        valid = valid & (target != ignore_index)
+    safe = cn.where(valid, target, 0)
+    picked = input.gather(1, safe.unsqueeze(1)).squeeze(1)            # (N, d1, ...)
+    w = valid.cast(float32)
+    if weight is not None:
+        w = w * _take(weight, 0, safe)
+    loss = -picked * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / w.sum()
+
+
+@op(multi=True)
+def SoftmaxCrossEntropyLoss(scores, labels, weights=None, ignore_index=None, reduction="mean", outputs=1):
+    log_prob = log_softmax(scores, 1)
+    loss = NegativeLogLikelihoodLoss(log_prob, labels, weights, ignore_index=ignore_index, reduction=reduction)
+    return (loss, log_prob) if outputs > 1 else loss
+
+
+# -- attention (opset 23+) -------------------------------------------------------------------------
+
+@op(multi=True)
+def Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, is_causal=0,
+              kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None, softcap=0.0,
+              softmax_precision=None, outputs=1):
+    three_d = Q.ndim == 3
+    if three_d:  # (B, S, H*D) -> (B, H, S, D)
+        b = Q.shape[0]
+        Q = Q.reshape(b, Q.shape[1], q_num_heads, -1).transpose(1, 2)
+        K = K.reshape(b, K.shape[1], kv_num_heads, -1).transpose(1, 2)
+        V = V.reshape(b, V.shape[1], kv_num_heads, -1).transpose(1, 2)
+    past = past_key.shape[2] if past_key is not None else 0
+    if past_key is not None:
+        K = cn.cat([past_key, K], 2)
+    if past_value is not None:
+        V = cn.cat([past_value, V], 2)
+    present_k, present_v = K, V
+    hq, hk = Q.shape[1], K.shape[1]
+    if hq != hk:  # grouped-query attention: each K/V head serves hq // hk query heads
+        rep = hq // hk
+        K = K.unsqueeze(2).expand(K.shape[0], hk, rep, K.shape[2], K.shape[3]).reshape(K.shape[0], hq, K.shape[2], K.shape[3])
+        V = V.unsqueeze(2).expand(V.shape[0], hk, rep, V.shape[2], V.shape[3]).reshape(V.shape[0], hq, V.shape[2], V.shape[3])
+    d = Q.shape[-1]
+    s = (1.0 / math.sqrt(d)) if scale is None else scale
+    qk = (Q * math.sqrt(s)) @ (K * math.sqrt(s)).transpose(-2, -1)
+    if softcap:  # before the mask, so that masked positions stay -inf
+        qk = (qk / softcap).tanh() * softcap
+    sq, skv = qk.shape[-2], qk.shape[-1]
+    bias = None
+    if attn_mask is not None:
+        m = attn_mask
+        if m.shape[-1] < skv:  # a mask shorter than the keys: the rest is masked out
+            m = cn.pad(m, [0, skv - m.shape[-1]], False if m.dtype is bool_ else -math.inf)
+        bias = cn.where(m, 0.0, -math.inf) if m.dtype is bool_ else m
+    rows = cn.arange(sq, backend=Q.backend).reshape(sq, 1)
+    cols = cn.arange(skv, backend=Q.backend).reshape(1, skv)
+    if is_causal:  # bottom-right aligned: query i sees keys j <= i + the keys before this block
+        if past_key is None and nonpad_kv_seqlen is not None:
+            offset = (nonpad_kv_seqlen.cast(int32) - sq).reshape(-1, 1, 1, 1)
+        else:
+            offset = past
+        causal = cn.where(cols <= rows + offset, 0.0, -math.inf)
+        bias = causal if bias is None else bias + causal
+    if nonpad_kv_seqlen is not None:
+        lens = nonpad_kv_seqlen.cast(int32).reshape(-1, 1, 1, 1)
+        pad_bias = cn.where(cols.reshape(1, 1, 1, skv) < lens, 0.0, -math.inf)
+        bias = pad_bias if bias is None else bias + pad_bias
+    with_bias = qk + bias if bias is not None else qk
+    probs = softmax(with_bias, -1)
+    probs = cn.where(probs != probs, 0.0, probs)   # rows masked entirely give 0, not NaN
+    y = probs @ V
+    if three_d:
+        y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+    qk_out = (qk, qk, with_bias, probs)[qk_matmul_output_mode]   # as the ONNX reference numbers them
+    results = (y, present_k, present_v, qk_out)[:outputs]
+    return results if outputs > 1 else y
+
+
+@op(multi=True)
+def DynamicQuantizeLinear(x, outputs=1):
+    lo = x.min().minimum(0.0)
+    hi = x.max().maximum(0.0)
+    scale = (hi - lo) / 255.0
+    zp = (-lo / scale).round().maximum(0.0).minimum(255.0)
+    y = ((x / scale).round() + zp).maximum(0.0).minimum(255.0).cast(int32)
+    results = (y, scale, zp.cast(int32))[:outputs]
+    return results if outputs > 1 else y
