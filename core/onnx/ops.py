@@ -16,7 +16,8 @@ import cinders as cn
 from ..dtypes import float32, int32, bool_
 from ..functional import conv2d, log_softmax, softmax, stack
 from ..nn.functional import layer_norm
-from ..tensor import Tensor, _take, unfold2d
+from ..indexing import _take
+from ..tensor import Tensor, unfold2d
 
 REGISTRY = {}
 _DTYPES = {"float32": float32, "int32": int32, "bool": bool_}

@@ -1,0 +1,139 @@
+"""Real models for the ONNX import tests: torchvision architectures with seeded random weights and
+a few sequence/audio models, exported by PyTorch with the TorchScript and the dynamo exporter.
+
+Exports take seconds to a minute each, so files are cached in .cache/onnx/ (keyed by torch
+version); `python tests/onnx_models.py` exports them all ahead of a test run. torch and
+torchvision are test oracles only (cinders.onnx never imports them). Images are 64x64 (every
+architecture here pools adaptively) to keep the suite fast on two cores; the batch dim is symbolic.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(ROOT, ".cache", "onnx")
+IMAGE = (3, 64, 64)
+
+VISION = ["resnet18", "mobilenet_v2", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5", "efficientnet_b0"]
+SEQUENCE = ["transformer_encoder", "lstm", "gru", "audio_conv1d"]
+
+
+def _torchvision_models():
+    """torchvision.models without torchvision's __init__ (which fails against the CPU torch wheel
+    here: `operator torchvision::nms does not exist`): a stub package whose path is the real one."""
+    import importlib.util
+    import types
+    if "torchvision" not in sys.modules:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None:
+            raise RuntimeError("torchvision is not installed (pip install torchvision==0.28.0 --no-deps)")
+        stub = types.ModuleType("torchvision")
+        stub.__path__ = list(spec.submodule_search_locations)
+        stub.__spec__ = spec
+        sys.modules["torchvision"] = stub
+    import torchvision.models as models
+    return models
+
+
+def build(name):
+    """(torch module in eval mode with seeded weights, example inputs tuple, input names). The
+    examples have batch 2: torch.export specialises a dim of size 1, and the batch must stay symbolic."""
+    import torch
+    torch.manual_seed(0)
+    nn = torch.nn
+    if name in VISION:
+        model = getattr(_torchvision_models(), name)()
+        # random BatchNorm statistics, so that normalisation is exercised for real
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+        return model.eval(), (torch.randn(2, *IMAGE),), ["image"]
+    if name == "transformer_encoder":
+        class TextClassifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(100, 32)
+                layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+                self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                self.head = nn.Linear(32, 5)
+
+            def forward(self, tokens, padding):
+                h = self.encoder(self.embed(tokens), src_key_padding_mask=padding)
+                keep = (~padding).unsqueeze(-1).float()
+                return self.head((h * keep).sum(1) / keep.sum(1))
+        tokens = torch.randint(0, 100, (2, 12))
+        padding = torch.zeros(2, 12, dtype=torch.bool)
+        padding[:, 9:] = True
+        return TextClassifier().eval(), (tokens, padding), ["tokens", "padding"]
+    if name in ("lstm", "gru"):
+        class SequenceClassifier(nn.Module):
+            def __init__(self):
+                super().__init__()
+                rnn = nn.LSTM if name == "lstm" else nn.GRU
+                self.rnn = rnn(16, 24, num_layers=2, batch_first=True, bidirectional=True)
+                self.head = nn.Linear(48, 3)
+
+            def forward(self, x):
+                out, _ = self.rnn(x)
+                return self.head(out[:, -1])
+        return SequenceClassifier().eval(), (torch.randn(2, 10, 16),), ["sequence"]
+    if name == "audio_conv1d":
+        model = nn.Sequential(
+            nn.Conv1d(1, 8, 9, stride=2, padding=4), nn.BatchNorm1d(8), nn.ReLU(), nn.MaxPool1d(2),
+            nn.Conv1d(8, 16, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(16, 4))
+        return model.eval(), (torch.randn(2, 1, 400),), ["audio"]
+    raise KeyError(name)
+
+
+def path_for(name, exporter):
+    import torch
+    return os.path.join(CACHE, "%s-%s-torch%s.onnx" % (name, exporter, torch.__version__.split("+")[0]))
+
+
+def export(name, exporter="torchscript"):
+    """Path of the cached .onnx file of model `name` exported with `exporter`, exporting it first
+    if needed. The first input's batch dim (dim 0) is symbolic."""
+    path = path_for(name, exporter)
+    if os.path.exists(path):
+        return path
+    import torch
+    os.makedirs(CACHE, exist_ok=True)
+    model, inputs, names = build(name)
+    tmp = path + ".tmp.onnx"
+    if exporter == "torchscript":
+        torch.onnx.export(model, inputs, tmp, dynamo=False, input_names=names, output_names=["output"],
+                          dynamic_axes={n: {0: "batch"} for n in names + ["output"]}, opset_version=17)
+    else:
+        batch = torch.export.Dim("batch", min=1, max=64)
+        shapes = tuple({0: batch} for _ in names)
+        program = torch.onnx.export(model, inputs, dynamo=True, input_names=names, output_names=["output"],
+                                    dynamic_shapes=shapes)
+        program.save(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def inputs_for(name, batch, seed=0):
+    """NumPy inputs for `name` at batch size `batch` (deterministic)."""
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    if name in VISION:
+        return [rng.randn(batch, *IMAGE).astype(np.float32)]
+    if name == "transformer_encoder":
+        tokens = rng.randint(0, 100, (batch, 12)).astype(np.int64)
+        padding = np.zeros((batch, 12), dtype=bool)
+        for b in range(batch):
+            padding[b, 12 - 1 - (b % 5):] = True
+        return [tokens, padding]
+    if name in ("lstm", "gru"):
+        return [rng.randn(batch, 10, 16).astype(np.float32)]
+    if name == "audio_conv1d":
+        return [rng.randn(batch, 1, 400).astype(np.float32)]
+    raise KeyError(name)
+
+
+if __name__ == "__main__":
+    for exporter in ("torchscript", "dynamo"):
+        for n in VISION + SEQUENCE:
+            print(export(n, exporter), flush=True)
