@@ -209,6 +209,9 @@ def _signed64(v):
 
 
 def _unpack(code, data, start, stop):
+    if code == "e":  # float16: the array module has no half type; widen to float32
+        count = (stop - start) // 2
+        return array("f", struct.unpack_from("<%de" % count, data, start))
     values = array(code)
     values.frombytes(bytes(data[start:stop]))
     if sys.byteorder == "big":
