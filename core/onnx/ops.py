@@ -117,7 +117,8 @@ def _float_unary(fn):
 
 
 @op()
-def Div(a, b):
+def Div(a, b, broadcast=0, axis=None):
+    b = _legacy_broadcast(a, b, broadcast, axis)
     if a.dtype is float32 or b.dtype is float32:
         return a / b
     return (a.cast(float32) / b.cast(float32)).cast(a.dtype)   # C division: truncates toward 0
@@ -133,7 +134,8 @@ def Mod(a, b, fmod=0):
 
 
 @op()
-def Pow(x, y):
+def Pow(x, y, broadcast=0, axis=None):
+    y = _legacy_broadcast(x, y, broadcast, axis)
     if x.dtype is float32:
         return x ** y.cast(float32)
     return (x.cast(float32) ** y.cast(float32)).round().cast(x.dtype)
@@ -226,6 +228,8 @@ def LeakyRelu(x, alpha=0.01):
 
 @op()
 def PRelu(x, slope):
+    if slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        slope = _channel(slope, x.ndim)   # opsets before 7: one slope per channel
     return cn.where(x < 0, x * slope, x)
 
 
@@ -923,7 +927,7 @@ def Dropout(data, ratio=None, training_mode=None, seed=None, is_test=None, outpu
 # -- linear algebra ----------------------------------------------------------------------------
 
 @op()
-def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     a = A.transpose(0, 1) if transA else A
     b = B.transpose(0, 1) if transB else B
     out = a @ b
@@ -1034,19 +1038,39 @@ def _pad_spatial(x, begins, ends, value):
 @op()
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     nd = X.ndim - 2
-    if nd not in (1, 2):
-        raise ValueError("Conv: %d-D convolution is not supported (1-D and 2-D are)" % nd)
+    if nd not in (1, 2, 3):
+        raise ValueError("Conv: %d-D convolution is not supported (1-D to 3-D are)" % nd)
     kernel = list(W.shape[2:])
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
     begins, ends = _spatial_pads(X.shape, kernel, strides, dilations, pads, auto_pad)
     x = _pad_spatial(X, begins, ends, 0.0)
     w = W
+    if nd == 3:
+        return _conv3d(x, W, B, strides, dilations, group)
     if nd == 1:
         x, w = _to_2d(x), _to_2d(W)
         strides, dilations = [1] + list(strides), [1] + list(dilations)
     out = conv2d(x, w, B, stride=tuple(strides), padding=0, dilation=tuple(dilations), groups=group)
     return out.squeeze(2) if nd == 1 else out
+
+
+def _conv3d(x, w, bias, strides, dilations, group):
+    """3-D convolution of a padded x as a sum over the kd depth taps of 2-D convolutions, each
+    over every output depth slice at once (folded into the batch)."""
+    n, c, depth = x.shape[:3]
+    o, kd = w.shape[0], w.shape[2]
+    sd, dd = strides[0], dilations[0]
+    od = (depth - (kd - 1) * dd - 1) // sd + 1
+    out = None
+    for k in range(kd):
+        tap = x[:, :, k * dd:k * dd + (od - 1) * sd + 1:sd]                     # (N, C, OD, H, W)
+        tap = tap.permute(0, 2, 1, 3, 4).reshape(n * od, c, x.shape[3], x.shape[4])
+        y = conv2d(tap, w[:, :, k], None, stride=tuple(strides[1:]), padding=0,
+                   dilation=tuple(dilations[1:]), groups=group)
+        out = y if out is None else out + y
+    out = out.reshape(n, od, o, out.shape[2], out.shape[3]).permute(0, 2, 1, 3, 4)
+    return out if bias is None else out + bias.reshape(1, o, 1, 1, 1)
 
 
 @op()
@@ -1106,27 +1130,40 @@ def ConvTranspose(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kern
 
 
 def _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
-    """(x padded, kernel, strides, dilations, begins, ends) with 1-D inputs made 2-D."""
+    """(kernel, strides, dilations, begins, ends) of a pooling window over X's spatial dims."""
     nd = X.ndim - 2
-    if nd not in (1, 2):
-        raise ValueError("pooling: %d-D windows are not supported (1-D and 2-D are)" % nd)
+    if nd not in (1, 2, 3):
+        raise ValueError("pooling: %d-D windows are not supported (1-D to 3-D are)" % nd)
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     kernel = list(kernel_shape)
     begins, ends = _spatial_pads(X.shape, kernel, strides, dilations, pads, auto_pad, ceil_mode)
-    x = X
+    return kernel, strides, dilations, begins, ends
+
+
+def _window_reduce(x, kernel, strides, dilations, how):
+    """Sum ("sum") or max ("max") of every window of an already padded (N, C, *spatial) x.
+    2-D windows are one unfold2d; 1-D ones run as 2-D with height 1; 3-D ones reduce each depth
+    slice's 2-D windows, then across the kd depth taps."""
+    nd = x.ndim - 2
     if nd == 1:
-        x = _to_2d(x)
-        kernel, strides, dilations = [1] + kernel, [1] + strides, [1] + dilations
-        begins, ends = [0] + begins, [0] + ends
-    return x, kernel, strides, dilations, begins, ends
-
-
-def _pool_sum(x, kernel, strides, dilations):
+        return _window_reduce(_to_2d(x), [1] + kernel, [1] + strides, [1] + dilations, how).squeeze(2)
+    if nd == 3:
+        n, c, depth = x.shape[:3]
+        plane = _window_reduce(x.reshape(n, c * depth, *x.shape[3:]), kernel[1:], strides[1:], dilations[1:], how)
+        plane = plane.reshape(n, c, depth, *plane.shape[2:])
+        kd, sd, dd = kernel[0], strides[0], dilations[0]
+        od = (depth - (kd - 1) * dd - 1) // sd + 1
+        out = None
+        for k in range(kd):
+            tap = plane[:, :, k * dd:k * dd + (od - 1) * sd + 1:sd]
+            out = tap if out is None else (out + tap if how == "sum" else out.maximum(tap))
+        return out
     n, c = x.shape[:2]
-    cols = unfold2d(x, tuple(kernel), tuple(strides), 0, tuple(dilations))
-    L = cols.shape[-1]
-    return cols.reshape(n, c, kernel[0] * kernel[1], L)
+    oh, ow = _pool_shape(x, kernel, strides, dilations)
+    cols = unfold2d(x, tuple(kernel), tuple(strides), 0, tuple(dilations)).reshape(n, c, kernel[0] * kernel[1], oh * ow)
+    cols = cols.sum(2) if how == "sum" else cols.max(2)
+    return cols.reshape(n, c, oh, ow)
 
 
 def _pool_shape(x, kernel, strides, dilations):
@@ -1138,48 +1175,35 @@ def MaxPool(X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None
             storage_order=0, strides=None, outputs=1):
     if outputs > 1:
         raise ValueError("MaxPool: the Indices output is not supported")
-    nd = X.ndim - 2
-    x, kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads,
-                                                           auto_pad, ceil_mode)
+    kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     floor = -math.inf if X.dtype is float32 else -2.0 ** 31
-    x = _pad_spatial(x.cast(float32), begins, ends, floor)
-    oh, ow = _pool_shape(x, kernel, strides, dilations)
-    out = _pool_sum(x, kernel, strides, dilations).max(2).reshape(x.shape[0], x.shape[1], oh, ow)
-    out = out if X.dtype is float32 else out.cast(X.dtype)
-    return out.squeeze(2) if nd == 1 else out
+    x = _pad_spatial(X.cast(float32), begins, ends, floor)
+    out = _window_reduce(x, kernel, strides, dilations, "max")
+    return out if X.dtype is float32 else out.cast(X.dtype)
 
 
 @op()
 def AveragePool(X, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
                 kernel_shape=None, pads=None, strides=None):
-    nd = X.ndim - 2
-    x, kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads,
-                                                           auto_pad, 0)
-    _, _, _, _, cbegins, cends = _windows(X, kernel_shape, strides[-nd:], dilations[-nd:], pads,
-                                          auto_pad, ceil_mode)
-    extra = [ce - e for ce, e in zip(cends, ends)]          # what ceil_mode adds: never counted
-    xp = _pad_spatial(x, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
-    oh, ow = _pool_shape(xp, kernel, strides, dilations)
-    sums = _pool_sum(xp, kernel, strides, dilations).sum(2)
-    ones = cn.ones(1, 1, *x.shape[2:], backend=x.backend)
+    kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, 0)
+    _, _, _, _, ceil_ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    extra = [ce - e for ce, e in zip(ceil_ends, ends)]          # what ceil_mode adds: never counted
+    total_ends = [e + x_ for e, x_ in zip(ends, extra)]
+    sums = _window_reduce(_pad_spatial(X, begins, total_ends, 0.0), kernel, strides, dilations, "sum")
+    ones = cn.ones(1, 1, *X.shape[2:], backend=X.backend)
     if count_include_pad:
-        mask = _pad_spatial(_pad_spatial(ones, begins, ends, 1.0), [0, 0], extra, 0.0)
+        mask = _pad_spatial(_pad_spatial(ones, begins, ends, 1.0), [0] * len(begins), extra, 0.0)
     else:
-        mask = _pad_spatial(ones, begins, [e + x_ for e, x_ in zip(ends, extra)], 0.0)
-    counts = _pool_sum(mask, kernel, strides, dilations).sum(2)
-    out = (sums / counts).reshape(x.shape[0], x.shape[1], oh, ow)
-    return out.squeeze(2) if nd == 1 else out
+        mask = _pad_spatial(ones, begins, total_ends, 0.0)
+    counts = _window_reduce(mask, kernel, strides, dilations, "sum")
+    return sums / counts
 
 
 @op()
 def LpPool(X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, p=2, pads=None, strides=None):
-    nd = X.ndim - 2
-    x, kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads,
-                                                           auto_pad, ceil_mode)
-    xp = _pad_spatial(x.abs() ** float(p), begins, ends, 0.0)
-    oh, ow = _pool_shape(xp, kernel, strides, dilations)
-    out = (_pool_sum(xp, kernel, strides, dilations).sum(2) ** (1.0 / p)).reshape(x.shape[0], x.shape[1], oh, ow)
-    return out.squeeze(2) if nd == 1 else out
+    kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    x = _pad_spatial(X.abs() ** float(p), begins, ends, 0.0)
+    return _window_reduce(x, kernel, strides, dilations, "sum") ** (1.0 / p)
 
 
 @op()
@@ -1600,19 +1624,27 @@ def RNN(X, W, R, B=None, sequence_lens=None, initial_h=None, activation_alpha=No
 
 # -- ops the generated code usually writes inline (`a + b`), here for the other cases --------------
 
-@op()
-def Add(A, B):
-    return A + B
+def _legacy_broadcast(A, B, broadcast, axis):
+    """Opsets before 7: with broadcast=1, B's dims line up with A's starting at `axis`."""
+    if broadcast and axis is not None and B.ndim and B.ndim < A.ndim:
+        a = _axis(axis, A.ndim)
+        return B.reshape(B.shape + (1,) * (A.ndim - a - B.ndim))
+    return B
 
 
 @op()
-def Sub(A, B):
-    return A - B
+def Add(A, B, broadcast=0, axis=None):
+    return A + _legacy_broadcast(A, B, broadcast, axis)
 
 
 @op()
-def Mul(A, B):
-    return A * B
+def Sub(A, B, broadcast=0, axis=None):
+    return A - _legacy_broadcast(A, B, broadcast, axis)
+
+
+@op()
+def Mul(A, B, broadcast=0, axis=None):
+    return A * _legacy_broadcast(A, B, broadcast, axis)
 
 
 @op()
