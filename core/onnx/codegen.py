@@ -208,7 +208,10 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
             known.update(o for o in node.output if o)
         except _Unsupported as e:
             problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), opset, e))
-            known.update(o for o in node.output if o)   # so later nodes report only their own problems
+            for o in node.output:   # known, so that later nodes report only their own problems
+                if o:
+                    known.add(o)
+                    values.add(o)
     if problems:
         raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
                         % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))

@@ -15,7 +15,7 @@ import math
 import cinders as cn
 from ..dtypes import float32, int32, bool_
 from ..functional import conv2d, log_softmax, softmax, stack
-from ..nn.functional import layer_norm
+from ..nn.functional import batch_norm, layer_norm
 from ..indexing import _take
 from ..tensor import Tensor, unfold2d
 
@@ -618,28 +618,12 @@ def Slice(data, starts=None, ends=None, axes=None, steps=None):
     axes = ints(axes) if axes is not None else list(range(len(starts)))
     steps = ints(steps) if steps is not None else [1] * len(starts)
     key = [slice(None)] * data.ndim
-    reverse = []
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _axis(a, data.ndim)
         n = data.shape[a]
-        if st > 0:
-            key[a] = slice(max(-n - 1, min(s, n + 1)), max(-n - 1, min(e, n + 1)), st)
-            continue
-        # negative steps: pick the indices in Python, then gather
-        s = min(s + n if s < 0 else s, n - 1)
-        e = e + n if e < 0 else e
-        e = max(e, -1)
-        idx = list(range(s, e, st))
-        reverse.append((a, idx))
-    out = data[tuple(key)]
-    for a, idx in reverse:
-        if not idx:
-            shape = list(out.shape)
-            shape[a] = 0
-            out = cn.zeros(*shape, backend=out.backend, dtype=out.dtype)
-            continue
-        out = _take(out, a, cn.tensor(idx, backend=out.backend, dtype=int32))
-    return out
+        # ONNX clamps out-of-range bounds (INT64_MAX / INT64_MIN mean "to the end"); so do slices
+        key[a] = slice(max(-n - 1, min(s, n + 1)), max(-n - 1, min(e, n + 1)), st)
+    return data[tuple(key)]
 
 
 @op()
@@ -1232,8 +1216,7 @@ def BatchNormalization(X, scale, B, input_mean, input_var, epsilon=1e-5, momentu
                        training_mode=0, spatial=1, is_test=None, consumed_inputs=None, outputs=1):
     if training_mode or outputs > 1:
         raise ValueError("BatchNormalization: training mode (running statistics outputs) is not supported")
-    inv = (_channel(input_var, X.ndim) + epsilon).sqrt()
-    return (X - _channel(input_mean, X.ndim)) / inv * _channel(scale, X.ndim) + _channel(B, X.ndim)
+    return batch_norm(X, input_mean, input_var, scale, B, epsilon)
 
 
 @op()
@@ -1247,6 +1230,8 @@ def InstanceNormalization(input, scale, B, epsilon=1e-5):
 @op(multi=True)
 def LayerNormalization(X, Scale, B=None, axis=-1, epsilon=1e-5, stash_type=1, outputs=1):
     a = _axis(axis, X.ndim)
+    if outputs == 1:
+        return layer_norm(X, X.shape[a:], Scale, B, epsilon)
     axes = tuple(range(a, X.ndim))
     mean = X.mean(axes, keepdim=True)
     centred = X - mean
