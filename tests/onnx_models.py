@@ -35,20 +35,20 @@ def _torchvision_models():
     return models
 
 
-def build(name):
+def build(name, size=64):
     """(torch module in eval mode with seeded weights, example inputs tuple, input names). The
     examples have batch 2: torch.export specialises a dim of size 1, and the batch must stay symbolic."""
     import torch
     torch.manual_seed(0)
     nn = torch.nn
-    if name in VISION:
+    if name in VISION or name in ("resnet50",):
         model = getattr(_torchvision_models(), name)()
         # random BatchNorm statistics, so that normalisation is exercised for real
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
-        return model.eval(), (torch.randn(2, *IMAGE),), ["image"]
+        return model.eval(), (torch.randn(2, 3, size, size),), ["image"]
     if name == "transformer_encoder":
         class TextClassifier(nn.Module):
             def __init__(self):
@@ -86,20 +86,21 @@ def build(name):
     raise KeyError(name)
 
 
-def path_for(name, exporter):
+def path_for(name, exporter, size=64):
     import torch
-    return os.path.join(CACHE, "%s-%s-torch%s.onnx" % (name, exporter, torch.__version__.split("+")[0]))
+    suffix = "" if size == 64 else "-%d" % size
+    return os.path.join(CACHE, "%s%s-%s-torch%s.onnx" % (name, suffix, exporter, torch.__version__.split("+")[0]))
 
 
-def export(name, exporter="torchscript"):
-    """Path of the cached .onnx file of model `name` exported with `exporter`, exporting it first
-    if needed. The first input's batch dim (dim 0) is symbolic."""
-    path = path_for(name, exporter)
+def export(name, exporter="torchscript", size=64):
+    """Path of the cached .onnx file of model `name` exported with `exporter` (images size x size),
+    exporting it first if needed. The first input's batch dim (dim 0) is symbolic."""
+    path = path_for(name, exporter, size)
     if os.path.exists(path):
         return path
     import torch
     os.makedirs(CACHE, exist_ok=True)
-    model, inputs, names = build(name)
+    model, inputs, names = build(name, size)
     tmp = path + ".tmp.onnx"
     if exporter == "torchscript":
         torch.onnx.export(model, inputs, tmp, dynamo=False, input_names=names, output_names=["output"],

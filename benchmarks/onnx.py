@@ -1,0 +1,145 @@
+"""ONNX import benchmarks (JSON lines, measured side by side in one run).
+
+    python benchmarks/onnx.py                 # import time of resnet18; resnet18 batch 1 on
+                                              # cn.NumPy() vs onnxruntime CPU, both 1 thread
+    python benchmarks/onnx.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
+
+Models are torchvision architectures with seeded random weights at 224x224, exported by the
+TorchScript exporter and cached in .cache/onnx (tests/onnx_models.py).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# This file is named onnx.py: keep its folder off sys.path so `import onnx` finds the package.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+
+def emit(**row):
+    print(json.dumps(row), flush=True)
+
+
+def best_of(fn, repeat):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times), sorted(times)[len(times) // 2]
+
+
+def cpu(repeat):
+    import numpy as np
+    import onnxruntime as ort
+    import cinders as cn
+    import cinders.onnx as co
+    import onnx_models
+    path = onnx_models.export("resnet18", "torchscript", size=224)
+    data = open(path, "rb").read()
+    imports = []
+    for _ in range(3):
+        t = time.perf_counter()
+        model = co.load(data, backend=cn.NumPy())
+        imports.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    source = co.to_source(data)
+    codegen = time.perf_counter() - t
+    emit(bench="onnx_import", model="resnet18", seconds=min(imports), read_and_generate_seconds=codegen,
+         nodes=source.count("  # "), bytes=len(data), goal_seconds=2.0)
+    x = np.random.RandomState(0).randn(1, 3, 224, 224).astype(np.float32)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    xt = cn.tensor(x, backend=cn.NumPy())
+    ours = best_of(lambda: model(xt).numpy(), repeat)
+    theirs = best_of(lambda: session.run(None, {name: x}), repeat)
+    diff = float(np.abs(model(xt).numpy() - session.run(None, {name: x})[0]).max())
+    emit(bench="onnx_resnet18_b1_cpu", cinders_numpy_ms=ours[0] * 1e3, onnxruntime_ms=theirs[0] * 1e3,
+         ratio=ours[0] / theirs[0], cinders_median_ms=ours[1] * 1e3, onnxruntime_median_ms=theirs[1] * 1e3,
+         max_abs_diff=diff, threads=1, goal_ratio=3.0)
+    profile_numpy(model, xt)
+
+
+def profile_numpy(model, xt):
+    """Where the time goes: time per op function over one forward pass."""
+    import collections
+    from cinders.onnx import ops
+    spent = collections.Counter()
+    originals = {}
+    for name, fn in list(vars(ops).items()):
+        if name in ops.REGISTRY:
+            originals[name] = fn
+
+            def timed(*args, _fn=fn, _name=name, **kwargs):
+                t = time.perf_counter()
+                out = _fn(*args, **kwargs)
+                spent[_name] += time.perf_counter() - t
+                return out
+            setattr(ops, name, timed)
+    try:
+        t = time.perf_counter()
+        model(xt).numpy()
+        total = time.perf_counter() - t
+    finally:
+        for name, fn in originals.items():
+            setattr(ops, name, fn)
+    emit(bench="onnx_resnet18_b1_profile", total_ms=total * 1e3,
+         op_ms={k: round(v * 1e3, 2) for k, v in spent.most_common(8)},
+         inline_and_other_ms=round((total - sum(spent.values())) * 1e3, 2))
+
+
+def gpu(repeat, batch):
+    import numpy as np
+    import torch
+    import cinders as cn
+    import cinders.onnx as co
+    import onnx_models
+    path = onnx_models.export("resnet50", "torchscript", size=224)
+    backend = cn.Wgpu()
+    model = co.load(path, backend=backend)
+    x = np.random.RandomState(0).randn(batch, 3, 224, 224).astype(np.float32)
+    xt = cn.tensor(x, backend=backend)
+
+    def ours():
+        model(xt).numpy()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    reference = onnx_models.build("resnet50", 224)[0].cuda()
+    xc = torch.from_numpy(x).cuda()
+
+    def theirs():
+        with torch.no_grad():
+            reference(xc).cpu()
+    a, b = best_of(ours, repeat), best_of(theirs, repeat)
+    with torch.no_grad():
+        diff = float(np.abs(model(xt).numpy() - reference(xc).cpu().numpy()).max())
+    emit(bench="onnx_resnet50_gpu", batch=batch, cinders_wgpu_ms=a[0] * 1e3, torch_cuda_ms=b[0] * 1e3,
+         ratio=a[0] / b[0], max_abs_diff=diff, adapter=str(backend.device_key()), goal_ratio=2.0)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args(argv)
+    if args.gpu:
+        gpu(args.repeat, args.batch)
+    else:
+        cpu(args.repeat)
+
+
+if __name__ == "__main__":
+    main()
