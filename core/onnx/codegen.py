@@ -302,6 +302,8 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
     body = [
         "input_names = %s" % literal(tuple_of(vi.name for vi in inputs)),
         "output_names = %s" % literal(tuple_of(o.name for o in model.graph.output)),
+        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
         "buffers = %s" % literal(buffers),
         "",
