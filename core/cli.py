@@ -272,7 +272,7 @@ def convert(args):
 from .micro import commands as _micro_commands  # noqa: E402,F401  (quantize, export-micro, flash)
 
 
-# ---------------------------------------------------------------- main
+# ---------------------------------------------------------------- import-onnx
 
 @command("import-onnx", "turn an ONNX model into readable cinders Python (DIR/NAME.py + DIR/NAME.safetensors)", [
     arg("model", help="the .onnx file (external data files next to it are read too)"),
@@ -289,6 +289,8 @@ def import_onnx(args):
           % (args.out, name, name))
     return 0
 
+
+# ---------------------------------------------------------------- main
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="cinders", description="Cinders: train, evaluate and run models.")

@@ -44,7 +44,8 @@ class _Names:
     def add(self, onnx_name, prefix="v"):
         if onnx_name in self.of:
             return self.of[onnx_name]
-        base = re.sub(r"[^0-9A-Za-z_]", "_", onnx_name).strip("_")
+        # PyTorch names values "/layer1/conv1/Conv_output_0": the suffix says nothing
+        base = re.sub(r"[^0-9A-Za-z_]", "_", re.sub(r"_output_0$", "", onnx_name)).strip("_")
         base = re.sub(r"_+", "_", base)[:60] or prefix
         if base[0].isdigit():
             base = prefix + "_" + base
