@@ -216,6 +216,9 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     if problems:
         raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
                         % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
+    layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
+    if layered is not None:
+        return layered
     outputs = []
     for vi in graph.output:
         if vi.name not in known:
@@ -331,3 +334,135 @@ def module_name(text):
     """A Python module name made from a file name."""
     name = re.sub(r"[^0-9A-Za-z_]", "_", text).strip("_") or "model"
     return "m_" + name if name[0].isdigit() or keyword.iskeyword(name) else name
+
+
+# -- layer style: graphs made only of layer-shaped nodes become a module of cinders.nn layers ------
+#
+# A chain of Conv / Gemm / pooling / activations (an MNIST CNN, an MLP) is written with the
+# layers the board runtime also has, so `cinders export-micro` can take it to MicroPython:
+#     self.conv1 = nn.Conv2d(1, 8, (3, 3), stride=(1, 1), padding=(1, 1))  # '/conv1/Conv'
+#     conv1 = self.conv1(image)  # '/conv1/Conv'
+
+def _attrs(node):
+    return {a.name: _attribute_value(a, node.name) for a in node.attribute}
+
+
+def _pads_symmetric(attrs, nd=2):
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    pads = list(attrs.get("pads") or [0] * 2 * nd)
+    return tuple(pads[:nd]) if pads[:nd] == pads[nd:] else None
+
+
+def _layer_for(node, constants):
+    """(constructor source, {state suffix: Constant}) for one node, or None when it is not a
+    plain layer. Identity-like nodes give ("", {})."""
+    a = _attrs(node)
+    op_type = node.op_type
+    const = [constants.get(n) for n in node.input]
+    if op_type in ("Identity", "Dropout") and len([o for o in node.output if o]) == 1:
+        return "", {}
+    if op_type in ("Relu", "Sigmoid", "Tanh") and not a:
+        return "nn.%s()" % {"Relu": "ReLU"}.get(op_type, op_type), {}
+    if op_type == "Softmax" and a.get("axis", -1) in (-1, 1):
+        return "nn.Softmax(dim=%d)" % a.get("axis", -1), {}
+    if op_type == "Flatten" and a.get("axis", 1) == 1:
+        return "nn.Flatten()", {}
+    if op_type == "Reshape" and const[1] is not None and len(const[1].values) == 2 and not a.get("allowzero"):
+        first, second = (int(v) for v in const[1].values)
+        if (first in (0, -1) and second != 0) or (second == -1 and first > 0):
+            return "nn.Flatten()", {}   # (N, C, H, W) -> (N, C*H*W): how a CNN feeds its classifier
+        return None
+    if op_type == "Conv" and len(node.input) >= 2 and const[1] is not None and len(const[1].shape) == 4:
+        pads = _pads_symmetric(a)
+        if pads is None or a.get("group", 1) != 1 or (len(node.input) > 2 and const[2] is None):
+            return None
+        w = const[1]
+        o, c, kh, kw = w.shape
+        bias = len(node.input) > 2 and bool(node.input[2])
+        state = {"weight": w}
+        if bias:
+            state["bias"] = const[2]
+        return ("nn.Conv2d(%d, %d, (%d, %d), stride=%s, padding=%s, dilation=%s%s, backend=backend)"
+                % (c, o, kh, kw, tuple(a.get("strides", [1, 1])), pads, tuple(a.get("dilations", [1, 1])),
+                   "" if bias else ", bias=False")), state
+    if op_type in ("MaxPool", "AveragePool") and len(a.get("kernel_shape", [])) == 2 and not a.get("ceil_mode"):
+        pads = _pads_symmetric(a)
+        if pads is None or any(d != 1 for d in a.get("dilations", [1, 1])):
+            return None
+        if op_type == "AveragePool" and any(pads) and not a.get("count_include_pad"):
+            return None
+        kernel = tuple(a["kernel_shape"])
+        return "nn.%s(%s, stride=%s, padding=%s)" % ("MaxPool2d" if op_type == "MaxPool" else "AvgPool2d", kernel,
+                                                     tuple(a.get("strides", [1, 1])), pads), {}
+    if op_type == "Gemm" and const[1] is not None and len(const[1].shape) == 2 and a.get("alpha", 1.0) == 1.0 \
+            and a.get("beta", 1.0) == 1.0 and not a.get("transA"):
+        w = const[1]
+        if not a.get("transB"):   # stored (in, out): the layer keeps (out, in)
+            rows, cols = w.shape
+            flat = w.python_values()
+            w = Constant(w.onnx_type, (cols, rows), [flat[r * cols + c] for c in range(cols) for r in range(rows)])
+        out_features, in_features = w.shape
+        state = {"weight": w}
+        if len(node.input) > 2 and node.input[2]:
+            if const[2] is None or const[2].shape != (out_features,):
+                return None
+            state["bias"] = const[2]
+        return ("nn.Linear(%d, %d%s, backend=backend)"
+                % (in_features, out_features, "" if "bias" in state else ", bias=False")), state
+    return None
+
+
+def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values):
+    graph = model.graph
+    if len(inputs) != 1 or len(graph.output) != 1:
+        return None
+    plan, names = [], _Names(_RESERVED | _MODULE_NAMES)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            continue
+        layer = _layer_for(node, constants)
+        if layer is None or not node.input or node.input[0] in constants:
+            return None
+        plan.append((node, layer))
+    if not any(ctor for _, (ctor, _) in plan):
+        return None
+    init_lines, forward, state = [], [], {}
+    for node, (ctor, params) in plan:
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        source = values.of[node.input[0]]
+        target = values.add(node.output[0])
+        if not ctor:
+            forward.append("%s = %s%s" % (target, source, comment))
+            continue
+        attr = names.add(node.name or node.output[0], "layer")
+        init_lines.append("    self.%s = %s%s" % (attr, ctor, comment))
+        forward.append("%s = self.%s(%s)%s" % (target, attr, source, comment))
+        for suffix, const in params.items():
+            state["%s.%s" % (attr, suffix)] = const
+    out = graph.output[0].name
+    if out not in values.of:
+        return None
+    header = [
+        "# Generated by cinders from %s: a chain of cinders.nn layers (runs on MicroPython too:" % ascii(source_name),
+        "# cinders export-micro). Producer: %s %s, opset %d." % (ascii(model.producer_name),
+                                                                 ascii(model.producer_version), opset),
+        "from cinders import nn",
+        "",
+        "",
+        "class %s(nn.Module):" % class_name,
+    ]
+    body = [
+        "input_names = %s" % literal([vi.name for vi in inputs]),
+        "output_names = %s" % literal([o.name for o in graph.output]),
+        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
+        "opset = %d" % opset,
+        "",
+        "def __init__(self, backend=None):   # backend: the desktop's; the board's layers ignore it",
+        "    super().__init__()",
+    ] + init_lines + ["", "def forward(self, %s):" % input_vars[0]]
+    body += ["    " + line for line in forward]
+    body.append("    return " + values.of[out])
+    body = ["    " + line if line else "" for line in body]
+    return "\n".join(header + body) + "\n", state
