@@ -370,7 +370,7 @@ def _layer_for(node, constants):
         return "nn.Flatten()", {}
     if op_type == "Reshape" and const[1] is not None and len(const[1].values) == 2 and not a.get("allowzero"):
         first, second = (int(v) for v in const[1].values)
-        if (first in (0, -1) and second != 0) or (second == -1 and first > 0):
+        if first == 0 and second == -1:
             return "nn.Flatten()", {}   # (N, C, H, W) -> (N, C*H*W): how a CNN feeds its classifier
         return None
     if op_type == "Conv" and len(node.input) >= 2 and const[1] is not None and len(const[1].shape) == 4:
@@ -393,6 +393,8 @@ def _layer_for(node, constants):
         if op_type == "AveragePool" and any(pads) and not a.get("count_include_pad"):
             return None
         kernel = tuple(a["kernel_shape"])
+        if any(2 * p > k for p, k in zip(pads, kernel)):   # the layers' (and torch's) limit
+            return None
         return "nn.%s(%s, stride=%s, padding=%s)" % ("MaxPool2d" if op_type == "MaxPool" else "AvgPool2d", kernel,
                                                      tuple(a.get("strides", [1, 1])), pads), {}
     if op_type == "Gemm" and const[1] is not None and len(const[1].shape) == 2 and a.get("alpha", 1.0) == 1.0 \
@@ -415,7 +417,7 @@ def _layer_for(node, constants):
 
 def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values):
     graph = model.graph
-    if len(inputs) != 1 or len(graph.output) != 1:
+    if len(inputs) != 1 or len(graph.output) != 1 or element_type(inputs[0].type)[0] not in ("float32", None):
         return None
     plan, names = [], _Names(_RESERVED | _MODULE_NAMES)
     for node in graph.node:
