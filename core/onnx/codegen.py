@@ -417,8 +417,9 @@ def _layer_for(node, constants):
 
 def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values):
     graph = model.graph
-    if len(inputs) != 1 or len(graph.output) != 1 or element_type(inputs[0].type)[0] not in ("float32", None):
-        return None
+    type_name, dims = element_type(inputs[0].type) if len(inputs) == 1 else (None, None)
+    if len(inputs) != 1 or len(graph.output) != 1 or type_name not in ("float32", None) or len(dims or ()) < 2:
+        return None   # the layers take a float batch (N, ...)
     plan, names = [], _Names(_RESERVED | _MODULE_NAMES)
     for node in graph.node:
         if node.op_type == "Constant":
