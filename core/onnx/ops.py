@@ -1711,7 +1711,7 @@ def SoftmaxCrossEntropyLoss(scores, labels, weights=None, ignore_index=None, red
 @op(multi=True)
 def Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, is_causal=0,
               kv_num_heads=None, q_num_heads=None, qk_matmul_output_mode=0, scale=None, softcap=0.0,
-              softmax_precision=None, outputs=1):
+              softmax_precision=None, left_window_size=-1, right_window_size=-1, outputs=1):
     three_d = Q.ndim == 3
     if three_d:  # (B, S, H*D) -> (B, H, S, D)
         b = Q.shape[0]
@@ -1743,13 +1743,21 @@ def Attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         bias = cn.where(m, 0.0, -math.inf) if m.dtype is bool_ else m
     rows = cn.arange(sq, backend=Q.backend).reshape(sq, 1)
     cols = cn.arange(skv, backend=Q.backend).reshape(1, skv)
-    if is_causal:  # bottom-right aligned: query i sees keys j <= i + the keys before this block
-        if past_key is None and nonpad_kv_seqlen is not None:
-            offset = (nonpad_kv_seqlen.cast(int32) - sq).reshape(-1, 1, 1, 1)
-        else:
-            offset = past
+    # query i sits at absolute position i + offset: after the keys that precede this block
+    if past_key is None and nonpad_kv_seqlen is not None:
+        offset = (nonpad_kv_seqlen.cast(int32) - sq).reshape(-1, 1, 1, 1)
+    else:
+        offset = past
+    if is_causal:
         causal = cn.where(cols <= rows + offset, 0.0, -math.inf)
         bias = causal if bias is None else bias + causal
+    if left_window_size >= 0 or right_window_size >= 0:   # sliding window around that position
+        diff = rows + offset - cols
+        allowed = (diff <= left_window_size) if left_window_size >= 0 else (diff == diff)
+        if right_window_size >= 0:
+            allowed = allowed & (-diff <= right_window_size)
+        window = cn.where(allowed, 0.0, -math.inf)
+        bias = window if bias is None else bias + window
     if nonpad_kv_seqlen is not None:
         lens = nonpad_kv_seqlen.cast(int32).reshape(-1, 1, 1, 1)
         pad_bias = cn.where(cols.reshape(1, 1, 1, skv) < lens, 0.0, -math.inf)
@@ -1774,3 +1782,63 @@ def DynamicQuantizeLinear(x, outputs=1):
     y = ((x / scale).round() + zp).maximum(0.0).minimum(255.0).cast(int32)
     results = (y, scale, zp.cast(int32))[:outputs]
     return results if outputs > 1 else y
+
+
+@op(host=("axis",))
+def CumProd(x, axis, exclusive=0, reverse=0):
+    a = _axis(int(scalar(axis)), x.ndim)
+    n = x.shape[a]
+    parts, running = [], None
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    for i in order:
+        item = _slice_axis(x, a, i, i + 1)
+        if exclusive:
+            parts.append(running if running is not None else cn.ones(*item.shape, backend=x.backend, dtype=x.dtype))
+            running = item if running is None else running * item
+        else:
+            running = item if running is None else running * item
+            parts.append(running)
+    if reverse:
+        parts.reverse()
+    return cn.cat(parts, a) if parts else x
+
+
+@op(host=("shape",))
+def CenterCropPad(input_data, shape, axes=None):
+    shape = ints(shape)
+    axes = [_axis(a, input_data.ndim) for a in axes] if axes is not None else list(range(input_data.ndim))
+    x = input_data
+    for a, want in zip(axes, shape):
+        n = x.shape[a]
+        if want < n:      # crop: the extra element goes to the end
+            start = (n - want) // 2
+            x = _slice_axis(x, a, start, start + want)
+        elif want > n:    # pad: the extra element goes to the end
+            before = (want - n) // 2
+            flat = [0, 0] * (x.ndim - 1 - a) + [before, want - n - before]
+            x = cn.pad(x, flat, 0 if x.dtype is not float32 else 0.0)
+    return x
+
+
+@op()
+def RotaryEmbedding(X, cos_cache, sin_cache, position_ids=None, interleaved=0, num_heads=0, rotary_embedding_dim=0):
+    shape = X.shape
+    x = X.transpose(1, 2) if X.ndim == 4 else X.reshape(shape[0], shape[1], num_heads, shape[2] // num_heads)
+    head = x.shape[3]
+    dim = rotary_embedding_dim or head
+    if position_ids is not None:   # (batch, seq) rows of the caches
+        cos_cache = _take(cos_cache, 0, position_ids.cast(int32))
+        sin_cache = _take(sin_cache, 0, position_ids.cast(int32))
+    cos, sin = cos_cache.unsqueeze(2), sin_cache.unsqueeze(2)          # (batch, seq, 1, dim/2)
+    rotate, keep = x[..., :dim], x[..., dim:]
+    if interleaved:
+        x1, x2 = rotate[..., 0::2], rotate[..., 1::2]
+    else:
+        x1, x2 = rotate[..., :dim // 2], rotate[..., dim // 2:]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rotated = stack([real, imag], -1).reshape(real.shape[:-1] + (dim,))
+    else:
+        rotated = cn.cat([real, imag], -1)
+    out = cn.cat([rotated, keep], -1) if keep.shape[-1] else rotated
+    return out.transpose(1, 2) if X.ndim == 4 else out.reshape(shape)
