@@ -1842,3 +1842,81 @@ def RotaryEmbedding(X, cos_cache, sin_cache, position_ids=None, interleaved=0, n
         rotated = cn.cat([real, imag], -1)
     out = cn.cat([rotated, keep], -1) if keep.shape[-1] else rotated
     return out.transpose(1, 2) if X.ndim == 4 else out.reshape(shape)
+
+
+def _reflect(p, lo, hi):
+    """Reflect float coordinates p into [lo, hi] by the nearer border, repeatedly (GridSample)."""
+    span = hi - lo
+    if span <= 0:
+        return p * 0.0 + lo
+    below, above = lo - p, p - hi
+    out = p
+    for dist, start, sign in ((below, lo, 1.0), (above, hi, -1.0)):
+        flips = (dist / span).floor()
+        rest = dist - flips * span
+        even = (flips % 2.0) == 0.0
+        reflected = cn.where(even, start + rest * sign, (hi if sign > 0 else lo) - rest * sign)
+        out = cn.where(dist > 0, reflected, out)
+    return out
+
+
+@op()
+def GridSample(X, grid, align_corners=0, mode="linear", padding_mode="zeros"):
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    n, c = X.shape[:2]
+    spatial = X.shape[2:]
+    nd = len(spatial)
+    out_spatial = grid.shape[1:-1]
+    count = _prod(out_spatial)
+    g = grid.reshape(n, count, nd)
+    per_dim = []        # per spatial dim: [(int32 index (n, L), float weight (n, L))]
+    for d, size in enumerate(spatial):
+        v = g[:, :, nd - 1 - d]                     # the grid's last component is the last dim
+        p = (v + 1.0) * 0.5 * (size - 1) if align_corners else ((v + 1.0) * size - 1.0) * 0.5
+        lo, hi = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+        if padding_mode == "border":
+            p = cn.where((p < lo) | (p > hi), p.maximum(0.0).minimum(size - 1.0), p)
+        elif padding_mode == "reflection":
+            p = _reflect(p, lo, hi)
+        if mode == "nearest":
+            taps = [(p.round(), None)]
+        elif mode == "linear":
+            f = p.floor()
+            t = p - f
+            taps = [(f, 1.0 - t), (f + 1.0, t)]
+        else:
+            f = p.floor()
+            t = p - f
+            a = -0.75
+            w = [((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+                 ((a + 2) * t - (a + 3)) * t * t + 1,
+                 ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1]
+            w.append(1.0 - w[0] - w[1] - w[2])
+            taps = [(f + float(k), w[k + 1]) for k in (-1, 0, 1, 2)]
+        resolved = []
+        for pos, weight in taps:
+            if padding_mode == "zeros":
+                inside = ((pos >= 0) & (pos <= size - 1)).cast(float32)
+                weight = inside if weight is None else weight * inside
+            elif padding_mode == "reflection":
+                pos = _reflect(pos, lo, hi)
+            idx = pos.maximum(0.0).minimum(size - 1.0).cast(int32)
+            resolved.append((idx, weight))
+        per_dim.append(resolved)
+    flat = X.reshape(n, c, _prod(spatial))
+    strides = [_prod(spatial[d + 1:]) for d in range(nd)]
+    out = None
+
+    def combine(d, index, weight):
+        nonlocal out
+        if d == nd:
+            picked = flat.gather(2, index.unsqueeze(1).expand(n, c, count))
+            term = picked if weight is None else picked * weight.unsqueeze(1)
+            out = term if out is None else out + term
+            return
+        for idx, w in per_dim[d]:
+            part = idx * strides[d]
+            combine(d + 1, part if index is None else index + part,
+                    w if weight is None else (weight if w is None else weight * w))
+    combine(0, None, None)
+    return out.reshape((n, c) + tuple(out_spatial))
