@@ -1920,3 +1920,35 @@ def GridSample(X, grid, align_corners=0, mode="linear", padding_mode="zeros"):
                     w if weight is None else (weight if w is None else weight * w))
     combine(0, None, None)
     return out.reshape((n, c) + tuple(out_spatial))
+
+
+@op(multi=True)
+def Unique(X, axis=None, sorted=1, outputs=1):  # noqa: A002
+    """Computed on the host: the result's size depends on the values (like NonZero)."""
+    if axis is None:
+        items = [(v,) for v in X.reshape(-1).tolist()]
+        source, a = X.reshape(-1), 0
+    else:
+        a = _axis(axis, X.ndim)
+        moved = X.transpose(0, a) if a else X
+        items = [tuple(_flat_list(row)) for row in moved.tolist()]
+        source = X
+    first, counts, order = {}, {}, []
+    for i, key in enumerate(items):
+        if key not in first:
+            first[key] = i
+            order.append(key)
+        counts[key] = counts.get(key, 0) + 1
+    if sorted:
+        order.sort()
+    position = {key: j for j, key in enumerate(order)}
+    backend = X.backend
+    picked = cn.tensor([first[k] for k in order], backend=backend, dtype=int32)
+    y = _take(source, a, picked)
+    results = (y, picked, cn.tensor([position[k] for k in items], backend=backend, dtype=int32),
+               cn.tensor([counts[k] for k in order], backend=backend, dtype=int32))[:outputs]
+    return results if outputs > 1 else y
+
+
+def _flat_list(v):
+    return [v] if not isinstance(v, list) else [x for item in v for x in _flat_list(item)]
