@@ -343,3 +343,24 @@ def test_node_cases_float32_sample(node_cases, backend_name):
     assert len(passing) > 80
     regressions = {n: results[n] for n in passing if results[n][0] != "pass"}
     assert not regressions, regressions
+
+
+def test_if_becomes_a_python_if():
+    """Control flow: an If node is written as a Python `if` over its two branch graphs, whose
+    nodes read the enclosing graph's values."""
+    then_graph = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                                   [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["positive"]),
+             helper.make_node("If", ["positive"], ["y"], then_branch=then_graph, else_branch=else_graph,
+                              name="branch")]
+    zero = numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [zero])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert "    if ops.truth(positive):  # 'branch'\n" in to_source(data)
+    model = load(data, backend=cn.NumPy())
+    assert model(cn.tensor([3.0, -1.0], backend=cn.NumPy())).tolist() == [3.0, 0.0]
+    assert model(cn.tensor([-3.0, 1.0], backend=cn.NumPy())).tolist() == [3.0, -1.0]

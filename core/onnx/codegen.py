@@ -165,6 +165,75 @@ def opset_of(model):
     return 1
 
 
+class _Scope:
+    """Writes the statements of a graph's nodes; If nodes recurse into their branches, whose
+    nodes read the enclosing graph's values (ONNX scoping) and write the If's outputs."""
+
+    def __init__(self, opset, values, attrs, constants, known, problems, external):
+        self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
+        self.known, self.problems, self.external = known, problems, external
+
+    def emit(self, nodes):
+        lines = []
+        registry = onnx_ops.REGISTRY
+        for index, node in enumerate(nodes):
+            where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
+            try:
+                if node.domain not in SUPPORTED_DOMAINS:
+                    raise _Unsupported("domain %s" % ascii(node.domain))
+                if node.op_type == "Constant":
+                    if len(node.output) != 1:
+                        raise _Unsupported("Constant with %d outputs" % len(node.output))
+                    self.constants[node.output[0]] = _constant_node(node, self.opset)
+                    self.known.add(node.output[0])
+                    continue
+                fn = registry.get(node.op_type)
+                if fn is None and node.op_type != "If":
+                    raise _Unsupported("op not supported")
+                for name in node.input:
+                    if name and name not in self.known:
+                        raise OnnxError("%s reads %s, which no earlier node produces (the graph is "
+                                        "not in topological order or is incomplete)" % (where, ascii(name)))
+                if node.op_type == "If":
+                    lines += self.emit_if(node)
+                else:
+                    lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants))
+                self.known.update(o for o in node.output if o)
+            except _Unsupported as e:
+                self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
+                for o in node.output:   # known, so that later nodes report only their own problems
+                    if o:
+                        self.known.add(o)
+                        self.values.add(o)
+        return lines
+
+    def emit_if(self, node):
+        branches = {a.name: a.g for a in node.attribute if a.type == 5}
+        if set(branches) != {"then_branch", "else_branch"}:
+            raise _Unsupported("If needs then_branch and else_branch graphs")
+        outs = [self.values.add(o) if o else "_" for o in node.output]
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        cond = _operand(node.input[0], self.values, self.attrs, self.constants, host=False)
+        lines = ["if ops.truth(%s):%s" % (cond, comment)]
+        for key in ("then_branch", "else_branch"):
+            graph = branches[key]
+            if key == "else_branch":
+                lines.append("else:")
+            for init in graph.initializer:
+                type_name, shape, data = tensor_values(init, self.external)
+                self.constants[init.name] = Constant(type_name, shape, data)
+                self.known.add(init.name)
+            body = self.emit(graph.node)
+            if len(graph.output) != len(outs):
+                raise _Unsupported("%s has %d outputs, the If %d" % (key, len(graph.output), len(outs)))
+            for target, vi in zip(outs, graph.output):
+                if vi.name not in self.known:
+                    raise _Unsupported("%s output %s is produced by no node" % (key, ascii(vi.name)))
+                body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False)))
+            lines += ["    " + line for line in body]
+        return lines
+
+
 def generate(model, external=None, class_name="Model", source_name="model.onnx"):
     """(source, {attribute: Constant}) for the ModelProto `model`. Raises OnnxError listing every
     unsupported node at once."""
@@ -185,34 +254,9 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     input_vars = [values.add(vi.name, "x") for vi in inputs]
     known = set(vi.name for vi in inputs) | set(constants)
 
-    problems, lines = [], []
-    registry = onnx_ops.REGISTRY
-    for index, node in enumerate(graph.node):
-        where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
-        try:
-            if node.domain not in SUPPORTED_DOMAINS:
-                raise _Unsupported("domain %s" % ascii(node.domain))
-            if node.op_type == "Constant":
-                if len(node.output) != 1:
-                    raise _Unsupported("Constant with %d outputs" % len(node.output))
-                constants[node.output[0]] = _constant_node(node, opset)
-                known.add(node.output[0])
-                continue
-            fn = registry.get(node.op_type)
-            if fn is None:
-                raise _Unsupported("op not supported")
-            for name in node.input:
-                if name and name not in known:
-                    raise OnnxError("%s reads %s, which no earlier node produces (the graph is "
-                                    "not in topological order or is incomplete)" % (where, ascii(name)))
-            lines.append(_node_statement(node, fn, opset, values, attrs, constants))
-            known.update(o for o in node.output if o)
-        except _Unsupported as e:
-            problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), opset, e))
-            for o in node.output:   # known, so that later nodes report only their own problems
-                if o:
-                    known.add(o)
-                    values.add(o)
+    problems = []
+    scope = _Scope(opset, values, attrs, constants, known, problems, external)
+    lines = scope.emit(graph.node)
     if problems:
         raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
                         % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))

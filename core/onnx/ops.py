@@ -89,6 +89,11 @@ def scalar(v):
     return v
 
 
+def truth(cond):
+    """The Python bool of a one-element condition (If): read back from the device."""
+    return bool(scalar(cond))
+
+
 def backend_of(*things):
     for t in things:
         if isinstance(t, Tensor):
