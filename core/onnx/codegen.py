@@ -181,6 +181,12 @@ class _Scope:
             try:
                 if node.domain not in SUPPORTED_DOMAINS:
                     raise _Unsupported("domain %s" % ascii(node.domain))
+                if not any(node.output):
+                    raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
+                for o in node.output:
+                    if o and o in self.known:
+                        raise OnnxError("%s writes %s, which is already defined (ONNX values are "
+                                        "assigned once)" % (where, ascii(o)))
                 if node.op_type == "Constant":
                     if len(node.output) != 1:
                         raise _Unsupported("Constant with %d outputs" % len(node.output))
@@ -250,7 +256,11 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     if graph.sparse_initializer:
         raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
 
+    if not graph.output:
+        raise OnnxError("the graph has no outputs")
     inputs = [vi for vi in graph.input if vi.name not in constants]
+    if len({vi.name for vi in inputs}) != len(inputs) or not all(vi.name for vi in inputs):
+        raise OnnxError("graph inputs %s are not distinct non-empty names" % [ascii(vi.name) for vi in inputs])
     input_vars = [values.add(vi.name, "x") for vi in inputs]
     known = set(vi.name for vi in inputs) | set(constants)
 
@@ -306,6 +316,11 @@ def _node_statement(node, fn, opset, values, attrs, constants):
         attributes[a.name] = value
     if len(node.input) > len(fn.inputs):
         raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
+    required = [n for n in fn.inputs[:fn.required] if n not in attributes]
+    if len(node.input) < len(required) or not all(node.input[:len(required)]):
+        raise OnnxError("node %s (%s) lacks required inputs: it has %s, %s needs %s"
+                        % (ascii(node.name), node.op_type, [ascii(n) for n in node.input], node.op_type,
+                           ", ".join(required)))
     args = [_operand(name, values, attrs, constants, host=fn.inputs[i] in fn.host)
             for i, name in enumerate(node.input)]
     while args and args[-1] == "None":

@@ -18,6 +18,7 @@ from ..functional import conv2d, log_softmax, softmax, stack
 from ..nn.functional import batch_norm, layer_norm
 from ..indexing import _take
 from ..tensor import Tensor, unfold2d
+from .proto import OnnxError
 
 REGISTRY = {}
 _DTYPES = {"float32": float32, "int32": int32, "bool": bool_}
@@ -28,6 +29,9 @@ def op(host=(), multi=False):
     several outputs and takes `outputs=n` (it then returns a tuple of n tensors)."""
     def register(fn):
         fn.inputs, fn.params = op_params(fn)
+        sig = inspect.signature(fn).parameters.values()
+        fn.required = sum(1 for p in sig if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty) or \
+            (1 if any(p.kind == p.VAR_POSITIONAL for p in sig) else 0)
         fn.host, fn.multi = frozenset(host), multi
         REGISTRY[fn.__name__] = fn
         return fn
@@ -84,7 +88,7 @@ def scalar(v):
     v = host(v)
     while isinstance(v, list):
         if len(v) != 1:
-            raise ValueError("expected one value, got %r" % (v,))
+            raise OnnxError("expected one value, got %r" % (v,))
         v = v[0]
     return v
 
@@ -670,7 +674,7 @@ def _scatter_rows(data_rows, axis, index, updates, reduction):
     if reduction == "add":
         return data_rows.scatter_add(axis, index, updates)
     if reduction == "mul":
-        raise ValueError("ScatterElements/ScatterND: reduction 'mul' is not supported")
+        raise OnnxError("ScatterElements/ScatterND: reduction 'mul' is not supported")
     zeros = cn.zeros(*data_rows.shape, backend=data_rows.backend, dtype=float32)
     hit = zeros.scatter_add(axis, index, cn.ones(*updates.shape, backend=updates.backend)) > 0
     written = zeros.scatter_add(axis, index, updates.cast(float32))
@@ -899,7 +903,7 @@ def Pad(data, pads=None, constant_value=None, axes=None, mode="constant", value=
             elif mode == "wrap":
                 j = i % n
             else:
-                raise ValueError("Pad: mode %r is not supported" % (mode,))
+                raise OnnxError("Pad: mode %r is not supported" % (mode,))
             idx.append(j)
         x = _take(x, a, cn.tensor(idx, backend=x.backend, dtype=int32))
     return x
@@ -937,7 +941,7 @@ def Einsum(*Inputs, equation):
     lhs, _, rhs = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if "." in equation:
-        raise ValueError("Einsum: ellipsis is not supported (%r)" % (equation,))
+        raise OnnxError("Einsum: ellipsis is not supported (%r)" % (equation,))
     if not _:
         counts = {}
         for t in terms:
@@ -1028,7 +1032,7 @@ def _pad_spatial(x, begins, ends, value):
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     nd = X.ndim - 2
     if nd not in (1, 2, 3):
-        raise ValueError("Conv: %d-D convolution is not supported (1-D to 3-D are)" % nd)
+        raise OnnxError("Conv: %d-D convolution is not supported (1-D to 3-D are)" % nd)
     kernel = list(W.shape[2:])
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
@@ -1067,7 +1071,7 @@ def ConvTranspose(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kern
                   output_padding=None, output_shape=None, pads=None, strides=None):
     nd = X.ndim - 2
     if nd not in (1, 2):
-        raise ValueError("ConvTranspose: %d-D is not supported (1-D and 2-D are)" % nd)
+        raise OnnxError("ConvTranspose: %d-D is not supported (1-D and 2-D are)" % nd)
     x, w = (X, W) if nd == 2 else (_to_2d(X), _to_2d(W))
     strides = ([1] if nd == 1 else []) + list(strides or [1] * nd)
     dilations = ([1] if nd == 1 else []) + list(dilations or [1] * nd)
@@ -1122,7 +1126,9 @@ def _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
     """(kernel, strides, dilations, begins, ends) of a pooling window over X's spatial dims."""
     nd = X.ndim - 2
     if nd not in (1, 2, 3):
-        raise ValueError("pooling: %d-D windows are not supported (1-D to 3-D are)" % nd)
+        raise OnnxError("pooling: %d-D windows are not supported (1-D to 3-D are)" % nd)
+    if not kernel_shape or len(kernel_shape) != nd:
+        raise OnnxError("pooling: kernel_shape %r does not fit a %d-D input" % (kernel_shape, nd))
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
     kernel = list(kernel_shape)
@@ -1163,7 +1169,7 @@ def _pool_shape(x, kernel, strides, dilations):
 def MaxPool(X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None,
             storage_order=0, strides=None, outputs=1):
     if outputs > 1:
-        raise ValueError("MaxPool: the Indices output is not supported")
+        raise OnnxError("MaxPool: the Indices output is not supported")
     kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     floor = -math.inf if X.dtype is float32 else -2.0 ** 31
     x = _pad_spatial(X.cast(float32), begins, ends, floor)
@@ -1220,7 +1226,7 @@ def _channel(t, ndim):
 def BatchNormalization(X, scale, B, input_mean, input_var, epsilon=1e-5, momentum=0.9,
                        training_mode=0, spatial=1, is_test=None, consumed_inputs=None, outputs=1):
     if training_mode or outputs > 1:
-        raise ValueError("BatchNormalization: training mode (running statistics outputs) is not supported")
+        raise OnnxError("BatchNormalization: training mode (running statistics outputs) is not supported")
     return batch_norm(X, input_mean, input_var, scale, B, epsilon)
 
 
@@ -1316,7 +1322,7 @@ def _source_coords(out_size, in_size, scale, mode, roi_start=0.0, roi_end=1.0):
             offset = centre * (1 - adj)
             x = offset + (i + 0.5) / scale - 0.5
         else:
-            raise ValueError("Resize: coordinate_transformation_mode %r is not supported" % (mode,))
+            raise OnnxError("Resize: coordinate_transformation_mode %r is not supported" % (mode,))
         coords.append(x)
     return coords
 
@@ -1394,7 +1400,7 @@ def Resize(X, roi=None, scales=None, sizes=None, antialias=0, axes=None, coordin
            cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
            mode="nearest", nearest_mode="round_prefer_floor", opset=13):
     if antialias:
-        raise ValueError("Resize: antialias is not supported")
+        raise OnnxError("Resize: antialias is not supported")
     rank = X.ndim
     axes = [_axis(a, rank) for a in axes] if axes else list(range(rank))
     scales = [float(s) for s in (host(scales) or [])]
@@ -1485,7 +1491,7 @@ def _activations(names, alphas, betas, defaults, directions):
     for i, name in enumerate(names):
         canonical = {n.lower(): n for n in _ACTIVATIONS}.get(name.lower())
         if canonical is None:
-            raise ValueError("RNN activation %r is not supported" % (name,))
+            raise OnnxError("RNN activation %r is not supported" % (name,))
         a = alphas.pop(0) if alphas and canonical in _DEFAULT_ALPHA else _DEFAULT_ALPHA.get(canonical, 0.0)
         b = betas.pop(0) if betas and canonical in _DEFAULT_BETA else _DEFAULT_BETA.get(canonical, 0.0)
         out.append(lambda x, f=_ACTIVATIONS[canonical], a=a, b=b: f(x, a, b))
