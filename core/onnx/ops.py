@@ -15,7 +15,7 @@ import math
 import cinders as cn
 from ..dtypes import float32, int32, bool_
 from ..functional import conv2d, log_softmax, softmax, stack
-from ..nn.functional import batch_norm, layer_norm
+from ..nn.functional import batch_norm, hardswish, layer_norm
 from ..indexing import _take
 from ..tensor import Tensor, unfold2d
 from .proto import OnnxError
@@ -227,7 +227,7 @@ def HardSigmoid(x, alpha=0.2, beta=0.5):
 
 @op()
 def HardSwish(x):
-    return x * (x * (1.0 / 6.0) + 0.5).maximum(0.0).minimum(1.0)
+    return hardswish(x)
 
 
 @op()
