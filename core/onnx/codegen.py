@@ -333,7 +333,9 @@ def _node_statement(node, fn, opset, values, attrs, constants):
             and not any(a.startswith("[") or a[:1].isdigit() or a[:1] == "-" for a in args):
         expr = inline.format(*args)
     else:
-        keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()]
+        # attributes equal to the op's default say nothing: left out, like ONNX exporters do
+        keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()
+                    if not (k in fn.defaults and type(v) is type(fn.defaults[k]) and v == fn.defaults[k])]
         if "opset" in params:
             keywords.append("opset=%d" % opset)
         if "backend" in params:

@@ -30,6 +30,7 @@ def op(host=(), multi=False):
     def register(fn):
         fn.inputs, fn.params = op_params(fn)
         sig = inspect.signature(fn).parameters.values()
+        fn.defaults = {p.name: p.default for p in sig if p.default is not p.empty}
         fn.required = sum(1 for p in sig if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty) or \
             (1 if any(p.kind == p.VAR_POSITIONAL for p in sig) else 0)
         fn.host, fn.multi = frozenset(host), multi
