@@ -3,6 +3,7 @@
     python benchmarks/onnx.py                 # import time of resnet18; resnet18 batch 1 on
                                               # cn.NumPy() vs onnxruntime CPU, both 1 thread
     python benchmarks/onnx.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
+    python benchmarks/onnx.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
 
 Models are torchvision architectures with seeded random weights at 224x224, exported by the
 TorchScript exporter and cached in .cache/onnx (tests/onnx_models.py).
@@ -100,33 +101,46 @@ def profile_numpy(model, xt):
          inline_and_other_ms=round((total - sum(spent.values())) * 1e3, 2))
 
 
-def gpu(repeat, batch):
+def gpu(repeat, batch, name="resnet50", size=224, device="cuda", fusion=False):
     import numpy as np
     import torch
     import cinders as cn
     import cinders.onnx as co
     import onnx_models
-    path = onnx_models.export("resnet50", "torchscript", size=224)
-    backend = cn.Wgpu()
+    t = time.perf_counter()
+    path = onnx_models.export(name, "torchscript", size=size)
+    export_s = time.perf_counter() - t
+    backend = cn.Fusion(cn.Wgpu()) if fusion else cn.Wgpu()
+    t = time.perf_counter()
     model = co.load(path, backend=backend)
-    x = np.random.RandomState(0).randn(batch, 3, 224, 224).astype(np.float32)
+    import_s = time.perf_counter() - t
+    x = np.random.RandomState(0).randn(batch, 3, size, size).astype(np.float32)
     xt = cn.tensor(x, backend=backend)
 
     def ours():
         model(xt).numpy()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    reference = onnx_models.build("resnet50", 224)[0].cuda()
-    xc = torch.from_numpy(x).cuda()
+    reference = onnx_models.build(name, size)[0].to(device)
+    xc = torch.from_numpy(x).to(device)
 
     def theirs():
         with torch.no_grad():
             reference(xc).cpu()
+    t = time.perf_counter()
+    ours()                      # first call: pipelines compile, matmul kernels autotune
+    first_s = time.perf_counter() - t
     a, b = best_of(ours, repeat), best_of(theirs, repeat)
     with torch.no_grad():
         diff = float(np.abs(model(xt).numpy() - reference(xc).cpu().numpy()).max())
-    emit(bench="onnx_resnet50_gpu", batch=batch, cinders_wgpu_ms=a[0] * 1e3, torch_cuda_ms=b[0] * 1e3,
-         ratio=a[0] / b[0], max_abs_diff=diff, adapter=str(backend.device_key()), goal_ratio=2.0)
+    emit(bench="onnx_%s_gpu" % name, backend=repr(backend), batch=batch, size=size, cinders_wgpu_ms=a[0] * 1e3, torch_ms=b[0] * 1e3,
+         ratio=a[0] / b[0], cinders_median_ms=a[1] * 1e3, torch_median_ms=b[1] * 1e3, max_abs_diff=diff,
+         torch_device=device, adapter=str((backend.inner or backend).device_key()), export_s=export_s, import_s=import_s,
+         first_run_s=first_s, goal_ratio=2.0)
+    with cn.profile(backend) as p:
+        ours()
+    emit(bench="onnx_%s_gpu_profile" % name, kernel_launches=p.kernel_launches,
+         per_launch_us=a[0] * 1e6 / max(1, p.kernel_launches))
 
 
 def main(argv=None):
@@ -134,9 +148,13 @@ def main(argv=None):
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--model", default="resnet50", help="--gpu: torchvision architecture (default resnet50)")
+    p.add_argument("--size", type=int, default=224, help="--gpu: image size (default 224)")
+    p.add_argument("--device", default="cuda", help="--gpu: torch device of the reference (default cuda)")
+    p.add_argument("--fusion", action="store_true", help="--gpu: run on cn.Fusion(cn.Wgpu())")
     args = p.parse_args(argv)
     if args.gpu:
-        gpu(args.repeat, args.batch)
+        gpu(args.repeat, args.batch, args.model, args.size, args.device, args.fusion)
     else:
         cpu(args.repeat)
 
