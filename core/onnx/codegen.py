@@ -365,8 +365,8 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
     stored = [c for c in constants.values() if c.attr]
     buffers = [c.attr for c in stored if c.dtype != "float32"]
     body = [
-        "input_names = %s" % literal(tuple_of(vi.name for vi in inputs)),
-        "output_names = %s" % literal(tuple_of(o.name for o in model.graph.output)),
+        "input_names = %s" % literal([vi.name for vi in inputs]),
+        "output_names = %s" % literal([o.name for o in model.graph.output]),
         "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
         "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
@@ -385,10 +385,6 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
     body.append("    return " + (outputs[0] if len(outputs) == 1 else "(%s,)" % ", ".join(outputs)))
     body = ["    " + line if line else "" for line in body]
     return "\n".join(header + body) + "\n"
-
-
-def tuple_of(items):
-    return list(items)
 
 
 def module_name(text):

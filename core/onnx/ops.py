@@ -119,13 +119,6 @@ def _axis(axis, ndim):
 
 # -- elementwise ---------------------------------------------------------------------------------
 
-def _float_unary(fn):
-    def apply(x):
-        y = fn(x.cast(float32))
-        return y if x.dtype is float32 else y.cast(x.dtype)
-    return apply
-
-
 @op()
 def Div(a, b, broadcast=0, axis=None):
     b = _legacy_broadcast(a, b, broadcast, axis)
