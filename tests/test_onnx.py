@@ -371,3 +371,28 @@ def test_if_becomes_a_python_if():
     model = load(data, backend=cn.NumPy())
     assert model(cn.tensor([3.0, -1.0], backend=cn.NumPy())).tolist() == [3.0, 0.0]
     assert model(cn.tensor([-3.0, 1.0], backend=cn.NumPy())).tolist() == [3.0, -1.0]
+
+
+def test_shape_arithmetic_runs_on_the_host():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape (what exporters write for x.view(n, -1)):
+    the shape values are small tensors on cn.Python(), so a GPU model never waits to read them;
+    the result is the same on the device backend."""
+    index = numpy_helper.from_array(np.array(0, dtype=np.int64), "zero_index")
+    minus_one = numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one")
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero_index"], ["batch"]),
+             helper.make_node("Unsqueeze", ["batch"], ["batch_1d"], axes=[0]),
+             helper.make_node("Concat", ["batch_1d", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["flat"]),
+             helper.make_node("Cast", ["batch"], ["batch_float"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["flat", "batch_float"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])], [index, minus_one])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]).SerializeToString()
+    source = to_source(data)
+    assert "target = ops.Concat(batch_1d, ops.host_tensor([-1], 'int32'), axis=0)" in source
+    assert "y = flat * ops.to_device(batch_float, backend)" in source
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    for backend in (cn.NumPy(), cn.Wgpu()):
+        model = load(data, backend=backend)
+        np.testing.assert_allclose(model(cn.tensor(x, backend=backend)).numpy(), x.reshape(4, 6) * 4)

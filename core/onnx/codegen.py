@@ -172,6 +172,7 @@ class _Scope:
     def __init__(self, opset, values, attrs, constants, known, problems, external):
         self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
         self.known, self.problems, self.external = known, problems, external
+        self.host_values = set()
 
     def emit(self, nodes):
         lines = []
@@ -203,7 +204,11 @@ class _Scope:
                 if node.op_type == "If":
                     lines += self.emit_if(node)
                 else:
-                    lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants))
+                    on_host = _on_host(node, self.host_values, self.constants)
+                    lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
+                                                 self.host_values, on_host))
+                    if on_host:
+                        self.host_values.update(o for o in node.output if o)
                 self.known.update(o for o in node.output if o)
             except _Unsupported as e:
                 self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
@@ -219,7 +224,7 @@ class _Scope:
             raise _Unsupported("If needs then_branch and else_branch graphs")
         outs = [self.values.add(o) if o else "_" for o in node.output]
         comment = "  # %s" % ascii(node.name) if node.name else ""
-        cond = _operand(node.input[0], self.values, self.attrs, self.constants, host=False)
+        cond = _operand(node.input[0], self.values, self.attrs, self.constants, True)
         lines = ["if ops.truth(%s):%s" % (cond, comment)]
         for key in ("then_branch", "else_branch"):
             graph = branches[key]
@@ -235,7 +240,8 @@ class _Scope:
             for target, vi in zip(outs, graph.output):
                 if vi.name not in self.known:
                     raise _Unsupported("%s output %s is produced by no node" % (key, ascii(vi.name)))
-                body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False)))
+                body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False,
+                                                           self.host_values)))
             lines += ["    " + line for line in body]
         return lines
 
@@ -277,26 +283,50 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     for vi in graph.output:
         if vi.name not in known:
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
-        outputs.append(_operand(vi.name, values, attrs, constants, host=False))
+        outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
                           lines, constants), {c.attr: c for c in constants.values() if c.attr}
 
 
-def _operand(name, values, attrs, constants, host):
+def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):
+    """Source of one input. host: the op reads it as Python numbers. host_values: values that
+    live on the host (shape arithmetic, see HOST_OPS); host_node: the op computes on the host."""
     if not name:
         return "None"
     const = constants.get(name)
     if const is None:
-        return values.of[name]
+        var = values.of[name]
+        if name in host_values and not host and not host_node:
+            return "ops.to_device(%s, backend)" % var    # a shape value entering device math
+        return var
     n = len(const.values)
     if host and n <= LITERAL_LIMIT:
         return literal(nest(const.python_values(), const.shape))
+    if host_node:
+        return "ops.host_tensor(%s, %s)" % (literal(nest(const.python_values(), const.shape)), ascii(const.dtype))
     if const.attr is None:
         const.attr = attrs.add(name, "w")
     return "self." + const.attr
 
 
-def _node_statement(node, fn, opset, values, attrs, constants):
+# Shape arithmetic runs on the host: Shape/Size give small int tensors on cn.Python(), and these
+# ops keep computing there while every input is such a value or a small constant. Reshape then
+# reads its shape without waiting for a GPU (or, in the browser, without a blocking read).
+HOST_OPS = {"Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Cast", "Add", "Sub", "Mul",
+            "Div", "Mod", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not",
+            "Identity", "Max", "Min", "Neg", "Abs", "ReduceProd", "ReduceSum", "Floor", "Ceil"}
+
+
+def _on_host(node, host_values, constants):
+    if node.op_type in ("Shape", "Size"):
+        return True
+    if node.op_type not in HOST_OPS or not any(i in host_values for i in node.input):
+        return False
+    return all(not i or i in host_values or (i in constants and len(constants[i].values) <= LITERAL_LIMIT)
+               for i in node.input)
+
+
+def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False):
     params = fn.params
     attributes = {}
     for a in node.attribute:
@@ -321,7 +351,7 @@ def _node_statement(node, fn, opset, values, attrs, constants):
         raise OnnxError("node %s (%s) lacks required inputs: it has %s, %s needs %s"
                         % (ascii(node.name), node.op_type, [ascii(n) for n in node.input], node.op_type,
                            ", ".join(required)))
-    args = [_operand(name, values, attrs, constants, host=fn.inputs[i] in fn.host)
+    args = [_operand(name, values, attrs, constants, fn.inputs[i] in fn.host, host_values, host_node)
             for i, name in enumerate(node.input)]
     while args and args[-1] == "None":
         args.pop()
@@ -379,7 +409,8 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
         dtype = "" if c.dtype == "float32" else ", dtype=cn.%s" % c.dtype
         body.append("    self.%s = cn.zeros(%s, backend=backend%s)" % (c.attr, literal(list(c.shape)), dtype))
     body += ["", "def forward(self, %s):" % ", ".join(input_vars)]
-    if any("backend=backend" in line for line in lines):  # ops that make tensors from nothing
+    if any("backend=backend" in line or "ops.to_device(" in line for line in lines + outputs):
+        # ops that make tensors from nothing, and shape values moving onto the device
         body.append("    backend = ops.backend_of(%s)" % ", ".join(input_vars + ["self"]))
     body += ["    " + line for line in lines]
     body.append("    return " + (outputs[0] if len(outputs) == 1 else "(%s,)" % ", ".join(outputs)))

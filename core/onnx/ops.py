@@ -99,6 +99,26 @@ def truth(cond):
     return bool(scalar(cond))
 
 
+_HOST = []
+
+
+def host_backend():
+    """cn.Python(): where shape arithmetic runs (see codegen.HOST_OPS)."""
+    if not _HOST:
+        from ..backends.python_backend import Python
+        _HOST.append(Python())
+    return _HOST[0]
+
+
+def host_tensor(value, dtype):
+    return cn.tensor(value, backend=host_backend(), dtype=_DTYPES[dtype])
+
+
+def to_device(t, backend):
+    """A host-side shape value moved onto the model's backend, where device math needs it."""
+    return t if t.backend is backend else t.to(backend)
+
+
 def backend_of(*things):
     for t in things:
         if isinstance(t, Tensor):
@@ -722,17 +742,18 @@ def Tile(input, repeats):
 
 @op()
 def Shape(data, start=0, end=None):
+    """On the host (cn.Python()): shapes are known without touching the device."""
     dims = list(data.shape)
     n = len(dims)
     s = max(0, min(n, start + n if start < 0 else start))
     e = n if end is None else max(0, min(n, end + n if end < 0 else end))
-    return cn.tensor(dims[s:e], backend=data.backend, dtype=int32) if e > s else \
-        cn.zeros(0, backend=data.backend, dtype=int32)
+    return cn.tensor(dims[s:e], backend=host_backend(), dtype=int32) if e > s else \
+        cn.zeros(0, backend=host_backend(), dtype=int32)
 
 
 @op()
 def Size(data):
-    return cn.tensor(data.numel(), backend=data.backend, dtype=int32)
+    return cn.tensor(data.numel(), backend=host_backend(), dtype=int32)
 
 
 @op(host=("input",))
