@@ -195,7 +195,7 @@ class _Scope:
                     self.known.add(node.output[0])
                     continue
                 fn = registry.get(node.op_type)
-                if fn is None and node.op_type != "If":
+                if fn is None and node.op_type not in ("If", "Loop"):
                     raise _Unsupported("op not supported")
                 for name in node.input:
                     if name and name not in self.known:
@@ -203,6 +203,8 @@ class _Scope:
                                         "not in topological order or is incomplete)" % (where, ascii(name)))
                 if node.op_type == "If":
                     lines += self.emit_if(node)
+                elif node.op_type == "Loop":
+                    lines += self.emit_loop(node)
                 else:
                     on_host = _on_host(node, self.host_values, self.constants)
                     lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
@@ -216,6 +218,51 @@ class _Scope:
                     if o:
                         self.known.add(o)
                         self.values.add(o)
+        return lines
+
+    def emit_loop(self, node):
+        """Loop as a Python while loop: the body graph's inputs (iteration number, condition,
+        loop-carried values) are assigned before each pass, its outputs carried to the next;
+        scan outputs are stacked at the end."""
+        body = {a.name: a.g for a in node.attribute if a.type == 5}.get("body")
+        if body is None:
+            raise _Unsupported("Loop without a body graph")
+        carried = list(node.input[2:])
+        n_scan = len(body.output) - 1 - len(carried)
+        if len(body.input) != 2 + len(carried) or n_scan < 0 or len(node.output) > len(carried) + n_scan:
+            raise _Unsupported("Loop body with %d inputs / %d outputs for %d carried values"
+                               % (len(body.input), len(body.output), len(carried)))
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        step, cond_in = (self.values.add(vi.name) for vi in body.input[:2])
+        state = [self.values.add(vi.name) for vi in body.input[2:]]
+        self.known.update(vi.name for vi in body.input)
+        self.host_values.add(body.input[0].name)
+        trips = _operand(node.input[0], self.values, self.attrs, self.constants, True) if node.input[0] else "None"
+        cond = _operand(node.input[1], self.values, self.attrs, self.constants, True) \
+            if len(node.input) > 1 and node.input[1] else "True"
+        scans = [self.values.add("%s_scan_%d" % (node.name or "loop", k)) for k in range(n_scan)]
+        lines = ["%s = %s%s" % (v, _operand(i, self.values, self.attrs, self.constants, False, self.host_values), comment)
+                 for v, i in zip(state, carried)]
+        lines += ["%s = []" % v for v in scans]
+        lines += ["%s = ops.truth(%s)" % (cond_in, cond) if cond != "True" else "%s = True" % cond_in,
+                  "for %s in ops.trips(%s):" % (step, trips),
+                  "    if not ops.truth(%s):" % cond_in, "        break"]
+        for init in body.initializer:
+            type_name, shape, data = tensor_values(init, self.external)
+            self.constants[init.name] = Constant(type_name, shape, data)
+            self.known.add(init.name)
+        inner = self.emit(body.node)
+        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
+                for vi in body.output]
+        inner.append("%s = %s" % (cond_in, outs[0]))
+        if state:
+            inner.append("%s = %s" % (", ".join(state), ", ".join(outs[1:1 + len(state)])))
+        inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[1 + len(state):])]
+        lines += ["    " + line for line in inner]
+        results = state + ["ops.stack_scan(%s)" % v for v in scans]
+        for o, r in zip(node.output, results):
+            if o:
+                lines.append("%s = %s" % (self.values.add(o), r))
         return lines
 
     def emit_if(self, node):

@@ -99,6 +99,20 @@ def truth(cond):
     return bool(scalar(cond))
 
 
+def trips(count):
+    """Loop's iteration numbers (host int32 scalars): count of them, or without end for None."""
+    i = 0
+    limit = None if count is None else int(scalar(count))
+    while limit is None or i < limit:
+        yield host_tensor(i, "int32")
+        i += 1
+
+
+def stack_scan(values):
+    """Loop's scan outputs: the per-iteration values stacked along a new first axis."""
+    return stack(values, 0)
+
+
 _HOST = []
 
 
