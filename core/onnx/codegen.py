@@ -195,7 +195,7 @@ class _Scope:
                     self.known.add(node.output[0])
                     continue
                 fn = registry.get(node.op_type)
-                if fn is None and node.op_type not in ("If", "Loop"):
+                if fn is None and node.op_type not in ("If", "Loop", "Scan"):
                     raise _Unsupported("op not supported")
                 for name in node.input:
                     if name and name not in self.known:
@@ -205,6 +205,8 @@ class _Scope:
                     lines += self.emit_if(node)
                 elif node.op_type == "Loop":
                     lines += self.emit_loop(node)
+                elif node.op_type == "Scan":
+                    lines += self.emit_scan(node)
                 else:
                     on_host = _on_host(node, self.host_values, self.constants)
                     lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
@@ -260,6 +262,52 @@ class _Scope:
         inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[1 + len(state):])]
         lines += ["    " + line for line in inner]
         results = state + ["ops.stack_scan(%s)" % v for v in scans]
+        for o, r in zip(node.output, results):
+            if o:
+                lines.append("%s = %s" % (self.values.add(o), r))
+        return lines
+
+    def emit_scan(self, node):
+        """Scan (opset 9+) as a Python for loop over the scan axis of its scan inputs."""
+        if self.opset < 9:
+            raise _Unsupported("Scan before opset 9 (with sequence_lens)")
+        a = {x.name: x for x in node.attribute}
+        body = a["body"].g if "body" in a else None
+        if body is None or "num_scan_inputs" not in a:
+            raise _Unsupported("Scan without body / num_scan_inputs")
+        n_scan_in = a["num_scan_inputs"].i
+        n_state = len(node.input) - n_scan_in
+        n_scan_out = len(body.output) - n_state
+        in_axes = list(a["scan_input_axes"].ints) if "scan_input_axes" in a else [0] * n_scan_in
+        in_dirs = list(a["scan_input_directions"].ints) if "scan_input_directions" in a else [0] * n_scan_in
+        out_axes = list(a["scan_output_axes"].ints) if "scan_output_axes" in a else [0] * n_scan_out
+        out_dirs = list(a["scan_output_directions"].ints) if "scan_output_directions" in a else [0] * n_scan_out
+        if n_state < 0 or n_scan_out < 0 or len(body.input) != len(node.input):
+            raise _Unsupported("Scan body does not fit its inputs")
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        state = [self.values.add(vi.name) for vi in body.input[:n_state]]
+        elems = [self.values.add(vi.name) for vi in body.input[n_state:]]
+        self.known.update(vi.name for vi in body.input)
+        sources = [_operand(i, self.values, self.attrs, self.constants, False, self.host_values) for i in node.input]
+        step = self.values.add("%s_step" % (node.name or "scan"))
+        scans = [self.values.add("%s_scan_%d" % (node.name or "scan", k)) for k in range(n_scan_out)]
+        lines = ["%s = %s%s" % (v, src, comment) for v, src in zip(state, sources[:n_state])]
+        lines += ["%s = []" % v for v in scans]
+        lines.append("for %s in range(%s.shape[%d]):" % (step, sources[n_state], in_axes[0]))
+        inner = ["%s = ops.scan_slice(%s, %d, %s, %d)" % (e, src, ax, step, d)
+                 for e, src, ax, d in zip(elems, sources[n_state:], in_axes, in_dirs)]
+        for init in body.initializer:
+            type_name, shape, data = tensor_values(init, self.external)
+            self.constants[init.name] = Constant(type_name, shape, data)
+            self.known.add(init.name)
+        inner += self.emit(body.node)
+        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
+                for vi in body.output]
+        if state:
+            inner.append("%s = %s" % (", ".join(state), ", ".join(outs[:n_state])))
+        inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[n_state:])]
+        lines += ["    " + line for line in inner]
+        results = state + ["ops.stack_scan(%s, %d, %d)" % (v, ax, d) for v, ax, d in zip(scans, out_axes, out_dirs)]
         for o, r in zip(node.output, results):
             if o:
                 lines.append("%s = %s" % (self.values.add(o), r))

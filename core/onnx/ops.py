@@ -108,9 +108,18 @@ def trips(count):
         i += 1
 
 
-def stack_scan(values):
-    """Loop's scan outputs: the per-iteration values stacked along a new first axis."""
-    return stack(values, 0)
+def stack_scan(values, axis=0, reverse=0):
+    """Loop/Scan outputs: the per-iteration values stacked along a new axis (last first when
+    reverse)."""
+    values = list(reversed(values)) if reverse else values
+    return stack(values, axis if axis >= 0 else axis + values[0].ndim + 1)
+
+
+def scan_slice(x, axis, step, reverse):
+    """Scan's element `step` of x along axis (counted from the end when reverse)."""
+    a = _axis(axis, x.ndim)
+    i = x.shape[a] - 1 - step if reverse else step
+    return _slice_axis(x, a, i, i + 1).squeeze(a)
 
 
 _HOST = []
