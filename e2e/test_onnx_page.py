@@ -42,3 +42,4 @@ def test_mobilenet_v2_upload_matches_onnxruntime(new_page):
     assert got.shape == expected.shape == (1, 1000)
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
     assert result["warm_ms"] > 0 and "warm run" in page.text_content("#timings")
+    assert result["captured"], "the page's warm run should be a cn.capture replay on WebGPU"

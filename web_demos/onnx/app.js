@@ -39,7 +39,7 @@ async function runModel(onnxWeb) {
   api.result = result;
   const t = $("timings");
   t.replaceChildren(row(["step", "ms"], true), row(["import (read + generate + build)", api.info.import_ms.toFixed(1)]),
-    row([`first run (batch ${batch})`, result.first_ms.toFixed(1)]), row(["warm run", result.warm_ms.toFixed(1)]));
+    row([`first run (batch ${batch})`, result.first_ms.toFixed(1)]), row([result.captured ? "warm run (captured replay)" : "warm run", result.warm_ms.toFixed(1)]));
   $("outputs").textContent = result.outputs.map((o) =>
     `${o.name} ${JSON.stringify(o.shape)}: ${o.values.slice(0, 10).map((v) => Number(v).toFixed(5)).join(", ")}` +
     (o.values.length > 10 ? " …" : "")).join("\n");
