@@ -560,6 +560,24 @@ def convert(args):
 from .micro import commands as _micro_commands  # noqa: E402,F401  (quantize, export-micro, flash)
 
 
+# ---------------------------------------------------------------- import-onnx
+
+@command("import-onnx", "turn an ONNX model into readable cinders Python (DIR/NAME.py + DIR/NAME.safetensors)", [
+    arg("model", help="the .onnx file (external data files next to it are read too)"),
+    arg("--out", required=True, help="folder to write NAME.py and NAME.safetensors into"),
+    arg("--name", default=None, help="module name (default: from the file name)"),
+])
+def import_onnx(args):
+    from cinders.onnx import import_onnx as write
+    started = time.perf_counter()
+    py_path, record_path = write(args.model, args.out, args.name)
+    name = os.path.splitext(os.path.basename(py_path))[0]
+    print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
+    print("use it: cd %s && python -c \"from %s import Model; m = Model.load('%s.safetensors')\""
+          % (args.out, name, name))
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def build_parser():

@@ -4,6 +4,7 @@ URL layout (longest prefix wins):
     /                  web_demos/mnist/          the MNIST drawing page
     /mnist-micro/      web_demos/mnist-micro/    the MicroPython-wasm variant
     /pyscript/         web_demos/pyscript/       the PyScript example app
+    /onnx/             web_demos/onnx/           import an ONNX file in the tab and run it
     /shared/           web_demos/shared/         JS shared by the pages (drawing page, preprocessing)
     /models/           web_demos/models/         committed model records
     /wasm/             wasm/                     the browser runtime (cinders.js)
@@ -43,6 +44,7 @@ def default_mounts():
         ("/shared/", os.path.join(demos, "shared")),
         ("/mnist-micro/", os.path.join(demos, "mnist-micro")),
         ("/pyscript/", os.path.join(demos, "pyscript")),
+        ("/onnx/", os.path.join(demos, "onnx")),
         ("/", os.path.join(demos, "mnist")),
     ]
 

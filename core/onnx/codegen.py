@@ -1,0 +1,654 @@
+"""ONNX graph -> Python source of a cinders.nn.Module (the one way in: `load` executes this source,
+`cinders import-onnx` writes it to a file).
+
+The source is built by us from the validated graph; nothing the file says is ever pasted into
+code. Identifiers are sanitised to [A-Za-z0-9_], and every string from the file (value names,
+node names, producer) appears only as an ascii() literal: in comments (ascii() has no line
+breaks) or as string constants. Numbers are emitted by repr() of Python ints/floats we decoded.
+"""
+
+import keyword
+import math
+import re
+
+from . import ops as onnx_ops
+from .ops import cinders_dtype_name
+from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
+
+# Inputs smaller than this that are constants and land on a parameter an op reads as Python
+# numbers (shapes, axes, pads ...) are written into the code as literals.
+LITERAL_LIMIT = 4096
+SUPPORTED_DOMAINS = ("", "ai.onnx")
+DOCS = "docs/onnx-ops.md"
+
+_RESERVED = set(keyword.kwlist) | {"self", "cn", "ops", "backend", "Model", "None", "True", "False"}
+_MODULE_NAMES = {"forward", "load", "save", "to", "train", "eval", "training", "buffers", "config",
+                 "parameters", "named_parameters", "named_buffers", "state_dict", "modules",
+                 "load_state_dict", "replace_tensors", "update_parameters", "num_params",
+                 "input_names", "output_names", "opset", "extra_repr"}
+
+# Ops written as plain Tensor expressions (same semantics as ONNX for the dtypes ONNX allows).
+_INLINE = {
+    "Add": "{0} + {1}", "Sub": "{0} - {1}", "Mul": "{0} * {1}", "MatMul": "{0} @ {1}",
+    "Relu": "{0}.relu()", "Sigmoid": "{0}.sigmoid()", "Tanh": "{0}.tanh()", "Exp": "{0}.exp()",
+    "Log": "{0}.log()", "Sqrt": "{0}.sqrt()", "Neg": "-{0}", "Abs": "{0}.abs()", "Erf": "{0}.erf()",
+    "Identity": "{0}",
+}
+
+
+class _Names:
+    def __init__(self, reserved):
+        self.taken = set(reserved)
+        self.of = {}
+
+    def add(self, onnx_name, prefix="v"):
+        if onnx_name in self.of:
+            return self.of[onnx_name]
+        # PyTorch names values "/layer1/conv1/Conv_output_0": the suffix says nothing
+        base = re.sub(r"[^0-9A-Za-z_]", "_", re.sub(r"_output_0$", "", onnx_name)).strip("_")
+        base = re.sub(r"_+", "_", base)[:60] or prefix
+        if base[0].isdigit():
+            base = prefix + "_" + base
+        name, i = base, 1
+        while name in self.taken or keyword.iskeyword(name):
+            i += 1
+            name = "%s_%d" % (base, i)
+        self.taken.add(name)
+        self.of[onnx_name] = name
+        return name
+
+
+def literal(value):
+    """Python source of a number / string / nested list that we decoded (never file text)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "float('nan')"
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "float('-inf')"
+        return repr(value)
+    if isinstance(value, (str, bytes)):
+        return ascii(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    raise OnnxError("internal: cannot write %r as a literal" % (type(value).__name__,))
+
+
+def nest(flat, shape):
+    """Flat values -> nested lists of `shape` (a scalar for shape ())."""
+    flat = list(flat)
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return flat
+    step = len(flat) // shape[0] if shape[0] else 0
+    return [nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+
+class Constant:
+    """A value known at import: an initializer or a Constant node's output."""
+
+    def __init__(self, onnx_type, shape, values):
+        self.onnx_type, self.shape, self.values = onnx_type, tuple(shape), values
+        self.dtype = cinders_dtype_name(onnx_type)
+        self.attr = None  # the Model attribute holding it, once something reads it as a tensor
+
+    def python_values(self):
+        """Flat Python numbers in the cinders dtype (int64 beyond int32 saturates)."""
+        if self.dtype == "float32":
+            return [float(v) for v in self.values]
+        if self.dtype == "bool":
+            return [bool(v) for v in self.values]
+        return [int(v) for v in self.values]
+
+    def storable_values(self):
+        if self.dtype == "int32" and self.onnx_type in ("int64", "uint32", "uint64"):
+            return [min(max(int(v), -2 ** 31), 2 ** 31 - 1) for v in self.values]
+        return self.values
+
+
+def _attribute_value(attr, where):
+    t = attr.type
+    if t == 1:
+        return attr.f
+    if t == 2:
+        return attr.i
+    if t == 3:
+        return attr.s.decode("utf-8", "replace")
+    if t == 6:
+        return list(attr.floats)
+    if t == 7:
+        return list(attr.ints)
+    if t == 8:
+        return [s.decode("utf-8", "replace") for s in attr.strings]
+    if t == 4:
+        return attr.t
+    if t == 0:  # old exporters leave the type out: infer from what is set
+        for field, conv in (("ints", list), ("floats", list)):
+            if getattr(attr, field):
+                return conv(getattr(attr, field))
+        if attr.s:
+            return attr.s.decode("utf-8", "replace")
+        if attr.t is not None:
+            return attr.t
+        return attr.i if attr.i else attr.f
+    raise _Unsupported("attribute %r of type %d (graphs, sparse tensors, type protos) is not supported"
+                       % (attr.name, t))
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _constant_node(node, opset):
+    """The Constant node's value as a Constant."""
+    attrs = {a.name: a for a in node.attribute}
+    if "value" in attrs:
+        type_name, shape, values = tensor_values(attrs["value"].t)
+        return Constant(type_name, shape, values)
+    for name, type_name, listed in (("value_float", "float32", False), ("value_floats", "float32", True),
+                                    ("value_int", "int64", False), ("value_ints", "int64", True)):
+        if name in attrs:
+            v = _attribute_value(attrs[name], node.name)
+            values = list(v) if listed else [v]
+            return Constant(type_name, (len(values),) if listed else (), values)
+    raise _Unsupported("Constant with attributes %s" % sorted(attrs))
+
+
+def opset_of(model):
+    for o in model.opset_import:
+        if o.domain in SUPPORTED_DOMAINS:
+            return o.version
+    return 1
+
+
+class _Scope:
+    """Writes the statements of a graph's nodes; If nodes recurse into their branches, whose
+    nodes read the enclosing graph's values (ONNX scoping) and write the If's outputs."""
+
+    def __init__(self, opset, values, attrs, constants, known, problems, external):
+        self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
+        self.known, self.problems, self.external = known, problems, external
+        self.host_values = set()
+
+    def emit(self, nodes):
+        lines = []
+        registry = onnx_ops.REGISTRY
+        for index, node in enumerate(nodes):
+            where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
+            try:
+                if node.domain not in SUPPORTED_DOMAINS:
+                    raise _Unsupported("domain %s" % ascii(node.domain))
+                if not any(node.output):
+                    raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
+                for o in node.output:
+                    if o and o in self.known:
+                        raise OnnxError("%s writes %s, which is already defined (ONNX values are "
+                                        "assigned once)" % (where, ascii(o)))
+                if node.op_type == "Constant":
+                    if len(node.output) != 1:
+                        raise _Unsupported("Constant with %d outputs" % len(node.output))
+                    self.constants[node.output[0]] = _constant_node(node, self.opset)
+                    self.known.add(node.output[0])
+                    continue
+                fn = registry.get(node.op_type)
+                if fn is None and node.op_type not in ("If", "Loop", "Scan"):
+                    raise _Unsupported("op not supported")
+                for name in node.input:
+                    if name and name not in self.known:
+                        raise OnnxError("%s reads %s, which no earlier node produces (the graph is "
+                                        "not in topological order or is incomplete)" % (where, ascii(name)))
+                if node.op_type == "If":
+                    lines += self.emit_if(node)
+                elif node.op_type == "Loop":
+                    lines += self.emit_loop(node)
+                elif node.op_type == "Scan":
+                    lines += self.emit_scan(node)
+                else:
+                    on_host = _on_host(node, self.host_values, self.constants)
+                    lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
+                                                 self.host_values, on_host))
+                    if on_host:
+                        self.host_values.update(o for o in node.output if o)
+                self.known.update(o for o in node.output if o)
+            except _Unsupported as e:
+                self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
+                for o in node.output:   # known, so that later nodes report only their own problems
+                    if o:
+                        self.known.add(o)
+                        self.values.add(o)
+        return lines
+
+    def emit_loop(self, node):
+        """Loop as a Python while loop: the body graph's inputs (iteration number, condition,
+        loop-carried values) are assigned before each pass, its outputs carried to the next;
+        scan outputs are stacked at the end."""
+        body = {a.name: a.g for a in node.attribute if a.type == 5}.get("body")
+        if body is None:
+            raise _Unsupported("Loop without a body graph")
+        carried = list(node.input[2:])
+        n_scan = len(body.output) - 1 - len(carried)
+        if len(body.input) != 2 + len(carried) or n_scan < 0 or len(node.output) > len(carried) + n_scan:
+            raise _Unsupported("Loop body with %d inputs / %d outputs for %d carried values"
+                               % (len(body.input), len(body.output), len(carried)))
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        step, cond_in = (self.values.add(vi.name) for vi in body.input[:2])
+        state = [self.values.add(vi.name) for vi in body.input[2:]]
+        self.known.update(vi.name for vi in body.input)
+        self.host_values.add(body.input[0].name)
+        trips = _operand(node.input[0], self.values, self.attrs, self.constants, True) if node.input[0] else "None"
+        cond = _operand(node.input[1], self.values, self.attrs, self.constants, True) \
+            if len(node.input) > 1 and node.input[1] else "True"
+        scans = [self.values.add("%s_scan_%d" % (node.name or "loop", k)) for k in range(n_scan)]
+        lines = ["%s = %s%s" % (v, _operand(i, self.values, self.attrs, self.constants, False, self.host_values), comment)
+                 for v, i in zip(state, carried)]
+        lines += ["%s = []" % v for v in scans]
+        lines += ["%s = ops.truth(%s)" % (cond_in, cond) if cond != "True" else "%s = True" % cond_in,
+                  "for %s in ops.trips(%s):" % (step, trips),
+                  "    if not ops.truth(%s):" % cond_in, "        break"]
+        for init in body.initializer:
+            type_name, shape, data = tensor_values(init, self.external)
+            self.constants[init.name] = Constant(type_name, shape, data)
+            self.known.add(init.name)
+        inner = self.emit(body.node)
+        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
+                for vi in body.output]
+        inner.append("%s = %s" % (cond_in, outs[0]))
+        if state:
+            inner.append("%s = %s" % (", ".join(state), ", ".join(outs[1:1 + len(state)])))
+        inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[1 + len(state):])]
+        lines += ["    " + line for line in inner]
+        results = state + ["ops.stack_scan(%s)" % v for v in scans]
+        for o, r in zip(node.output, results):
+            if o:
+                lines.append("%s = %s" % (self.values.add(o), r))
+        return lines
+
+    def emit_scan(self, node):
+        """Scan (opset 9+) as a Python for loop over the scan axis of its scan inputs."""
+        if self.opset < 9:
+            raise _Unsupported("Scan before opset 9 (with sequence_lens)")
+        a = {x.name: x for x in node.attribute}
+        body = a["body"].g if "body" in a else None
+        if body is None or "num_scan_inputs" not in a:
+            raise _Unsupported("Scan without body / num_scan_inputs")
+        n_scan_in = a["num_scan_inputs"].i
+        n_state = len(node.input) - n_scan_in
+        n_scan_out = len(body.output) - n_state
+        in_axes = list(a["scan_input_axes"].ints) if "scan_input_axes" in a else [0] * n_scan_in
+        in_dirs = list(a["scan_input_directions"].ints) if "scan_input_directions" in a else [0] * n_scan_in
+        out_axes = list(a["scan_output_axes"].ints) if "scan_output_axes" in a else [0] * n_scan_out
+        out_dirs = list(a["scan_output_directions"].ints) if "scan_output_directions" in a else [0] * n_scan_out
+        if n_state < 0 or n_scan_out < 0 or len(body.input) != len(node.input):
+            raise _Unsupported("Scan body does not fit its inputs")
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        state = [self.values.add(vi.name) for vi in body.input[:n_state]]
+        elems = [self.values.add(vi.name) for vi in body.input[n_state:]]
+        self.known.update(vi.name for vi in body.input)
+        sources = [_operand(i, self.values, self.attrs, self.constants, False, self.host_values) for i in node.input]
+        step = self.values.add("%s_step" % (node.name or "scan"))
+        scans = [self.values.add("%s_scan_%d" % (node.name or "scan", k)) for k in range(n_scan_out)]
+        lines = ["%s = %s%s" % (v, src, comment) for v, src in zip(state, sources[:n_state])]
+        lines += ["%s = []" % v for v in scans]
+        lines.append("for %s in range(%s.shape[%d]):" % (step, sources[n_state], in_axes[0]))
+        inner = ["%s = ops.scan_slice(%s, %d, %s, %d)" % (e, src, ax, step, d)
+                 for e, src, ax, d in zip(elems, sources[n_state:], in_axes, in_dirs)]
+        for init in body.initializer:
+            type_name, shape, data = tensor_values(init, self.external)
+            self.constants[init.name] = Constant(type_name, shape, data)
+            self.known.add(init.name)
+        inner += self.emit(body.node)
+        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
+                for vi in body.output]
+        if state:
+            inner.append("%s = %s" % (", ".join(state), ", ".join(outs[:n_state])))
+        inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[n_state:])]
+        lines += ["    " + line for line in inner]
+        results = state + ["ops.stack_scan(%s, %d, %d)" % (v, ax, d) for v, ax, d in zip(scans, out_axes, out_dirs)]
+        for o, r in zip(node.output, results):
+            if o:
+                lines.append("%s = %s" % (self.values.add(o), r))
+        return lines
+
+    def emit_if(self, node):
+        branches = {a.name: a.g for a in node.attribute if a.type == 5}
+        if set(branches) != {"then_branch", "else_branch"}:
+            raise _Unsupported("If needs then_branch and else_branch graphs")
+        outs = [self.values.add(o) if o else "_" for o in node.output]
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        cond = _operand(node.input[0], self.values, self.attrs, self.constants, True)
+        lines = ["if ops.truth(%s):%s" % (cond, comment)]
+        for key in ("then_branch", "else_branch"):
+            graph = branches[key]
+            if key == "else_branch":
+                lines.append("else:")
+            for init in graph.initializer:
+                type_name, shape, data = tensor_values(init, self.external)
+                self.constants[init.name] = Constant(type_name, shape, data)
+                self.known.add(init.name)
+            body = self.emit(graph.node)
+            if len(graph.output) != len(outs):
+                raise _Unsupported("%s has %d outputs, the If %d" % (key, len(graph.output), len(outs)))
+            for target, vi in zip(outs, graph.output):
+                if vi.name not in self.known:
+                    raise _Unsupported("%s output %s is produced by no node" % (key, ascii(vi.name)))
+                body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False,
+                                                           self.host_values)))
+            lines += ["    " + line for line in body]
+        return lines
+
+
+def generate(model, external=None, class_name="Model", source_name="model.onnx"):
+    """(source, {attribute: Constant}) for the ModelProto `model`. Raises OnnxError listing every
+    unsupported node at once."""
+    graph = model.graph
+    opset = opset_of(model)
+    values = _Names(_RESERVED)
+    attrs = _Names(_RESERVED | _MODULE_NAMES)
+    constants = {}
+    for init in graph.initializer:
+        type_name, shape, data = tensor_values(init, external)
+        if type_name == "string":
+            raise OnnxError("initializer %s holds strings, which cinders tensors cannot" % ascii(init.name))
+        constants[init.name] = Constant(type_name, shape, data)
+    if graph.sparse_initializer:
+        raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
+
+    if not graph.output:
+        raise OnnxError("the graph has no outputs")
+    inputs = [vi for vi in graph.input if vi.name not in constants]
+    if len({vi.name for vi in inputs}) != len(inputs) or not all(vi.name for vi in inputs):
+        raise OnnxError("graph inputs %s are not distinct non-empty names" % [ascii(vi.name) for vi in inputs])
+    input_vars = [values.add(vi.name, "x") for vi in inputs]
+    known = set(vi.name for vi in inputs) | set(constants)
+
+    problems = []
+    scope = _Scope(opset, values, attrs, constants, known, problems, external)
+    lines = scope.emit(graph.node)
+    if problems:
+        raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
+                        % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
+    layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
+    if layered is not None:
+        return layered
+    outputs = []
+    for vi in graph.output:
+        if vi.name not in known:
+            raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
+        outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
+    return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
+                          lines, constants), {c.attr: c for c in constants.values() if c.attr}
+
+
+def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):
+    """Source of one input. host: the op reads it as Python numbers. host_values: values that
+    live on the host (shape arithmetic, see HOST_OPS); host_node: the op computes on the host."""
+    if not name:
+        return "None"
+    const = constants.get(name)
+    if const is None:
+        var = values.of[name]
+        if name in host_values and not host and not host_node:
+            return "ops.to_device(%s, backend)" % var    # a shape value entering device math
+        return var
+    n = len(const.values)
+    if host and n <= LITERAL_LIMIT:
+        return literal(nest(const.python_values(), const.shape))
+    if host_node:
+        return "ops.host_tensor(%s, %s)" % (literal(nest(const.python_values(), const.shape)), ascii(const.dtype))
+    if const.attr is None:
+        const.attr = attrs.add(name, "w")
+    return "self." + const.attr
+
+
+# Shape arithmetic runs on the host: Shape/Size give small int tensors on cn.Python(), and these
+# ops keep computing there while every input is such a value or a small constant. Reshape then
+# reads its shape without waiting for a GPU (or, in the browser, without a blocking read).
+HOST_OPS = {"Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Cast", "Add", "Sub", "Mul",
+            "Div", "Mod", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not",
+            "Identity", "Max", "Min", "Neg", "Abs", "ReduceProd", "ReduceSum", "Floor", "Ceil"}
+
+
+def _on_host(node, host_values, constants):
+    if node.op_type in ("Shape", "Size"):
+        return True
+    if node.op_type not in HOST_OPS or not any(i in host_values for i in node.input):
+        return False
+    return all(not i or i in host_values or (i in constants and len(constants[i].values) <= LITERAL_LIMIT)
+               for i in node.input)
+
+
+def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False):
+    params = fn.params
+    attributes = {}
+    for a in node.attribute:
+        if a.name not in params or a.name in ("outputs", "opset", "backend"):
+            raise _Unsupported("attribute %s" % ascii(a.name))
+        value = _attribute_value(a, node.name)
+        if a.name == "to" or a.name == "dtype":
+            if value not in DATA_TYPES or value in (8, 16):
+                raise _Unsupported("%s=%d: cinders computes in float32, int32 and bool; this type "
+                                   "(8-bit/4-bit floats, strings, ...) is not emulated" % (a.name, value))
+            value = DATA_TYPES[value][0]
+        elif not isinstance(value, (int, float, str, list)):  # a tensor attribute
+            type_name, shape, data = tensor_values(value)
+            value = [type_name, list(shape), list(data)] if len(data) <= LITERAL_LIMIT else None
+            if value is None:
+                raise _Unsupported("tensor attribute %s larger than %d elements" % (ascii(a.name), LITERAL_LIMIT))
+        attributes[a.name] = value
+    if len(node.input) > len(fn.inputs):
+        raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
+    required = [n for n in fn.inputs[:fn.required] if n not in attributes]
+    if len(node.input) < len(required) or not all(node.input[:len(required)]):
+        raise OnnxError("node %s (%s) lacks required inputs: it has %s, %s needs %s"
+                        % (ascii(node.name), node.op_type, [ascii(n) for n in node.input], node.op_type,
+                           ", ".join(required)))
+    args = [_operand(name, values, attrs, constants, fn.inputs[i] in fn.host, host_values, host_node)
+            for i, name in enumerate(node.input)]
+    while args and args[-1] == "None":
+        args.pop()
+    outs = [values.add(o) if o else "_" for o in node.output]
+    while len(outs) > 1 and outs[-1] == "_":
+        outs.pop()
+    inline = _INLINE.get(node.op_type)
+    if inline is not None and not attributes and len(args) == inline.count("{") and "None" not in args \
+            and not any(a.startswith("[") or a[:1].isdigit() or a[:1] == "-" for a in args):
+        expr = inline.format(*args)
+    else:
+        # attributes equal to the op's default say nothing: left out, like ONNX exporters do
+        keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()
+                    if not (k in fn.defaults and type(v) is type(fn.defaults[k]) and v == fn.defaults[k])]
+        if "opset" in params:
+            keywords.append("opset=%d" % opset)
+        if "backend" in params:
+            keywords.append("backend=backend")
+        if fn.multi and len(outs) > 1:
+            keywords.append("outputs=%d" % len(outs))
+        expr = "ops.%s(%s)" % (node.op_type, ", ".join(args + keywords))
+    if fn.multi and len(outs) > 1:
+        target = ", ".join(outs)
+    else:
+        target = outs[0] if outs else "_"
+    comment = "  # %s" % ascii(node.name) if node.name else ""
+    return "%s = %s%s" % (target, expr, comment)
+
+
+def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, constants):
+    header = [
+        "# Generated by cinders from %s: do not expect it to match the file byte for byte," % ascii(source_name),
+        "# but feel free to edit, fine-tune (cn.Autodiff) or export it (cinders export-micro).",
+        "# Producer: %s %s, opset %d." % (ascii(model.producer_name), ascii(model.producer_version), opset),
+        "import cinders as cn",
+        "from cinders.onnx import ops",
+        "",
+        "",
+        "class %s(cn.nn.Module):" % class_name,
+    ]
+    stored = [c for c in constants.values() if c.attr]
+    buffers = [c.attr for c in stored if c.dtype != "float32"]
+    body = [
+        "input_names = %s" % literal([vi.name for vi in inputs]),
+        "output_names = %s" % literal([o.name for o in model.graph.output]),
+        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
+        "opset = %d" % opset,
+        "buffers = %s" % literal(buffers),
+        "",
+        "def __init__(self, backend=None):",
+        "    super().__init__()",
+    ]
+    for c in stored:
+        dtype = "" if c.dtype == "float32" else ", dtype=cn.%s" % c.dtype
+        body.append("    self.%s = cn.zeros(%s, backend=backend%s)" % (c.attr, literal(list(c.shape)), dtype))
+    body += ["", "def forward(self, %s):" % ", ".join(input_vars)]
+    if any("backend=backend" in line or "ops.to_device(" in line for line in lines + outputs):
+        # ops that make tensors from nothing, and shape values moving onto the device
+        body.append("    backend = ops.backend_of(%s)" % ", ".join(input_vars + ["self"]))
+    body += ["    " + line for line in lines]
+    body.append("    return " + (outputs[0] if len(outputs) == 1 else "(%s,)" % ", ".join(outputs)))
+    body = ["    " + line if line else "" for line in body]
+    return "\n".join(header + body) + "\n"
+
+
+def module_name(text):
+    """A Python module name made from a file name."""
+    name = re.sub(r"[^0-9A-Za-z_]", "_", text).strip("_") or "model"
+    return "m_" + name if name[0].isdigit() or keyword.iskeyword(name) else name
+
+
+# -- layer style: graphs made only of layer-shaped nodes become a module of cinders.nn layers ------
+#
+# A chain of Conv / Gemm / pooling / activations (an MNIST CNN, an MLP) is written with the
+# layers the board runtime also has, so `cinders export-micro` can take it to MicroPython:
+#     self.conv1 = nn.Conv2d(1, 8, (3, 3), stride=(1, 1), padding=(1, 1))  # '/conv1/Conv'
+#     conv1 = self.conv1(image)  # '/conv1/Conv'
+
+def _attrs(node):
+    return {a.name: _attribute_value(a, node.name) for a in node.attribute}
+
+
+def _pads_symmetric(attrs, nd=2):
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    pads = list(attrs.get("pads") or [0] * 2 * nd)
+    return tuple(pads[:nd]) if pads[:nd] == pads[nd:] else None
+
+
+def _layer_for(node, constants):
+    """(constructor source, {state suffix: Constant}) for one node, or None when it is not a
+    plain layer. Identity-like nodes give ("", {})."""
+    a = _attrs(node)
+    op_type = node.op_type
+    const = [constants.get(n) for n in node.input]
+    if op_type in ("Identity", "Dropout") and len([o for o in node.output if o]) == 1:
+        return "", {}
+    if op_type in ("Relu", "Sigmoid", "Tanh") and not a:
+        return "nn.%s()" % {"Relu": "ReLU"}.get(op_type, op_type), {}
+    if op_type == "Softmax" and a.get("axis", -1) in (-1, 1):
+        return "nn.Softmax(dim=%d)" % a.get("axis", -1), {}
+    if op_type == "Flatten" and a.get("axis", 1) == 1:
+        return "nn.Flatten()", {}
+    if op_type == "Reshape" and const[1] is not None and len(const[1].values) == 2 and not a.get("allowzero"):
+        first, second = (int(v) for v in const[1].values)
+        if first == 0 and second == -1:
+            return "nn.Flatten()", {}   # (N, C, H, W) -> (N, C*H*W): how a CNN feeds its classifier
+        return None
+    if op_type == "Conv" and len(node.input) >= 2 and const[1] is not None and len(const[1].shape) == 4:
+        pads = _pads_symmetric(a)
+        if pads is None or a.get("group", 1) != 1 or (len(node.input) > 2 and const[2] is None):
+            return None
+        w = const[1]
+        o, c, kh, kw = w.shape
+        bias = len(node.input) > 2 and bool(node.input[2])
+        state = {"weight": w}
+        if bias:
+            state["bias"] = const[2]
+        return ("nn.Conv2d(%d, %d, (%d, %d), stride=%s, padding=%s, dilation=%s%s, backend=backend)"
+                % (c, o, kh, kw, tuple(a.get("strides", [1, 1])), pads, tuple(a.get("dilations", [1, 1])),
+                   "" if bias else ", bias=False")), state
+    if op_type in ("MaxPool", "AveragePool") and len(a.get("kernel_shape", [])) == 2 and not a.get("ceil_mode"):
+        pads = _pads_symmetric(a)
+        if pads is None or any(d != 1 for d in a.get("dilations", [1, 1])):
+            return None
+        if op_type == "AveragePool" and any(pads) and not a.get("count_include_pad"):
+            return None
+        kernel = tuple(a["kernel_shape"])
+        if any(2 * p > k for p, k in zip(pads, kernel)):   # the layers' (and torch's) limit
+            return None
+        return "nn.%s(%s, stride=%s, padding=%s)" % ("MaxPool2d" if op_type == "MaxPool" else "AvgPool2d", kernel,
+                                                     tuple(a.get("strides", [1, 1])), pads), {}
+    if op_type == "Gemm" and const[1] is not None and len(const[1].shape) == 2 and a.get("alpha", 1.0) == 1.0 \
+            and a.get("beta", 1.0) == 1.0 and not a.get("transA"):
+        w = const[1]
+        if not a.get("transB"):   # stored (in, out): the layer keeps (out, in)
+            rows, cols = w.shape
+            flat = w.python_values()
+            w = Constant(w.onnx_type, (cols, rows), [flat[r * cols + c] for c in range(cols) for r in range(rows)])
+        out_features, in_features = w.shape
+        state = {"weight": w}
+        if len(node.input) > 2 and node.input[2]:
+            if const[2] is None or const[2].shape != (out_features,):
+                return None
+            state["bias"] = const[2]
+        return ("nn.Linear(%d, %d%s, backend=backend)"
+                % (in_features, out_features, "" if "bias" in state else ", bias=False")), state
+    return None
+
+
+def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values):
+    graph = model.graph
+    type_name, dims = element_type(inputs[0].type) if len(inputs) == 1 else (None, None)
+    if len(inputs) != 1 or len(graph.output) != 1 or type_name not in ("float32", None) or len(dims or ()) < 2:
+        return None   # the layers take a float batch (N, ...)
+    plan, names = [], _Names(_RESERVED | _MODULE_NAMES)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            continue
+        layer = _layer_for(node, constants)
+        if layer is None or not node.input or node.input[0] in constants:
+            return None
+        plan.append((node, layer))
+    if not any(ctor for _, (ctor, _) in plan):
+        return None
+    init_lines, forward, state = [], [], {}
+    for node, (ctor, params) in plan:
+        comment = "  # %s" % ascii(node.name) if node.name else ""
+        source = values.of[node.input[0]]
+        target = values.add(node.output[0])
+        if not ctor:
+            forward.append("%s = %s%s" % (target, source, comment))
+            continue
+        attr = names.add(node.name or node.output[0], "layer")
+        init_lines.append("    self.%s = %s%s" % (attr, ctor, comment))
+        forward.append("%s = self.%s(%s)%s" % (target, attr, source, comment))
+        for suffix, const in params.items():
+            state["%s.%s" % (attr, suffix)] = const
+    out = graph.output[0].name
+    if out not in values.of:
+        return None
+    header = [
+        "# Generated by cinders from %s: a chain of cinders.nn layers (runs on MicroPython too:" % ascii(source_name),
+        "# cinders export-micro). Producer: %s %s, opset %d." % (ascii(model.producer_name),
+                                                                 ascii(model.producer_version), opset),
+        "from cinders import nn",
+        "",
+        "",
+        "class %s(nn.Module):" % class_name,
+    ]
+    body = [
+        "input_names = %s" % literal([vi.name for vi in inputs]),
+        "output_names = %s" % literal([o.name for o in graph.output]),
+        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
+        "opset = %d" % opset,
+        "",
+        "def __init__(self, backend=None):   # backend: the desktop's; the board's layers ignore it",
+        "    super().__init__()",
+    ] + init_lines + ["", "def forward(self, %s):" % input_vars[0]]
+    body += ["    " + line for line in forward]
+    body.append("    return " + values.of[out])
+    body = ["    " + line if line else "" for line in body]
+    return "\n".join(header + body) + "\n", state

@@ -1,0 +1,335 @@
+"""A pure-Python reader of the ONNX protobuf messages (no `onnx`, no `protobuf`: runs in Pyodide).
+
+The protobuf wire format is a sequence of (field number, wire type, value) records; a message
+is read by walking its records and keeping the fields the schema below names (unknown fields are
+skipped, as protobuf requires). Every length is checked against the bytes actually present
+before anything is sliced or allocated, nesting is bounded, and every fault raises OnnxError
+with the byte offset: a file is data and is never trusted.
+
+Messages become `Message` objects whose attributes are the ONNX field names (repeated fields
+are lists, absent scalars take protobuf's defaults), e.g. model.graph.node[0].op_type.
+"""
+
+import struct
+import sys
+from array import array
+
+from ..errors import CindersError
+
+
+class OnnxError(CindersError, ValueError):
+    """An ONNX file that cannot be read (truncated, corrupt, absurd) or a graph that cannot be
+    imported (unsupported ops, bad attributes). The message says what and where."""
+
+
+MAX_DEPTH = 64            # nested messages (graphs inside attributes inside graphs ...)
+MAX_DIMS = 64             # a tensor's rank
+MAX_ELEMENTS = 1 << 40    # a tensor's element count; its bytes must be present anyway
+
+_VARINT, _FIXED64, _LENGTH, _GROUP_START, _GROUP_END, _FIXED32 = 0, 1, 2, 3, 4, 5
+
+
+class Message:
+    """A decoded message: the schema's field names as attributes."""
+
+    def __init__(self, kind, values):
+        self._kind = kind
+        self.__dict__.update(values)
+
+    def __repr__(self):
+        shown = {k: v for k, v in vars(self).items() if not k.startswith("_") and v not in ((), [], "", b"", 0, None)}
+        return "%s(%s)" % (self._kind, ", ".join("%s=%r" % kv for kv in list(shown.items())[:6]))
+
+
+# Field kinds: "int" (varint, int64 two's complement), "float" (fixed32), "str", "bytes",
+# "ints"/"floats"/"doubles"/"uint64s" (repeated scalars, packed or not), or a message name.
+# A trailing "*" marks a repeated field.
+SCHEMA = {
+    "ModelProto": {1: ("ir_version", "int"), 8: ("opset_import", "OperatorSetIdProto*"),
+                   2: ("producer_name", "str"), 3: ("producer_version", "str"), 4: ("domain", "str"),
+                   5: ("model_version", "int"), 6: ("doc_string", "str"), 7: ("graph", "GraphProto"),
+                   14: ("metadata_props", "StringStringEntryProto*"),
+                   25: ("functions", "FunctionProto*")},
+    "OperatorSetIdProto": {1: ("domain", "str"), 2: ("version", "int")},
+    "StringStringEntryProto": {1: ("key", "str"), 2: ("value", "str")},
+    "GraphProto": {1: ("node", "NodeProto*"), 2: ("name", "str"), 5: ("initializer", "TensorProto*"),
+                   15: ("sparse_initializer", "SparseTensorProto*"), 10: ("doc_string", "str"),
+                   11: ("input", "ValueInfoProto*"), 12: ("output", "ValueInfoProto*"),
+                   13: ("value_info", "ValueInfoProto*")},
+    "NodeProto": {1: ("input", "str*"), 2: ("output", "str*"), 3: ("name", "str"), 4: ("op_type", "str"),
+                  7: ("domain", "str"), 5: ("attribute", "AttributeProto*"), 6: ("doc_string", "str")},
+    "AttributeProto": {1: ("name", "str"), 21: ("ref_attr_name", "str"), 13: ("doc_string", "str"),
+                       20: ("type", "int"), 2: ("f", "float"), 3: ("i", "int"), 4: ("s", "bytes"),
+                       5: ("t", "TensorProto"), 6: ("g", "GraphProto"), 22: ("sparse_tensor", "SparseTensorProto"),
+                       14: ("tp", "TypeProto"), 7: ("floats", "floats"), 8: ("ints", "ints"),
+                       9: ("strings", "bytes*"), 10: ("tensors", "TensorProto*"), 11: ("graphs", "GraphProto*"),
+                       23: ("sparse_tensors", "SparseTensorProto*"), 15: ("type_protos", "TypeProto*")},
+    "TensorProto": {1: ("dims", "ints"), 2: ("data_type", "int"), 4: ("float_data", "floats"),
+                    5: ("int32_data", "ints"), 6: ("string_data", "bytes*"), 7: ("int64_data", "ints"),
+                    8: ("name", "str"), 12: ("doc_string", "str"), 9: ("raw_data", "bytes"),
+                    13: ("external_data", "StringStringEntryProto*"), 14: ("data_location", "int"),
+                    10: ("double_data", "doubles"), 11: ("uint64_data", "uint64s")},
+    "SparseTensorProto": {1: ("values", "TensorProto"), 2: ("indices", "TensorProto"), 3: ("dims", "ints")},
+    "ValueInfoProto": {1: ("name", "str"), 2: ("type", "TypeProto"), 3: ("doc_string", "str")},
+    "TypeProto": {1: ("tensor_type", "TypeProtoTensor"), 4: ("sequence_type", "TypeProtoSequence"),
+                  9: ("optional_type", "TypeProtoSequence"), 8: ("sparse_tensor_type", "TypeProtoTensor"),
+                  6: ("denotation", "str")},
+    "TypeProtoTensor": {1: ("elem_type", "int"), 2: ("shape", "TensorShapeProto")},
+    "TypeProtoSequence": {1: ("elem_type", "TypeProto")},
+    "TensorShapeProto": {1: ("dim", "Dimension*")},
+    "Dimension": {1: ("dim_value", "int"), 2: ("dim_param", "str"), 3: ("denotation", "str")},
+    "FunctionProto": {1: ("name", "str"), 10: ("domain", "str")},
+}
+
+_DEFAULTS = {"int": 0, "float": 0.0, "str": "", "bytes": b""}
+_PACKED = {"ints": (_VARINT, None), "uint64s": (_VARINT, None), "floats": (_FIXED32, "f"), "doubles": (_FIXED64, "d")}
+
+
+class _Reader:
+    def __init__(self, data):
+        self.data = data
+        self.end = len(data)
+
+    def fail(self, pos, what):
+        raise OnnxError("ONNX file corrupt at byte %d: %s" % (pos, what))
+
+    def varint(self, pos, end):
+        result = shift = 0
+        data = self.data
+        while True:
+            if pos >= end:
+                self.fail(pos, "truncated varint")
+            b = data[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if b < 0x80:
+                return result, pos
+            shift += 7
+            if shift >= 70:
+                self.fail(pos, "varint longer than 10 bytes")
+
+    def records(self, pos, end):
+        """(field, wire type, value, value position) for each record of data[pos:end]; the value of a
+        length-delimited record is its (start, stop) range, checked to lie inside [pos, end)."""
+        while pos < end:
+            start = pos
+            key, pos = self.varint(pos, end)
+            field, wire = key >> 3, key & 7
+            if field == 0:
+                self.fail(start, "field number 0")
+            if wire == _VARINT:
+                value, pos = self.varint(pos, end)
+            elif wire == _FIXED64:
+                if pos + 8 > end:
+                    self.fail(pos, "truncated 64-bit field %d" % field)
+                value, pos = (pos, pos + 8), pos + 8
+            elif wire == _FIXED32:
+                if pos + 4 > end:
+                    self.fail(pos, "truncated 32-bit field %d" % field)
+                value, pos = (pos, pos + 4), pos + 4
+            elif wire == _LENGTH:
+                length, pos = self.varint(pos, end)
+                if length > end - pos:
+                    self.fail(pos, "field %d claims %d bytes, only %d are left" % (field, length, end - pos))
+                value, pos = (pos, pos + length), pos + length
+            else:
+                self.fail(start, "unsupported wire type %d (field %d)" % (wire, field))
+            yield field, wire, value, start
+
+    def message(self, kind, pos, end, depth):
+        if depth > MAX_DEPTH:
+            self.fail(pos, "messages nested deeper than %d" % MAX_DEPTH)
+        schema = SCHEMA[kind]
+        values = {}
+        for name, ftype in schema.values():
+            repeated = ftype.endswith("*") or ftype in _PACKED
+            values[name] = [] if repeated else _DEFAULTS.get(ftype)
+        for field, wire, value, at in self.records(pos, end):
+            entry = schema.get(field)
+            if entry is None:
+                continue  # unknown field: skipped, as protobuf readers do
+            name, ftype = entry
+            base = ftype.rstrip("*")
+            if ftype in _PACKED:
+                self.repeated_scalar(values[name], ftype, wire, value, at, name)
+                continue
+            if base == "int":
+                self.expect(wire, _VARINT, at, name)
+                v = _signed64(value)
+            elif base == "float":
+                self.expect(wire, _FIXED32, at, name)
+                v = struct.unpack_from("<f", self.data, value[0])[0]
+            elif base in ("str", "bytes"):
+                self.expect(wire, _LENGTH, at, name)
+                v = bytes(self.data[value[0]:value[1]])
+                if base == "str":
+                    try:
+                        v = v.decode("utf-8")
+                    except UnicodeDecodeError:
+                        self.fail(at, "field %s is not UTF-8" % name)
+            else:
+                self.expect(wire, _LENGTH, at, name)
+                v = self.message(base, value[0], value[1], depth + 1)
+            if ftype.endswith("*"):
+                values[name].append(v)
+            else:
+                values[name] = v
+        return Message(kind, values)
+
+    def expect(self, wire, wanted, at, name):
+        if wire != wanted:
+            self.fail(at, "field %s has wire type %d, expected %d" % (name, wire, wanted))
+
+    def repeated_scalar(self, out, ftype, wire, value, at, name):
+        element_wire, code = _PACKED[ftype]
+        if wire == _LENGTH:  # packed: one run of values
+            start, stop = value
+            if code is not None:
+                size = struct.calcsize(code)
+                if (stop - start) % size:
+                    self.fail(at, "packed field %s is %d bytes, not a multiple of %d" % (name, stop - start, size))
+                out.extend(_unpack(code, self.data, start, stop))
+            else:
+                pos = start
+                while pos < stop:
+                    v, pos = self.varint(pos, stop)
+                    out.append(v if ftype == "uint64s" else _signed64(v))
+        elif wire == element_wire:
+            if code is not None:
+                out.extend(_unpack(code, self.data, value[0], value[1]))
+            else:
+                out.append(value if ftype == "uint64s" else _signed64(value))
+        else:
+            self.fail(at, "field %s has wire type %d" % (name, wire))
+
+
+def _signed64(v):
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _unpack(code, data, start, stop):
+    if code == "e":  # float16: the array module has no half type; widen to float32
+        count = (stop - start) // 2
+        return array("f", struct.unpack_from("<%de" % count, data, start))
+    values = array(code)
+    values.frombytes(bytes(data[start:stop]))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
+
+
+def parse(data, kind="ModelProto"):
+    """The message `kind` decoded from bytes (or a bytearray/memoryview)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("parse: expected bytes, got %s" % type(data).__name__)
+    data = memoryview(data).cast("B") if isinstance(data, memoryview) else data
+    return _Reader(data).message(kind, 0, len(data), 0)
+
+
+def read_model(data):
+    """A ModelProto with the checks every importer needs: it has a graph."""
+    model = parse(data, "ModelProto")
+    if model.graph is None:
+        raise OnnxError("not an ONNX model: no graph (is this an ONNX file?)")
+    return model
+
+
+# ---------------------------------------------------------------- tensors
+
+# ONNX TensorProto.DataType -> (name, struct code of raw_data elements or None, typed field)
+DATA_TYPES = {
+    1: ("float32", "f", "float_data"), 2: ("uint8", "B", "int32_data"), 3: ("int8", "b", "int32_data"),
+    4: ("uint16", "H", "int32_data"), 5: ("int16", "h", "int32_data"), 6: ("int32", "i", "int32_data"),
+    7: ("int64", "q", "int64_data"), 8: ("string", None, "string_data"), 9: ("bool", "B", "int32_data"),
+    10: ("float16", "e", "int32_data"), 11: ("float64", "d", "double_data"), 12: ("uint32", "I", "uint64_data"),
+    13: ("uint64", "Q", "uint64_data"), 16: ("bfloat16", "H", "int32_data"),
+}
+
+
+def dims_of(tensor, where):
+    dims = list(tensor.dims)
+    if len(dims) > MAX_DIMS:
+        raise OnnxError("%s: %d dims (at most %d)" % (where, len(dims), MAX_DIMS))
+    n = 1
+    for d in dims:
+        if d < 0:
+            raise OnnxError("%s: negative dim %d in %s" % (where, d, dims))
+        n *= d
+        if n > MAX_ELEMENTS:
+            raise OnnxError("%s: dims %s give more than %d elements" % (where, dims, MAX_ELEMENTS))
+    return tuple(dims), n
+
+
+def tensor_values(tensor, external=None):
+    """(type name, shape, flat values) of a TensorProto. Values are an `array` (numbers) or a list
+    (strings). `external(location, offset, length)` returns bytes of external data files.
+
+    The element count the dims claim is checked against the bytes present before decoding."""
+    where = "tensor %r" % (tensor.name,)
+    if tensor.data_type not in DATA_TYPES:
+        raise OnnxError("%s: data type %d is not supported" % (where, tensor.data_type))
+    type_name, code, typed_field = DATA_TYPES[tensor.data_type]
+    shape, n = dims_of(tensor, where)
+    if tensor.data_location == 1:
+        if external is None:
+            raise OnnxError("%s: data is in an external file, but the model was given as bytes "
+                            "(load it from a path so the file next to it can be read)" % where)
+        info = {e.key: e.value for e in tensor.external_data}
+        if "location" not in info:
+            raise OnnxError("%s: external data without a location" % where)
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise OnnxError("%s: external data offset/length are not integers" % where) from None
+        if offset < 0 or (length is not None and length < 0):
+            raise OnnxError("%s: negative external data offset/length" % where)
+        raw = external(info["location"], offset, length if length is not None else n * struct.calcsize(code or "B"))
+        return type_name, shape, _from_raw(raw, code, n, where, tensor.data_type)
+    if tensor.raw_data:
+        return type_name, shape, _from_raw(tensor.raw_data, code, n, where, tensor.data_type)
+    typed = getattr(tensor, typed_field)
+    if len(typed) != n:
+        raise OnnxError("%s: dims %s need %d values, %s has %d" % (where, list(shape), n, typed_field, len(typed)))
+    if code is None:
+        return type_name, shape, list(typed)
+    if tensor.data_type == 10:  # float16 bit patterns held in int32_data
+        return type_name, shape, _unpack("e", array("H", [v & 0xFFFF for v in typed]).tobytes(), 0, 2 * n)
+    if tensor.data_type == 16:
+        return type_name, shape, _bfloat16(array("H", [v & 0xFFFF for v in typed]))
+    if tensor.data_type == 9:
+        return type_name, shape, array("B", [1 if v else 0 for v in typed])
+    return type_name, shape, typed
+
+
+def _from_raw(raw, code, n, where, data_type):
+    if code is None:
+        raise OnnxError("%s: string tensors cannot be stored as raw data" % where)
+    size = struct.calcsize(code)
+    if len(raw) != n * size:
+        raise OnnxError("%s: %d elements need %d bytes, the file has %d" % (where, n, n * size, len(raw)))
+    values = _unpack(code, raw, 0, len(raw))
+    if data_type == 16:
+        return _bfloat16(values)
+    return values
+
+
+def _bfloat16(bits):
+    widened = array("I", [b << 16 for b in bits])
+    return array("f", widened.tobytes())
+
+
+def element_type(type_proto):
+    """(type name or None, dims) of a ValueInfo's tensor type; dims hold ints or symbolic names
+    (None where unknown)."""
+    if type_proto is None or type_proto.tensor_type is None:
+        return None, None
+    tt = type_proto.tensor_type
+    name = DATA_TYPES.get(tt.elem_type, ("unsupported %d" % tt.elem_type,))[0]
+    if tt.shape is None:
+        return name, None
+    dims = []
+    for d in tt.shape.dim:
+        dims.append(d.dim_value if d.dim_param == "" and d.dim_value > 0 else (d.dim_param or None))
+    return name, tuple(dims)
