@@ -40,6 +40,10 @@ fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
 // Every cinders module that imports here (those needing NumPy, wgpu-py, ... cannot), so a page
 // imports nothing itself, plus what unpackArchive runs on (cinders.js unpacks the wheel after).
 // No module may hold a JS object at import time: the snapshot is plain wasm memory.
+// Except the tools a page loads only on demand (the ONNX importer, the PyTorch reader, the board
+// exporter): Pyodide restores a snapshot into its wasm memory as first sized, never grown, so
+// the imported modules must fit in it (they did not once those joined: "offset is out of bounds").
+const memoryAtStart = pyodide._module.HEAP8.length;
 pyodide.runPython(`
 import importlib, os, sysconfig
 import pyodide._package_loader
@@ -47,12 +51,19 @@ site = sysconfig.get_paths()["purelib"]
 for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
     package = os.path.relpath(folder, site).replace(os.sep, ".")
     for name in sorted(files):
-        if name.endswith(".py") and name != "__main__.py":  # __main__ runs a command
+        on_demand = package.startswith(("cinders.micro", "cinders.onnx")) or name in ("pytorch.py", "pickle_vm.py")
+        if name.endswith(".py") and name != "__main__.py" and not on_demand:  # __main__ runs a command
             module = package if name == "__init__.py" else package + "." + name[:-3]
             try:
                 importlib.import_module(module)
             except Exception:  # desktop-only (numpy, wgpu-py, ...) or a script: not for the browser
                 pass
-del importlib, os, sysconfig, site, folder, files, package, name, module
+del importlib, os, sysconfig, site, folder, files, package, name, module, on_demand
 `);
+if (pyodide._module.HEAP8.length > memoryAtStart) {
+  console.error(`precompile: importing cinders grew Pyodide's memory from ${memoryAtStart} to ` +
+                `${pyodide._module.HEAP8.length} bytes; a snapshot of it would not restore. Load more ` +
+                "modules on demand (see the list above). No snapshot written.");
+  process.exit(1);
+}
 fs.writeFileSync(snapshotPath, pyodide.makeMemorySnapshot());

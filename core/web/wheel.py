@@ -62,9 +62,14 @@ def source_files():
     return sorted(files)
 
 
+PRECOMPILE_SCRIPT = os.path.join(REPO_ROOT, "wasm", "precompile.mjs")
+
+
 def _sources_hash(files):
+    """What the wheel and its bytecode/snapshot are made from: the shipped sources and the script
+    that precompiles them (a changed script makes a new snapshot)."""
     digest = hashlib.sha256()
-    for arcname, path in files:
+    for arcname, path in files + [("precompile.mjs", PRECOMPILE_SCRIPT)]:
         with open(path, "rb") as f:
             data = f.read()
         digest.update(arcname.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
@@ -89,7 +94,7 @@ def precompile(wheel, out_dir):
     wheel's bytecode, and a memory snapshot of Pyodide with cinders imported. Returns
     {"pycache": zip name, "snapshot": file name}, or {} when Node or the Pyodide package is
     missing (pages then start from scratch: slower, same results)."""
-    script = os.path.join(REPO_ROOT, "wasm", "precompile.mjs")
+    script = PRECOMPILE_SCRIPT
     node = shutil.which("node")
     try:
         node_modules = web_deps_dir(install=False)
