@@ -147,6 +147,9 @@ _add("unary", "sqrt", FLOAT, lambda y, g: g / (y * 2.0))
 _add("unary", "sin", FLOAT, lambda x, g: g * x.cos())
 _add("unary", "cos", FLOAT, lambda x, g: -(g * x.sin()))
 _add("unary", "tanh", FLOAT, lambda y, g: g * (1.0 - y * y))
+_add("unary", "asin", FLOAT, lambda x, g: g / (1.0 - x * x).sqrt())   # NaN outside [-1, 1]
+_add("unary", "acos", FLOAT, lambda x, g: -(g / (1.0 - x * x).sqrt()))
+_add("unary", "atan", FLOAT, lambda x, g: g / (x * x + 1.0))
 _add("unary", "erf", FLOAT, lambda x, g: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI)
 _add("unary", "abs", SIGNED, lambda x, g: g * _sign(x), ("__abs__",))
 # Piecewise constant: zero gradient (PyTorch's convention), not "no gradient".

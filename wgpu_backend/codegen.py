@@ -120,6 +120,26 @@ HELPERS = {
     "tanh_f": "fn tanh_f(x: f32) -> f32 { if (isnan_f(x)) { return x; } "
               "return tanh(clamp(x, -15.0, 15.0)); }",
     # WGSL pow is exp2(b*log2(a)): undefined for a < 0. NumPy: integer b keeps the sign rule.
+    # asin/acos/atan from one atan (Cephes' single-precision range reduction and polynomial):
+    # the drivers' own are as coarse as 1e-4 (lavapipe), and leave |x| > 1 undefined (NaN here).
+    "atan_f": """fn atan_f(a: f32) -> f32 {
+  var x = abs(a);
+  var base = 0.0;
+  if (x > 2.414213562373095) { base = 1.5707963267948966; x = -1.0 / x; }
+  else if (x > 0.4142135623730950) { base = 0.7853981633974483; x = (x - 1.0) / (x + 1.0); }
+  let z = x * x;
+  let r = base + ((((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z
+                   - 3.33329491539e-1) * z * x + x);
+  return select(r, -r, a < 0.0);
+}""",
+    "asin_f": """fn asin_f(a: f32) -> f32 {
+  if (!(abs(a) <= 1.0)) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
+  return atan_f(a / sqrt((1.0 - a) * (1.0 + a)));
+}""",
+    "acos_f": """fn acos_f(a: f32) -> f32 {
+  if (!(abs(a) <= 1.0)) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
+  return 2.0 * atan_f(sqrt((1.0 - a) / (1.0 + a)));
+}""",
     "pow_f": """fn pow_f(a: f32, b: f32) -> f32 {
   if (b == 0.0) { return 1.0; }
   let r = pow(abs(a), b);
@@ -183,7 +203,7 @@ HELPERS = {
 }""",
 }
 _HELPER_DEPS = {"fmax_f": ("isnan_f",), "fmin_f": ("isnan_f",), "tanh_f": ("isnan_f",),
-                "exp_f": ("isnan_f",), "log_f": ("isnan_f",)}
+                "exp_f": ("isnan_f",), "log_f": ("isnan_f",), "asin_f": ("atan_f",), "acos_f": ("atan_f",)}
 
 
 def _helpers_for(source):
@@ -217,6 +237,7 @@ _UNARY = {
     "exp": {"f": "exp_f({a})"}, "log": {"f": "log_f({a})"}, "sqrt": {"f": "sqrt({a})"},
     "sin": {"f": "sin({a})"}, "cos": {"f": "cos({a})"}, "tanh": {"f": "tanh_f({a})"},
     "erf": {"f": "erf_f({a})"},
+    "asin": {"f": "asin_f({a})"}, "acos": {"f": "acos_f({a})"}, "atan": {"f": "atan_f({a})"},
     "abs": {"f": "abs({a})", "i": "abs({a})", "b": "{a}"},
     "floor": {"f": "floor({a})", "i": "{a}", "b": "{a}"},
     "ceil": {"f": "ceil({a})", "i": "{a}", "b": "{a}"},

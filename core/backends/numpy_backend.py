@@ -43,7 +43,8 @@ def _mod(a, b):
 
 _UNARY = {
     "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "sin": np.sin,
-    "cos": np.cos, "tanh": np.tanh, "erf": _erf, "abs": np.abs, "floor": np.floor,
+    "cos": np.cos, "tanh": np.tanh, "erf": _erf,
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "abs": np.abs, "floor": np.floor,
     "ceil": np.ceil, "round": np.round, "logical_not": np.logical_not,
 }
 _BINARY = {

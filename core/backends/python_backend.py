@@ -179,6 +179,10 @@ def _finite_or_nan(fn, x):
     return fn(x) if x - x == 0 else _NAN  # x - x is nan exactly for inf and nan
 
 
+def _in_domain(fn, x):
+    return fn(x) if -1.0 <= x <= 1.0 else _NAN  # asin/acos outside [-1, 1] (and NaN): NaN
+
+
 def _integral(fn, x):
     # copysign keeps NumPy's signed zeros: floor(-0.0) = ceil(-0.5) = round(-0.4) = -0.0.
     return math.copysign(fn(x), x) if x - x == 0 else x
@@ -225,9 +229,9 @@ def _ipow(x, y):
 
 _KERNEL_NAMES = {
     "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "sin": math.sin, "cos": math.cos,
-    "tanh": math.tanh, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
+    "tanh": math.tanh, "erf": math.erf, "asin": math.asin, "acos": math.acos, "atan": math.atan, "floor": math.floor, "ceil": math.ceil,
     "copysign": math.copysign, "pow": math.pow,
-    "_exp": _exp, "_log": _log, "_sqrt": _sqrt, "_finite_or_nan": _finite_or_nan,
+    "_exp": _exp, "_log": _log, "_sqrt": _sqrt, "_finite_or_nan": _finite_or_nan, "_in_domain": _in_domain,
     "_integral": _integral, "_div": _div, "_floordiv": _floordiv, "_mod": _mod, "_pow": _pow,
     "_ipow": _ipow,
 }
@@ -241,6 +245,9 @@ _FLOAT_UNARY = {
     "sin": ("sin(x)", "_finite_or_nan(sin, x)"),
     "cos": ("cos(x)", "_finite_or_nan(cos, x)"),
     "tanh": ("tanh(x)", None),
+    "asin": ("asin(x)", "_in_domain(asin, x)"),
+    "acos": ("acos(x)", "_in_domain(acos, x)"),
+    "atan": ("atan(x)", None),
     "erf": ("erf(x)", None),
     "abs": ("abs(x)", None),
     "floor": ("copysign(floor(x), x)", "_integral(floor, x)"),

@@ -238,6 +238,21 @@ def Cosh(x):
 
 
 @op()
+def Asin(x):
+    return x.asin()
+
+
+@op()
+def Acos(x):
+    return x.acos()
+
+
+@op()
+def Atan(x):
+    return x.atan()
+
+
+@op()
 def Asinh(x):
     return (x + (x * x + 1.0).sqrt()).log()
 
