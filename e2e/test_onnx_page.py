@@ -1,5 +1,6 @@
 """The /onnx/ page: an ONNX file uploaded through the file input is imported by cinders.onnx in
-Pyodide and run on the browser's WebGPU device; its outputs match onnxruntime on the desktop."""
+Pyodide and run on the browser's WebGPU device (or, in a browser without WebGPU, on cn.Wasm());
+its outputs match onnxruntime on the desktop."""
 import json
 import os
 import sys
@@ -9,7 +10,9 @@ import onnxruntime as ort
 
 import cinders as cn
 
-from browser_env import wait_ready
+import pytest
+
+from browser_env import QUIET_FLAGS, wait_ready
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import onnx_models  # noqa: E402
@@ -43,3 +46,24 @@ def test_mobilenet_v2_upload_matches_onnxruntime(new_page):
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
     assert result["warm_ms"] > 0 and "warm run" in page.text_content("#timings")
     assert result["captured"], "the page's warm run should be a cn.capture replay on WebGPU"
+
+
+@pytest.fixture(scope="module")
+def no_webgpu_browser(launch_browser):
+    browser = launch_browser(args=QUIET_FLAGS)  # no --enable-unsafe-webgpu: no adapter
+    yield browser
+    browser.close()
+
+
+def test_without_webgpu_the_page_imports_and_runs_on_wasm(new_page, no_webgpu_browser):
+    path = onnx_models.export("mobilenet_v2", "torchscript")
+    page = wait_ready(new_page("/onnx/", on_browser=no_webgpu_browser))
+    assert page.text_content("#backend").startswith("wasm")
+    page.set_input_files("#file", files=[{"name": "mobilenet_v2.onnx", "mimeType": "application/octet-stream",
+                                          "buffer": open(path, "rb").read()}])
+    _wait_done(page)
+    result = json.loads(page.evaluate("() => JSON.stringify(window.cindersOnnx.result)"))
+    got = np.array(result["outputs"][0]["values"], dtype=np.float32).reshape(result["outputs"][0]["shape"])
+    x = cn.random((1, 3, 64, 64), backend=cn.NumPy(), distribution="normal", seed=0).numpy()
+    expected = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+    assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
