@@ -207,6 +207,17 @@ class Backend:
         raise NotImplementedError
 
 
+def is_row_major(shape, strides):
+    """True when element strides (in elements) lay `shape` out densely in row-major order (dims
+    of size 1 may have any stride): what strided-view backends (Wgpu, Wasm) test before a copy."""
+    step = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
 def unfold2d_output_size(height, width, kernel, stride, padding, dilation):
     """(OH, OW): how many kernel windows fit along each image dim (unfold2d, fold2d, conv2d,
     pooling all share it)."""

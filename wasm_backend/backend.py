@@ -11,7 +11,7 @@ import struct
 from array import array
 
 from .. import dtypes
-from ..backend import Backend, _hash32, unfold2d_output_size
+from ..backend import Backend, _hash32, is_row_major, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
 from . import kernels
 
@@ -160,12 +160,7 @@ class WasmArray:
     def is_contiguous(self):
         if _STRIDES.get(self.shape) is self.strides:  # the shared row-major tuple: a fresh array
             return True
-        step = 1
-        for n, s in zip(reversed(self.shape), reversed(self.strides)):
-            if n != 1 and s != step:
-                return False
-            step *= n
-        return True
+        return is_row_major(self.shape, self.strides)
 
     def __repr__(self):
         return "WasmArray(shape=%s, dtype=%r, strides=%s)" % (self.shape, self.dtype, self.strides)

@@ -19,7 +19,7 @@ from array import array
 
 from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
-from cinders.backend import Backend, _hash32, unfold2d_output_size
+from cinders.backend import Backend, _hash32, is_row_major, unfold2d_output_size
 from cinders.errors import CindersError
 from cinders.ops import result_dtype
 
@@ -61,12 +61,7 @@ class GpuArray:
         return math.prod(self.shape)
 
     def is_contiguous(self):
-        step = 1
-        for n, s in zip(reversed(self.shape), reversed(self.strides)):
-            if n != 1 and s != step:
-                return False
-            step *= n
-        return True
+        return is_row_major(self.shape, self.strides)
 
     def __repr__(self):
         return "GpuArray(shape=%r, dtype=%r, strides=%r, offset=%d)" % (

@@ -200,13 +200,4 @@ def serve(folder, port=8000, open_browser=False):
         raise FileNotFoundError("%s: no such folder" % folder)
     server = DemoServer(port=port, mounts=[("/", os.path.abspath(folder))])
     print("Serving %s at %s  (Ctrl-C to stop)" % (folder, server.url), flush=True)
-    if open_browser:
-        import threading
-        import webbrowser
-        threading.Timer(0.3, webbrowser.open, (server.url,)).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.httpd.server_close()
+    server.serve_until_interrupted(open_browser)

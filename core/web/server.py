@@ -165,8 +165,18 @@ class DemoServer:
         self._thread.start()
         return self
 
-    def serve_forever(self):
-        self.httpd.serve_forever()
+    def serve_until_interrupted(self, open_browser=False):
+        """Serve in this thread until Ctrl-C (`cinders demo`, `cinders serve`), optionally opening
+        the site in the user's browser once the server is up."""
+        if open_browser:
+            import webbrowser
+            threading.Timer(0.3, webbrowser.open, (self.url,)).start()
+        try:
+            self.httpd.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.httpd.server_close()
 
     def stop(self):
         self.httpd.shutdown()
@@ -188,12 +198,4 @@ def demo(port=DEFAULT_PORT, open_browser=True):
     print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/)"
           % (server.url, server.url, server.url), flush=True)
     print("Press Ctrl-C to stop.", flush=True)
-    if open_browser:
-        import webbrowser
-        threading.Timer(0.3, webbrowser.open, (server.url,)).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.httpd.server_close()
+    server.serve_until_interrupted(open_browser)
