@@ -58,6 +58,18 @@ class _Names:
         return name
 
 
+def _sample_shape(inputs):
+    """`input_shape = (...)`: one sample's shape, for a single input whose dims past the batch are
+    fixed (what cinders export-micro and the board's predict.py read); none otherwise."""
+    if len(inputs) != 1:
+        return []
+    dims = list(element_type(inputs[0].type)[1] or [])
+    sample = dims[1:]
+    if not sample or not all(isinstance(d, int) and d > 0 for d in sample):
+        return []
+    return ["input_shape = %s   # one sample (the batch dim left out)" % literal(tuple(sample))]
+
+
 def literal(value):
     """Python source of a number / string / nested list that we decoded (never file text)."""
     if isinstance(value, bool) or value is None:
@@ -495,6 +507,7 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
         "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
         "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
+    ] + _sample_shape(inputs) + [
         "buffers = %s" % literal(buffers),
         "",
         "def __init__(self, backend=None):",
@@ -644,6 +657,7 @@ def _layer_source(model, class_name, source_name, opset, inputs, input_vars, con
         "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
         "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
+    ] + _sample_shape(inputs) + [
         "",
         "def __init__(self, backend=None):   # backend: the desktop's; the board's layers ignore it",
         "    super().__init__()",
