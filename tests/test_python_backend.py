@@ -28,7 +28,7 @@ FLOAT_EDGES = [NAN, INF, -INF, 0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1.0, -1.0, 
                1e-30, 100.0, -100.0, 88.8, 1e30, -3e38]
 INT_EDGES = [0, 1, -1, 2, -2, 7, -7, 2147483647, -2147483648, 1000, -65536]
 # Ops where NumPy's float32 kernels and libm-in-double-then-rounded may differ by a few ulps.
-APPROX_UNARY = {"exp", "log", "sin", "cos", "tanh", "erf"}
+APPROX_UNARY = {"exp", "log", "sin", "cos", "tanh", "erf", "asin", "acos", "atan"}
 APPROX_BINARY = {"pow"}
 
 
