@@ -54,6 +54,24 @@ def desktop_logits(model, pixels):
     return model(x).tolist()[0]
 
 
+def assert_heldout_digits_like_desktop(page, model, per_class=3):
+    """Held-out digits through the page's window.cindersDemo.predict: logits within 1e-4 of the
+    desktop model's, the same class, probabilities summing to 1, and >= 80 % recognised."""
+    digits = heldout_digits(per_class=per_class)
+    results = page.evaluate(
+        "async (inputs) => { const out = []; for (const x of inputs) out.push(await window.cindersDemo.predict(x)); return out; }",
+        [pixels for pixels, _ in digits])
+    correct = 0
+    for (pixels, label), got in zip(digits, results):
+        want = desktop_logits(model, pixels)
+        assert got["class"] == max(range(10), key=want.__getitem__)
+        worst = max(abs(a - b) for a, b in zip(got["logits"], want))
+        assert worst <= 1e-4, "digit %d: logits differ by %g from cn.NumPy()" % (label, worst)
+        assert abs(sum(got["probabilities"]) - 1) < 1e-6
+        correct += got["class"] == label
+    assert correct >= 0.8 * len(digits)
+
+
 def assert_page_predicts_like_desktop(page, model, pixels, label):
     """The page's window.cindersDemo.predict(pixels) has the desktop model's logits (to 1e-4) and
     the digit's label as its class."""

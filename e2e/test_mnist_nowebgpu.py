@@ -10,7 +10,7 @@ from cinders import record
 from cinders.assets import REPO_ROOT
 
 from browser_env import QUIET_FLAGS, assert_drawn_digits_recognised, wait_ready
-from digit_strokes import DIGITS, assert_page_predicts_like_desktop, desktop_logits, heldout_digits
+from digit_strokes import DIGITS, assert_heldout_digits_like_desktop, assert_page_predicts_like_desktop, heldout_digits
 from primitive_trace import replay_conformance_table
 
 MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-cnn.safetensors")
@@ -45,18 +45,7 @@ def test_drawn_digits_are_recognised_on_wasm(wasm_page):
 
 
 def test_heldout_logits_equal_desktop_numpy(wasm_page, desktop_model):
-    digits = heldout_digits(per_class=3)
-    results = wasm_page.evaluate(
-        "async (inputs) => { const out = []; for (const x of inputs) out.push(await window.cindersDemo.predict(x)); return out; }",
-        [pixels for pixels, _ in digits])
-    correct = 0
-    for (pixels, label), got in zip(digits, results):
-        want = desktop_logits(desktop_model, pixels)
-        worst = max(abs(a - b) for a, b in zip(got["logits"], want))
-        assert worst <= 1e-4, "digit %d: logits differ by %g from cn.NumPy()" % (label, worst)
-        assert got["class"] == max(range(10), key=want.__getitem__)
-        correct += got["class"] == label
-    assert correct >= 0.8 * len(digits)
+    assert_heldout_digits_like_desktop(wasm_page, desktop_model)
 
 
 def test_conformance_ops_on_browser_wasm_match_desktop(wasm_page):

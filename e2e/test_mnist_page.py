@@ -9,7 +9,7 @@ from cinders import record
 from cinders.assets import REPO_ROOT
 
 from browser_env import QUIET_FLAGS, assert_drawn_digits_recognised, wait_ready
-from digit_strokes import DIGITS, assert_page_predicts_like_desktop, desktop_logits, heldout_digits
+from digit_strokes import DIGITS, assert_heldout_digits_like_desktop, assert_page_predicts_like_desktop, heldout_digits
 from primitive_trace import replay_conformance_table
 
 MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-cnn.safetensors")
@@ -58,19 +58,7 @@ def test_prediction_updates_while_drawing(mnist_page):
 
 # -- (c) ------------------------------------------------------------------------------------------
 def test_heldout_digits_match_desktop_numpy(mnist_page, desktop_model):
-    digits = heldout_digits(per_class=3)
-    results = mnist_page.evaluate(
-        "async (inputs) => { const out = []; for (const x of inputs) out.push(await window.cindersDemo.predict(x)); return out; }",
-        [pixels for pixels, _ in digits])
-    correct = 0
-    for (pixels, label), got in zip(digits, results):
-        want = desktop_logits(desktop_model, pixels)
-        assert got["class"] == max(range(10), key=want.__getitem__)
-        worst = max(abs(a - b) for a, b in zip(got["logits"], want))
-        assert worst <= 1e-4, "digit %d: logits differ by %g from cn.NumPy()" % (label, worst)
-        assert abs(sum(got["probabilities"]) - 1) < 1e-6
-        correct += got["class"] == label
-    assert correct >= 0.8 * len(digits)
+    assert_heldout_digits_like_desktop(mnist_page, desktop_model)
 
 
 # -- (d) ------------------------------------------------------------------------------------------
