@@ -207,6 +207,14 @@ class Backend:
         raise NotImplementedError
 
 
+def numel(shape):
+    """The number of elements of a shape (1 for ())."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def is_row_major(shape, strides):
     """True when element strides (in elements) lay `shape` out densely in row-major order (dims
     of size 1 may have any stride): what strided-view backends (Wgpu, Wasm) test before a copy."""

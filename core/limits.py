@@ -14,6 +14,7 @@ CINDERS_MAX_ELEMENTS environment variable) replaces this with a fixed number of 
 
 import os
 
+from .backend import numel
 from .errors import SizeLimitError
 
 FALLBACK_BYTES = 4 << 30
@@ -83,10 +84,7 @@ def check_elements(op, count, shape=None, element_bytes=4):
 
 
 def check_shape(op, shape, element_bytes=4):
-    n = 1
-    for d in shape:
-        n *= d
-    return check_elements(op, n, shape, element_bytes)
+    return check_elements(op, numel(shape), shape, element_bytes)
 
 
 def element_bytes(backend, default=4):

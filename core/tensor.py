@@ -13,7 +13,7 @@ import threading
 
 from . import dtypes
 from .dtypes import float32, int32, bool_
-from .backend import unfold2d_output_size
+from .backend import numel as _numel, unfold2d_output_size
 from .errors import (ShapeError, DTypeError, DeviceError, NotDifferentiableError, ArgumentError,
                      ArgumentTypeError)
 from .limits import check_shape, element_bytes
@@ -79,13 +79,6 @@ class default_backend_here:
 
 # ---------------------------------------------------------------------------------------------
 # shape helpers (pure functions on tuples)
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 _broadcast_cache = {}  # (shape, shape) -> broadcast shape: a model broadcasts a few pairs only

@@ -11,7 +11,7 @@ import struct
 from array import array
 
 from .. import dtypes
-from ..backend import Backend, _hash32, is_row_major, unfold2d_output_size
+from ..backend import Backend, _hash32, is_row_major, numel, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
 from . import kernels
 
@@ -20,13 +20,6 @@ _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
 _SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1}
 _BOOL_RESULT = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"))
 _PAGE = 65536
-
-
-def _prod(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 _STRIDES = {}  # shape -> its row-major strides (a model meets the same few shapes every run)
@@ -229,7 +222,7 @@ class Wasm(Backend):
     # -- plumbing ---------------------------------------------------------------------------
     def _new(self, shape, dtype):
         shape = tuple(shape)
-        return WasmArray(Buffer(self.heap, _prod(shape) * _SIZE[dtype]), 0, shape,
+        return WasmArray(Buffer(self.heap, numel(shape) * _SIZE[dtype]), 0, shape,
                          _contiguous_strides(shape), dtype)
 
     def _constant(self, ints):
@@ -264,7 +257,7 @@ class Wasm(Backend):
         layout = (out.shape, out.strides) + tuple((h.shape, h.strides) for h in operands)
         desc = self.engine.constants.get(layout)
         if desc is None:
-            if _prod(out.shape) == 0:
+            if numel(out.shape) == 0:
                 return out
             strides = [list(out.strides)] + [_broadcast_strides(h, out.shape) for h in operands]
             desc = self._descriptor(out.shape, strides)
@@ -295,7 +288,7 @@ class Wasm(Backend):
 
     def full(self, shape, value, dtype):
         out = self._new(shape, dtype)
-        n = _prod(out.shape)
+        n = numel(out.shape)
         if n:
             if dtype is dtypes.bool_:
                 self._run("fill_8", out.ptr, n, 1 if value else 0)
@@ -308,7 +301,7 @@ class Wasm(Backend):
         if distribution not in ("uniform", "normal"):
             raise ValueError("unknown distribution %r: use 'uniform' or 'normal'" % (distribution,))
         out = self._new(shape, dtypes.float32)
-        n = _prod(out.shape)
+        n = numel(out.shape)
         if n:
             key = _hash32(seed)
             self._run("random_f32", out.ptr, n, key - (1 << 32) if key >= 1 << 31 else key,
@@ -317,7 +310,7 @@ class Wasm(Backend):
 
     def to_flat(self, h):
         h = self._contiguous(h)
-        n = _prod(h.shape)
+        n = numel(h.shape)
         values = array(_ARRAY[h.dtype])
         if n:
             self.commands.flush()
@@ -364,7 +357,7 @@ class Wasm(Backend):
     # -- reductions ------------------------------------------------------------------------------
     def reduce(self, op, x, axis, keepdim):
         x = self._contiguous(x)
-        outer, n, inner = _prod(x.shape[:axis]), x.shape[axis], _prod(x.shape[axis + 1:])
+        outer, n, inner = numel(x.shape[:axis]), x.shape[axis], numel(x.shape[axis + 1:])
         shape = x.shape[:axis] + ((1,) if keepdim else ()) + x.shape[axis + 1:]
         dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
         kernel = "reduce_%s_%s" % (op, _CODE[x.dtype])
@@ -380,7 +373,7 @@ class Wasm(Backend):
         """(pointer, batch stride) of a contiguous-per-matrix operand: stride 0 when every batch
         dim broadcasts, a copy expanded to the batch shape when only some do."""
         own = h.shape[:-2]
-        if _prod(own) == 1:
+        if numel(own) == 1:
             return h, 0
         if own != batch_shape:
             h = self._contiguous(self.expand(h, batch_shape + h.shape[-2:]))
@@ -390,7 +383,7 @@ class Wasm(Backend):
         batch_shape = tuple(max(m, n) if m and n else 0 for m, n in zip(a.shape[:-2], b.shape[:-2]))
         (m, k), n = a.shape[-2:], b.shape[-1]
         out = self._new(batch_shape + (m, n), dtypes.float32)
-        batch = _prod(batch_shape)
+        batch = numel(batch_shape)
         if batch * m * n == 0:
             return out
         a = self._contiguous(a)
@@ -454,7 +447,7 @@ class Wasm(Backend):
     def _indexed(self, kernel, op, out, data, index, axis, size, axis_stride, target):
         """gather/scatter_add over index's shape: operands (out, data, index); the operand
         `target` (0 or 1) is addressed by the index along axis, so its stride there is 0."""
-        if _prod(index.shape) == 0:
+        if numel(index.shape) == 0:
             return out
         strides = [list(out.strides), list(data.strides), list(index.strides)]
         strides[target][axis] = 0
@@ -486,7 +479,7 @@ class Wasm(Backend):
         n, c, h, w = x.shape
         g, oh, ow = self._geometry(n, c, h, w, kernel, stride, padding, dilation)
         out = self._new((n, c * kernel[0] * kernel[1], oh * ow), dtypes.float32)
-        if _prod(out.shape):
+        if numel(out.shape):
             self._run("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
         return out
 
@@ -495,6 +488,6 @@ class Wasm(Backend):
         n, c = cols.shape[0], cols.shape[1] // (kernel[0] * kernel[1])
         g, _, _ = self._geometry(n, c, size[0], size[1], kernel, stride, padding, dilation)
         out = self._new((n, c) + tuple(size), dtypes.float32)
-        if _prod(out.shape):
+        if numel(out.shape):
             self._run("fold2d_f32", out.ptr, cols.ptr, g)
         return out

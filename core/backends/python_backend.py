@@ -21,7 +21,7 @@ from array import array
 from operator import itemgetter, mul
 
 from .. import dtypes
-from ..backend import Backend, _hash32, unfold2d_output_size
+from ..backend import Backend, _hash32, numel as _numel, unfold2d_output_size
 from ..errors import IndexingError
 from ..ops import result_dtype
 
@@ -73,13 +73,6 @@ class Buffer:
 
 # ---------------------------------------------------------------------------------------------
 # Index helpers: every movement op is "gather these flat indices".
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
 
 def _strides(shape):
     strides = [1] * len(shape)

@@ -17,6 +17,7 @@ from ..dtypes import float32, int32, bool_
 from ..functional import conv2d, log_softmax, softmax, stack
 from ..nn.functional import batch_norm, hardswish, layer_norm
 from ..indexing import _take
+from ..backend import numel
 from ..tensor import Tensor, unfold2d
 from .proto import OnnxError
 
@@ -472,7 +473,7 @@ def _over_axis(fn, x, axis, opset):
     if opset >= 13:
         return fn(x, -1 if axis is None else axis)
     axis = _axis(1 if axis is None else axis, x.ndim)   # before 13: the input as a 2-D matrix
-    flat = x.reshape(_prod(x.shape[:axis]), _prod(x.shape[axis:]))
+    flat = x.reshape(numel(x.shape[:axis]), numel(x.shape[axis:]))
     return fn(flat, 1).reshape(x.shape)
 
 
@@ -589,13 +590,6 @@ ArgMin = _arg("argmin")
 
 # -- shapes and movement --------------------------------------------------------------------------
 
-def _prod(dims):
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def _reverse(x, axis):
     n = x.shape[axis]
     idx = cn.arange(n - 1, -1, -1, backend=x.backend) if n else cn.zeros(0, backend=x.backend, dtype=int32)
@@ -613,7 +607,7 @@ def Reshape(data, shape, allowzero=0):
 @op()
 def Flatten(input, axis=1):
     a = _axis(axis, input.ndim)
-    return input.reshape(_prod(input.shape[:a]), _prod(input.shape[a:]))
+    return input.reshape(numel(input.shape[:a]), numel(input.shape[a:]))
 
 
 @op()
@@ -701,7 +695,7 @@ def _linear_index(data, indices, batch_dims=0):
     """indices (..., k) into data's first k dims -> flat row numbers (...)."""
     k = indices.shape[-1]
     dims = data.shape[:k]
-    strides = [_prod(dims[i + 1:]) for i in range(k)]
+    strides = [numel(dims[i + 1:]) for i in range(k)]
     idx = indices.cast(int32)
     idx = cn.where(idx < 0, idx + _const(list(dims), idx), idx)
     return (idx * _const(strides, idx)).sum(-1), k
@@ -710,14 +704,14 @@ def _linear_index(data, indices, batch_dims=0):
 @op()
 def GatherND(data, indices, batch_dims=0):
     if batch_dims:
-        b = _prod(data.shape[:batch_dims])
+        b = numel(data.shape[:batch_dims])
         d = data.reshape((b,) + data.shape[batch_dims:])
         i = indices.reshape((b,) + indices.shape[batch_dims:])
         parts = [GatherND(d[j], i[j]) for j in range(b)]
         out = stack(parts, 0)
         return out.reshape(data.shape[:batch_dims] + out.shape[1:])
     flat, k = _linear_index(data, indices)
-    rows = data.reshape((_prod(data.shape[:k]),) + data.shape[k:])
+    rows = data.reshape((numel(data.shape[:k]),) + data.shape[k:])
     return _take(rows, 0, flat)
 
 
@@ -750,8 +744,8 @@ def Scatter(data, indices, updates, axis=0):
 def ScatterND(data, indices, updates, reduction="none"):
     flat, k = _linear_index(data, indices)
     rest = data.shape[k:]
-    rows = data.reshape((_prod(data.shape[:k]),) + rest)
-    n = _prod(flat.shape)
+    rows = data.reshape((numel(data.shape[:k]),) + rest)
+    n = numel(flat.shape)
     upd = updates.reshape((n,) + rest)
     index = flat.reshape((n,) + (1,) * len(rest)).expand((n,) + rest)
     return _scatter_rows(rows, 0, index, upd, reduction).reshape(data.shape)
@@ -892,7 +886,7 @@ def NonZero(X):
     hits = [i for i, v in enumerate(flat) if v]
     coords = []
     for d in range(len(shape)):
-        stride = _prod(shape[d + 1:])
+        stride = numel(shape[d + 1:])
         coords.append([(i // stride) % shape[d] for i in hits])
     if not hits:
         return cn.zeros(len(shape), 0, backend=X.backend, dtype=int32)
@@ -1931,7 +1925,7 @@ def GridSample(X, grid, align_corners=0, mode="linear", padding_mode="zeros"):
     spatial = X.shape[2:]
     nd = len(spatial)
     out_spatial = grid.shape[1:-1]
-    count = _prod(out_spatial)
+    count = numel(out_spatial)
     g = grid.reshape(n, count, nd)
     per_dim = []        # per spatial dim: [(int32 index (n, L), float weight (n, L))]
     for d, size in enumerate(spatial):
@@ -1967,8 +1961,8 @@ def GridSample(X, grid, align_corners=0, mode="linear", padding_mode="zeros"):
             idx = pos.maximum(0.0).minimum(size - 1.0).cast(int32)
             resolved.append((idx, weight))
         per_dim.append(resolved)
-    flat = X.reshape(n, c, _prod(spatial))
-    strides = [_prod(spatial[d + 1:]) for d in range(nd)]
+    flat = X.reshape(n, c, numel(spatial))
+    strides = [numel(spatial[d + 1:]) for d in range(nd)]
     out = None
 
     def combine(d, index, weight):

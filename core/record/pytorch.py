@@ -27,6 +27,7 @@ import zlib
 from array import array
 
 from .. import dtypes
+from ..backend import is_row_major, numel
 from ..errors import RecordError
 from ..tensor import Tensor
 from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
@@ -92,7 +93,7 @@ class TensorRef:
 
     def __init__(self, storage, offset, size, stride):
         self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
-        self.numel = _prod(size)
+        self.numel = numel(size)
 
 
 class OrderedDictValue(dict):
@@ -122,13 +123,6 @@ class PyTorchState(dict):
         self.notes = list(notes)
         self.other = dict(other or {})
         self.key = key
-
-
-def _prod(values):
-    n = 1
-    for v in values:
-        n *= v
-    return n
 
 
 def _is_int(v):
@@ -632,21 +626,12 @@ def _choose_state(obj, top_level_key):
                                                  "; ".join("%s: %s" % kv for kv in list(others(None).items())[:20])))
 
 
-def _contiguous(size, stride):
-    expected = 1
-    for n, s in zip(reversed(size), reversed(stride)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
 def _np_values(buf, ref, big_endian, shared):
     """A NumPy array of the tensor's values in its cinders dtype (one copy at most)."""
     itemsize, _, code, target = _DTYPES[ref.storage.dtype]
     stored = _np.frombuffer(buf, dtype=_np.dtype(code).newbyteorder(">" if big_endian else "<"))
     whole = (not memoryview(buf).readonly and not shared and ref.offset == 0 and ref.numel == ref.storage.numel
-             and _contiguous(ref.size, ref.stride))
+             and is_row_major(ref.size, ref.stride))
     if whole:
         view = stored.reshape(ref.size)
     else:
@@ -683,7 +668,7 @@ def _array_storage(buf, dtype, big_endian):
 def _array_values(stored, ref):
     """One tensor's values in its cinders dtype from its decoded storage, without NumPy."""
     target = _DTYPES[ref.storage.dtype][3]
-    if _contiguous(ref.size, ref.stride):
+    if is_row_major(ref.size, ref.stride):
         flat = stored[ref.offset:ref.offset + ref.numel]
     else:
         index = [ref.offset]

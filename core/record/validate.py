@@ -17,7 +17,7 @@ import inspect
 import math
 
 from .. import dtypes
-from ..backend import Backend
+from ..backend import Backend, numel as _numel
 from ..errors import RecordError
 
 FORMAT = "cinders"
@@ -213,13 +213,6 @@ class _Unsupported(Exception):
 
 class _OverBudget(Exception):
     pass
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _broadcast(*shapes):
