@@ -215,6 +215,15 @@ def numel(shape):
     return n
 
 
+def row_major_strides(shape):
+    """Element strides of a dense row-major tensor of this shape, as a tuple."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
 def is_row_major(shape, strides):
     """True when element strides (in elements) lay `shape` out densely in row-major order (dims
     of size 1 may have any stride): what strided-view backends (Wgpu, Wasm) test before a copy."""

@@ -11,7 +11,7 @@ import struct
 from array import array
 
 from .. import dtypes
-from ..backend import Backend, _hash32, is_row_major, numel, unfold2d_output_size
+from ..backend import Backend, _hash32, is_row_major, numel, row_major_strides, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
 from . import kernels
 
@@ -28,11 +28,7 @@ _STRIDES = {}  # shape -> its row-major strides (a model meets the same few shap
 def _contiguous_strides(shape):
     strides = _STRIDES.get(shape)
     if strides is None:
-        strides, step = [0] * len(shape), 1
-        for i in range(len(shape) - 1, -1, -1):
-            strides[i] = step
-            step *= shape[i]
-        strides = tuple(strides)
+        strides = row_major_strides(shape)
         if len(_STRIDES) < 4096:
             _STRIDES[shape] = strides
     return strides

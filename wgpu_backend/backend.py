@@ -19,7 +19,7 @@ from array import array
 
 from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
-from cinders.backend import Backend, _hash32, is_row_major, unfold2d_output_size
+from cinders.backend import Backend, _hash32, is_row_major, row_major_strides, unfold2d_output_size
 from cinders.errors import CindersError
 from cinders.ops import result_dtype
 
@@ -34,14 +34,6 @@ _TYPE = codegen.WGSL_TYPE
 
 class DeviceLimitError(CindersError, MemoryError):
     """A tensor larger than the device can bind to one kernel."""
-
-
-def _contiguous_strides(shape):
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
 
 
 class GpuArray:
@@ -193,7 +185,7 @@ class Wgpu(Backend):
                 "cn.Wgpu: a %s tensor of shape %s needs %d bytes, more than this device's "
                 "maxStorageBufferBindingSize of %d bytes (%s); split it into smaller tensors"
                 % (dtype.name, shape, nbytes, limit, self.device.name))
-        return GpuArray(self._rt.pool.allocate(nbytes), shape, _contiguous_strides(shape), 0, dtype)
+        return GpuArray(self._rt.pool.allocate(nbytes), shape, row_major_strides(shape), 0, dtype)
 
     def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
                 seed=None):
@@ -508,7 +500,7 @@ class Wgpu(Backend):
         shape = tuple(shape)
         if not x.is_contiguous():
             x = self._materialize(x)
-        return GpuArray(x.storage, shape, _contiguous_strides(shape), x.offset, x.dtype)
+        return GpuArray(x.storage, shape, row_major_strides(shape), x.offset, x.dtype)
 
     def permute(self, x, dims):
         return GpuArray(x.storage, tuple(x.shape[d] for d in dims),

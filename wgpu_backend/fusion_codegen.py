@@ -22,7 +22,7 @@ import struct
 from cinders import dtypes
 
 from . import codegen
-from .backend import _contiguous_strides
+from cinders.backend import row_major_strides
 from .codegen import _p, _dot, _unravel, _header, _entry_1d, _helpers_for
 
 ROW_THREADS = 64     # workgroup size of the rows kernel when the reduced axis is long
@@ -113,7 +113,7 @@ class WgslFusion:
             params += [_bits(c.arg, c.dtype) for c in program.consts]
             for (vshape, strides, offset) in views:
                 params += [offset] + [strides[d] for d in outer] + [strides[axis]]
-            cs = _contiguous_strides(shape)
+            cs = row_major_strides(shape)
             params += [cs[d] for d in outer] + [cs[axis]]
             groups = codegen.groups_for(rows, 1 if threads > 1 else ROW_THREADS)
             build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731

@@ -21,7 +21,7 @@ from array import array
 from operator import itemgetter, mul
 
 from .. import dtypes
-from ..backend import Backend, _hash32, numel as _numel, unfold2d_output_size
+from ..backend import Backend, _hash32, numel as _numel, row_major_strides, unfold2d_output_size
 from ..errors import IndexingError
 from ..ops import result_dtype
 
@@ -74,13 +74,6 @@ class Buffer:
 # ---------------------------------------------------------------------------------------------
 # Index helpers: every movement op is "gather these flat indices".
 
-def _strides(shape):
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    return strides
-
-
 def _strided_index(shape, strides, offset=0):
     """Flat source index of every element of `shape`, row-major, for the given source strides."""
     idx = [offset]
@@ -105,7 +98,7 @@ def _swap_last_two(ndim):
 
 def _permuted(x, dims):
     """x's data with its dims permuted (a copy)."""
-    strides = _strides(x.shape)
+    strides = row_major_strides(x.shape)
     idx = _strided_index(tuple(x.shape[d] for d in dims), [strides[d] for d in dims])
     return array(x.data.typecode, _take(x.data, idx))
 
@@ -116,7 +109,7 @@ def _broadcast_data(h, shape):
         return h.data
     if len(h.data) == 1:
         return h.data * _numel(shape)
-    strides = [0 if n == 1 else s for n, s in zip(h.shape, _strides(h.shape))]
+    strides = [0 if n == 1 else s for n, s in zip(h.shape, row_major_strides(h.shape))]
     return _take(h.data, _strided_index(shape, strides))
 
 
@@ -550,9 +543,9 @@ class Python(Backend):
         batch_a, batch_b = a.shape[:-2], b.shape[:-2]
         batch = _broadcast_shape(batch_a, batch_b)
         a_offsets = _strided_index(batch, [0 if d == 1 else s * m * k
-                                           for d, s in zip(batch_a, _strides(batch_a))])
+                                           for d, s in zip(batch_a, row_major_strides(batch_a))])
         b_offsets = _strided_index(batch, [0 if d == 1 else s * k * n
-                                           for d, s in zip(batch_b, _strides(batch_b))])
+                                           for d, s in zip(batch_b, row_major_strides(batch_b))])
         a_rows = a.data.tolist()  # lists iterate faster than arrays
         source = b.transpose_of
         if source is None:
@@ -597,7 +590,7 @@ class Python(Backend):
                       shape, x.dtype)
 
     def slice(self, x, starts, stops, steps):
-        strides = _strides(x.shape)
+        strides = row_major_strides(x.shape)
         shape = tuple(max(0, (b - a + s - 1) // s) for a, b, s in zip(starts, stops, steps))
         offset = sum(a * st for a, st in zip(starts, strides))
         idx = _strided_index(shape, [s * st for s, st in zip(steps, strides)], offset)
@@ -623,7 +616,7 @@ class Python(Backend):
         out = self.full(shape, value, x.dtype).data
         width = x.shape[-1]
         if width and len(x.data):
-            strides = _strides(shape)
+            strides = row_major_strides(shape)
             offset = sum(p * s for (p, _), s in zip(pads, strides))
             data = x.data
             # Copy row by row: each last-dim row is contiguous in both source and destination.
@@ -647,7 +640,7 @@ class Python(Backend):
                                  % (op, bad, axis, size))
             if low < 0:
                 indices = [i + size if i < 0 else i for i in indices]
-        strides = _strides(x.shape)
+        strides = list(row_major_strides(x.shape))
         along = strides[axis]
         strides[axis] = 0
         base = _strided_index(index.shape, strides)
@@ -660,7 +653,7 @@ class Python(Backend):
     def scatter_add(self, x, axis, index, src):
         positions = self._index_positions("scatter_add", x, axis, index)
         values = src.data if src.shape == index.shape else \
-            _take(src.data, _strided_index(index.shape, _strides(src.shape)))
+            _take(src.data, _strided_index(index.shape, row_major_strides(src.shape)))
         if x.dtype is dtypes.float32:
             out = array("f", x.data)  # += on an array('f') rounds each partial sum like NumPy
             for p, v in zip(positions, values):
