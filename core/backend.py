@@ -215,6 +215,15 @@ def numel(shape):
     return n
 
 
+def broadcast_shape(*shapes):
+    """The shape same-ndim operands broadcast to, as the protocol hands them over (each dim equal
+    or 1; a 0 meets only 0 or 1)."""
+    out = shapes[0]
+    for shape in shapes[1:]:
+        out = tuple(q if p == 1 else p for p, q in zip(out, shape))
+    return tuple(out)
+
+
 def row_major_strides(shape):
     """Element strides of a dense row-major tensor of this shape, as a tuple."""
     strides, step = [], 1

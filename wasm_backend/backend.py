@@ -11,7 +11,7 @@ import struct
 from array import array
 
 from .. import dtypes
-from ..backend import Backend, _hash32, is_row_major, numel, row_major_strides, unfold2d_output_size
+from ..backend import Backend, _hash32, broadcast_shape, is_row_major, numel, row_major_strides, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
 from . import kernels
 
@@ -332,7 +332,7 @@ class Wasm(Backend):
 
     def binary(self, op, a, b):
         kernel = "binary_%s_%s" % (op, _CODE[a.dtype])
-        shape = tuple(max(m, n) if m != 0 and n != 0 else 0 for m, n in zip(a.shape, b.shape))
+        shape = broadcast_shape(a.shape, b.shape)
         if kernel not in self.engine.kernels:
             if a.dtype is dtypes.float32 or op in _BOOL_RESULT:
                 raise DTypeError("cn.Wasm(): no %s kernel for %r" % (op, a.dtype))
@@ -342,7 +342,7 @@ class Wasm(Backend):
         return self._map(kernel, self._new(shape, dtype), [a, b])
 
     def where(self, cond, a, b):
-        shape = tuple(max(dims) if 0 not in dims else 0 for dims in zip(cond.shape, a.shape, b.shape))
+        shape = broadcast_shape(cond.shape, a.shape, b.shape)
         return self._map("where_%s" % _CODE[a.dtype], self._new(shape, a.dtype), [cond, a, b])
 
     def cast(self, x, dtype):

@@ -19,7 +19,7 @@ from array import array
 
 from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
-from cinders.backend import Backend, _hash32, is_row_major, row_major_strides, unfold2d_output_size
+from cinders.backend import Backend, _hash32, broadcast_shape, is_row_major, row_major_strides, unfold2d_output_size
 from cinders.errors import CindersError
 from cinders.ops import result_dtype
 
@@ -308,9 +308,8 @@ class Wgpu(Backend):
     def _elementwise(self, op, inputs, out_dtype, donor=None, out=None):
         """Launch op over broadcast inputs. donor: index of an input whose buffer takes the
         result. out: a strided destination view (copies into cat/pad results)."""
-        ndim = len(inputs[0].shape)
-        shape = tuple(max(h.shape[d] for h in inputs) if all(h.shape[d] for h in inputs) else 0
-                      for d in range(ndim))
+        shape = broadcast_shape(*[h.shape for h in inputs])
+        ndim = len(shape)
         n = math.prod(shape)
         if donor is not None:
             result = inputs[donor]
@@ -365,7 +364,7 @@ class Wgpu(Backend):
 
     def binary_donated(self, op, a, b, donor):
         out_dtype = result_dtype(op, a.dtype)
-        shape = tuple(max(p, q) if p and q else 0 for p, q in zip(a.shape, b.shape))
+        shape = broadcast_shape(a.shape, b.shape)
         if a is b or not self._fits_in_place((a, b)[donor], shape, out_dtype):
             donor = None
         return self._elementwise(op, [a, b], out_dtype, donor)

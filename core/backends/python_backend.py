@@ -21,7 +21,7 @@ from array import array
 from operator import itemgetter, mul
 
 from .. import dtypes
-from ..backend import Backend, _hash32, numel as _numel, row_major_strides, unfold2d_output_size
+from ..backend import Backend, _hash32, broadcast_shape, numel as _numel, row_major_strides, unfold2d_output_size
 from ..errors import IndexingError
 from ..ops import result_dtype
 
@@ -111,13 +111,6 @@ def _broadcast_data(h, shape):
         return h.data * _numel(shape)
     strides = [0 if n == 1 else s for n, s in zip(h.shape, row_major_strides(h.shape))]
     return _take(h.data, _strided_index(shape, strides))
-
-
-def _broadcast_shape(*shapes):
-    out = list(shapes[0])
-    for shape in shapes[1:]:
-        out = [q if p == 1 else p for p, q in zip(out, shape)]
-    return tuple(out)
 
 
 def _wrap_int32(v):
@@ -482,7 +475,7 @@ class Python(Backend):
 
     def binary(self, op, a, b):
         exprs = (_FLOAT_BINARY if a.dtype is dtypes.float32 else _INT_BINARY)[op]
-        shape = a.shape if a.shape == b.shape else _broadcast_shape(a.shape, b.shape)
+        shape = a.shape if a.shape == b.shape else broadcast_shape(a.shape, b.shape)
         if a.shape == b.shape:
             values = _run(exprs, "zip", a.data, b.data)
         elif len(b.data) == 1 and a.shape == shape:
@@ -495,7 +488,7 @@ class Python(Backend):
         return Buffer(_store(values, dtype), shape, dtype)
 
     def where(self, cond, a, b):
-        shape = _broadcast_shape(cond.shape, a.shape, b.shape)
+        shape = broadcast_shape(cond.shape, a.shape, b.shape)
         values = [x if c else y for c, x, y in zip(_broadcast_data(cond, shape),
                                                    _broadcast_data(a, shape),
                                                    _broadcast_data(b, shape))]
@@ -541,7 +534,7 @@ class Python(Backend):
         m, k = a.shape[-2:]
         n = b.shape[-1]
         batch_a, batch_b = a.shape[:-2], b.shape[:-2]
-        batch = _broadcast_shape(batch_a, batch_b)
+        batch = broadcast_shape(batch_a, batch_b)
         a_offsets = _strided_index(batch, [0 if d == 1 else s * m * k
                                            for d, s in zip(batch_a, row_major_strides(batch_a))])
         b_offsets = _strided_index(batch, [0 if d == 1 else s * k * n

@@ -25,7 +25,7 @@ Python) get every op passed straight through: same results, no laziness.
 
 import importlib
 
-from ..backend import Backend
+from ..backend import Backend, broadcast_shape
 from .. import dtypes
 from ..ops import result_dtype
 from .graph import (Expr, Lazy, LEAF, CONST, PENDING, MATMUL, FUSED_REDUCE_OPS, fits_frame,
@@ -49,10 +49,6 @@ def compiler_for(inner, max_buffers=None):
     if module is None:
         return None
     return importlib.import_module(module).compiler(inner, max_buffers)
-
-
-def _broadcast(*shapes):
-    return tuple(max(dims) if all(dims) else 0 for dims in zip(*shapes))
 
 
 class Fusion(Backend):
@@ -278,10 +274,10 @@ class Fusion(Backend):
 
     def binary(self, op, a, b):
         dtype = result_dtype(op, a.expr.dtype)
-        return self._record(op, None, (a, b), _broadcast(a.expr.shape, b.expr.shape), dtype)
+        return self._record(op, None, (a, b), broadcast_shape(a.expr.shape, b.expr.shape), dtype)
 
     def where(self, cond, a, b):
-        shape = _broadcast(cond.expr.shape, a.expr.shape, b.expr.shape)
+        shape = broadcast_shape(cond.expr.shape, a.expr.shape, b.expr.shape)
         return self._record("where", None, (cond, a, b), shape, a.expr.dtype)
 
     def cast(self, x, dtype):

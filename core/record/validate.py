@@ -17,7 +17,8 @@ import inspect
 import math
 
 from .. import dtypes
-from ..backend import Backend, numel as _numel
+from ..backend import Backend, broadcast_shape, numel as _numel
+from ..ops import result_dtype
 from ..errors import RecordError
 
 FORMAT = "cinders"
@@ -215,16 +216,6 @@ class _OverBudget(Exception):
     pass
 
 
-def _broadcast(*shapes):
-    ndim = max(len(s) for s in shapes)
-    out = []
-    for i in range(ndim):
-        dims = [s[i - ndim + len(s)] for s in shapes if i - ndim + len(s) >= 0]
-        big = [d for d in dims if d != 1]
-        out.append(big[0] if big else 1)
-    return tuple(out)
-
-
 class _MetaHandle:
     __slots__ = ("backend", "shape", "dtype", "n", "__weakref__")
 
@@ -279,14 +270,13 @@ class MetaBackend(Backend):
         raise _Unsupported("the constructor reads tensor values")
 
     def unary(self, op, x):
-        return self._new(x.shape, dtypes.bool_ if op == "logical_not" else x.dtype)
+        return self._new(x.shape, result_dtype(op, x.dtype))
 
     def binary(self, op, a, b):
-        from ..backend import COMPARISON_OPS
-        return self._new(_broadcast(a.shape, b.shape), dtypes.bool_ if op in COMPARISON_OPS else a.dtype)
+        return self._new(broadcast_shape(a.shape, b.shape), result_dtype(op, a.dtype))
 
     def where(self, cond, a, b):
-        return self._new(_broadcast(cond.shape, a.shape, b.shape), a.dtype)
+        return self._new(broadcast_shape(cond.shape, a.shape, b.shape), a.dtype)
 
     def cast(self, x, dtype):
         return self._new(x.shape, dtype)
@@ -297,10 +287,10 @@ class MetaBackend(Backend):
             shape[axis] = 1
         else:
             del shape[axis]
-        return self._new(shape, dtypes.int32 if op in ("argmax", "argmin") else x.dtype)
+        return self._new(shape, result_dtype(op, x.dtype))
 
     def matmul(self, a, b):
-        return self._new(_broadcast(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
+        return self._new(broadcast_shape(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]), a.dtype)
 
     def reshape(self, x, shape):
         return self._new(shape, x.dtype)
