@@ -13,12 +13,12 @@ from array import array
 from .. import dtypes
 from ..backend import Backend, _hash32, broadcast_shape, is_row_major, numel, row_major_strides, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
+from ..ops import result_dtype
 from . import kernels
 
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
 _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
 _SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1}
-_BOOL_RESULT = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"))
 _PAGE = 65536
 
 
@@ -322,23 +322,23 @@ class Wasm(Backend):
     # -- elementwise ---------------------------------------------------------------------------
     def unary(self, op, x):
         kernel = "unary_%s_%s" % (op, _CODE[x.dtype])
+        dtype = result_dtype(op, x.dtype)
         if kernel not in self.engine.kernels:
-            if op == "logical_not" or x.dtype is dtypes.float32:
+            if dtype is dtypes.bool_ or x.dtype is dtypes.float32:
                 raise DTypeError("cn.Wasm(): no %s kernel for %r" % (op, x.dtype))
             # float-only math on an int/bool tensor: in float32, cast back (as cn.Python())
             return self.cast(self.unary(op, self.cast(x, dtypes.float32)), x.dtype)
-        dtype = dtypes.bool_ if op == "logical_not" else x.dtype
         return self._map(kernel, self._new(x.shape, dtype), [x])
 
     def binary(self, op, a, b):
         kernel = "binary_%s_%s" % (op, _CODE[a.dtype])
         shape = broadcast_shape(a.shape, b.shape)
+        dtype = result_dtype(op, a.dtype)
         if kernel not in self.engine.kernels:
-            if a.dtype is dtypes.float32 or op in _BOOL_RESULT:
+            if a.dtype is dtypes.float32 or dtype is dtypes.bool_:
                 raise DTypeError("cn.Wasm(): no %s kernel for %r" % (op, a.dtype))
             f32 = self.binary(op, self.cast(a, dtypes.float32), self.cast(b, dtypes.float32))
             return self.cast(f32, a.dtype)
-        dtype = dtypes.bool_ if op in _BOOL_RESULT else a.dtype
         return self._map(kernel, self._new(shape, dtype), [a, b])
 
     def where(self, cond, a, b):
@@ -355,7 +355,7 @@ class Wasm(Backend):
         x = self._contiguous(x)
         outer, n, inner = numel(x.shape[:axis]), x.shape[axis], numel(x.shape[axis + 1:])
         shape = x.shape[:axis] + ((1,) if keepdim else ()) + x.shape[axis + 1:]
-        dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
+        dtype = result_dtype(op, x.dtype)
         kernel = "reduce_%s_%s" % (op, _CODE[x.dtype])
         if kernel not in self.engine.kernels:  # sum/prod of bool: in int32
             return self.reduce(op, self.cast(x, dtypes.int32), axis, keepdim)

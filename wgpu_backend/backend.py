@@ -379,7 +379,7 @@ class Wgpu(Backend):
 
     # ---- reductions -----------------------------------------------------------------------
     def reduce(self, op, x, axis, keepdim):
-        out_dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
+        out_dtype = result_dtype(op, x.dtype)
         outer = [d for d in range(len(x.shape)) if d != axis]
         out_shape = tuple(1 if d == axis else x.shape[d] for d in range(len(x.shape))) \
             if keepdim else tuple(x.shape[d] for d in outer)

@@ -525,7 +525,7 @@ class Python(Backend):
         else:
             values = [fn(data[s:s + span:inner])
                       for o in range(outer) for s in range(o * span, o * span + inner)]
-        dtype = dtypes.int32 if op in ("argmax", "argmin") else x.dtype
+        dtype = result_dtype(op, x.dtype)
         return Buffer(_store(values, dtype), out_shape, dtype)
 
     # -- linear algebra -----------------------------------------------------------------------
