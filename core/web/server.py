@@ -195,7 +195,7 @@ def demo(port=DEFAULT_PORT, open_browser=True):
     """`cinders demo`: set up what is missing, then serve until Ctrl-C."""
     ensure_setup()
     server = DemoServer(port=port)
-    print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/)"
-          % (server.url, server.url, server.url), flush=True)
+    print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/, ONNX import: "
+          "%sonnx/)" % (server.url, server.url, server.url, server.url), flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     server.serve_until_interrupted(open_browser)
