@@ -96,19 +96,12 @@ Every backend has it: the base class runs `op.reference` in tensor ops; Autodiff
 inner backend and records `op.backward`; Fusion records it into the lazy graph; Wgpu launches
 the op's WGSL. A new decorator backend overrides it to pass the call inward; nothing else.
 
-Buffer donation (optional)
---------------------------
-A backend that can write an elementwise result into an operand's buffer defines
-    unary_donated(op, x)            same result as unary(op, x)
-    binary_donated(op, a, b, donor) same result as binary(op, a, b); donor is 0 (a) or 1 (b)
-The tensor layer calls them instead of unary/binary only when the donated operand's Tensor was a
-temporary (`(x + 1) * 2`: nothing can read x + 1 afterwards) and no other Tensor, variable or
-Autodiff tape holds its handle; it has already dropped the handle from the dead Tensor. The
-backend may then reuse the buffer, after checking what only it knows: no other handle (a
-reshape/permute/slice view) shares the storage, and the buffer fits the result (shape, dtype,
-contiguity); otherwise it computes into a new buffer as usual. Backends that do not define
-them (CPU backends, Autodiff, Fusion) keep the class defaults of None and never see donation.
-See core/tensor.py ("buffer donation") for how a temporary is recognised.
+Buffer reuse
+------------
+Handles are values: no op changes an input (only `assign` writes, and says so). A backend may
+still write a result into an input's buffer, but only once it knows that no handle can read that
+buffer any more; that is its own memory matter, invisible here (cn.Wgpu: an input that died
+before the next launch, wgpu_backend/pool.py "In-place results").
 
 RANDOM (identical numbers on every backend)
 -------------------------------------------
@@ -180,9 +173,6 @@ class Backend:
     def custom(self, op, handles, shape):
         """A user kernel (see "User kernels" above); here: its reference in tensor ops."""
         return op.run_reference(self, handles, shape)
-
-    unary_donated = None   # optional hooks, see "Buffer donation" above
-    binary_donated = None
 
     @property
     def shares_constants(self):

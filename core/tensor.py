@@ -8,7 +8,6 @@ decorator backend such as Autodiff sees nothing but primitives.
 """
 
 import math
-import sys
 import threading
 
 from . import dtypes
@@ -333,7 +332,6 @@ class Tensor:
     # -- elementwise: the ops of core/ops.py, installed as methods below the class -------------
 
     def _unary(self, op):
-        refs = _refcount(self)  # first, before any local refers to self (see _donor)
         x = self
         dtype = _INPUT_DTYPE[op].get(x.dtype)
         if dtype is None:
@@ -342,18 +340,10 @@ class Tensor:
             x = x.cast(dtype)
         elif op in _WHOLE_ALREADY and dtype is int32:
             return x
-        backend, h = x.backend, x.handle
-        out_dtype = _RESULT_DTYPE[op][dtype]
-        if backend.unary_donated is not None and x is self and refs <= _TEMPORARY_UNARY_REFS:
-            del x
-            if _donor(self, h):
-                return Tensor(backend, backend.unary_donated(op, h), self.shape, out_dtype)
-            x = self
-        return Tensor(backend, backend.unary(op, h), x.shape, out_dtype)
+        return Tensor(x.backend, x.backend.unary(op, x.handle), x.shape, _RESULT_DTYPE[op][dtype])
 
     def _binary(self, op, other, reverse=False):
         """self <op> other (other <op> self when reverse); other is a Tensor or a Python number."""
-        refs_self, refs_other = _refcount(self), _refcount(other)  # first: see _donor
         backend = self.backend
         if isinstance(other, Tensor):
             if other.backend is not backend:
@@ -397,20 +387,6 @@ class Tensor:
         if compute is not dtype:
             ha, hb, dtype = backend.cast(ha, compute), backend.cast(hb, compute), compute
         out_dtype = _RESULT_DTYPE[op][dtype]
-        if backend.binary_donated is not None and out_dtype is dtype:
-            # A temporary operand gives its buffer to the result when the backend can write it
-            # there. `reverse` swapped the handles: self's is then hb, operand 1. (The handle
-            # _donor checks sits in exactly one local here: `mine`/`theirs` are deleted first.)
-            mine, theirs = (hb, ha) if reverse else (ha, hb)
-            if refs_self <= _TEMPORARY_REFS and mine is self.handle and self.shape == shape:
-                del mine
-                if _donor(self, hb if reverse else ha):
-                    return Tensor(backend, backend.binary_donated(op, ha, hb, 1 if reverse else 0), shape, out_dtype)
-            elif (refs_other <= _TEMPORARY_REFS and isinstance(other, Tensor) and other is not self
-                  and theirs is other.handle and other.shape == shape):
-                del theirs
-                if _donor(other, ha if reverse else hb):
-                    return Tensor(backend, backend.binary_donated(op, ha, hb, 0 if reverse else 1), shape, out_dtype)
         return Tensor(backend, backend.binary(op, ha, hb), shape, out_dtype)
 
     def _binary_or_raise(self, op, other):
@@ -726,85 +702,6 @@ def _install_ops():
 
 
 _install_ops()
-
-
-# ---------------------------------------------------------------------------------------------
-# buffer donation: an elementwise op on a temporary may write its result into the temporary's
-# buffer (the backend hooks `unary_donated` / `binary_donated`, core/backend.py). The tensor
-# layer vouches that nothing else can see that buffer through this Tensor:
-#   1. the Tensor is a temporary: `(x + 1) * 2`, `((x + 1) * 2).exp()`. Its reference count,
-#      read first thing in _binary/_unary, is what a temporary argument has on the operator
-#      path (the dunder or method one frame up), calibrated at import below. Anything that
-#      holds the Tensor (a variable, a list, the tape's closures) adds a reference. Reaching
-#      _binary/_unary through more frames only adds references (never donates), which is why
-#      nothing may call them directly with fewer frames.
-#   2. nothing but that Tensor holds its handle (_donor): the Autodiff tape keeps saved values
-#      as bare handles, and a Tensor wrapped around one of them is not the handle's only owner.
-# The backend then checks that no other handle (a reshape/permute view) shares the buffer.
-# Where sys.getrefcount cannot tell a temporary from a held object (no getrefcount, borrowed
-# references), calibration disables donation altogether. Known gap: C code that applies an
-# operator to an object it holds only through a borrowed reference (NumPy object arrays of
-# Tensors) looks like a temporary; the donated Tensor is then left with no handle (an error on
-# use, never another tensor's values).
-
-_refcount = getattr(sys, "getrefcount", lambda obj: 1 << 30)
-_TEMPORARY_REFS = _TEMPORARY_UNARY_REFS = _HANDLE_ALONE = -1  # set by _calibrate_donation; -1: off
-
-
-def _donor(t, h):
-    """Take handle h out of the temporary Tensor t when no one else holds h (True), clearing
-    t's slot: t is dead, and a dead Tensor must not keep a reference to a buffer being
-    overwritten. Called with h in exactly one local of the caller (its layout is calibrated)."""
-    if _refcount(h) > _HANDLE_ALONE:
-        return False
-    t.handle = None
-    return True
-
-
-def _handle_refs(t, h):
-    """_donor's count, for calibration (same arguments, same caller layout)."""
-    return _refcount(h)
-
-
-def _calibrate_donation():
-    """(temporary Tensor refs in _binary, in _unary, lone handle refs in _donor) as read on the
-    real operator paths, or -1s when a held object can read the same as a temporary (then
-    donation is off)."""
-    if not hasattr(sys, "getrefcount"):
-        return -1, -1, -1
-
-    class Probe(Tensor):  # reads the count where _binary/_unary do, reached through the dunders
-        __slots__ = ()
-
-        def _binary(self, op, other, reverse=False):
-            return _refcount(self), _refcount(other)
-
-        def _unary(self, op):
-            return _refcount(self)
-
-    def new():
-        return Probe(None, object(), (), float32)
-
-    # Unary ops are calibrated on the method path (`t.exp()`); the operator path (`-t`) reads
-    # one more in CPython, so a temporary negated there is simply not donated.
-    binary_temporaries = [(new() * new())[0], (new() * new())[1], (2 * new())[0]]
-    unary_temporaries = [new().exp()]
-    a, b = new(), new()
-    binary_held = [(a * b)[0], (a * b)[1], (2 * a)[0], (new() * b)[1]]
-    unary_held = [a.exp(), -a]
-
-    def lone(keep):
-        t = Tensor(None, object() if keep is None else keep, (), float32)
-        h = t.handle  # the caller's one local, like ha/hb in _binary and h in _unary
-        return _handle_refs(t, h)
-
-    if (max(binary_temporaries) >= min(binary_held) or max(unary_temporaries) >= min(unary_held)
-            or lone(None) >= lone(object())):
-        return -1, -1, -1
-    return max(binary_temporaries), max(unary_temporaries), lone(None)
-
-
-_TEMPORARY_REFS, _TEMPORARY_UNARY_REFS, _HANDLE_ALONE = _calibrate_donation()
 
 
 def _nest(flat, shape):

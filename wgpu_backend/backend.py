@@ -5,11 +5,9 @@ buffers, so reshape of contiguous data, permute, expand and slice cost no kernel
 their inputs through strides. Ops only *record* launches on the Device (device.py); the CPU
 waits for the GPU in `to_flat` alone.
 
-In-place reuse has one decider, the tensor layer (core/tensor.py, "buffer donation"): when the
-operand Tensor of an elementwise op is a temporary that alone holds its handle, it calls
-`unary_donated` / `binary_donated` (core/backend.py, "Buffer donation"), and this backend then
-checks what only it knows: no other view shares the storage and the result fits the buffer.
-Called directly (Autodiff's forward, Fusion), the backend never reuses an input's buffer.
+An elementwise result may be written into the buffer of an input that died before the next
+launch (pool.py, "In-place results"): liveness is the storage's own, so this holds however the
+backend is reached (the tensor layer, Autodiff's backward, Fusion).
 """
 
 import math
@@ -25,7 +23,7 @@ from cinders.ops import result_dtype
 
 from . import codegen
 from .matmul import VARIANTS, Tuner, split_count
-from .pool import BufferPool
+from .pool import BufferPool, Placement
 
 _ARRAY_CODE = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "I"}
 _KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
@@ -58,16 +56,6 @@ class GpuArray:
     def __repr__(self):
         return "GpuArray(shape=%r, dtype=%r, strides=%r, offset=%d)" % (
             self.shape, self.dtype, self.strides, self.offset)
-
-
-def _storage_refs(h):
-    return sys.getrefcount(h.storage)
-
-
-# What _storage_refs reads for a storage that one view alone references (measured: the count
-# an attribute read and a call add is the interpreter's), or None where it cannot tell.
-_STORAGE_ALONE = _storage_refs(GpuArray(GpuArray(None, (), (), 0, None), (), (), 0, None)) \
-    if hasattr(sys, "getrefcount") else None
 
 
 class _Runtime:
@@ -177,33 +165,42 @@ class Wgpu(Backend):
 
     def _new(self, shape, dtype):
         shape = tuple(shape)
-        n = math.prod(shape)
-        nbytes = 4 * n
+        nbytes = self._check_size(shape, dtype)
+        return GpuArray(self._rt.pool.allocate(nbytes), shape, row_major_strides(shape), 0, dtype)
+
+    def _check_size(self, shape, dtype):
+        nbytes = 4 * math.prod(shape)
         limit = self._rt.pool.limit
         if nbytes > limit:
             raise DeviceLimitError(
                 "cn.Wgpu: a %s tensor of shape %s needs %d bytes, more than this device's "
                 "maxStorageBufferBindingSize of %d bytes (%s); split it into smaller tensors"
                 % (dtype.name, shape, nbytes, limit, self.device.name))
-        return GpuArray(self._rt.pool.allocate(nbytes), shape, row_major_strides(shape), 0, dtype)
+        return nbytes
 
-    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
-                seed=None):
+    def _pipeline(self, key, build, name):
+        """The compiled kernel for `key` (`build()` returns its WGSL, called once per key)."""
         found = self._rt.kernels.get(key)
         if found is None:
-            wgsl = build()
-            pipeline, cached = self.device.pipeline(wgsl)
+            pipeline, cached = self.device.pipeline(build())
             found = self._rt.kernels[key] = pipeline
             if _PROFILING:
                 _record(self, {"kind": "cache_hit" if cached else "compile", "name": name})
         elif _PROFILING:
             _record(self, {"kind": "cache_hit", "name": name})
+        return found
+
+    def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
+                seed=None, placement=None):
+        pipeline = self._rt.kernels.get(key)
+        if pipeline is None or _PROFILING:
+            pipeline = self._pipeline(key, build, name)
         on_time = None
         if _PROFILING:
             event = _record(self, {"kind": "kernel", "name": name,
                                            "bytes_read": bytes_read, "bytes_written": bytes_written})
             on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
-        self.device.dispatch(found, buffers, params, groups, on_time, name, seed)
+        self.device.dispatch(pipeline, buffers, params, groups, on_time, name, seed, placement)
 
     # ---- the extension surface for generated/custom kernels (Fusion, user kernels) ----------
     def empty(self, shape, dtype):
@@ -229,12 +226,6 @@ class Wgpu(Backend):
         node = Expr(PENDING, "custom", op, tuple(leaves), shape, shape, dtypes.float32,
                     frame=(shape, None))
         return compiler(self).run(Program([node], [node], (shape, None)))[0]
-
-    def _fits_in_place(self, h, out_shape, out_dtype):
-        """No other view shares h's storage, and the result fits h's buffer exactly."""
-        return (_STORAGE_ALONE is not None and _storage_refs(h) <= _STORAGE_ALONE
-                and h.dtype is out_dtype and h.shape == out_shape and h.offset == 0
-                and h.is_contiguous())
 
     # ---- creation and reading -------------------------------------------------------------
     def from_flat(self, values, shape, dtype):
@@ -305,45 +296,63 @@ class Wgpu(Backend):
         return out.astype(np.bool_) if h.dtype is dtypes.bool_ else out
 
     # ---- elementwise ----------------------------------------------------------------------
-    def _elementwise(self, op, inputs, out_dtype, donor=None, out=None):
-        """Launch op over broadcast inputs. donor: index of an input whose buffer takes the
-        result. out: a strided destination view (copies into cat/pad results)."""
+    def _elementwise(self, op, inputs, out_dtype, out=None):
+        """Launch op over broadcast inputs. out: a strided destination view (copies into
+        cat/pad results); without one, the result may later take the buffer of an input that
+        died meanwhile (pool.py, "In-place results")."""
         shape = broadcast_shape(*[h.shape for h in inputs])
-        ndim = len(shape)
         n = math.prod(shape)
-        if donor is not None:
-            result = inputs[donor]
-            result = GpuArray(result.storage, shape, result.strides, 0, out_dtype)
-            self._rt.pool.inplace += 1
-        elif out is None:
-            result = self._new(shape, out_dtype)
-        else:
-            result = out
         if n == 0:
-            return result
-        layouts, views = [], []
-        for h in inputs:
+            return out if out is not None else self._new(shape, out_dtype)
+        layouts, views, donors = [], [], []
+        for i, h in enumerate(inputs):
             if h.shape == shape and h.is_contiguous():
                 layouts.append("c")
                 views.append((h.offset, h.strides))
+                if h.offset == 0 and h.dtype is out_dtype:
+                    donors.append(i)
             else:
                 layouts.append("s")
                 views.append((h.offset, tuple(0 if n_ == 1 else s
                                               for n_, s in zip(h.shape, h.strides))))
+        if out is not None or self.device.recording_here() is not None:
+            donors = ()  # (a capture binds the buffers it saw)
+        elif donors and len(inputs) > 1 and len({id(h.storage) for h in inputs}) < len(inputs):
+            # a buffer bound twice cannot be written through one of its bindings
+            donors = [i for i in donors
+                      if sum(h.storage is inputs[i].storage for h in inputs) == 1]
+        pool = self._rt.pool
+        if out is not None:
+            result = out
+        elif donors:
+            self._check_size(shape, out_dtype)
+            result = GpuArray(pool.unplaced(4 * n), shape, row_major_strides(shape), 0, out_dtype)
+        else:
+            result = self._new(shape, out_dtype)
+        ndim = len(shape)
         out_strided = out is not None and not out.is_contiguous()
         in_types = tuple(_TYPE[h.dtype] for h in inputs)
         out_type = _TYPE[out_dtype]
         layouts = tuple(layouts)
-        key = ("ew", op, in_types, out_type, ndim, layouts, out_strided, donor)
+
+        key = ("ew", op, in_types, out_type, ndim, layouts, out_strided)
+
+        def build(donor=None):  # donor: the input the kernel writes its result into
+            return codegen.elementwise_wgsl(op, in_types, out_type, ndim, layouts, out_strided,
+                                            donor)
+
         params = codegen.elementwise_params(n, result.offset, shape, result.strides, views,
                                             out_strided)
         buffers = [h.storage.raw for h in inputs]
-        if donor is None:
+        placement = None
+        if donors:
+            placement = Placement(pool, result.storage, [(i, buffers[i]) for i in donors],
+                                  lambda i: self._pipeline(key + (i,), lambda: build(i), op))
+            buffers.append(None)
+        else:
             buffers.append(result.storage.raw)
-        self._launch(key, lambda: codegen.elementwise_wgsl(op, in_types, out_type, ndim, layouts,
-                                                           out_strided, donor),
-                     buffers, params, codegen.groups_for(n, codegen.WG), op,
-                     4 * n * len(inputs), 4 * n)
+        self._launch(key, build, buffers, params, codegen.groups_for(n, codegen.WG), op,
+                     4 * n * len(inputs), 4 * n, placement=placement)
         return result
 
     def _materialize(self, h):
@@ -354,20 +363,6 @@ class Wgpu(Backend):
 
     def binary(self, op, a, b):
         return self._elementwise(op, [a, b], result_dtype(op, a.dtype))
-
-    # Buffer donation through the tensor layer (core/backend.py): it vouches that nothing else
-    # holds the donated handle, so only views sharing its storage remain to be ruled out.
-    def unary_donated(self, op, x):
-        out_dtype = result_dtype(op, x.dtype)
-        donor = 0 if self._fits_in_place(x, x.shape, out_dtype) else None
-        return self._elementwise(op, [x], out_dtype, donor)
-
-    def binary_donated(self, op, a, b, donor):
-        out_dtype = result_dtype(op, a.dtype)
-        shape = broadcast_shape(a.shape, b.shape)
-        if a is b or not self._fits_in_place((a, b)[donor], shape, out_dtype):
-            donor = None
-        return self._elementwise(op, [a, b], out_dtype, donor)
 
     def where(self, cond, a, b):
         return self._elementwise("where", [cond, a, b], a.dtype)

@@ -32,6 +32,9 @@ Shared logic lives here, in pure Python, so both implementations batch identical
 dispatches are *recorded* (pipeline, buffers, a small block of u32 parameters, workgroup counts)
 and only encoded at `flush()`: all parameter blocks of a batch go into one uniform buffer, all
 dispatches into one command encoder, one `queue.submit`. The CPU never waits except in `read`.
+The last recorded launch may leave its output binding open until the next launch, the submit,
+or a request for that buffer (`settle`): pool.py ("In-place results") then decides whether it
+writes into an input that died meanwhile.
 
 Captured execution (core/capture.py): while `recording` is set, every dispatch is also appended
 to it (pipeline, buffers, parameter block, workgroups); `prepare` turns such a sequence into a
@@ -104,6 +107,7 @@ class Device:
         self._pipelines = {}          # wgsl source -> compiled pipeline
         self._pending = []            # recorded Dispatch objects of the open batch
         self._pending_buffers = set()  # ids of raw buffers the open batch touches
+        self._open = None             # the Placement of the last launch, while undecided
         self._params = bytearray()
         self.timing = 0               # > 0 while some profiler wants GPU time
         self.pipeline_cache_hits = 0
@@ -171,27 +175,45 @@ class Device:
         found = self._pipelines[wgsl] = self._compile(wgsl)
         return found, False
 
-    def dispatch(self, pipeline, buffers, params, groups, on_time=None, name="kernel", seed=None):
+    def dispatch(self, pipeline, buffers, params, groups, on_time=None, name="kernel", seed=None,
+                 placement=None):
         """Record one launch. params: sequence of u32 (the kernel's uniform block); seed: the
-        random seed hashed into params[1] (capture draws a new one per replay)."""
+        random seed hashed into params[1] (capture draws a new one per replay); placement: its
+        output (the last buffer, None here) is placed later (pool.py, "In-place results")."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
         block = pack_params(params)
         if self.recording is not None and threading.get_ident() == self.recording_thread:
             self.recording.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
                                          seed))
         with self.lock:
+            if self._open is not None:
+                self.settle()
             offset = len(self._params)
             self._params += block
             self._params += b"\0" * (-len(self._params) % align)
-            self._pending.append(Dispatch(pipeline, buffers, offset, len(block), groups,
-                                          on_time if self.timing else None))
-            self._pending_buffers.update(id(b) for b in buffers)
+            d = Dispatch(pipeline, buffers, offset, len(block), groups,
+                         on_time if self.timing else None)
+            self._pending.append(d)
+            self._pending_buffers.update(map(id, buffers))
+            if placement is not None:
+                placement.open(d)
+                self._open = placement
             if len(self._pending) >= MAX_BATCH:
                 self.flush()
+
+    def settle(self):
+        """Place the last launch's result if it is still open: before another launch is
+        recorded, before a submit, and when its buffer is asked for."""
+        with self.lock:
+            placement = self._open
+            if placement is not None:
+                self._open = None
+                self._pending_buffers.add(id(placement.place()))
 
     def flush(self):
         """Encode and submit the open batch (returns immediately; the GPU works on)."""
         with self.lock:
+            self.settle()
             if not self._pending:
                 return
             dispatches, params = self._pending, bytes(self._params)

@@ -1,7 +1,7 @@
 """GPU memory: a pool of device buffers by size class, returned when their last view dies.
 
 A `Storage` owns one device buffer. Tensor handles (views) point at a Storage; when the last
-view is garbage collected, `weakref.finalize` hands the buffer back to the pool, where the next
+view is garbage collected, the Storage hands its buffer back to the pool, where the next
 allocation of the same size class reuses it instead of asking the driver (allocation is slow,
 and a training step allocates the same sizes every iteration).
 
@@ -9,9 +9,20 @@ Captured programs (core/capture.py) own the buffers their kernels use: while a c
 `recording` collects every buffer handed out; `reserve` then takes them out of circulation while
 the program lives (a replay writes them again, so nobody else may get them), and
 `unreserve_later` hands them back when it dies.
+
+In-place results ("placement"). An elementwise kernel may write its result into the buffer of
+an input that nobody can read afterwards: `((x + 1) * 2).exp()` needs one buffer, not three.
+Whether an input is still wanted is known for certain only once the caller has dropped it, and
+Python drops a temporary operand as soon as the op returns. So the result of the *last* recorded
+launch stays unplaced (a Storage without a buffer, its launch's output binding empty) until the
+next launch is recorded, the batch is submitted, or someone needs its buffer (`Storage.raw`).
+Then `Placement.place` looks at which candidate inputs died meanwhile: a dead one's buffer,
+which the pool held back from reuse while it was a candidate (`_claimed`), takes the result
+through the kernel's in-place variant; otherwise the result gets a buffer as usual. Liveness is
+the storage's own (every view of it gone), so no reference counting, Python frame or backend
+above this one takes part: Autodiff's backward and Fusion's leftovers reuse buffers the same way.
 """
 
-import weakref
 from collections import deque
 
 MIN_CLASS = 256
@@ -28,13 +39,52 @@ def size_class(nbytes):
 
 
 class Storage:
-    """One pooled device buffer; `raw` is the Device's buffer object."""
+    """One pooled device buffer; `raw` is the Device's buffer object. An unplaced result's
+    buffer is chosen when first asked for (see "In-place results" above)."""
 
-    __slots__ = ("raw", "nbytes", "__weakref__")
+    __slots__ = ("_raw", "nbytes", "_pool")
 
-    def __init__(self, raw, nbytes):
-        self.raw = raw
+    def __init__(self, raw, nbytes, pool):
+        self._raw = raw
         self.nbytes = nbytes
+        self._pool = pool
+
+    @property
+    def raw(self):
+        if self._raw is None:
+            self._pool.device.settle()
+        return self._raw
+
+    def __del__(self):
+        # The last view is gone. This runs in whatever thread dropped the last reference,
+        # wgpu-py's poll thread included, so it must not wait for the pool's lock (the thread
+        # holding it may be waiting for that poll thread): deque.append is atomic, and the next
+        # allocation drains the deque.
+        if self._raw is not None:
+            self._pool._released.append((self._raw, self.nbytes))
+
+
+class Placement:
+    """The result of the last recorded elementwise launch, not placed yet.
+    donors: [(input index, raw)] inputs whose buffer may take the result (contiguous, same
+    shape and dtype, not bound twice); in_place(index): that kernel's in-place pipeline."""
+
+    __slots__ = ("pool", "storage", "donors", "in_place", "dispatch")
+
+    def __init__(self, pool, storage, donors, in_place):
+        self.pool, self.storage, self.donors, self.in_place = pool, storage, donors, in_place
+        self.dispatch = None
+
+    def open(self, dispatch):
+        """The Device recorded the launch (its last buffer, the output, is None for now); from
+        here until `place`, donors that die are held back from reuse."""
+        self.dispatch = dispatch
+        self.pool._claimed = [id(raw) for _, raw in self.donors]
+
+    def place(self):
+        """Give the result its buffer, a dead donor's when there is one (the Device calls this
+        under its lock); returns the buffer."""
+        return self.pool._place(self)
 
 
 class BufferPool:
@@ -47,8 +97,11 @@ class BufferPool:
         self.peak_bytes = 0         # peak of allocated_bytes
         self.buffers_created = 0
         self.reused = 0             # allocations served from the pool
-        self.inplace = 0            # elementwise results written into a dying input's buffer
-        self._released = deque()    # (raw, size class) handed back by finalizers, not yet pooled
+        self.inplace = 0            # elementwise results written into a dead input's buffer
+        self._claimed = ()          # ids of the open placement's donor buffers
+        self._dead_claimed = {}     # id -> (raw, size class): donors that died, held back
+        self._held = {}             # id -> raw of every buffer a Storage holds
+        self._released = deque()    # (raw, size class) handed back by dead storages, not yet pooled
         self.recording = None       # while a capture records: {id(raw): (raw, launches before)}
         self._reserved = set()      # ids of buffers owned by captured programs
         self._reserved_idle = {}    # id -> (raw, size class): theirs, held by no tensor
@@ -58,31 +111,74 @@ class BufferPool:
     def allocate(self, nbytes, fresh=False):
         """A Storage of at least nbytes (the caller checked the device limit); fresh: a buffer
         no kernel has used yet (never one from the pool)."""
-        cls = min(size_class(nbytes), max(self.limit, nbytes))
+        cls = self._class(nbytes)
         with self.device.lock:
-            self._drain_released()
-            free = None if fresh else self._free.get(cls)
-            if free:
-                raw = free.pop()
-                self.pooled_bytes -= cls
-                self.reused += 1
-            else:
-                raw = self.device.create_buffer(cls)
-                self.buffers_created += 1
+            if self._released or self._unreserved:
+                self._drain_released()
+            raw = self._take(cls, fresh)
             if self.recording is not None and self.device.recording_here() is not None:
                 # (the buffer, how many launches preceded it)
                 self.recording.setdefault(id(raw), (raw, len(self.device.recording)))
-            self.allocated_bytes += cls
-            self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
-        storage = Storage(raw, cls)
-        weakref.finalize(storage, self._release, raw, cls)
-        return storage
+            self._hand_out(raw, cls)
+        return Storage(raw, cls, self)
 
-    def _release(self, raw, cls):
-        # A finalizer: it runs in whatever thread dropped the last reference, wgpu-py's poll
-        # thread included, so it must not wait for the lock (the thread holding it may be
-        # waiting for that poll thread). deque.append is atomic; the next allocation drains.
-        self._released.append((raw, cls))
+    def unplaced(self, nbytes):
+        """A Storage for the result of the launch about to be recorded with a Placement."""
+        return Storage(None, self._class(nbytes), self)
+
+    def _class(self, nbytes):
+        return min(size_class(nbytes), max(self.limit, nbytes))
+
+    def _take(self, cls, fresh=False, avoid=()):
+        """A buffer of size class cls: a pooled one (none of `avoid`) or a new one."""
+        free = None if fresh else self._free.get(cls)
+        if free:
+            k = len(free) - 1
+            while k >= 0 and free[k] in avoid:  # (buffers compare by identity)
+                k -= 1
+            if k >= 0:
+                self.pooled_bytes -= cls
+                self.reused += 1
+                return free.pop(k)
+        self.buffers_created += 1
+        return self.device.create_buffer(cls)
+
+    def _hand_out(self, raw, cls):
+        # The pool holds every buffer it hands out: a Storage dying as cyclic garbage must never
+        # take its buffer with it (the collector finalizes a cycle's objects in any order).
+        self._held[id(raw)] = raw
+        self.allocated_bytes += cls
+        self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
+
+    def _place(self, placement):
+        if self._released or self._unreserved:
+            self._drain_released()
+        dispatch, storage = placement.dispatch, placement.storage
+        dead = self._dead_claimed
+        self._claimed = ()
+        donor = None
+        if dead:
+            self._dead_claimed = {}
+            for index, raw in placement.donors:
+                found = dead.pop(id(raw), None)
+                if found is not None:
+                    donor, cls = index, found[1]
+                    break
+            for unused in dead.values():
+                self._pool_buffer(*unused)
+        if donor is not None:
+            dispatch.pipeline = placement.in_place(donor)
+            dispatch.buffers = dispatch.buffers[:-1]  # the output binding goes
+            self.inplace += 1
+        else:
+            # The launch is the last one recorded, so every pooled buffer's last reader comes
+            # before it, except its own inputs.
+            cls = storage.nbytes
+            raw = dispatch.buffers[-1] = self._take(cls, avoid=dispatch.buffers)
+        self._hand_out(raw, cls)
+        storage._raw, storage.nbytes = raw, cls
+        placement.storage = placement.dispatch = None
+        return raw
 
     def _drain_released(self):
         while self._unreserved:  # programs that died give their buffers back
@@ -91,18 +187,24 @@ class BufferPool:
                 found = self._reserved_idle.pop(key, None)
                 if found is not None:
                     self.reserved_bytes -= found[1]
-                    self.pooled_bytes += found[1]
-                    self._free.setdefault(found[1], []).append(found[0])
+                    self._pool_buffer(*found)
         while self._released:
             raw, cls = self._released.popleft()
+            del self._held[id(raw)]
             self.allocated_bytes -= cls
             if id(raw) in self._reserved:
                 # a captured program's: handed out to no one else while the program lives
                 self.reserved_bytes += cls
                 self._reserved_idle[id(raw)] = (raw, cls)
                 continue
-            self.pooled_bytes += cls
-            self._free.setdefault(cls, []).append(raw)
+            if id(raw) in self._claimed:  # the open placement may write its result here
+                self._dead_claimed[id(raw)] = (raw, cls)
+                continue
+            self._pool_buffer(raw, cls)
+
+    def _pool_buffer(self, raw, cls):
+        self.pooled_bytes += cls
+        self._free.setdefault(cls, []).append(raw)
 
     def unreserve_later(self, ids):
         """A captured program died: its buffers return to the pool (at the next allocation;
@@ -139,6 +241,7 @@ class BufferPool:
 
     def stats(self):
         with self.device.lock:
+            self.device.settle()
             self._drain_released()
         return {"allocated_bytes": self.allocated_bytes, "pooled_bytes": self.pooled_bytes,
                 "reserved_bytes": self.allocated_bytes + self.pooled_bytes,
