@@ -346,7 +346,8 @@ class Wgpu(Backend):
         buffers = [h.storage.raw for h in inputs]
         placement = None
         if donors:
-            placement = Placement(pool, result.storage, [(i, buffers[i]) for i in donors],
+            placement = Placement(pool, result.storage,
+                                  [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
                                   lambda i: self._pipeline(key + (i,), lambda: build(i), op))
             buffers.append(None)
         else:

@@ -32,9 +32,9 @@ Shared logic lives here, in pure Python, so both implementations batch identical
 dispatches are *recorded* (pipeline, buffers, a small block of u32 parameters, workgroup counts)
 and only encoded at `flush()`: all parameter blocks of a batch go into one uniform buffer, all
 dispatches into one command encoder, one `queue.submit`. The CPU never waits except in `read`.
-The last recorded launch may leave its output binding open until the next launch, the submit,
-or a request for that buffer (`settle`): pool.py ("In-place results") then decides whether it
-writes into an input that died meanwhile.
+The last recorded launch may leave its output binding open until the next launch or allocation,
+the submit, or a request for that buffer (`settle`): pool.py ("In-place results") then decides
+whether it writes into an input that died meanwhile.
 
 Captured execution (core/capture.py): while `recording` is set, every dispatch is also appended
 to it (pipeline, buffers, parameter block, workgroups); `prepare` turns such a sequence into a
@@ -196,14 +196,14 @@ class Device:
             self._pending.append(d)
             self._pending_buffers.update(map(id, buffers))
             if placement is not None:
-                placement.open(d)
+                placement.dispatch = d
                 self._open = placement
             if len(self._pending) >= MAX_BATCH:
                 self.flush()
 
     def settle(self):
         """Place the last launch's result if it is still open: before another launch is
-        recorded, before a submit, and when its buffer is asked for."""
+        recorded or a buffer allocated, before a submit, and when its buffer is asked for."""
         with self.lock:
             placement = self._open
             if placement is not None:

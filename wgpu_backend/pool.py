@@ -15,12 +15,13 @@ an input that nobody can read afterwards: `((x + 1) * 2).exp()` needs one buffer
 Whether an input is still wanted is known for certain only once the caller has dropped it, and
 Python drops a temporary operand as soon as the op returns. So the result of the *last* recorded
 launch stays unplaced (a Storage without a buffer, its launch's output binding empty) until the
-next launch is recorded, the batch is submitted, or someone needs its buffer (`Storage.raw`).
-Then `Placement.place` looks at which candidate inputs died meanwhile: a dead one's buffer,
-which the pool held back from reuse while it was a candidate (`_claimed`), takes the result
-through the kernel's in-place variant; otherwise the result gets a buffer as usual. Liveness is
-the storage's own (every view of it gone), so no reference counting, Python frame or backend
-above this one takes part: Autodiff's backward and Fusion's leftovers reuse buffers the same way.
+next allocation or launch, the submit of the batch, or a request for its buffer (`Storage.raw`).
+Then `Placement.place` looks for a candidate input whose buffer is back in the pool: that input
+died meanwhile, and no one took its buffer since (every allocation settles the open placement
+first), so nothing reads it after this launch; the result takes it through the kernel's in-place
+variant. Otherwise the result gets a buffer as usual. Liveness is the storage's own (every view
+of it gone), so no reference counting, Python frame or backend above this one takes part:
+Autodiff's backward and Fusion's leftover ops reuse buffers the same way.
 """
 
 from collections import deque
@@ -66,20 +67,15 @@ class Storage:
 
 class Placement:
     """The result of the last recorded elementwise launch, not placed yet.
-    donors: [(input index, raw)] inputs whose buffer may take the result (contiguous, same
-    shape and dtype, not bound twice); in_place(index): that kernel's in-place pipeline."""
+    donors: [(input index, raw, size class)] inputs whose buffer may take the result (contiguous,
+    same shape and dtype, not bound twice); in_place(index): that kernel's in-place pipeline;
+    dispatch: the recorded launch (its last buffer, the output, is None until placed)."""
 
     __slots__ = ("pool", "storage", "donors", "in_place", "dispatch")
 
     def __init__(self, pool, storage, donors, in_place):
         self.pool, self.storage, self.donors, self.in_place = pool, storage, donors, in_place
         self.dispatch = None
-
-    def open(self, dispatch):
-        """The Device recorded the launch (its last buffer, the output, is None for now); from
-        here until `place`, donors that die are held back from reuse."""
-        self.dispatch = dispatch
-        self.pool._claimed = [id(raw) for _, raw in self.donors]
 
     def place(self):
         """Give the result its buffer, a dead donor's when there is one (the Device calls this
@@ -98,8 +94,6 @@ class BufferPool:
         self.buffers_created = 0
         self.reused = 0             # allocations served from the pool
         self.inplace = 0            # elementwise results written into a dead input's buffer
-        self._claimed = ()          # ids of the open placement's donor buffers
-        self._dead_claimed = {}     # id -> (raw, size class): donors that died, held back
         self._held = {}             # id -> raw of every buffer a Storage holds
         self._released = deque()    # (raw, size class) handed back by dead storages, not yet pooled
         self.recording = None       # while a capture records: {id(raw): (raw, launches before)}
@@ -113,6 +107,7 @@ class BufferPool:
         no kernel has used yet (never one from the pool)."""
         cls = self._class(nbytes)
         with self.device.lock:
+            self.device.settle()  # the open placement may want a buffer that is pooled now
             if self._released or self._unreserved:
                 self._drain_released()
             raw = self._take(cls, fresh)
@@ -154,22 +149,12 @@ class BufferPool:
         if self._released or self._unreserved:
             self._drain_released()
         dispatch, storage = placement.dispatch, placement.storage
-        dead = self._dead_claimed
-        self._claimed = ()
-        donor = None
-        if dead:
-            self._dead_claimed = {}
-            for index, raw in placement.donors:
-                found = dead.pop(id(raw), None)
-                if found is not None:
-                    donor, cls = index, found[1]
-                    break
-            for unused in dead.values():
-                self._pool_buffer(*unused)
-        if donor is not None:
-            dispatch.pipeline = placement.in_place(donor)
-            dispatch.buffers = dispatch.buffers[:-1]  # the output binding goes
-            self.inplace += 1
+        for index, raw, cls in placement.donors:
+            if self._unpool(raw, cls):
+                dispatch.pipeline = placement.in_place(index)
+                dispatch.buffers = dispatch.buffers[:-1]  # the output binding goes
+                self.inplace += 1
+                break
         else:
             # The launch is the last one recorded, so every pooled buffer's last reader comes
             # before it, except its own inputs.
@@ -179,6 +164,17 @@ class BufferPool:
         storage._raw, storage.nbytes = raw, cls
         placement.storage = placement.dispatch = None
         return raw
+
+    def _unpool(self, raw, cls):
+        """Take this very buffer out of the pool, if it is there."""
+        free = self._free.get(cls)
+        if free:
+            for k in range(len(free) - 1, -1, -1):  # a dead donor is usually the last one in
+                if free[k] is raw:
+                    del free[k]
+                    self.pooled_bytes -= cls
+                    return True
+        return False
 
     def _drain_released(self):
         while self._unreserved:  # programs that died give their buffers back
@@ -196,9 +192,6 @@ class BufferPool:
                 # a captured program's: handed out to no one else while the program lives
                 self.reserved_bytes += cls
                 self._reserved_idle[id(raw)] = (raw, cls)
-                continue
-            if id(raw) in self._claimed:  # the open placement may write its result here
-                self._dead_claimed[id(raw)] = (raw, cls)
                 continue
             self._pool_buffer(raw, cls)
 
@@ -232,6 +225,7 @@ class BufferPool:
     def empty_cache(self):
         """Destroy every pooled (unused) buffer, e.g. before a phase with different shapes."""
         with self.device.lock:
+            self.device.settle()
             self._drain_released()
             for buffers in self._free.values():
                 for raw in buffers:
