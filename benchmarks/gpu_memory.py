@@ -15,6 +15,7 @@ lavapipe run is as good as a GPU's.
 """
 
 import argparse
+import gc
 import json
 
 import numpy as np
@@ -26,6 +27,7 @@ from cinders.wgpu import Wgpu
 
 
 def train_step_row(stack, batch, warm, steps):
+    gc.collect()  # the cycles of an earlier row's tape would count as live here
     gpu = Wgpu(autotune=False)
     backend = cn.Autodiff(gpu if stack == "autodiff-wgpu" else cn.Fusion(gpu))
     cn.manual_seed(0)
@@ -55,6 +57,7 @@ def train_step_row(stack, batch, warm, steps):
 
 
 def chain_row(elements):
+    gc.collect()
     gpu = Wgpu(autotune=False)
     x = cn.tensor(np.ones(elements, np.float32), backend=gpu)
     gpu.synchronize()

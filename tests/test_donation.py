@@ -139,3 +139,20 @@ def test_cpu_backends_compute_the_same():
     x = cn.tensor(values(), backend=cn.NumPy())
     np.testing.assert_array_equal((((x + 1) * 2) - 1).numpy(), (values() + 1) * 2 - 1)
     np.testing.assert_array_equal(x.numpy(), values())
+
+
+@pytest.mark.parametrize("n", [1024, 1023])   # vec4 and scalar fused kernels
+def test_a_fused_group_writes_into_a_dead_leaf(gpu, n):
+    fusion = cn.Fusion(gpu)
+    data = values(n) / n
+    x = cn.tensor(data, backend=fusion)
+    t = fusion.realize(x * 2)           # a computed leaf of the next group
+    held = fusion.realize(x * 3)
+    before = inplace(gpu)
+    u = (t + 1).exp() * held            # one fused kernel reading t and held
+    del t                               # ... t dies before it runs: u takes t's buffer
+    got = u.numpy()
+    assert inplace(gpu) - before == 1
+    np.testing.assert_allclose(got, np.exp(data * 2 + 1) * data * 3, rtol=1e-5)
+    np.testing.assert_allclose(held.numpy(), data * 3, rtol=1e-6)
+    np.testing.assert_array_equal(x.numpy(), data)

@@ -23,7 +23,9 @@ from cinders import dtypes
 
 from . import codegen
 from cinders.backend import row_major_strides
+from .backend import GpuArray
 from .codegen import _p, _dot, _unravel, _header, _entry_1d, _helpers_for
+from .pool import Placement
 
 ROW_THREADS = 64     # workgroup size of the rows kernel when the reduced axis is long
 ROW_MIN_AXIS = 128   # shorter axes: one invocation loops over the whole row
@@ -72,24 +74,22 @@ class WgslFusion:
     # ---- running a Program ------------------------------------------------------------------
     def run(self, program):
         shape, axis = program.shape, program.axis
-        outs = [self.inner._new(program.exprs[o].shape, program.exprs[o].dtype)
-                for o in program.outputs]
+        inner = self.inner
         if math.prod(shape) == 0:
-            return outs
+            return [inner._new(program.exprs[o].shape, program.exprs[o].dtype)
+                    for o in program.outputs]
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
-        slots, binding_of = [], []
+        slots, binding_of, storages = [], [], {}
         for e in program.leaves:
             key = (id(e.value.storage), e.dtype)
             if key not in slots:
                 slots.append(key)
+                storages[key] = e.value.storage
             binding_of.append(slots.index(key))
-        storages = {}
-        for e in program.leaves:
-            storages.setdefault((id(e.value.storage), e.dtype), e.value.storage.raw)
-        buffers = [storages[k] for k in slots] + [o.storage.raw for o in outs]
         slot_types = tuple(_TYPE[dt] for _, dt in slots)
         flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
+        donors = ()
         if flat:
             layouts = tuple("c" if v[0] == shape and e.value.is_contiguous() else "s"
                             for v, e in zip(views, program.leaves))
@@ -102,7 +102,12 @@ class WgslFusion:
             for (vshape, strides, offset) in views:
                 params += [offset // width] + list(strides)
             groups = codegen.groups_for(n // width, codegen.WG)
-            build = lambda: flat_wgsl(program, binding_of, slot_types, layouts, width)  # noqa: E731
+
+            def build(inplace=None):
+                return flat_wgsl(program, binding_of, slot_types, layouts, width, inplace)
+
+            if len(program.outputs) == 1 and inner.device.recording_here() is None:
+                donors = self._donors(program, slots, binding_of, layouts, views)
         else:
             length = shape[axis]
             rows = math.prod(shape) // length
@@ -117,10 +122,51 @@ class WgslFusion:
             params += [cs[d] for d in outer] + [cs[axis]]
             groups = codegen.groups_for(rows, 1 if threads > 1 else ROW_THREADS)
             build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
-        self.inner._launch(key, build, buffers, params, groups, program.name,
-                           4 * sum(e.value.size for e in program.leaves),
-                           4 * sum(o.size for o in outs))
+        buffers = [storages[k].raw for k in slots]
+        placement = None
+        if donors:
+            # Like a plain elementwise result, the group's one output may take the buffer of a
+            # leaf that dies before the next launch (pool.py, "In-place results").
+            out_shape, out_dtype = program.exprs[program.outputs[0]].shape, \
+                program.exprs[program.outputs[0]].dtype
+            inner._check_size(out_shape, out_dtype)
+            outs = [GpuArray(inner.pool.unplaced(4 * math.prod(out_shape)), out_shape,
+                             row_major_strides(out_shape), 0, out_dtype)]
+            # The in-place kernels' sources are written now, where still missing: a closure
+            # over the Program would keep its leaves, the very buffers to donate, alive.
+            sources = {slot: build(slot) for slot in donors
+                       if key + (slot,) not in inner._rt.kernels}
+            name = program.name
+            placement = Placement(
+                inner.pool, outs[0].storage,
+                [(slot, buffers[slot], storages[slots[slot]].nbytes) for slot in donors],
+                lambda slot: inner._pipeline(key + (slot,), lambda: sources[slot], name))
+            buffers.append(None)
+        else:
+            outs = [inner._new(program.exprs[o].shape, program.exprs[o].dtype)
+                    for o in program.outputs]
+            buffers += [o.storage.raw for o in outs]
+        inner._launch(key, build, buffers, params, groups, program.name,
+                      4 * sum(e.value.size for e in program.leaves),
+                      4 * sum(o.size for o in outs), placement=placement)
         return outs
+
+    @staticmethod
+    def _donors(program, slots, binding_of, layouts, views):
+        """Slots whose buffer the flat group's one output may be written into: read by one
+        leaf, at the output's own index (contiguous over the frame from offset 0), in the
+        output's dtype, and bound nowhere else."""
+        out = program.exprs[program.outputs[0]]
+        if out.shape != program.shape:
+            return ()
+        found = []
+        for slot, (storage_id, dtype) in enumerate(slots):
+            readers = [j for j, b in enumerate(binding_of) if b == slot]
+            if (len(readers) == 1 and layouts[readers[0]] == "c" and views[readers[0]][2] == 0
+                    and dtype is out.dtype and program.leaves[readers[0]].shape == out.shape
+                    and sum(1 for other, _ in slots if other == storage_id) == 1):
+                found.append(slot)
+        return found
 
     def run_matmul(self, program, product, a, b):
         """The group `program` (flat, over the shape of the matmul a @ b, whose result is its
@@ -213,12 +259,13 @@ def _finish(src, program):
     return _helpers_for(src) + src
 
 
-def _buffers(program, slot_types, width=1):
+def _buffers(program, slot_types, width=1, inplace=None):
+    """Leaf slots b0.., then outputs out0.. (none when the output goes into slot `inplace`)."""
     def ty(t):
         return t if width == 1 else "vec4<%s>" % t
-    return ([("b%d" % s, ty(t), False) for s, t in enumerate(slot_types)]
+    return ([("b%d" % s, ty(t), s == inplace) for s, t in enumerate(slot_types)]
             + [("out%d" % j, ty(_TYPE[program.nodes[o][4]]), True)
-               for j, o in enumerate(program.outputs)])
+               for j, o in enumerate(program.outputs) if inplace is None])
 
 
 # ---- flat kernels --------------------------------------------------------------------------
@@ -233,11 +280,12 @@ def _flat_chain(program, leaf_names, suffix):
     return lines
 
 
-def flat_wgsl(program, binding_of, slot_types, layouts, width=1):
+def flat_wgsl(program, binding_of, slot_types, layouts, width=1, inplace=None):
     """One invocation per element (width 1) or per 4 consecutive elements read and written as
     vec4 (width 4: every leaf contiguous, so no index arithmetic beyond offset + i; the
     expressions run once per lane). On an H200 this reaches the bandwidth of a plain copy
     kernel; 2 to 8 vec4s per invocation or other workgroup sizes measured no faster.
+    inplace=s: the one output is written into leaf slot s (declared read_write).
     P: n / width, shape[nd], const bits, per leaf: offset / width, strides[nd]."""
     nd = len(program.shape)
     first_const = 1 + nd
@@ -254,16 +302,18 @@ def flat_wgsl(program, binding_of, slot_types, layouts, width=1):
             _dot(_p(base), coords, [_p(base + 1 + d) for d in range(nd)])
         lines.append("  let l%d = b%d[%s];" % (j, binding_of[j], index))
     leaves = range(len(layouts))
+    target = ["b%d" % inplace] if inplace is not None else \
+        ["out%d" % j for j in range(len(program.outputs))]
     if width == 1:
         lines += _flat_chain(program, ["l%d" % j for j in leaves], "")
-        lines += ["  out%d[i] = x%d;" % (j, o) for j, o in enumerate(program.outputs)]
+        lines += ["  %s[i] = x%d;" % (target[j], o) for j, o in enumerate(program.outputs)]
     else:
         for q in range(width):
             lines += _flat_chain(program, ["l%d[%d]" % (j, q) for j in leaves], "_%d" % q)
-        lines += ["  out%d[i] = vec4<%s>(%s);" % (
-            j, _TYPE[program.nodes[o][4]], ", ".join("x%d_%d" % (o, q) for q in range(width)))
+        lines += ["  %s[i] = vec4<%s>(%s);" % (
+            target[j], _TYPE[program.nodes[o][4]], ", ".join("x%d_%d" % (o, q) for q in range(width)))
             for j, o in enumerate(program.outputs)]
-    src = _header(n_params, _buffers(program, slot_types, width)) + _entry_1d() \
+    src = _header(n_params, _buffers(program, slot_types, width, inplace)) + _entry_1d() \
         + "\n".join(lines) + "\n}\n"
     return _finish(src, program)
 

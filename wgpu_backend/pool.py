@@ -21,7 +21,8 @@ died meanwhile, and no one took its buffer since (every allocation settles the o
 first), so nothing reads it after this launch; the result takes it through the kernel's in-place
 variant. Otherwise the result gets a buffer as usual. Liveness is the storage's own (every view
 of it gone), so no reference counting, Python frame or backend above this one takes part:
-Autodiff's backward and Fusion's leftover ops reuse buffers the same way.
+Autodiff's backward reuses buffers the same way, and so do Fusion's flat groups with one output
+(fusion_codegen.py, a dead leaf's buffer).
 """
 
 from collections import deque
