@@ -107,7 +107,7 @@ class Device:
         self._pipelines = {}          # wgsl source -> compiled pipeline
         self._pending = []            # recorded Dispatch objects of the open batch
         self._pending_buffers = set()  # ids of raw buffers the open batch touches
-        self._open = None             # the Placement of the last launch, while undecided
+        self.open_placement = None    # the Placement of the last launch, while undecided
         self._params = bytearray()
         self.timing = 0               # > 0 while some profiler wants GPU time
         self.pipeline_cache_hits = 0
@@ -186,7 +186,7 @@ class Device:
             self.recording.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
                                          seed))
         with self.lock:
-            if self._open is not None:
+            if self.open_placement is not None:
                 self.settle()
             offset = len(self._params)
             self._params += block
@@ -197,7 +197,7 @@ class Device:
             self._pending_buffers.update(map(id, buffers))
             if placement is not None:
                 placement.dispatch = d
-                self._open = placement
+                self.open_placement = placement
             if len(self._pending) >= MAX_BATCH:
                 self.flush()
 
@@ -205,9 +205,9 @@ class Device:
         """Place the last launch's result if it is still open: before another launch is
         recorded or a buffer allocated, before a submit, and when its buffer is asked for."""
         with self.lock:
-            placement = self._open
+            placement = self.open_placement
             if placement is not None:
-                self._open = None
+                self.open_placement = None
                 self._pending_buffers.add(id(placement.place()))
 
     def flush(self):

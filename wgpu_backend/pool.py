@@ -108,7 +108,8 @@ class BufferPool:
         no kernel has used yet (never one from the pool)."""
         cls = self._class(nbytes)
         with self.device.lock:
-            self.device.settle()  # the open placement may want a buffer that is pooled now
+            if self.device.open_placement is not None:  # it may want a buffer that is pooled now
+                self.device.settle()
             if self._released or self._unreserved:
                 self._drain_released()
             raw = self._take(cls, fresh)
