@@ -156,3 +156,29 @@ def test_a_fused_group_writes_into_a_dead_leaf(gpu, n):
     np.testing.assert_allclose(got, np.exp(data * 2 + 1) * data * 3, rtol=1e-5)
     np.testing.assert_allclose(held.numpy(), data * 3, rtol=1e-6)
     np.testing.assert_array_equal(x.numpy(), data)
+
+
+def test_a_failed_placement_loses_only_its_own_result(gpu, monkeypatch):
+    # Finding the result's buffer can fail (out of device memory): that launch is dropped and
+    # says so when its tensor is used; the rest of its batch runs, and the pool stays whole.
+    n = 3001                                   # a size class no other test leaves in the pool
+    x = cn.tensor(values(n), backend=gpu)
+    earlier = x - 1                            # recorded before, in the same batch
+    y = x * 2                                  # x is held: y needs a new buffer when placed
+
+    def out_of_memory(nbytes):
+        raise MemoryError("no device memory left (simulated)")
+
+    monkeypatch.setattr(gpu.device, "_create_buffer", out_of_memory)
+    with pytest.raises(MemoryError):
+        y.numpy()
+    monkeypatch.undo()
+    with pytest.raises(cn.CindersError, match="never ran"):
+        y.numpy()
+    with pytest.raises(cn.CindersError, match="never ran"):
+        y + 1
+    np.testing.assert_array_equal(earlier.numpy(), values(n) - 1)
+    np.testing.assert_array_equal((x * 3).numpy(), values(n) * 3)
+    stats, pool = gpu.memory_stats(), gpu.pool   # (stats drains what died)
+    assert stats["allocated_bytes"] == sum(raw.size for raw in pool._held.values())
+    assert stats["pooled_bytes"] == sum(raw.size for free in pool._free.values() for raw in free)

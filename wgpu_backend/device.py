@@ -208,7 +208,14 @@ class Device:
             placement = self.open_placement
             if placement is not None:
                 self.open_placement = None
-                self._pending_buffers.add(id(placement.place()))
+                dispatch = placement.dispatch
+                try:
+                    raw = placement.place()
+                except BaseException:
+                    # Without an output the launch cannot run; the rest of the batch still does.
+                    self._pending = [d for d in self._pending if d is not dispatch]
+                    raise
+                self._pending_buffers.add(id(raw))
 
     def flush(self):
         """Encode and submit the open batch (returns immediately; the GPU works on)."""

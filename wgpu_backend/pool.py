@@ -27,6 +27,8 @@ Autodiff's backward reuses buffers the same way, and so do Fusion's flat groups 
 
 from collections import deque
 
+from cinders.errors import CindersError
+
 MIN_CLASS = 256
 
 
@@ -38,6 +40,19 @@ def size_class(nbytes):
         return top
     step = top // 8
     return -(-n // step) * step
+
+
+def _position(free, raw):
+    """Where this very buffer sits in a free list, or -1 (a dead donor is usually last in)."""
+    for k in range(len(free) - 1, -1, -1):
+        if free[k] is raw:
+            return k
+    return -1
+
+
+class ResultLostError(CindersError, RuntimeError):
+    """The kernel computing this tensor never ran: finding its buffer failed (the error
+    raised then says why). Compute the tensor again."""
 
 
 class Storage:
@@ -55,6 +70,8 @@ class Storage:
     def raw(self):
         if self._raw is None:
             self._pool.device.settle()
+            if self._raw is None:
+                raise ResultLostError(ResultLostError.__doc__)
         return self._raw
 
     def __del__(self):
@@ -148,12 +165,19 @@ class BufferPool:
         self.peak_bytes = max(self.peak_bytes, self.allocated_bytes)
 
     def _place(self, placement):
+        # Nothing changes until everything that can fail (an in-place compile, a new buffer)
+        # has succeeded: a failure leaves the pool as it was (Device.settle drops the launch).
         if self._released or self._unreserved:
             self._drain_released()
         dispatch, storage = placement.dispatch, placement.storage
         for index, raw, cls in placement.donors:
-            if self._unpool(raw, cls):
-                dispatch.pipeline = placement.in_place(index)
+            free = self._free.get(cls)
+            position = _position(free, raw) if free else -1
+            if position >= 0:
+                pipeline = placement.in_place(index)
+                del free[position]
+                self.pooled_bytes -= cls
+                dispatch.pipeline = pipeline
                 dispatch.buffers = dispatch.buffers[:-1]  # the output binding goes
                 self.inplace += 1
                 break
@@ -166,17 +190,6 @@ class BufferPool:
         storage._raw, storage.nbytes = raw, cls
         placement.storage = placement.dispatch = None
         return raw
-
-    def _unpool(self, raw, cls):
-        """Take this very buffer out of the pool, if it is there."""
-        free = self._free.get(cls)
-        if free:
-            for k in range(len(free) - 1, -1, -1):  # a dead donor is usually the last one in
-                if free[k] is raw:
-                    del free[k]
-                    self.pooled_bytes -= cls
-                    return True
-        return False
 
     def _drain_released(self):
         while self._unreserved:  # programs that died give their buffers back
