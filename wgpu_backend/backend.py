@@ -163,20 +163,19 @@ class Wgpu(Backend):
         self.device.flush()
         self.device.timing -= 1
 
-    def _new(self, shape, dtype):
+    def _new(self, shape, dtype, unplaced=False):
+        """A new contiguous handle. unplaced: its buffer is chosen only when its launch is
+        settled, possibly a dead input's (pool.py, "In-place results")."""
         shape = tuple(shape)
-        nbytes = self._check_size(shape, dtype)
-        return GpuArray(self._rt.pool.allocate(nbytes), shape, row_major_strides(shape), 0, dtype)
-
-    def _check_size(self, shape, dtype):
         nbytes = 4 * math.prod(shape)
-        limit = self._rt.pool.limit
-        if nbytes > limit:
+        pool = self._rt.pool
+        if nbytes > pool.limit:
             raise DeviceLimitError(
                 "cn.Wgpu: a %s tensor of shape %s needs %d bytes, more than this device's "
                 "maxStorageBufferBindingSize of %d bytes (%s); split it into smaller tensors"
-                % (dtype.name, shape, nbytes, limit, self.device.name))
-        return nbytes
+                % (dtype.name, shape, nbytes, pool.limit, self.device.name))
+        storage = pool.unplaced(nbytes) if unplaced else pool.allocate(nbytes)
+        return GpuArray(storage, shape, row_major_strides(shape), 0, dtype)
 
     def _pipeline(self, key, build, name):
         """The compiled kernel for `key` (`build()` returns its WGSL, called once per key)."""
@@ -321,14 +320,7 @@ class Wgpu(Backend):
             # a buffer bound twice cannot be written through one of its bindings
             donors = [i for i in donors
                       if sum(h.storage is inputs[i].storage for h in inputs) == 1]
-        pool = self._rt.pool
-        if out is not None:
-            result = out
-        elif donors:
-            self._check_size(shape, out_dtype)
-            result = GpuArray(pool.unplaced(4 * n), shape, row_major_strides(shape), 0, out_dtype)
-        else:
-            result = self._new(shape, out_dtype)
+        result = out if out is not None else self._new(shape, out_dtype, unplaced=bool(donors))
         ndim = len(shape)
         out_strided = out is not None and not out.is_contiguous()
         in_types = tuple(_TYPE[h.dtype] for h in inputs)
@@ -346,7 +338,7 @@ class Wgpu(Backend):
         buffers = [h.storage.raw for h in inputs]
         placement = None
         if donors:
-            placement = Placement(pool, result.storage,
+            placement = Placement(self._rt.pool, result.storage,
                                   [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
                                   lambda i: self._pipeline(key + (i,), lambda: build(i), op))
             buffers.append(None)

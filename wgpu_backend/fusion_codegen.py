@@ -23,7 +23,6 @@ from cinders import dtypes
 
 from . import codegen
 from cinders.backend import row_major_strides
-from .backend import GpuArray
 from .codegen import _p, _dot, _unravel, _header, _entry_1d, _helpers_for
 from .pool import Placement
 
@@ -127,11 +126,8 @@ class WgslFusion:
         if donors:
             # Like a plain elementwise result, the group's one output may take the buffer of a
             # leaf that dies before the next launch (pool.py, "In-place results").
-            out_shape, out_dtype = program.exprs[program.outputs[0]].shape, \
-                program.exprs[program.outputs[0]].dtype
-            inner._check_size(out_shape, out_dtype)
-            outs = [GpuArray(inner.pool.unplaced(4 * math.prod(out_shape)), out_shape,
-                             row_major_strides(out_shape), 0, out_dtype)]
+            out = program.exprs[program.outputs[0]]
+            outs = [inner._new(out.shape, out.dtype, unplaced=True)]
             # The in-place kernels' sources are written now, where still missing: a closure
             # over the Program would keep its leaves, the very buffers to donate, alive.
             sources = {slot: build(slot) for slot in donors
