@@ -8,8 +8,6 @@ import collections
 import json
 import os
 import random
-import resource
-import signal
 import struct
 import time
 
@@ -21,6 +19,8 @@ from cinders.micro import export, quantize
 from cinders.models.mnist import MnistCNN, MnistMLP
 from cinders.record import safetensors as st
 from cinders.train.checkpoint import load_checkpoint, save_checkpoint
+
+from fuzz_support import Bounds
 
 SEED = int(os.environ.get("CINDERS_FUZZ_SEED", 10))  # CI: fixed; set it to fuzz further
 CASES = int(os.environ.get("CINDERS_FUZZ_CASES", 2000))             # a few ms each: about 15 s on the 2-core CI machine
@@ -137,19 +137,6 @@ def mutate(rng, data):
     return "header edit", edit_header(rng, data)
 
 
-def peak_rss():
-    """The most memory this process has held so far (bytes; Linux reports KB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Hang()
-
-
 def state_of(model):
     return {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
@@ -173,10 +160,8 @@ def test_mutated_records_load_or_raise_cinders_errors(tmp_path):
     outcomes = collections.Counter()
     messages = set()
     path = str(tmp_path / "case.safetensors")
-    old_handler = signal.signal(signal.SIGALRM, _alarm)
-    rss_start = peak_rss()
     started = time.monotonic()
-    try:
+    with Bounds(CASE_SECONDS, MEMORY_CAP) as bounds:
         for case in range(CASES):
             base = rng.choice(sorted(bases))
             what, data = mutate(rng, bases[base])
@@ -185,31 +170,23 @@ def test_mutated_records_load_or_raise_cinders_errors(tmp_path):
             readers = ["in place"] + rng.sample(sorted(READERS), 2)
             for reader in readers:
                 label = "case %d (%s of %s, %s)" % (case, what, base, reader)
-                signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
-                try:
-                    if reader == "in place":
-                        target.load(path)
-                        before = state_of(target)  # a valid mutation loaded: the new reference
-                    else:
-                        READERS[reader](path)
-                    outcomes["loaded"] += 1
-                except cn.CindersError as e:
-                    outcomes[type(e).__name__] += 1
-                    messages.add(str(e).split(":")[0][:60])
-                    if reader == "in place":
-                        after = state_of(target)
-                        assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before), \
-                            label + ": a failed load changed the model"
-                except Hang:
-                    pytest.fail(label + ": no answer within %d s" % CASE_SECONDS)
-                except Exception as e:  # noqa: BLE001  (the point: any other type is a defect)
-                    pytest.fail("%s: %s: %s" % (label, type(e).__name__, e))
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                grown = peak_rss() - rss_start
-                assert grown < MEMORY_CAP, "%s: the process grew by %d bytes" % (label, grown)
-    finally:
-        signal.signal(signal.SIGALRM, old_handler)
+                with bounds.case(label):
+                    try:
+                        if reader == "in place":
+                            target.load(path)
+                            before = state_of(target)  # a valid mutation loaded: the new reference
+                        else:
+                            READERS[reader](path)
+                        outcomes["loaded"] += 1
+                    except cn.CindersError as e:
+                        outcomes[type(e).__name__] += 1
+                        messages.add(str(e).split(":")[0][:60])
+                        if reader == "in place":
+                            after = state_of(target)
+                            assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before), \
+                                label + ": a failed load changed the model"
+                    except Exception as e:  # noqa: BLE001  (the point: any other type is a defect)
+                        pytest.fail("%s: %s: %s" % (label, type(e).__name__, e))
     elapsed = time.monotonic() - started
     total = sum(outcomes.values())
     print("\nrecord fuzz: %d mutated files, %d reads in %.1f s: %s"

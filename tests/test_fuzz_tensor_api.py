@@ -10,13 +10,13 @@ import collections
 import math
 import os
 import random
-import resource
-import signal
 import time
 
 import pytest
 
 import cinders as cn
+
+from fuzz_support import Bounds
 
 SEED = int(os.environ.get("CINDERS_FUZZ_SEED", 10))  # CI: fixed; set it to fuzz further
 CASES = int(os.environ.get("CINDERS_FUZZ_CASES", 20000))
@@ -26,19 +26,6 @@ LIMIT = 10 ** 6          # elements: set for the run, so huge shapes are refused
 
 SHAPES = [(), (0,), (1,), (3,), (2, 3), (1, 3), (3, 1), (2, 1, 3), (2, 0), (1, 1, 4, 4), (2, 2, 3, 3)]
 DTYPES = [cn.float32, cn.int32, cn.bool]
-
-
-def peak_rss():
-    """The most memory this process has held so far (bytes; Linux reports KB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Hang()
 
 
 def make_tensor(rng, shape=None, dtype=None):
@@ -256,33 +243,25 @@ def test_random_tensor_api_calls_give_results_or_cinders_errors():
     backends = [cn.Python(), cn.NumPy()]
     counts = collections.Counter()
     old_limit = cn.limits.set_max_elements(LIMIT)
-    old_handler = signal.signal(signal.SIGALRM, _alarm)
-    rss_start = peak_rss()
     started = time.monotonic()
     try:
-        for case in range(CASES):
-            call = make_call(rng)
-            results = []
-            for backend in backends:
-                cn.manual_seed(case)  # cn.random(seed=None) draws the same seed on both
-                signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
-                try:
-                    results.append(outcome(call, backend))
-                except Hang:
-                    pytest.fail("case %d on %s: no answer in %d s: %r" % (case, backend.name, CASE_SECONDS, call))
-                except Exception as e:  # noqa: BLE001  (the point: any other type is a defect)
-                    pytest.fail("case %d on %s: %s: %s\n  call: %r" % (case, backend.name, type(e).__name__, e, call))
-                finally:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                grown = peak_rss() - rss_start
-                assert grown < MEMORY_CAP, "case %d on %s: the process grew by %d bytes: %r" % (
-                    case, backend.name, grown, call)
-            (ka, ra), (kb, rb) = results
-            assert ka == kb and (ra == rb if ka == "error" else same(ra, rb)), \
-                "case %d: backends disagree: python %r, numpy %r\n  call: %r" % (case, results[0], results[1], call)
-            counts[ka if ka == "ok" else ra] += 1
+        with Bounds(CASE_SECONDS, MEMORY_CAP) as bounds:
+            for case in range(CASES):
+                call = make_call(rng)
+                results = []
+                for backend in backends:
+                    cn.manual_seed(case)  # cn.random(seed=None) draws the same seed on both
+                    with bounds.case("case %d on %s: %r" % (case, backend.name, call)):
+                        try:
+                            results.append(outcome(call, backend))
+                        except Exception as e:  # noqa: BLE001  (the point: any other type is a defect)
+                            pytest.fail("case %d on %s: %s: %s\n  call: %r"
+                                        % (case, backend.name, type(e).__name__, e, call))
+                (ka, ra), (kb, rb) = results
+                assert ka == kb and (ra == rb if ka == "error" else same(ra, rb)), \
+                    "case %d: backends disagree: python %r, numpy %r\n  call: %r" % (case, results[0], results[1], call)
+                counts[ka if ka == "ok" else ra] += 1
     finally:
-        signal.signal(signal.SIGALRM, old_handler)
         cn.limits.set_max_elements(old_limit)
     print("\ntensor API fuzz: %d calls x 2 backends in %.1f s: %s"
           % (CASES, time.monotonic() - started, dict(sorted(counts.items()))))
