@@ -7,7 +7,6 @@ figure) on real held-out digits and must match cn.NumPy() to 1e-4; the engine mu
 build's float width and dims itself. A frozen firmware (`export-micro --freeze`) runs the int8
 CNN with no code on the heap. Builds are cached under .cache/firmware (first run ~30 s each).
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ from cinders.errors import FirmwareError, FirmwareSourcesMissing
 from cinders.micro import export, firmware
 
 import firmware_support as fs
-from test_micro import ALL_LAYERS_SOURCE
+from test_micro import all_layers_model
 
 HEAP = "160K"
 
@@ -79,19 +78,7 @@ def test_every_layer_on_ulab(unix_build, tmp_path):
     """Strides, padding, dilation, overlapping and padded pools (not folded into the bands),
     both average modes, folded BatchNorm, GELU, Sigmoid, Tanh, Softmax."""
     _, fw = unix_build
-    src = tmp_path / "all_layers.py"
-    src.write_text(ALL_LAYERS_SOURCE)
-    spec = importlib.util.spec_from_file_location("all_layers", str(src))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cn.manual_seed(11)
-    model = mod.AllLayers().to(cn.NumPy())
-    rng = np.random.default_rng(0)
-    state = model.state_dict()
-    state["features.1.running_mean"] = rng.normal(size=4).astype(np.float32)
-    state["features.1.running_var"] = rng.uniform(0.5, 2.0, size=4).astype(np.float32)
-    model.load_state_dict(state)
-    model.eval()
+    model, src = all_layers_model(tmp_path)
     path = str(tmp_path / "all.safetensors")
     record.save(model, path)
     bundle = str(tmp_path / "bundle")

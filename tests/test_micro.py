@@ -26,6 +26,8 @@ from cinders.data.mnist import MnistDigits
 from cinders.micro import export, quantize
 from cinders.models.mnist import MnistCNN, MnistMLP
 
+import firmware_support as fs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 TRAINED = {"mlp": os.path.join(REPO, "web_demos", "models", "mnist-mlp.safetensors"),
@@ -49,16 +51,7 @@ def micropython():
 @pytest.fixture(scope="module")
 def digits():
     """Three held-out digits of different classes, as (pixels list, label)."""
-    data = MnistDigits("heldout")
-    picked, seen = [], set()
-    for i in range(len(data)):
-        image, label = data[i]
-        if label not in seen:
-            seen.add(label)
-            picked.append(([float(v) for v in image], label))
-        if len(picked) == 3:
-            return picked
-    return picked
+    return fs.digits(3)
 
 
 def _make_record(kind, path):
@@ -197,7 +190,9 @@ class AllLayers(nn.Module):
 '''
 
 
-def test_every_layer_matches_numpy(micropython, digits, tmp_path):
+def all_layers_model(tmp_path):
+    """(the AllLayers model on cn.NumPy(), in eval mode, its source file) with non-trivial
+    BatchNorm statistics and affine, so the folding is exercised."""
     src = tmp_path / "all_layers.py"
     src.write_text(ALL_LAYERS_SOURCE)
     spec = importlib.util.spec_from_file_location("all_layers", str(src))
@@ -206,13 +201,18 @@ def test_every_layer_matches_numpy(micropython, digits, tmp_path):
     cn.manual_seed(11)
     model = mod.AllLayers().to(cn.NumPy())
     rng = np.random.default_rng(0)
-    state = model.state_dict()  # non-trivial batch statistics, so the folding is exercised
+    state = model.state_dict()
     state["features.1.running_mean"] = rng.normal(size=4).astype(np.float32)
     state["features.1.running_var"] = rng.uniform(0.5, 2.0, size=4).astype(np.float32)
     state["features.1.weight"] = rng.normal(size=4).astype(np.float32)
     state["features.1.bias"] = rng.normal(size=4).astype(np.float32)
     model.load_state_dict(state)
     model.eval()
+    return model, src
+
+
+def test_every_layer_matches_numpy(micropython, digits, tmp_path):
+    model, src = all_layers_model(tmp_path)
     path = str(tmp_path / "all.safetensors")
     record.save(model, path)
     bundle = str(tmp_path / "bundle")
