@@ -67,3 +67,11 @@ def assert_drawn_digits_recognised(page, digits, name, check=None):
     right = [d for d in digits if got[d] == str(d)]
     print("[%s drawn digits] %d of %d recognised: %s" % (name, len(right), len(digits), got))
     assert len(right) >= 8, "recognised %d of %d drawn digits: %s" % (len(right), len(digits), got)
+
+
+def run_python(page, code):
+    """Run `code` in the page's Pyodide (where the demo loaded cinders); its last expression."""
+    return page.evaluate("""async (code) => {
+        const py = window.cindersDemo.model.runtime.pyodide;
+        return await py.runPythonAsync(code);
+    }""", code)

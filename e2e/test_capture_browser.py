@@ -3,12 +3,7 @@ CNN equal uncaptured runs, one submit (one call into JS) per replay, and guards 
 desktop (a Python branch that changes the kernels). Speed: benchmarks/browser.py."""
 import json
 
-
-def run_python(page, code):
-    return page.evaluate("""async (code) => {
-        const py = window.cindersDemo.model.runtime.pyodide;
-        return await py.runPythonAsync(code);
-    }""", code)
+from browser_env import run_python
 
 
 def test_captured_forward_in_the_browser(mnist_page):

@@ -4,14 +4,8 @@ user WGSL kernel (cn.fusion.custom_op) runs inside a fused kernel there."""
 import json
 import math
 
+from browser_env import run_python
 from primitive_trace import replay_conformance_table
-
-
-def run_python(page, code):
-    return page.evaluate("""async (code) => {
-        const py = window.cindersDemo.model.runtime.pyodide;
-        return await py.runPythonAsync(code);
-    }""", code)
 
 
 def test_conformance_ops_on_browser_fusion_match_desktop(mnist_page):

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from browser_env import run_python
+
 
 @pytest.fixture(scope="module")
 def checkpoints(demo_server, tmp_path_factory):
@@ -29,10 +31,7 @@ def checkpoints(demo_server, tmp_path_factory):
 
 def test_pyodide_reads_torch_checkpoints_fetched_from_the_server(mnist_page, checkpoints):
     state = checkpoints
-    got = json.loads(mnist_page.evaluate("""async (code) => {
-        const py = window.cindersDemo.model.runtime.pyodide;
-        return await py.runPythonAsync(code);
-    }""", """
+    got = json.loads(run_python(mnist_page, """
 import json, sys
 import cinders as cn
 from cinders.record import load_pytorch
