@@ -1,9 +1,34 @@
-"""torchvision's resnet18 and mobilenet_v2 written in torch directly (torchvision does not import
-against the CPU torch wheel here), with torchvision's module names, so their state dicts have the
-exact keys torchvision's do; seeded random weights and BatchNorm statistics."""
+"""Torch twins of models, with the module names of the original, so their state dicts have exactly
+its keys: cinders.models.mnist's MnistMLP and MnistCNN, and torchvision's resnet18 and
+mobilenet_v2 written in torch directly (torchvision does not import against the CPU torch wheel
+here); `seeded` gives random weights and BatchNorm statistics."""
 
 import torch
 from torch import nn
+
+
+class TorchMLP(nn.Module):
+    """cinders.models.mnist.MnistMLP's twin."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class TorchCNN(nn.Module):
+    """cinders.models.mnist.MnistCNN's twin."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                    nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                    nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.layers(x)
 
 
 class BasicBlock(nn.Module):

@@ -11,6 +11,7 @@ import backends as registry
 import cinders as cn
 from cinders import nn
 from cinders.models.mnist import MnistCNN, MnistMLP
+from pytorch_twins import TorchCNN, TorchMLP
 
 AUTODIFF = [n for n in registry.selected_names() if n.startswith("autodiff-")]
 
@@ -26,28 +27,6 @@ def _torch_state(module):
 
 def _close(ours, theirs, rtol=1e-4, atol=1e-5):
     np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=rtol, atol=atol)
-
-
-class TorchMLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                                          torch.nn.Linear(128, 10))
-
-    def forward(self, x):
-        return self.layers(x)
-
-
-class TorchCNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        T = torch.nn
-        self.layers = T.Sequential(T.Conv2d(1, 16, 3, padding=1), T.ReLU(), T.MaxPool2d(2),
-                                   T.Conv2d(16, 32, 3, padding=1), T.ReLU(), T.MaxPool2d(2),
-                                   T.Flatten(), T.Linear(32 * 7 * 7, 128), T.ReLU(), T.Linear(128, 10))
-
-    def forward(self, x):
-        return self.layers(x)
 
 
 @pytest.mark.parametrize("ours, theirs", [(MnistMLP, TorchMLP), (MnistCNN, TorchCNN)], ids=["mlp", "cnn"])

@@ -288,18 +288,6 @@ def test_cli_convert_refuses_hostile_files_and_bad_rules(tmp_path, capsys):
     assert "REGEX=REPLACEMENT" in capsys.readouterr().err
 
 
-class _TorchMLP(torch.nn.Module):
-    """cinders.models.mnist.MnistMLP's twin: the same state-dict keys."""
-
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
-                                          torch.nn.Linear(128, 10))
-
-    def forward(self, x):
-        return self.layers(x)
-
-
 def test_export_micro_accepts_a_pytorch_checkpoint(tmp_path, monkeypatch):
     """A .pt state dict -> `cinders export-micro --model-class` -> the MicroPython unix port gives
     torch's logits."""
@@ -310,7 +298,7 @@ def test_export_micro_accepts_a_pytorch_checkpoint(tmp_path, monkeypatch):
     from cinders.cli import main
     micropython = shutil.which("micropython") or str(__import__("pathlib").Path(sys.executable).parent / "micropython")
     torch.manual_seed(3)
-    twin = _TorchMLP().eval()
+    twin = pytorch_twins.TorchMLP().eval()
     src = tmp_path / "mlp.pt"
     torch.save(twin.state_dict(), src)
     bundle = tmp_path / "bundle"
