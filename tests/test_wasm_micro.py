@@ -10,20 +10,10 @@ import pytest
 
 import cinders as cn
 from cinders import record
-from cinders.data.mnist import MnistDigits
 from cinders.micro import export, quantize
 from cinders.wasm import build
 
-from test_micro_wasm import RUNNER, TRAINED, micropython_mjs
-
-
-@pytest.fixture(scope="module")
-def digit(tmp_path_factory):
-    image, _ = MnistDigits("heldout")[3]
-    path = str(tmp_path_factory.mktemp("wasm-micro") / "digit.json")
-    with open(path, "w") as f:
-        json.dump([float(v) for v in image], f)
-    return path
+from test_micro_wasm import RUNNER, TRAINED, digit, micropython_mjs  # noqa: F401  (digit: a fixture)
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["mlp-f32", "mlp-int8"])
