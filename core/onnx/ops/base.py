@@ -1,0 +1,154 @@
+"""The op registry and the helpers every operator family shares: host parameters (shapes, axes,
+pads read as Python numbers), the host backend where shape arithmetic runs, dtype names."""
+
+import inspect
+
+import cinders as cn
+from ...dtypes import float32, int32, bool_
+from ...functional import stack
+from ...tensor import Tensor
+from ..proto import OnnxError
+
+REGISTRY = {}
+_DTYPES = {"float32": float32, "int32": int32, "bool": bool_}
+
+
+def op(host=(), multi=False):
+    """Register an ONNX op function. host: parameters read as Python numbers; multi: the op has
+    several outputs and takes `outputs=n` (it then returns a tuple of n tensors)."""
+    def register(fn):
+        fn.inputs, fn.params = op_params(fn)
+        sig = inspect.signature(fn).parameters.values()
+        fn.defaults = {p.name: p.default for p in sig if p.default is not p.empty}
+        fn.required = sum(1 for p in sig if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty) or \
+            (1 if any(p.kind == p.VAR_POSITIONAL for p in sig) else 0)
+        fn.host, fn.multi = frozenset(host), multi
+        REGISTRY[fn.__name__] = fn
+        return fn
+    return register
+
+
+def cinders_dtype_name(onnx_type_name):
+    """float32 | int32 | bool: what an ONNX element type computes as in cinders."""
+    if onnx_type_name in ("float32", "float64", "float16", "bfloat16"):
+        return "float32"
+    if onnx_type_name == "bool":
+        return "bool"
+    return "int32"
+
+
+def dtype_of(onnx_type):
+    return _DTYPES[cinders_dtype_name(onnx_type)]
+
+
+def op_params(fn):
+    """(positional input names, every parameter name) of an op function."""
+    sig = inspect.signature(fn)
+    inputs, names = [], set()
+    for p in sig.parameters.values():
+        names.add(p.name)
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            inputs.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            inputs.extend(p.name + "_%d" % i for i in range(64))
+    return tuple(inputs), names
+
+
+def host(v):
+    """A host parameter as Python numbers (nested lists), whether literal or a tensor."""
+    if isinstance(v, Tensor):
+        return v.tolist()
+    return v
+
+
+def ints(v):
+    """A host parameter as a flat list of ints (None stays None)."""
+    v = host(v)
+    if v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return [int(v)]
+    out = []
+    for x in v:
+        out.extend(ints(x) if isinstance(x, list) else [int(x)])
+    return out
+
+
+def scalar(v):
+    v = host(v)
+    while isinstance(v, list):
+        if len(v) != 1:
+            raise OnnxError("expected one value, got %r" % (v,))
+        v = v[0]
+    return v
+
+
+def truth(cond):
+    """The Python bool of a one-element condition (If): read back from the device."""
+    return bool(scalar(cond))
+
+
+def trips(count):
+    """Loop's iteration numbers (host int32 scalars): count of them, or without end for None."""
+    i = 0
+    limit = None if count is None else int(scalar(count))
+    while limit is None or i < limit:
+        yield host_tensor(i, "int32")
+        i += 1
+
+
+def stack_scan(values, axis=0, reverse=0):
+    """Loop/Scan outputs: the per-iteration values stacked along a new axis (last first when
+    reverse)."""
+    values = list(reversed(values)) if reverse else values
+    return stack(values, axis if axis >= 0 else axis + values[0].ndim + 1)
+
+
+def scan_slice(x, axis, step, reverse):
+    """Scan's element `step` of x along axis (counted from the end when reverse)."""
+    a = _axis(axis, x.ndim)
+    i = x.shape[a] - 1 - step if reverse else step
+    return _slice_axis(x, a, i, i + 1).squeeze(a)
+
+
+_HOST = []
+
+
+def host_backend():
+    """cn.Python(): where shape arithmetic runs (see codegen.HOST_OPS)."""
+    if not _HOST:
+        from ...backends.python_backend import Python
+        _HOST.append(Python())
+    return _HOST[0]
+
+
+def host_tensor(value, dtype):
+    return cn.tensor(value, backend=host_backend(), dtype=_DTYPES[dtype])
+
+
+def to_device(t, backend):
+    """A host-side shape value moved onto the model's backend, where device math needs it."""
+    return t if t.backend is backend else t.to(backend)
+
+
+def backend_of(*things):
+    for t in things:
+        if isinstance(t, Tensor):
+            return t.backend
+        for v in getattr(t, "__dict__", {}).values():
+            if isinstance(v, Tensor):
+                return v.backend
+    return cn.default_backend()
+
+
+def _const(value, like, dtype=None):
+    return cn.tensor(value, backend=like.backend, dtype=dtype or like.dtype)
+
+
+def _axis(axis, ndim):
+    return axis + ndim if axis < 0 else axis
+
+def _slice_axis(x, axis, start, stop, step=1):
+    key = [slice(None)] * x.ndim
+    key[axis] = slice(start, stop, step)
+    return x[tuple(key)]
