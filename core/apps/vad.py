@@ -14,6 +14,7 @@ maximum duration is not offered.
 """
 
 from .. import audio
+from ..capture import CaptureError, capture
 from ..creation import tensor, zeros
 from ..dtypes import int32
 from ..errors import InputError
@@ -34,6 +35,9 @@ class VoiceActivity:
             model = load(model or model_path("silero_vad.onnx"), backend=backend)
         self.model = model
         self.backend = backend
+        # Every chunk has the same shapes: from the fourth on, a GPU backend replays the recorded
+        # kernels of one model call (cn.capture) instead of running Python per kernel.
+        self.forward = capture(model)
         self.rate = tensor(SAMPLE_RATE, backend=backend, dtype=int32)
         self.reset()
 
@@ -42,14 +46,24 @@ class VoiceActivity:
         self.state = zeros(*STATE_SHAPE, backend=self.backend)
         self.context = [0.0] * CONTEXT
 
-    def __call__(self, chunk):
-        """The probability (float) that this chunk of CHUNK samples is speech."""
+    def step(self, chunk):
+        """Run the model on one chunk of CHUNK samples; the speech probability as a 1x1 tensor,
+        not read yet (a GPU backend keeps working; the page awaits `to_data_async()`)."""
         if len(chunk) != CHUNK:
             raise InputError("a VAD chunk is %d samples at 16 kHz, got %d" % (CHUNK, len(chunk)))
         window = self.context + list(chunk)
-        probability, self.state = self.model(tensor([window], backend=self.backend), self.state, self.rate)
+        inputs = (tensor([window], backend=self.backend), self.state, self.rate)
+        try:
+            probability, self.state = self.forward(*inputs)
+        except CaptureError:   # the graph's Python reads a value (an If on `sr`): run it uncaptured
+            self.forward = self.model
+            probability, self.state = self.model(*inputs)
         self.context = window[-CONTEXT:]
-        return probability.item()
+        return probability
+
+    def __call__(self, chunk):
+        """The probability (float) that this chunk of CHUNK samples is speech."""
+        return self.step(chunk).item()
 
     def probabilities(self, samples):
         """One probability per chunk of `samples` (16 kHz; the last chunk zero-padded), from a fresh

