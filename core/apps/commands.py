@@ -1,5 +1,5 @@
 """The command-line entries of cinders.apps, registered in the `cinders` command's table:
-`cinders vad AUDIO.wav`."""
+`cinders vad AUDIO.wav`, `cinders ocr IMAGE`."""
 import json
 
 from ..cli import BACKEND_ARG, arg, command, make_backend, positive_float, non_negative_int
@@ -29,4 +29,14 @@ def vad(args):
                           threshold=args.threshold, min_silence_ms=args.min_silence_ms,
                           min_speech_ms=args.min_speech_ms, speech_pad_ms=args.speech_pad_ms)
     print(json.dumps(found), flush=True)
+    return 0
+
+
+@command("ocr", "read the text in an image (PP-OCR: detection, angle, recognition): one JSON object on stdout", [
+    arg("image", help="an image file (PNG, JPEG, ... anything Pillow reads)"),
+    BACKEND_ARG,
+])
+def ocr(args):
+    from .ocr import read_text
+    print(json.dumps(read_text(args.image, backend=make_backend(args.backend)), ensure_ascii=False), flush=True)
     return 0

@@ -27,9 +27,13 @@ class ShippedModelError(CindersError, RuntimeError):
 # package -> (version, sha256 of the wheel, licence); model file -> (package, member in the wheel)
 PACKAGES = {
     "silero-vad": ("6.2.3", "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8", "MIT"),
+    "rapidocr": ("3.10.0", "2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050", "Apache-2.0"),
 }
 MODELS = {
     "silero_vad.onnx": ("silero-vad", "silero_vad/data/silero_vad.onnx"),
+    "PP-OCRv6_det_small.onnx": ("rapidocr", "rapidocr/models/PP-OCRv6_det_small.onnx"),
+    "PP-OCRv6_rec_small.onnx": ("rapidocr", "rapidocr/models/PP-OCRv6_rec_small.onnx"),
+    "ch_ppocr_mobile_v2.0_cls_mobile.onnx": ("rapidocr", "rapidocr/models/ch_ppocr_mobile_v2.0_cls_mobile.onnx"),
 }
 MAX_MEMBER_BYTES = 256 << 20
 
