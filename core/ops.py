@@ -22,8 +22,8 @@ differences, the op-table checks. So adding an op is one entry below and one ker
                    EXACT        equal (IEEE-exact ops: + - * / sqrt, rounding, comparisons, ...)
                    ULP          within a few float32 ulps (transcendentals: libm and GPUs differ)
                    ACCUMULATED  float32 accumulation in the backend's order (sum, prod)
-    torch      the PyTorch function that computes the op (the tests' oracle); the op's own name
-               unless it says otherwise
+    torch      the PyTorch function that computes the op (the tests' oracle): the op's own name
+               unless it says otherwise, with keyword arguments as (name, {arg: value})
 
 Dtype rules: what the tensor layer does before calling the backend, which then sees operands
 of one dtype and returns `result_dtype(op, that dtype)`.
@@ -191,7 +191,7 @@ _add("binary", "maximum", ORDERED, (lambda a, b, out, g: _side_that_won(a, b, ou
 _add("binary", "minimum", ORDERED, (lambda a, b, out, g: _side_that_won(a, b, out, g),
                                     lambda a, b, out, g: _side_that_won(b, a, out, g)))
 _add("binary", "floordiv", NUMERIC, (_zero, _zero), ("__floordiv__", "__rfloordiv__"),  # floor(a / b)
-     domain=(ANY, NONZERO), torch="floor_divide")
+     domain=(ANY, NONZERO), torch=("div", {"rounding_mode": "floor"}))  # torch.floor_divide has no gradient
 _add("binary", "mod", NUMERIC, (lambda g: g, lambda a, b, g: -(g * (a / b).floor())),  # sign of b
      ("__mod__", "__rmod__"), domain=(ANY, NONZERO), torch="remainder")
 _add("binary", "logical_and", LOGICAL, operators=("__and__", "__rand__"))

@@ -7,6 +7,8 @@ The oracle is the entry's PyTorch function in float64 (int64 for ints), on the o
 tensor layer would hand the backend (`ops.input_dtype`), its result rounded to `ops.result_dtype`.
 """
 
+import functools
+
 import numpy as np
 import torch
 
@@ -25,7 +27,7 @@ INT_EDGES = np.array([-7, -6, -2, -1, 0, 1, 2, 5, 7], np.int32)
 # (low, high) of the uniform float samples of each domain; NONZERO's get a random sign.
 _FLOAT_RANGE = {ops.ANY: (-3.0, 3.0), ops.POSITIVE: (0.1, 3.0), ops.UNIT: (-0.95, 0.95),
                 ops.NONZERO: (0.5, 3.0)}
-_INT_RANGE = {ops.ANY: (-6, 7), ops.POSITIVE: (1, 7), ops.UNIT: (-1, 2), ops.NONZERO: (1, 7)}
+_INT_RANGE = {ops.ANY: (-6, 7), ops.POSITIVE: (1, 7), ops.UNIT: (0, 1), ops.NONZERO: (1, 7)}  # UNIT ints: 0
 
 
 def computing_dtypes(name):
@@ -114,12 +116,19 @@ def apply_protocol(name, tensors, axis=1):
     return cn.Tensor(backend, handle, shape, ops.result_dtype(name, x.dtype))
 
 
+def torch_function(name):
+    """The op's PyTorch function (the entry's `torch`: a name, or a name and keyword arguments)."""
+    spec = ops.OPS[name].torch
+    fn_name, kwargs = spec if isinstance(spec, tuple) else (spec, {})
+    return functools.partial(getattr(torch, fn_name), **kwargs)
+
+
 def oracle(name, arrays, axis=None):
     """The op's PyTorch function in float64/int64 on `arrays` (NumPy arrays of one dtype), as the
     tensor layer would compute them: (expected NumPy array, expected cinders dtype)."""
     op = ops.OPS[name]
     compute = ops.input_dtype(name, DTYPE_OF[arrays[0].dtype])
-    fn = getattr(torch, op.torch)
+    fn = torch_function(name)
     if compute is dtypes.float32:
         operands = [torch.tensor(a.astype(np.float64)) for a in arrays]
     elif compute is dtypes.bool_ and op.rule == ops.LOGICAL:
