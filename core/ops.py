@@ -11,7 +11,19 @@ A backend keeps only its kernel table (Python expressions, NumPy ufuncs, WGSL ex
 board's engines); tests/test_op_table.py fails when one lacks a kernel for an op here, unless
 the backend lists it in `unsupported_ops` with the reason.
 
-Adding an op: one entry below, one kernel per backend, one row in tests/test_conformance.py.
+An entry also says what its tests need, and the suites are generated from it (tests/op_cases.py):
+conformance rows on every backend, gradient checks against PyTorch autograd and central
+differences, the op-table checks. So adding an op is one entry below and one kernel per backend.
+    domain     where its operands are sampled (each operand's, for a binary op); edge values
+               (inf, NaN, signed zeros, halves) are checked besides, wherever they fall
+                   ANY       any real                POSITIVE  > 0 (log, sqrt, a base of pow)
+                   UNIT      inside (-1, 1)          NONZERO   away from 0 (a divisor)
+    exactness  how close every backend must come to the float64 result rounded to float32
+                   EXACT        equal (IEEE-exact ops: + - * / sqrt, rounding, comparisons, ...)
+                   ULP          within a few float32 ulps (transcendentals: libm and GPUs differ)
+                   ACCUMULATED  float32 accumulation in the backend's order (sum, prod)
+    torch      the PyTorch function that computes the op (the tests' oracle): the op's own name
+               unless it says otherwise, with keyword arguments as (name, {arg: value})
 
 Dtype rules: what the tensor layer does before calling the backend, which then sees operands
 of one dtype and returns `result_dtype(op, that dtype)`.
@@ -37,17 +49,23 @@ from .dtypes import bool_, float32, int32
 
 FLOAT, NUMERIC, SIGNED, ROUNDING, LOGICAL, COMPARE, ORDERED, INDEX = (
     "float", "numeric", "signed", "rounding", "logical", "compare", "ordered", "index")
+ANY, POSITIVE, UNIT, NONZERO = "any", "positive", "unit", "nonzero"  # domains
+EXACT, ULP, ACCUMULATED = "exact", "ulp", "accumulated"  # exactness classes
 NOT_DIFFERENTIABLE = "not differentiable"  # said explicitly: a float result with no gradient
 _FLOAT_RESULT = (FLOAT, NUMERIC, SIGNED, ROUNDING, ORDERED)  # rules whose result can be float32
 
 
 class Op:
-    __slots__ = ("name", "kind", "rule", "grad", "not_differentiable", "params", "saves", "operators")
+    __slots__ = ("name", "kind", "rule", "grad", "not_differentiable", "params", "saves", "operators",
+                 "domain", "exactness", "torch")
 
-    def __init__(self, name, kind, rule, grad, operators):
+    def __init__(self, name, kind, rule, grad, operators, domain=ANY, exactness=EXACT, torch=None):
         if rule in _FLOAT_RESULT and grad is None:
             raise TypeError("op %r returns floats: give it a gradient rule or NOT_DIFFERENTIABLE" % name)
         self.name, self.kind, self.rule, self.operators = name, kind, rule, operators
+        arity = 2 if kind == "binary" else 1
+        self.domain = domain if isinstance(domain, tuple) else (domain,) * arity  # one per operand
+        self.exactness, self.torch = exactness, torch or name
         self.not_differentiable = grad is NOT_DIFFERENTIABLE
         self.grad = None if self.not_differentiable else grad
         rules = () if self.grad is None else self.grad if isinstance(self.grad, tuple) else (self.grad,)
@@ -65,10 +83,10 @@ def _params(fn):
 OPS = {}
 
 
-def _add(kind, name, rule, grad=None, operators=()):
+def _add(kind, name, rule, grad=None, operators=(), **tests):
     if name in OPS:
         raise ValueError("op %r is defined twice in the op table" % name)
-    OPS[name] = Op(name, kind, rule, grad, operators)
+    OPS[name] = Op(name, kind, rule, grad, operators, **tests)
 
 
 def result_dtype(op, dtype):
@@ -139,18 +157,18 @@ def _extreme_grad(x, y, g, axis):
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 # ---- unary ------------------------------------------------------------------------------------
-#     name           dtype rule  gradient                                        operators
+#     name           dtype rule  gradient                                        operators / tests
 _add("unary", "neg", SIGNED, lambda g: -g, ("__neg__",))
-_add("unary", "exp", FLOAT, lambda y, g: g * y)
-_add("unary", "log", FLOAT, lambda x, g: g / x)
-_add("unary", "sqrt", FLOAT, lambda y, g: g / (y * 2.0))
-_add("unary", "sin", FLOAT, lambda x, g: g * x.cos())
-_add("unary", "cos", FLOAT, lambda x, g: -(g * x.sin()))
-_add("unary", "tanh", FLOAT, lambda y, g: g * (1.0 - y * y))
-_add("unary", "asin", FLOAT, lambda x, g: g / (1.0 - x * x).sqrt())   # NaN outside [-1, 1]
-_add("unary", "acos", FLOAT, lambda x, g: -(g / (1.0 - x * x).sqrt()))
-_add("unary", "atan", FLOAT, lambda x, g: g / (x * x + 1.0))
-_add("unary", "erf", FLOAT, lambda x, g: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI)
+_add("unary", "exp", FLOAT, lambda y, g: g * y, exactness=ULP)
+_add("unary", "log", FLOAT, lambda x, g: g / x, domain=POSITIVE, exactness=ULP)
+_add("unary", "sqrt", FLOAT, lambda y, g: g / (y * 2.0), domain=POSITIVE)
+_add("unary", "sin", FLOAT, lambda x, g: g * x.cos(), exactness=ULP)
+_add("unary", "cos", FLOAT, lambda x, g: -(g * x.sin()), exactness=ULP)
+_add("unary", "tanh", FLOAT, lambda y, g: g * (1.0 - y * y), exactness=ULP)
+_add("unary", "asin", FLOAT, lambda x, g: g / (1.0 - x * x).sqrt(), domain=UNIT, exactness=ULP)  # NaN outside
+_add("unary", "acos", FLOAT, lambda x, g: -(g / (1.0 - x * x).sqrt()), domain=UNIT, exactness=ULP)
+_add("unary", "atan", FLOAT, lambda x, g: g / (x * x + 1.0), exactness=ULP)
+_add("unary", "erf", FLOAT, lambda x, g: g * (-(x * x)).exp() * _TWO_OVER_SQRT_PI, exactness=ULP)
 _add("unary", "abs", SIGNED, lambda x, g: g * _sign(x), ("__abs__",))
 # Piecewise constant: zero gradient (PyTorch's convention), not "no gradient".
 _add("unary", "floor", ROUNDING, _zero)
@@ -163,18 +181,19 @@ _add("binary", "add", NUMERIC, (lambda g: g, lambda g: g), ("__add__", "__radd__
 _add("binary", "sub", NUMERIC, (lambda g: g, lambda g: -g), ("__sub__", "__rsub__"))
 _add("binary", "mul", NUMERIC, (lambda b, g: g * b, lambda a, g: g * a), ("__mul__", "__rmul__"))
 _add("binary", "div", FLOAT, (lambda b, g: g / b, lambda b, out, g: -(g * out / b)),
-     ("__truediv__", "__rtruediv__"))
+     ("__truediv__", "__rtruediv__"), domain=(ANY, NONZERO))
 # PyTorch masks the 0 * inf cases: d/da is 0 where b == 0, d/db is 0 where a == 0 and b >= 0.
 _add("binary", "pow", FLOAT, (lambda a, b, g: _where(b == 0.0, 0.0, g * b * a ** (b - 1.0)),
                               lambda a, b, out, g: _where((a == 0.0) & (b >= 0.0), 0.0, g * out * a.log())),
-     ("__pow__", "__rpow__"))
+     ("__pow__", "__rpow__"), domain=(POSITIVE, ANY), exactness=ULP)
 _add("binary", "maximum", ORDERED, (lambda a, b, out, g: _side_that_won(a, b, out, g),
                                     lambda a, b, out, g: _side_that_won(b, a, out, g)))
 _add("binary", "minimum", ORDERED, (lambda a, b, out, g: _side_that_won(a, b, out, g),
                                     lambda a, b, out, g: _side_that_won(b, a, out, g)))
-_add("binary", "floordiv", NUMERIC, (_zero, _zero), ("__floordiv__", "__rfloordiv__"))  # floor(a / b)
+_add("binary", "floordiv", NUMERIC, (_zero, _zero), ("__floordiv__", "__rfloordiv__"),  # floor(a / b)
+     domain=(ANY, NONZERO), torch=("div", {"rounding_mode": "floor"}))  # torch.floor_divide has no gradient
 _add("binary", "mod", NUMERIC, (lambda g: g, lambda a, b, g: -(g * (a / b).floor())),  # sign of b
-     ("__mod__", "__rmod__"))
+     ("__mod__", "__rmod__"), domain=(ANY, NONZERO), torch="remainder")
 _add("binary", "logical_and", LOGICAL, operators=("__and__", "__rand__"))
 _add("binary", "logical_or", LOGICAL, operators=("__or__", "__ror__"))
 _add("binary", "eq", COMPARE, operators=("__eq__",))
@@ -185,9 +204,9 @@ _add("binary", "gt", COMPARE, operators=("__gt__",))
 _add("binary", "ge", COMPARE, operators=("__ge__",))
 
 # ---- reductions along one axis (the tensor layer loops for several) ---------------------------
-_add("reduce", "sum", NUMERIC, lambda shape, g: g.expand(shape))
-_add("reduce", "prod", NUMERIC, _prod_grad)
-_add("reduce", "max", ORDERED, _extreme_grad)   # NaN propagates
-_add("reduce", "min", ORDERED, _extreme_grad)
+_add("reduce", "sum", NUMERIC, lambda shape, g: g.expand(shape), exactness=ACCUMULATED)
+_add("reduce", "prod", NUMERIC, _prod_grad, exactness=ACCUMULATED)
+_add("reduce", "max", ORDERED, _extreme_grad, torch="amax")   # NaN propagates
+_add("reduce", "min", ORDERED, _extreme_grad, torch="amin")
 _add("reduce", "argmax", INDEX)                  # first occurrence
 _add("reduce", "argmin", INDEX)

@@ -1,6 +1,14 @@
-"""One table of ops, run on every backend of tests/backends.py, against NumPy computed in float64.
+"""Conformance, run on every backend of tests/backends.py.
 
-Each row: a name, the op written with cinders (`fn(*tensors)`), the same op written with NumPy
+The op table's ops (core/ops.py) get generated rows (tests/op_cases.py): every dtype they accept,
+samples from their domain, edge values (every pair, for binary ops), broadcasting, both axes of
+a reduction; PyTorch in float64 is the oracle, and the entry's exactness class is the bound:
+    EXACT        equal to the oracle rounded to float32, on every backend
+    ULP          within 2 float32 ulps, or a backend's TOLERANCES (GPU transcendentals)
+    ACCUMULATED  rtol 1e-5 (float32 sums in the backend's order)
+
+The hand-written rows below test what the table does not say: composites, scalars and dtype
+promotion, broadcasting shapes, movement, indexing, images, the protocol's x // 0. Each row: a name, the op written with cinders (`fn(*tensors)`), the same op written with NumPy
 (`ref(*arrays)`, float inputs promoted to float64 and ints to int64), and the input arrays. The
 expected dtype follows the reference's kind (float -> cn.float32, int -> cn.int32, bool -> cn.bool)
 unless the row says otherwise; the reference is rounded to that dtype before comparing.
@@ -12,9 +20,11 @@ import numpy as np
 import pytest
 
 import cinders as cn
+from cinders import ops
 from cinders.backend import reference_random
 
 import backends as backend_registry
+import op_cases
 
 _rng = np.random.default_rng(1234)
 
@@ -34,7 +44,6 @@ def B(*shape):
 # every float special: infinities, signed zeros, NaN, halves (for round-half-even)
 SPECIAL = np.array([-np.inf, -2.5, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.5, 2.5, 7.25, np.inf, np.nan],
                    np.float32)
-POSITIVE = np.array([0.0, 1e-3, 0.5, 1.0, 2.0, 10.0, np.inf, np.nan], np.float32)
 INT_A = np.array([7, -7, 7, -7, 0, 5, -1, 6], np.int32)
 INT_B = np.array([2, 2, -2, -2, 3, 0, 4, -4], np.int32)
 
@@ -149,51 +158,16 @@ CASES = _binary_cases() + [
          np.array([7.5, -7.5, 7.5, -7.5, 0.0], np.float32), np.array([2, 2, -2, -2, 3], np.float32)),
     Case("int // scalar", lambda a: a // 3, lambda a: a // 3, INT_A),
     Case("int % scalar", lambda a: a % -3, lambda a: a % -3, INT_A),
-    Case("pow", lambda a, b: a ** b, lambda a, b: a ** b, F(2, 3, lo=0.1), F(3)),
     Case("pow square of negatives", lambda a: a ** 2, lambda a: a ** 2, F(6)),
-    Case("int pow -> float", lambda a: a ** 2, lambda a: (a ** 2).astype(np.float64), I(5)),
-    Case("pow -inf base", lambda a, b: a ** b, np.power, np.full(4, -np.inf, np.float32),
-         np.array([0.5, 2.0, -0.5, 3.0], np.float32)),
-    Case("maximum NaN", lambda a, b: a.maximum(b), np.maximum, SPECIAL, SPECIAL[::-1].copy()),
-    Case("minimum NaN", lambda a, b: cn.minimum(a, b), np.minimum, SPECIAL, SPECIAL[::-1].copy()),
-    Case("NaN/inf add", lambda a, b: a + b, lambda a, b: a + b, SPECIAL, SPECIAL[::-1].copy()),
-    Case("NaN/inf mul", lambda a, b: a * b, lambda a, b: a * b, SPECIAL, SPECIAL[::-1].copy()),
-    # comparisons -> bool
-    Case("eq", lambda a, b: a == b, np.equal, np.array([1, 2, np.nan, 3], np.float32),
-         np.array([1, 0, np.nan, 3], np.float32)),
-    Case("ne", lambda a, b: a != b, np.not_equal, np.array([1, 2, np.nan], np.float32),
-         np.array([1, 0, np.nan], np.float32)),
+    # comparisons with scalars and across dtypes -> bool
     Case("lt bcast", lambda a, b: a < b, np.less, F(2, 3), F(3)),
-    Case("le", lambda a, b: a <= b, np.less_equal, I(8, lo=-2, hi=2), I(8, lo=-2, hi=2)),
     Case("gt scalar", lambda a: a > 0.5, lambda a: a > 0.5, SPECIAL),
     Case("ge int vs float", lambda a, b: a >= b, np.greater_equal, I(4), F(4)),
-    Case("and", lambda a, b: a & b, np.logical_and, B(6), B(6)),
-    Case("or", lambda a, b: a | b, np.logical_or, B(6), B(1)),
-    Case("not", lambda a: ~a, np.logical_not, B(6)),
-    # unary
-    Case("neg", lambda a: -a, np.negative, SPECIAL),
-    Case("neg int", lambda a: -a, np.negative, INT_A),
-    Case("exp", lambda a: a.exp(), np.exp, np.concatenate([SPECIAL, [100.0, -100.0]]).astype(np.float32)),
-    Case("exp int", lambda a: a.exp(), lambda a: np.exp(a.astype(np.float64)), I(4, lo=-3, hi=3)),
-    Case("log", lambda a: a.log(), np.log, np.concatenate([POSITIVE, [-1.0, -np.inf]]).astype(np.float32)),
-    Case("sqrt", lambda a: a.sqrt(), np.sqrt, np.concatenate([POSITIVE, [-1.0]]).astype(np.float32)),
-    Case("sin", lambda a: a.sin(), np.sin, np.concatenate([F(6), SPECIAL]).astype(np.float32)),
-    Case("cos", lambda a: a.cos(), np.cos, np.concatenate([F(6), SPECIAL]).astype(np.float32)),
-    Case("tanh", lambda a: a.tanh(), np.tanh, np.concatenate([F(6, lo=-30, hi=30), SPECIAL]).astype(np.float32)),
-    Case("erf", lambda a: a.erf(), _erf, np.concatenate([F(6), SPECIAL, [1e-4, -1e-4]]).astype(np.float32)),
-    Case("abs", lambda a: a.abs(), np.abs, SPECIAL),
-    Case("abs int", lambda a: abs(a), np.abs, INT_A),
-    Case("floor", lambda a: a.floor(), np.floor, SPECIAL),
-    Case("ceil", lambda a: a.ceil(), np.ceil, SPECIAL),
-    Case("round half even", lambda a: a.round(), np.round, SPECIAL),
     # composites
     Case("sigmoid", lambda a: a.sigmoid(), lambda a: 1 / (1 + np.exp(-a)),
          np.concatenate([F(6), [-100.0, 100.0, -np.inf, np.inf, np.nan]]).astype(np.float32)),
     Case("relu", lambda a: a.relu(), lambda a: np.maximum(a, 0), SPECIAL),
     Case("relu int", lambda a: cn.relu(a), lambda a: np.maximum(a, 0), INT_A),
-    Case("asin", lambda a: a.asin(), np.arcsin, np.concatenate([F(6, lo=-1, hi=1), SPECIAL]).astype(np.float32)),
-    Case("acos", lambda a: a.acos(), np.arccos, np.concatenate([F(6, lo=-1, hi=1), SPECIAL]).astype(np.float32)),
-    Case("atan", lambda a: a.atan(), np.arctan, np.concatenate([F(6), SPECIAL]).astype(np.float32)),
     Case("gelu", lambda a: a.gelu(), _np_gelu, np.concatenate([F(8, lo=-6, hi=6), SPECIAL[:-1]]).astype(np.float32)),
     Case("softmax -1", lambda a: a.softmax(-1), lambda a: _np_softmax(a, -1), F(3, 5)),
     Case("softmax 0", lambda a: cn.softmax(a, 0), lambda a: _np_softmax(a, 0), F(3, 5)),
@@ -400,8 +374,10 @@ def _ref_input(x):
     return x
 
 
-def check(backend_name, out, expected, dtype=None, tol=None):
-    """out (a cinders Tensor) equals expected (a NumPy value) in shape, dtype and values."""
+def check(backend_name, out, expected, dtype=None, tol=None, ulps=None):
+    """out (a cinders Tensor) equals expected (a NumPy value) in shape, dtype and values: floats
+    within (rtol, atol) = tol, or within `ulps` float32 steps when given; either way within the
+    backend's TOLERANCES (tests/backends.py)."""
     expected = np.asarray(expected)
     dtype = dtype or _EXPECTED_DTYPE[expected.dtype.kind]
     assert isinstance(out, cn.Tensor), "expected a Tensor, got %r" % (out,)
@@ -415,7 +391,12 @@ def check(backend_name, out, expected, dtype=None, tol=None):
         loose = backend_registry.TOLERANCES.get(backend_name)
         if loose:
             rtol, atol = max(rtol, loose[0]), max(atol, loose[1])
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+        if ulps is None:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            with np.errstate(invalid="ignore"):
+                close = (_ulps(got, want) <= ulps) | (np.abs(got - want) <= atol + rtol * np.abs(want))
+            assert close.all(), "%s, expected %s (more than %d ulps apart)" % (got[~close], want[~close], ulps)
         # infinities and NaN in the same places, with the same signs
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(np.where(np.isinf(got), got, 0), np.where(np.isinf(want), want, 0))
@@ -435,6 +416,50 @@ def test_op(backend_name, backend, case):
         expected = case.ref(*[_ref_input(x) for x in case.inputs])
     tol = case.tol or ((1e-5, 1e-5) if case.name.split(" ")[0].split("(")[0] in _SUMS else None)
     check(backend_name, out, expected, case.dtype, tol)
+
+
+# Generated rows that fail on a backend for a bug outside the tests' reach (its kernels belong to
+# another part of the tree): backend name prefix -> {row label: the bug}.
+KNOWN_BUGS = {
+    ("wgpu", "autodiff-wgpu", "fusion-wgpu", "autodiff-fusion-wgpu"): {
+        "pow float32 edges": "WGSL pow(0, y < 0) gives 0, not inf (and pow(-0, -inf) too)",
+        "pow int32 edges": "WGSL pow(0, y < 0) gives 0, not inf",
+        "floordiv float32 edges": "WGSL floor(x / inf) gives -0 for x < 0, not -1 (NumPy, PyTorch, Python)",
+        "mod float32 edges": "WGSL x % inf gives NaN, not x (or inf - |x| by the sign rule)",
+    },
+}
+
+
+def _known_bug(backend_name, label):
+    for names, bugs in KNOWN_BUGS.items():
+        if backend_name in names and label in bugs:
+            return bugs[label]
+    return None
+
+
+def _ulps(got, want):
+    """Distance in float32 steps (0 where both are NaN, huge where only one is)."""
+    def ordered(x):
+        bits = x.view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    distance = np.abs(ordered(got) - ordered(want))
+    return np.where(np.isnan(got) & np.isnan(want), 0, np.where(np.isnan(got) ^ np.isnan(want), 2 ** 32, distance))
+
+
+@pytest.mark.parametrize("row", op_cases.conformance_rows(), ids=repr)
+def test_table_op(request, backend_name, backend, row):
+    bug = _known_bug(backend_name, row.label)
+    if bug:  # strict: the row fails the suite again once the bug is fixed, to be taken off the list
+        request.applymarker(pytest.mark.xfail(reason=bug, strict=True))
+    out = op_cases.apply_method(row.name, [cn.tensor(x, backend=backend) for x in row.inputs], row.axis)
+    expected, dtype = op_cases.oracle(row.name, row.inputs, row.axis)
+    exactness = ops.OPS[row.name].exactness
+    if exactness == ops.ULP:
+        check(backend_name, out, expected, dtype, tol=(0.0, 0.0), ulps=2)
+    elif exactness == ops.ACCUMULATED:
+        check(backend_name, out, expected, dtype, tol=(1e-5, 1e-5))
+    else:
+        check(None, out, expected, dtype, tol=(0.0, 0.0))
 
 
 # -- creation and reading ---------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The op table (core/ops.py) is the one place an op is defined: these tests fail when a backend
 lacks a kernel for a table op (unless it lists the op in `unsupported_ops` with a reason), when
-an op that returns floats has neither a gradient rule nor NOT_DIFFERENTIABLE, and when the
-derived pieces (protocol lists, Tensor methods, Autodiff) drift from the table."""
+an op that returns floats has neither a gradient rule nor NOT_DIFFERENTIABLE, when an entry's
+test fields (domain, exactness, torch oracle) are not ones the generated suites understand, and
+when the derived pieces (protocol lists, Tensor methods, Autodiff) drift from the table. Every
+test here is generated from the table: an entry added is an entry checked."""
 
+import numpy as np
 import pytest
 
 import cinders as cn
@@ -10,6 +13,7 @@ from cinders import backend as protocol
 from cinders import dtypes, ops
 from cinders.autodiff import Autodiff
 
+import op_cases
 from backends import BACKENDS, selected_names
 
 # Base backends hold kernels; decorators (Autodiff, Fusion) pass ops through to them.
@@ -24,8 +28,7 @@ def backend(request):
 
 def computing_dtypes(name):
     """The dtypes a backend receives for this op after the tensor layer's casts."""
-    return sorted({c for d in dtypes.COMPUTE_DTYPES if (c := ops.input_dtype(name, d)) is not None},
-                  key=lambda d: d.name)
+    return sorted({c for _, c in op_cases.computing_dtypes(name)}, key=lambda d: d.name)
 
 
 @pytest.mark.parametrize("name", list(ops.OPS))
@@ -57,6 +60,29 @@ def test_every_float_op_has_a_gradient_or_says_it_has_none(name):
                "reduce": {"x", "y", "g", "axis", "shape"}}[op.kind]
     for params in op.params:
         assert "g" in params and set(params) <= allowed, (name, params)
+
+
+# What each domain means, as a test of a sampled value; the generated suites sample inside it.
+DOMAINS = {ops.ANY: lambda v: np.isfinite(v), ops.POSITIVE: lambda v: v > 0, ops.UNIT: lambda v: np.abs(v) < 1,
+           ops.NONZERO: lambda v: v != 0}
+
+
+@pytest.mark.parametrize("name", list(ops.OPS))
+def test_every_op_says_what_its_tests_need(name):
+    op = ops.OPS[name]
+    assert len(op.domain) == (2 if op.kind == "binary" else 1), "%s: one domain per operand" % name
+    assert op.exactness in (ops.EXACT, ops.ULP, ops.ACCUMULATED), (name, op.exactness)
+    assert callable(op_cases.torch_function(name)), "%s: no PyTorch function %r" % (name, op.torch)
+    rng = np.random.default_rng(0)
+    for domain in op.domain:
+        for dtype in (dtypes.float32, dtypes.int32):
+            assert DOMAINS[domain](op_cases.sample(domain, dtype, 50, rng)).all(), (name, domain, dtype)
+    # the oracle computes the op in the dtypes the table gives, on samples of each dtype it accepts
+    for dtype, _ in op_cases.computing_dtypes(name):
+        arrays = [op_cases.sample(d, dtype, (2, 3), rng) for d in op.domain]
+        expected, result = op_cases.oracle(name, arrays, 1 if op.kind == "reduce" else None)
+        assert result is ops.result_dtype(name, ops.input_dtype(name, dtype))
+        assert expected.shape == ((2,) if op.kind == "reduce" else (2, 3)), (name, dtype, expected.shape)
 
 
 def test_a_float_op_without_a_gradient_is_refused_when_the_table_is_built():
