@@ -42,7 +42,7 @@ program whose parameter blocks and bind groups are built once, and `replay` subm
 with no Python per kernel beyond the implementation's encoding loop (one call into JS in the
 browser). Reading data while recording raises CaptureError (data-dependent Python).
 
-Binding convention of every generated kernel (codegen.py relies on it):
+Binding convention of every generated kernel (codegen/ relies on it):
     @group(0) @binding(0)          var<uniform> P  (the dispatch's parameter block)
     @group(0) @binding(1 .. n)     the storage buffers, in the order given to `dispatch`
 """

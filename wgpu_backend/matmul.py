@@ -1,5 +1,5 @@
-"""Matmul kernel selection: the tilings of codegen's matmul generators, a heuristic, and
-autotuning.
+"""Matmul kernel selection: the tilings of the matmul templates (codegen/matmul.py), a heuristic,
+and autotuning.
 
 Autotune: on the first matmul of a (device, shape class) every applicable variant runs a few
 times and the fastest is remembered, in memory and on disk ($CINDERS_CACHE or ~/.cache/cinders,
@@ -15,10 +15,10 @@ from collections import namedtuple
 
 class Tiling(namedtuple("Tiling", "bm bn bk tm tn split_k lanes_x pad_a")):
     """One matmul kernel: a bm x bn tile of C per workgroup, tm x tn of it per thread, K in
-    bk-deep steps through shared memory (bk == 0: none, codegen.matmul_direct_wgsl); split_k:
+    bk-deep steps through shared memory (bk == 0: none, codegen/matmul.py matmul_direct_wgsl); split_k:
     K in chunks over the grid's z plus a sum. lanes_x > 0 selects the register-tiled,
-    double-buffered kernel (codegen.matmul_regtile_wgsl: a warp spans lanes_x thread columns;
-    pad_a pads its shared rows of A), else codegen.matmul_wgsl."""
+    double-buffered kernel (matmul_regtile_wgsl: a warp spans lanes_x thread columns;
+    pad_a pads its shared rows of A), else matmul_wgsl."""
 
     def shared_bytes(self):
         if self.lanes_x:

@@ -22,7 +22,7 @@ first), so nothing reads it after this launch; the result takes it through the k
 variant. Otherwise the result gets a buffer as usual. Liveness is the storage's own (every view
 of it gone), so no reference counting, Python frame or backend above this one takes part:
 Autodiff's backward reuses buffers the same way, and so do Fusion's flat groups with one output
-(fusion_codegen.py, a dead leaf's buffer).
+(programs.py: every elementwise result is a flat Program; a dead leaf's buffer).
 """
 
 from collections import deque
