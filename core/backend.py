@@ -74,13 +74,9 @@ Synchronisation
 also offer `async to_flat_async(h)` (the browser cannot block). Backends may implement
 `memory_stats()` and `synchronize()`.
 
-Composite overrides
--------------------
-A backend may provide a fused kernel for a composite op by defining a method named
-`fused_<name>` (e.g. `fused_gelu(x)`); the tensor layer uses it when present and the tensor
-does not need gradients.
-
-The optimizers likewise use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
+Optimizer kernels
+-----------------
+The optimizers use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
 the parameter's (inner) backend has it, instead of ~12 elementwise ops. It is the one hook that
 writes its arguments: m and v (Adam's moments, which cn.optim.Adam passes only while they are
 its private state) are updated in place; p and g are read only and p' is a new handle. In

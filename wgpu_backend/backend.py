@@ -11,7 +11,6 @@ backend is reached (the tensor layer, Autodiff's backward, Fusion).
 """
 
 import math
-import struct
 import sys
 from array import array
 
@@ -64,6 +63,7 @@ class _Runtime:
         self.device = device
         self.pool = BufferPool(device)
         self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
+        self.recorder = None  # cn.capture's LaunchRecorder for this device (capture.py)
         self.tuner = Tuner(device.name, device.limits.get("max_compute_workgroup_storage_size",
                                                            16384))
 
@@ -111,10 +111,12 @@ class Wgpu(Backend):
     def pool(self):
         return self._rt.pool
 
-    def capture_buffer(self, h):
-        """(raw buffer, byte offset, byte size) of a contiguous handle: what capture rebinds
-        (inputs) and copies out (outputs)."""
-        return h.storage.raw, 4 * h.offset, 4 * h.size
+    def capture_recorder(self):
+        """cn.capture's recorder of this device's launches (capture.py, core/capture.py)."""
+        if self._rt.recorder is None:
+            from .capture import LaunchRecorder
+            self._rt.recorder = LaunchRecorder(self)
+        return self._rt.recorder
 
     def contiguous(self, h):
         return h if h.is_contiguous() else self._materialize(h)
@@ -122,17 +124,6 @@ class Wgpu(Backend):
     def copy_into(self, dst, src):
         """Copy src into dst's own buffer, in place (cn.capture's state updates)."""
         self._elementwise("copy", [src], dst.dtype, out=dst)
-
-    def host_scalar(self, value):
-        """A float32 scalar in a buffer of its own, never shared with any other value (cn.capture
-        rewrites it before each replay, while other values may reuse pooled buffers)."""
-        out = GpuArray(self._rt.pool.allocate(4, fresh=True), (), (), 0, dtypes.float32)
-        self.device.write_buffer(out.storage.raw, 0, struct.pack("<f", float(value)))
-        return out
-
-    def wrap_buffer(self, shape, dtype):
-        """A fresh contiguous handle for capture to copy an output into."""
-        return self._new(shape, dtype)
 
     def device_key(self):
         return ("Wgpu", self.device.name)
