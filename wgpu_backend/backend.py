@@ -88,7 +88,10 @@ class Wgpu(Backend):
     """WGSL kernels on WebGPU: wgpu-py on the desktop, navigator.gpu in the browser.
 
     adapter: None (default adapter), an index or a description substring (desktop).
-    autotune: benchmark matmul variants on first use per shape class (False: heuristic)."""
+    autotune: benchmark matmul variants on first use per shape class, a few seconds at most per
+    class, remembered on disk (matmul.py). None (default): on hardware adapters only (a
+    software adapter such as lavapipe or SwiftShader uses the heuristic); True: also there;
+    False: never."""
 
     name = "wgpu"
 
@@ -97,10 +100,10 @@ class Wgpu(Backend):
     compiles_kernels = True
     capturable = True
 
-    def __init__(self, adapter=None, autotune=True):
+    def __init__(self, adapter=None, autotune=None):
         self._rt = _runtime(adapter)
         self.device = self._rt.device
-        self.autotune = autotune
+        self.autotune = (not self.device.is_cpu) if autotune is None else bool(autotune)
         self._programs = ProgramRunner(self)
         if self.device.on_submit is None:
             # cn.profile counts submissions ("submit" events) of this device.
