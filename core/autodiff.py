@@ -28,8 +28,7 @@ Semantics worth knowing (PyTorch's unless stated):
   leaves get gradients in the Gradients (intermediate ones are dropped as backward() goes).
 * max pooling is unfold2d + max, so tied window maxima share the gradient (torch's max_pool2d
   gives it to one of them); relu = where(x <= 0, 0, x) has gradient 0 at 0, like torch.
-* The inner backend's fused_<name> kernels are not used through Autodiff: composites are
-  recorded primitive by primitive, which is what makes them differentiable.
+* Composites are recorded primitive by primitive, which is what makes them differentiable.
 """
 
 import itertools
@@ -148,6 +147,7 @@ class Autodiff(Backend):
     """Decorator backend: computes on `inner`, records what requires grad, differentiates."""
 
     name = "autodiff"
+    differentiable = True  # the declared ability (core/backend.py, "Abilities")
 
     def __init__(self, inner):
         if not isinstance(inner, Backend):

@@ -74,19 +74,30 @@ Synchronisation
 also offer `async to_flat_async(h)` (the browser cannot block). Backends may implement
 `memory_stats()` and `synchronize()`.
 
-Composite overrides
--------------------
-A backend may provide a fused kernel for a composite op by defining a method named
-`fused_<name>` (e.g. `fused_gelu(x)`); the tensor layer uses it when present and the tensor
-does not need gradients.
-
-The optimizers likewise use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
+Optimizer kernels
+-----------------
+The optimizers use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
 the parameter's (inner) backend has it, instead of ~12 elementwise ops. It is the one hook that
 writes its arguments: m and v (Adam's moments, which cn.optim.Adam passes only while they are
 its private state) are updated in place; p and g are read only and p' is a new handle. In
 float32 and in this order, exactly what cn.optim.Adam composes:
     m <- m + (g - m) * (1 - beta1);  v <- v * beta2 + g * g * (1 - beta2)
     p' = p - m / (sqrt(v) + eps) * step_size
+
+Abilities (declared, never probed)
+----------------------------------
+Beyond the primitives, a backend class declares what else it offers as class attributes; code
+elsewhere reads these flags (never hasattr or class names):
+    differentiable     records gradients (cn.Autodiff): backward(tensor), detach(tensor),
+                       to_inner(tensor); the optimizers and composites ask `backend.differentiable`
+    compiles_kernels   cn.Fusion can compile into it: fusion_compiler(max_buffers) returns the
+                       compiler of core/fusion/backend.py (`compiler_for`). cn.Wgpu's compiler
+                       builds on its public compile-and-launch interface: empty(shape, dtype),
+                       launch(key, build, inputs, outputs, params, groups, ...) -> outputs
+    capturable         cn.capture can record and replay its launches: capture_recorder()
+                       returns the recorder described in core/capture.py
+A decorator forwards the abilities that pass through it (cn.Fusion is capturable when its
+inner backend is; cn.Autodiff is differentiable whatever it wraps).
 
 User kernels (cinders.fusion.custom_op)
 ---------------------------------------
@@ -151,6 +162,11 @@ class Backend:
     """
 
     name = "backend"
+
+    # Declared abilities (see "Abilities" above): read, never probed with hasattr or class names.
+    differentiable = False    # records gradients: backward(), detach(), to_inner() (cn.Autodiff)
+    compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
+    capturable = False        # capture_recorder(): cn.capture records and replays its launches
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

@@ -29,12 +29,26 @@ Guards, because a replay cannot run fn's Python:
   * random ops draw seeds from cn.random's counter as they would uncaptured: a replay patches
     the seeds of its random kernels and advances the counter (same numbers as uncaptured runs).
 On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simply calls fn.
+
+The backend's side. A base backend declaring `capturable` (core/backend.py, "Abilities") returns
+from `capture_recorder()` one recorder per device (cn.Wgpu: wgpu_backend/capture.py) with
+    start() / stop() -> (launches, allocated)   record the calling thread's launches (each with
+                            pipeline, buffers, params, groups, name, seed) and the buffers handed
+                            out meanwhile ({id(buffer): (buffer, launches before it)})
+    owns(backend)           whether that base backend's tensors live on the recorder's device
+    buffer(h)               (buffer, byte offset, byte size) of a contiguous handle
+    contiguous(h), new_output(shape, dtype), assign(dst, src), host_scalar(value),
+    write_scalar(buffer, offset, value)
+    keep(owner, buffers)    the buffers are the program's while `owner` lives
+    prepare(launches) -> (program, parameter block offsets); replay(program, rebinds, patches,
+                            copies)
+Everything else here (guards, comparison, rebinding inputs, seeds, host values) is shared.
+The state of a capture in progress is per thread: a data loader thread beside it is not recorded.
 """
 
 import linecache
 import sys
 import threading
-import weakref
 
 
 from .errors import CindersError
@@ -49,17 +63,21 @@ class CaptureError(CindersError, RuntimeError):
     """fn cannot be captured as it is (the message says where and why)."""
 
 
-_CAPTURING = []  # the base backends of the cn.capture calls running fn now
+class _ThreadState(threading.local):
+    def __init__(self):
+        self.capturing = []  # the base backends of the cn.capture calls running fn now
+        self.host = []       # per recording in progress: {"values": [(buffer, offset, compute)],
+        #                      "callbacks": [...], "held": [handles]}
+
+
+_state = _ThreadState()
 
 
 def capturing():
-    """True while cn.capture runs fn (its first calls): state (parameters, optimizer moments)
-    must then be updated in place and computed before fn returns, since a replay reuses the
-    buffers it recorded and runs no Python (optimizers do this)."""
-    return bool(_CAPTURING)
-
-
-_HOST = []  # per recording in progress: {"values": [(raw, offset, compute)], "callbacks": [...]}
+    """True while cn.capture runs fn (its first calls) in this thread: state (parameters,
+    optimizer moments) must then be updated in place and computed before fn returns, since a
+    replay reuses the buffers it recorded and runs no Python (optimizers do this)."""
+    return bool(_state.capturing)
 
 
 def host_value(compute, backend):
@@ -71,22 +89,23 @@ def host_value(compute, backend):
     from .creation import tensor
     chain = _chain(backend)
     base = chain[-1]
-    if not _HOST or not getattr(base, "capturable", False):
+    if not _state.host or not base.capturable:
         return tensor(float(compute()), backend=backend)
     # Its own buffer, held until the recording ends: a pooled one could serve another value of
     # the same call too, which the replay's upload (before every kernel) would clobber.
-    h = base.host_scalar(compute())
-    raw, offset, _ = base.capture_buffer(h)
-    _HOST[-1]["values"].append((raw, offset, compute))
-    _HOST[-1]["held"].append(h)
+    recorder = base.capture_recorder()
+    h = recorder.host_scalar(compute())
+    raw, offset, _ = recorder.buffer(h)
+    _state.host[-1]["values"].append((raw, offset, compute))
+    _state.host[-1]["held"].append(h)
     return _from_base(Tensor(base, h, (), dtypes.float32), chain)
 
 
 def on_replay(callback):
     """Run callback() at every replay of the call being recorded, after the host values are
     computed: how Python-side state that fn advances (step counters) keeps counting."""
-    if _HOST:
-        _HOST[-1]["callbacks"].append(callback)
+    if _state.host:
+        _state.host[-1]["callbacks"].append(callback)
 
 
 def realize(t):
@@ -100,7 +119,10 @@ def assign(dst, src):
     if d.shape != s.shape or d.dtype is not s.dtype:
         raise CaptureError("cn.capture: cannot update a %s %s tensor in place with a %s %s one"
                            % (d.dtype.name, d.shape, s.dtype.name, s.shape))
-    d.backend.copy_into(d.handle, s.handle)
+    if not d.backend.capturable:
+        raise CaptureError("cn.capture: assign needs a backend that cn.capture records (such as "
+                           "cn.Wgpu()), got %r" % (d.backend,))
+    d.backend.capture_recorder().assign(d.handle, s.handle)
 
 
 def _user_line():
@@ -205,13 +227,12 @@ class Captured:
         tensors = [v for v in leaves if isinstance(v, Tensor)]
         top = tensors[0].backend if tensors else self.backend
         base = _chain(top)[-1] if top is not None else None
-        if base is None or not getattr(base, "capturable", False):
+        if base is None or not base.capturable:
             return self.fn(*args, **kwargs)
+        recorder = base.capture_recorder()
         # Inputs as contiguous buffers of the base backend: what a replay binds.
-        based = [_to_base(t) for t in tensors]
-        based = [Tensor(b.backend, b.backend.contiguous(b.handle), b.shape, b.dtype)
-                 for b in based]
-        views = [b.backend.capture_buffer(b.handle) for b in based]
+        based = [recorder.contiguous(_to_base(t).handle) for t in tensors]  # alive for the call
+        views = [recorder.buffer(h) for h in based]
         key = tuple(_signature_of(v) for v in leaves) + tuple(off for _, off, _ in views)
         entry = self._entries.get(key)
         if entry is None:
@@ -223,12 +244,13 @@ class Captured:
             # The first call fills caches (constants, compiled kernels, autotuning) that later
             # calls only read: it is run as it is; the next two are recorded and compared.
             entry.warm = True
-            _CAPTURING.append(base)
+            _state.capturing.append(base)
             try:
                 return self.fn(*args, **kwargs)
             finally:
-                _CAPTURING.pop()
-        recording, out = _record(self.fn, args, kwargs, base, [raw for raw, _, _ in views])
+                _state.capturing.pop()
+        recording, out = _record(self.fn, args, kwargs, base, recorder,
+                                 [raw for raw, _, _ in views])
         if entry.first is None:
             entry.first = recording
             return out
@@ -238,7 +260,7 @@ class Captured:
             e.result = out  # the call itself ran: its results, for a caller that falls back
             raise
         entry.first = None
-        entry.program = _Program(base, recording)
+        entry.program = _Program(base, recorder, recording)
         self.captures += 1
         # The outputs live in the program's workspace, which the next replay overwrites.
         return entry.program.hand_out(out)
@@ -278,16 +300,12 @@ class _Recording:
         return rel if rel < stop - start else None
 
 
-def _record(fn, args, kwargs, base, inputs):
-    device, pool = base.device, base.pool
-    device.flush()  # work queued before the call is not part of it
-    launches, allocated = [], {}
+def _record(fn, args, kwargs, base, recorder, inputs):
     start = _seed_counter[0]
-    device.recording_thread = threading.get_ident()
-    device.recording, pool.recording = launches, allocated
-    _CAPTURING.append(base)
+    recorder.start()  # (work queued before the call is not part of it)
+    _state.capturing.append(base)
     host = {"values": [], "callbacks": [], "held": []}
-    _HOST.append(host)
+    _state.host.append(host)
     try:
         out = fn(*args, **kwargs)
         # The outputs are computed inside the recording (Fusion launches pending groups here).
@@ -295,17 +313,16 @@ def _record(fn, args, kwargs, base, inputs):
         for t in _leaves(out, []):
             if isinstance(t, Tensor):
                 b = _to_base(t)
-                if getattr(b.backend, "capturable", False) is not True or \
-                        b.backend.device is not device:
+                if not recorder.owns(b.backend):
                     raise CaptureError("cn.capture: fn returned a tensor of %r, not of the "
                                        "device it captures (%r)" % (t.backend, base))
                 outputs.append((_chain(t.backend),
-                                Tensor(b.backend, b.backend.contiguous(b.handle), b.shape,
+                                Tensor(b.backend, recorder.contiguous(b.handle), b.shape,
                                        b.dtype)))
     finally:
-        _HOST.pop()
-        _CAPTURING.pop()
-        device.recording, pool.recording = None, None
+        _state.host.pop()
+        _state.capturing.pop()
+        launches, allocated = recorder.stop()
     stop = _seed_counter[0]
     recording = _Recording(launches, allocated, inputs, outputs, (start, stop))
     recording.host = host
@@ -375,11 +392,10 @@ def _launch_at(recording, pos):
 class _Program:
     """An accepted recording, prepared on the device."""
 
-    def __init__(self, base, recording):
-        self.base = base
-        device = self.device = base.device
+    def __init__(self, base, recorder, recording):
+        self.base, self.recorder = base, recorder
         launches = recording.launches
-        self.prepared, offsets = device.prepare(launches)
+        self.prepared, offsets = recorder.prepare(launches)
         inputs = {id(r): i for i, r in enumerate(recording.inputs)}
         # Launches reading inputs are rebound per replay: (launch index, [(slot, input)]).
         self.rebinds = []
@@ -396,7 +412,7 @@ class _Program:
                     self.seed_patches.append((offsets[i] + 4, rel))
         self.draws = recording.seeds[1] - recording.seeds[0]
         self.launches = [launch.buffers for launch in launches]
-        self.outputs = [(chain, base.capture_buffer(t.handle), t.shape, t.dtype)
+        self.outputs = [(chain, recorder.buffer(t.handle), t.shape, t.dtype)
                         for chain, t in recording.outputs]
         self.template = None
         self.kernels = len(launches)
@@ -404,27 +420,25 @@ class _Program:
         self.callbacks = recording.host["callbacks"]
         # Everything but the inputs is the program's from now on (workspace and state).
         kept = {id(r): r for buffers in self.launches for r in buffers if id(r) not in inputs}
-        kept.update((id(t.handle.storage.raw), t.handle.storage.raw)
-                    for _, t in recording.outputs)
+        kept.update((id(raw), raw) for _, (raw, _, _), _, _ in self.outputs)
         kept.update((id(raw), raw) for raw, _, _ in self.host_values)
-        base.pool.reserve(list(kept.values()))
-        # The program's last reference (this object) keeps the raw buffers alive, so their ids
-        # stay unique until the pool has them back.
-        weakref.finalize(self, base.pool.unreserve_later, list(kept))
+        recorder.keep(self, list(kept.values()))
+        # The program's last reference (this object) keeps the buffers alive, so their ids
+        # stay unique until the recorder has them back.
         self._kept = list(kept.values())
 
     def hand_out(self, out):
         """The second call's outputs, copied out of the workspace (one submit)."""
         self.template = out
         fresh, copies = self._fresh_outputs()
-        self.device.replay(None, {}, [], copies)
+        self.recorder.replay(None, {}, [], copies)
         return _rebuild(out, iter(fresh))
 
     def _fresh_outputs(self):
-        base, fresh, copies = self.base, [], []
+        base, recorder, fresh, copies = self.base, self.recorder, [], []
         for chain, (raw, offset, nbytes), shape, dtype in self.outputs:
-            h = base.wrap_buffer(shape, dtype)
-            dst, dst_off, _ = base.capture_buffer(h)
+            h = recorder.new_output(shape, dtype)
+            dst, dst_off, _ = recorder.buffer(h)
             copies.append((raw, offset, dst, dst_off, nbytes))
             fresh.append(_from_base(Tensor(base, h, shape, dtype), chain))
         return fresh, copies
@@ -445,13 +459,12 @@ class _Program:
                 patches.append((offset, _hash32(seed).to_bytes(4, "little")))
             _seed_counter[0] = counter + self.draws
         if self.host_values:
-            import struct
             for raw, offset, compute in self.host_values:
-                self.device.write_buffer(raw, offset, struct.pack("<f", float(compute())))
+                self.recorder.write_scalar(raw, offset, compute())
             for callback in self.callbacks:
                 callback()
         fresh, copies = self._fresh_outputs()
         if _PROFILING:
             _profile_event(self.base, {"kind": "replay", "name": name, "kernels": self.kernels})
-        self.device.replay(self.prepared, rebinds, patches, copies)
+        self.recorder.replay(self.prepared, rebinds, patches, copies)
         return _rebuild(self.template, iter(fresh))

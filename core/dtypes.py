@@ -7,13 +7,18 @@ from .errors import DTypeError
 
 
 class DType:
-    __slots__ = ("name", "itemsize", "kind", "array_code")
+    __slots__ = ("name", "itemsize", "kind", "array_code", "wgsl", "word_code")
 
-    def __init__(self, name, itemsize, kind, array_code):
+    def __init__(self, name, itemsize, kind, array_code, wgsl=None, word_code=""):
         self.name = name
         self.itemsize = itemsize
         self.kind = kind  # "f" float, "i" signed int, "b" bool
         self.array_code = array_code  # typecode for the `array` module ("" when none fits)
+        # On WebGPU every compute dtype lives in one 32-bit word per element: `wgsl` is the
+        # WGSL scalar type of that word (bool: a u32 holding 0/1), `word_code` its `array` /
+        # `struct` / NumPy typecode (None / "": not a compute dtype there).
+        self.wgsl = wgsl
+        self.word_code = word_code
 
     @property
     def is_float(self):
@@ -26,10 +31,10 @@ class DType:
         return (from_name, (self.name,))
 
 
-float32 = DType("float32", 4, "f", "f")
+float32 = DType("float32", 4, "f", "f", "f32", "f")
 float16 = DType("float16", 2, "f", "")
-int32 = DType("int32", 4, "i", "i")
-bool_ = DType("bool", 1, "b", "b")
+int32 = DType("int32", 4, "i", "i", "i32", "i")
+bool_ = DType("bool", 1, "b", "b", "u32", "I")
 
 _BY_NAME = {d.name: d for d in (float32, float16, int32, bool_)}
 COMPUTE_DTYPES = (float32, int32, bool_)

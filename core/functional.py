@@ -1,9 +1,8 @@
 """Composite ops, each composed once from Tensor methods (which call backend primitives only).
 
 Because nothing here touches a handle, a decorator backend (Autodiff, Fusion) sees only
-primitives and differentiates / fuses every composite for free. A backend may still replace a
-composite by a kernel of its own: `fused_<name>(handle, *args)` returning a handle of the
-composite's shape and dtype (see core/backend.py, "Composite overrides").
+primitives and differentiates / fuses every composite for free (cn.Fusion turns softmax or
+gelu into one kernel).
 """
 
 import math
@@ -16,16 +15,6 @@ from .tensor import Tensor, _axis, _axes, _numel, cat, unfold2d, where, window_a
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-def _fused(name, x, *args):
-    """The backend's fused kernel for `name` applied to x, or None when it has none."""
-    # Looked up on the class: a decorator's __getattr__ (Autodiff's) would raise and catch an
-    # AttributeError on every call.
-    kernel = getattr(type(x.backend), "fused_" + name, None)
-    if kernel is None:
-        return None
-    return Tensor(x.backend, kernel(x.backend, x.handle, *args), x.shape, x.dtype)
-
-
 def _float(op, x):
     if not isinstance(x, Tensor):
         raise ArgumentTypeError("%s: expected a Tensor, got %s" % (op, type(x).__name__))
@@ -36,8 +25,7 @@ def _float(op, x):
 
 def sigmoid(x):
     x = _float("sigmoid", x)
-    fused = _fused("sigmoid", x)
-    return fused if fused is not None else 1.0 / (1.0 + (-x).exp())
+    return 1.0 / (1.0 + (-x).exp())
 
 
 def relu(x):
@@ -51,17 +39,13 @@ def relu(x):
 def gelu(x):
     """The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
     x = _float("gelu", x)
-    fused = _fused("gelu", x)
-    return fused if fused is not None else x * 0.5 * (1.0 + (x * _INV_SQRT2).erf())
+    return x * 0.5 * (1.0 + (x * _INV_SQRT2).erf())
 
 
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along axis, stable: the row max is subtracted first."""
     x = _float("softmax", x)
     axis = _axis("softmax", axis, x.ndim, x.shape)
-    fused = _fused("softmax", x, axis)
-    if fused is not None:
-        return fused
     e = (x - _shift(x, axis)).exp()
     return e / e.sum(axis, keepdim=True)
 
@@ -70,9 +54,6 @@ def log_softmax(x, axis=-1):
     """x - logsumexp(x) along axis, stable: the row max is subtracted first."""
     x = _float("log_softmax", x)
     axis = _axis("log_softmax", axis, x.ndim, x.shape)
-    fused = _fused("log_softmax", x, axis)
-    if fused is not None:
-        return fused
     z = x - _shift(x, axis)
     return z - z.exp().sum(axis, keepdim=True).log()
 
@@ -80,7 +61,7 @@ def log_softmax(x, axis=-1):
 def _shift(x, axis):
     """The row max that softmax subtracts for stability. The result does not depend on it, so
     its exact gradient is 0: on an Autodiff backend it is detached instead of differentiated."""
-    if hasattr(x.backend, "detach"):
+    if x.backend.differentiable:
         x = x.detach()  # before the max, so that the max records no tape entry at all
     return x.max(axis, keepdim=True)
 

@@ -242,3 +242,33 @@ def test_workspace_is_one_calls_buffers_and_returns_to_the_pool():
     del fast
     gc.collect()
     assert pool.stats()["captured_bytes"] == before["captured_bytes"]
+
+
+def test_capture_state_is_per_thread():
+    """A capture in one thread neither records nor flags the launches of another (a data loader
+    computing beside the step): that thread's values are its own, and it is not `capturing()`."""
+    import threading
+    from cinders.capture import capturing
+    backend = Wgpu(autotune=False)
+    seen = {}
+
+    def loader():
+        seen["capturing"] = capturing()
+        y = cn.tensor([1.0, 2.0, 3.0], backend=backend) * 3.0
+        seen["values"] = y.tolist()  # a read: would raise inside the recording thread
+
+    def step(x):
+        worker = threading.Thread(target=loader)
+        worker.start()
+        worker.join()
+        assert capturing()
+        return (x + 1.0).exp()
+
+    fast = cn.capture(step)
+    x = cn.tensor(np.zeros(4, np.float32), backend=backend)
+    for call in range(4):
+        seen.clear()
+        np.testing.assert_allclose(fast(x).numpy(), np.full(4, np.e, np.float32), rtol=1e-6)
+        # calls 1-3 run step (the 2nd and 3rd recording); the 4th is a replay, no Python
+        assert seen == ({"capturing": False, "values": [3.0, 6.0, 9.0]} if call < 3 else {})
+    assert fast.captures == 1 and fast.replays == 1

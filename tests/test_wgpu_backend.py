@@ -264,6 +264,42 @@ def test_autotune_picks_and_caches_on_disk(tmp_path, monkeypatch):
     assert fresh.select(96, 160, 200, 1, True, run=None, wait=None) == chosen  # from disk, no run
 
 
+def test_autotune_is_off_by_default_on_software_adapters_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("CINDERS_CACHE", str(tmp_path))
+    default = cn.Wgpu()
+    assert default.device.is_cpu  # lavapipe: adapter info says CPU
+    assert default.autotune is False and cn.Wgpu(autotune=True).autotune is True
+    default._rt.tuner.chosen = None
+    a = up(default, rng.standard_normal((96, 200)).astype(np.float32))
+    w = up(default, rng.standard_normal((200, 160)).astype(np.float32))
+    down(default, default.matmul(a, w))
+    assert not (tmp_path / "autotune.json").exists()  # the heuristic, nothing timed
+
+
+def test_autotune_is_bounded_per_shape_class_and_says_so_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CINDERS_CACHE", str(tmp_path))
+    b = cn.Wgpu(autotune=True)
+    b._rt.tuner.chosen = None
+    a = up(b, rng.standard_normal((64, 96)).astype(np.float32))
+    w = up(b, rng.standard_normal((96, 512)).astype(np.float32))
+    monkeypatch.setattr(matmul_select, "PROGRESS_AFTER", 1e9)
+    down(b, b.matmul(a, w))  # a short search says nothing
+    assert "autotuning" not in capsys.readouterr().err
+    # No time left after the first variant (the heuristic's): the search stops there, and
+    # progress past PROGRESS_AFTER seconds goes to stderr.
+    monkeypatch.setattr(matmul_select, "TUNE_BUDGET", 0.0)
+    monkeypatch.setattr(matmul_select, "PROGRESS_AFTER", 0.0)
+    x = rng.standard_normal((80, 300)).astype(np.float32)
+    y = rng.standard_normal((300, 100)).astype(np.float32)
+    got = down(b, b.matmul(up(b, x), up(b, y)))
+    np.testing.assert_allclose(got, x.astype(np.float64) @ y, rtol=1e-4, atol=1e-3)
+    err = capsys.readouterr().err.strip().splitlines()
+    klass = matmul_select.shape_class(80, 100, 300, 1)
+    assert len(err) == 1 and "autotuning matmul %s" % klass in err[0] and " 1/" in err[0], err
+    saved = json.loads((tmp_path / "autotune.json").read_text())[b.device.name]
+    assert saved[klass] == matmul_select.heuristic(80, 100, 300, 1, True, b._rt.tuner.shared_limit)
+
+
 def test_import_cinders_needs_no_wgpu():
     code = ("import sys, cinders, cinders.wgpu.backend, cinders.wgpu.codegen; "
             "assert 'wgpu' not in sys.modules, 'importing cinders loaded wgpu'")

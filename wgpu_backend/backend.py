@@ -11,7 +11,6 @@ backend is reached (the tensor layer, Autodiff's backward, Fusion).
 """
 
 import math
-import struct
 import sys
 from array import array
 
@@ -19,15 +18,14 @@ from cinders import dtypes
 from cinders.profile import ACTIVE as _PROFILING, record as _record
 from cinders.backend import Backend, _hash32, broadcast_shape, is_row_major, row_major_strides, unfold2d_output_size
 from cinders.errors import CindersError
+from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
-from . import codegen
+from .codegen import images, matmul as matmul_templates
+from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
-
-_ARRAY_CODE = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "I"}
-_KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
-_TYPE = codegen.WGSL_TYPE
+from .programs import ProgramRunner, one_node
 
 
 class DeviceLimitError(CindersError, MemoryError):
@@ -65,6 +63,7 @@ class _Runtime:
         self.device = device
         self.pool = BufferPool(device)
         self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
+        self.recorder = None  # cn.capture's LaunchRecorder for this device (capture.py)
         self.tuner = Tuner(device.name, device.limits.get("max_compute_workgroup_storage_size",
                                                            16384))
 
@@ -89,17 +88,23 @@ class Wgpu(Backend):
     """WGSL kernels on WebGPU: wgpu-py on the desktop, navigator.gpu in the browser.
 
     adapter: None (default adapter), an index or a description substring (desktop).
-    autotune: benchmark matmul variants on first use per shape class (False: heuristic)."""
+    autotune: benchmark matmul variants on first use per shape class, a few seconds at most per
+    class, remembered on disk (matmul.py). None (default): on hardware adapters only (a
+    software adapter such as lavapipe or SwiftShader uses the heuristic); True: also there;
+    False: never."""
 
     name = "wgpu"
 
-    # cn.capture records and replays this backend's launches (core/capture.py).
+    # Declared abilities (core/backend.py): cn.Fusion compiles into this backend's kernels
+    # (fusion_compiler), cn.capture records and replays its launches (core/capture.py).
+    compiles_kernels = True
     capturable = True
 
-    def __init__(self, adapter=None, autotune=True):
+    def __init__(self, adapter=None, autotune=None):
         self._rt = _runtime(adapter)
         self.device = self._rt.device
-        self.autotune = autotune
+        self.autotune = (not self.device.is_cpu) if autotune is None else bool(autotune)
+        self._programs = ProgramRunner(self)
         if self.device.on_submit is None:
             # cn.profile counts submissions ("submit" events) of this device.
             self.device.on_submit = lambda: _record(self, {"kind": "submit", "name": "submit"}) \
@@ -109,10 +114,12 @@ class Wgpu(Backend):
     def pool(self):
         return self._rt.pool
 
-    def capture_buffer(self, h):
-        """(raw buffer, byte offset, byte size) of a contiguous handle: what capture rebinds
-        (inputs) and copies out (outputs)."""
-        return h.storage.raw, 4 * h.offset, 4 * h.size
+    def capture_recorder(self):
+        """cn.capture's recorder of this device's launches (capture.py, core/capture.py)."""
+        if self._rt.recorder is None:
+            from .capture import LaunchRecorder
+            self._rt.recorder = LaunchRecorder(self)
+        return self._rt.recorder
 
     def contiguous(self, h):
         return h if h.is_contiguous() else self._materialize(h)
@@ -120,17 +127,6 @@ class Wgpu(Backend):
     def copy_into(self, dst, src):
         """Copy src into dst's own buffer, in place (cn.capture's state updates)."""
         self._elementwise("copy", [src], dst.dtype, out=dst)
-
-    def host_scalar(self, value):
-        """A float32 scalar in a buffer of its own, never shared with any other value (cn.capture
-        rewrites it before each replay, while other values may reuse pooled buffers)."""
-        out = GpuArray(self._rt.pool.allocate(4, fresh=True), (), (), 0, dtypes.float32)
-        self.device.write_buffer(out.storage.raw, 0, struct.pack("<f", float(value)))
-        return out
-
-    def wrap_buffer(self, shape, dtype):
-        """A fresh contiguous handle for capture to copy an output into."""
-        return self._new(shape, dtype)
 
     def device_key(self):
         return ("Wgpu", self.device.name)
@@ -201,34 +197,63 @@ class Wgpu(Backend):
             on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
         self.device.dispatch(pipeline, buffers, params, groups, on_time, name, seed, placement)
 
-    # ---- the extension surface for generated/custom kernels (Fusion, user kernels) ----------
+    # ---- compile and launch: the interface of generated and user kernels ------------------
     def empty(self, shape, dtype):
         """A new contiguous handle with undefined contents, for a kernel to write."""
         return self._new(shape, dtype)
 
+    def launch(self, key, build, inputs, outputs, params, groups, name="kernel", bytes_read=0,
+               bytes_written=0, seed=None, donors=()):
+        """Record one launch of a generated kernel; returns its output handles.
+        key: hashable, names the kernel (its pipeline is compiled once per key from `build()`,
+        its WGSL). Binding 0 is the uniform block holding `params` (u32s); bindings 1.. are the
+        buffers of `inputs`, then of `outputs` (handles, or (shape, dtype) for new contiguous
+        ones; views: pass offsets and strides in params). seed: the random seed hashed into
+        params[1] (cn.capture draws a new one per replay).
+        donors: indices of inputs whose buffer the one new output may take, if that input dies
+        before the next launch (pool.py, "In-place results"); `build(i)` then gives the kernel
+        that writes its output into input i (declared read_write), `build(None)` the usual one.
+        Asynchronous, counted by cn.profile, recorded by cn.capture."""
+        if donors and (len(outputs) != 1 or not isinstance(outputs[0], tuple)
+                       or self.device.recording_here() is not None):
+            donors = ()  # (a capture binds the buffers it saw)
+        outs = [self._new(o[0], o[1], unplaced=bool(donors)) if isinstance(o, tuple) else o
+                for o in outputs]
+        buffers = [h.storage.raw for h in inputs]
+        placement = None
+        if donors:
+            # The in-place kernels' sources are written now, where still missing: a closure over
+            # `build` would keep the inputs, the very buffers to donate, alive.
+            sources = {i: build(i) for i in donors if key + (i,) not in self._rt.kernels}
+            placement = Placement(
+                self._rt.pool, outs[0].storage,
+                [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
+                lambda i: self._pipeline(key + (i,), lambda: sources[i], name))
+            buffers.append(None)
+        else:
+            buffers += [h.storage.raw for h in outs]
+        self._launch(key, build, buffers, params, groups, name, bytes_read, bytes_written,
+                     seed, placement)
+        return outs
+
     def run_kernel(self, key, build, handles, params, groups, name="custom", bytes_read=0,
                    bytes_written=0):
-        """Launch a WGSL kernel: `build()` returns its source (called once per `key`); binding 0
-        is the uniform block holding `params` (u32s), bindings 1.. are `handles`' buffers in
-        order (views: pass offsets/strides in params). Recorded like every op: asynchronous,
-        counted by cn.profile, pipeline cached."""
-        self._launch(key, build, [h.storage.raw for h in handles], params, groups, name,
-                     bytes_read, bytes_written)
+        """Launch a user's WGSL kernel over `handles` (bound 1.. in order; see `launch`)."""
+        self.launch(key, build, handles, (), params, groups, name, bytes_read, bytes_written)
+
+    def fusion_compiler(self, max_buffers=None):
+        """What cn.Fusion compiles its groups with (core/fusion/backend.py): this backend's
+        Program runner, binding at most `max_buffers` storage buffers per kernel."""
+        return ProgramRunner(self, max_buffers)
 
     def custom(self, op, handles, shape):
         """A user kernel (cinders.fusion.custom_op): one generated elementwise kernel around its
-        WGSL function, compiled like a fused group of one op."""
-        from cinders.fusion.graph import Expr, LEAF, PENDING, Program
-        from .fusion_codegen import compiler
-        leaves = [Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
-                  for h in handles]
-        node = Expr(PENDING, "custom", op, tuple(leaves), shape, shape, dtypes.float32,
-                    frame=(shape, None))
-        return compiler(self).run(Program([node], [node], (shape, None)))[0]
+        WGSL function, a Program of one node."""
+        return self._programs.run(one_node("custom", op, handles, shape, dtypes.float32))[0]
 
     # ---- creation and reading -------------------------------------------------------------
     def from_flat(self, values, shape, dtype):
-        code = _ARRAY_CODE[dtype]
+        code = dtype.word_code
         if dtype is dtypes.bool_:
             data = array(code, [1 if v else 0 for v in values])
         else:
@@ -243,21 +268,15 @@ class Wgpu(Backend):
 
     def full(self, shape, value, dtype):
         out = self._new(shape, dtype)
-        if dtype is dtypes.float32:
-            bits = struct.unpack("<I", struct.pack("<f", float(value)))[0]
-        elif dtype is dtypes.int32:
-            bits = int(value) & 0xFFFFFFFF
-        else:
-            bits = 1 if value else 0
-        self._fill(out, bits)
+        self._fill(out, bits(value, dtype))
         return out
 
-    def _fill(self, out, bits):
+    def _fill(self, out, word):
         n = out.size
         if n:
-            ty = _TYPE[out.dtype]
-            self._launch(("fill", ty), lambda: codegen.fill_wgsl(ty), [out.storage.raw],
-                         [n, bits], codegen.groups_for(n, codegen.WG), "fill", 0, 4 * n)
+            ty = out.dtype.wgsl
+            self.launch(("fill", ty), lambda: images.fill_wgsl(ty), (), [out],
+                        images.FILL_PARAMS.pack(n=n, bits=word), groups_for(n, WG), "fill", 0, 4 * n)
 
     def random(self, shape, distribution, seed, dtype):
         if distribution not in ("uniform", "normal"):
@@ -265,16 +284,16 @@ class Wgpu(Backend):
         out = self._new(shape, dtypes.float32)
         n = out.size
         if n:
-            self._launch(("random", distribution), lambda: codegen.random_wgsl(distribution),
-                         [out.storage.raw], [n, _hash32(seed)], codegen.groups_for(n, codegen.WG),
-                         "random_" + distribution, 0, 4 * n, seed=seed)
+            self.launch(("random", distribution), lambda: images.random_wgsl(distribution), (),
+                        [out], images.RANDOM_PARAMS.pack(n=n, key=_hash32(seed)),
+                        groups_for(n, WG), "random_" + distribution, 0, 4 * n, seed=seed)
         return out if dtype is dtypes.float32 else self.cast(out, dtype)
 
     def _readable(self, h):
         return h if h.is_contiguous() else self._materialize(h)
 
     def _decode(self, h, data):
-        values = memoryview(data).cast(_ARRAY_CODE[h.dtype]).tolist()
+        values = memoryview(data).cast(h.dtype.word_code).tolist()
         return values
 
     def to_flat(self, h):
@@ -290,63 +309,17 @@ class Wgpu(Backend):
         import numpy as np  # desktop convenience only; the backend itself never needs NumPy
         h = self._readable(h)
         data = self.device.read(h.storage.raw, 4 * h.offset, 4 * h.size)
-        kind = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.uint32}
-        out = np.frombuffer(data, dtype=kind[h.dtype]).reshape(h.shape).copy()
+        out = np.frombuffer(data, dtype=h.dtype.word_code).reshape(h.shape).copy()
         return out.astype(np.bool_) if h.dtype is dtypes.bool_ else out
 
-    # ---- elementwise ----------------------------------------------------------------------
+    # ---- elementwise and reductions: Programs of one node (programs.py) ---------------------
     def _elementwise(self, op, inputs, out_dtype, out=None):
-        """Launch op over broadcast inputs. out: a strided destination view (copies into
-        cat/pad results); without one, the result may later take the buffer of an input that
-        died meanwhile (pool.py, "In-place results")."""
+        """Launch op over broadcast inputs. out: a destination view (copies into cat/pad
+        results); without one, the result may later take the buffer of an input that died
+        meanwhile (pool.py, "In-place results")."""
         shape = broadcast_shape(*[h.shape for h in inputs])
-        n = math.prod(shape)
-        if n == 0:
-            return out if out is not None else self._new(shape, out_dtype)
-        layouts, views, donors = [], [], []
-        for i, h in enumerate(inputs):
-            if h.shape == shape and h.is_contiguous():
-                layouts.append("c")
-                views.append((h.offset, h.strides))
-                if h.offset == 0 and h.dtype is out_dtype:
-                    donors.append(i)
-            else:
-                layouts.append("s")
-                views.append((h.offset, tuple(0 if n_ == 1 else s
-                                              for n_, s in zip(h.shape, h.strides))))
-        if out is not None or self.device.recording_here() is not None:
-            donors = ()  # (a capture binds the buffers it saw)
-        elif donors and len(inputs) > 1 and len({id(h.storage) for h in inputs}) < len(inputs):
-            # a buffer bound twice cannot be written through one of its bindings
-            donors = [i for i in donors
-                      if sum(h.storage is inputs[i].storage for h in inputs) == 1]
-        result = out if out is not None else self._new(shape, out_dtype, unplaced=bool(donors))
-        ndim = len(shape)
-        out_strided = out is not None and not out.is_contiguous()
-        in_types = tuple(_TYPE[h.dtype] for h in inputs)
-        out_type = _TYPE[out_dtype]
-        layouts = tuple(layouts)
-
-        key = ("ew", op, in_types, out_type, ndim, layouts, out_strided)
-
-        def build(donor=None):  # donor: the input the kernel writes its result into
-            return codegen.elementwise_wgsl(op, in_types, out_type, ndim, layouts, out_strided,
-                                            donor)
-
-        params = codegen.elementwise_params(n, result.offset, shape, result.strides, views,
-                                            out_strided)
-        buffers = [h.storage.raw for h in inputs]
-        placement = None
-        if donors:
-            placement = Placement(self._rt.pool, result.storage,
-                                  [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
-                                  lambda i: self._pipeline(key + (i,), lambda: build(i), op))
-            buffers.append(None)
-        else:
-            buffers.append(result.storage.raw)
-        self._launch(key, build, buffers, params, codegen.groups_for(n, codegen.WG), op,
-                     4 * n * len(inputs), 4 * n, placement=placement)
-        return result
+        program = one_node(op, None, inputs, shape, out_dtype)
+        return self._programs.run(program, None if out is None else [out])[0]
 
     def _materialize(self, h):
         return self._elementwise("copy", [h], h.dtype)
@@ -363,30 +336,13 @@ class Wgpu(Backend):
     def cast(self, x, dtype):
         if x.dtype is dtype:
             return x
-        return self._elementwise("cast_" + _KIND[dtype], [x], dtype)
+        return self._elementwise("cast_" + dtype.kind, [x], dtype)
 
-    # ---- reductions -----------------------------------------------------------------------
     def reduce(self, op, x, axis, keepdim):
-        out_dtype = result_dtype(op, x.dtype)
-        outer = [d for d in range(len(x.shape)) if d != axis]
-        out_shape = tuple(1 if d == axis else x.shape[d] for d in range(len(x.shape))) \
-            if keepdim else tuple(x.shape[d] for d in outer)
-        out = self._new(out_shape, out_dtype)
-        n_out = out.size
-        if n_out == 0:
-            return out
-        alen = x.shape[axis]
-        threads = codegen.REDUCE_WG if alen >= 256 and n_out <= 8192 else 1
-        ty = _TYPE[x.dtype]
-        ndim = len(x.shape)
-        params = codegen.reduce_params(n_out, alen, x.strides[axis], x.offset,
-                                       [x.shape[d] for d in outer], [x.strides[d] for d in outer])
-        groups = codegen.groups_for(n_out, 1 if threads > 1 else codegen.WG)
-        self._launch(("reduce", op, ty, ndim, threads),
-                     lambda: codegen.reduce_wgsl(op, ty, ndim, threads),
-                     [x.storage.raw, out.storage.raw], params, groups, "reduce_" + op,
-                     4 * x.size, 4 * n_out)
-        return out
+        frame = (tuple(x.shape), axis)
+        shape = row_shape(frame) if keepdim else squeezed_row_shape(frame)
+        program = one_node("reduce_" + op, None, [x], shape, result_dtype(op, x.dtype), frame)
+        return self._programs.run(program)[0]
 
     # ---- matmul ---------------------------------------------------------------------------
     def matmul(self, a, b):
@@ -408,7 +364,7 @@ class Wgpu(Backend):
         return run(variant)
 
     def matmul_epilogue(self, a, b, epilogue):
-        """C = A @ B with `epilogue` (see codegen.matmul_wgsl) applied at C's store, in the matmul
+        """C = A @ B with `epilogue` (see matmul_templates.matmul_wgsl) applied at C's store, in the matmul
         kernel itself: cn.Fusion's bias + activation after a Linear or conv. Returns False
         (nothing launched) where the chosen variant splits K, or the product is empty."""
         *abatch, m, k = a.shape
@@ -439,14 +395,14 @@ class Wgpu(Backend):
         groups = (-(-n // bn), -(-m // bm), nb * splits)
         if epilogue is not None and splits > 1:
             return None  # the epilogue needs the whole sum: cn.Fusion runs it separately
-        if max(groups) > codegen.MAX_GROUPS:
+        if max(groups) > MAX_GROUPS:
             raise DeviceLimitError("cn.Wgpu matmul: %s @ %s needs %r workgroups, more than the "
                                    "device's 65535 per dimension" % (a.shape, b.shape, groups))
         nbd = len(batch)
         a_bstrides = [a.strides[d] if a.shape[d] > 1 else 0 for d in range(nbd)]
         b_bstrides = [b.strides[d] if b.shape[d] > 1 else 0 for d in range(nbd)]
         a_sm, a_sk, b_sk, b_sn = a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1]
-        params = codegen.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
+        params = matmul_templates.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
                                        batch, a_bstrides, b_bstrides)
         if epilogue is None:
             out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
@@ -454,7 +410,7 @@ class Wgpu(Backend):
             outputs, written, name = [out.storage.raw], 4 * splits * nb * m * n, "matmul_" + variant
         else:
             params += epilogue.params
-            outputs, written = epilogue.raw_buffers, epilogue.bytes_written
+            outputs, written = [h.storage.raw for h in epilogue.handles], epilogue.bytes_written
             name = "matmul_%s_%s" % (variant, epilogue.name)
         # vec4 loads where the layout allows (4-aligned, unit stride); no bounds checks where the
         # tiles cover the product exactly. Only tiled variants have these specialisations.
@@ -466,11 +422,11 @@ class Wgpu(Backend):
 
         def build():
             if lanes_x:
-                return codegen.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
+                return matmul_templates.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
                                                    vec_a, vec_b, exact, epilogue)
             if bk:
-                return codegen.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
-            return codegen.matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
+                return matmul_templates.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
+            return matmul_templates.matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
         self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact,
                       None if epilogue is None else epilogue.key), build,
                      [a.storage.raw, b.storage.raw] + outputs, params, groups, name,
@@ -532,12 +488,12 @@ class Wgpu(Backend):
         n = out.size
         if n == 0:
             return out
-        ndim, ty = len(x.shape), _TYPE[x.dtype]
-        params = codegen.gather_params(n, x.shape[axis], index.shape, index.offset, index.strides,
-                                       x.offset, x.strides)
-        self._launch(("gather", ty, ndim, axis), lambda: codegen.gather_wgsl(ty, ndim, axis),
-                     [x.storage.raw, index.storage.raw, out.storage.raw], params,
-                     codegen.groups_for(n, codegen.WG), "gather", 8 * n, 4 * n)
+        ndim, ty = len(x.shape), x.dtype.wgsl
+        params = images.gather_layout(ndim).pack(
+            n=n, x_axis_len=x.shape[axis], shape=index.shape, idx_off=index.offset,
+            idx_strides=index.strides, x_off=x.offset, x_strides=x.strides)
+        self.launch(("gather", ty, ndim, axis), lambda: images.gather_wgsl(ty, ndim, axis),
+                    [x, index], [out], params, groups_for(n, WG), "gather", 8 * n, 4 * n)
         return out
 
     def scatter_add(self, x, axis, index, src):
@@ -545,15 +501,15 @@ class Wgpu(Backend):
         n = out.size
         if n == 0:
             return out
-        ndim, ty = len(x.shape), _TYPE[x.dtype]
-        params = codegen.scatter_add_params(
-            n, x.shape, index.shape, (x.offset, x.strides), (index.offset, index.strides),
-            (src.offset, src.strides))
-        self._launch(("scatter_add", ty, ndim, axis),
-                     lambda: codegen.scatter_add_wgsl(ty, ndim, axis),
-                     [x.storage.raw, index.storage.raw, src.storage.raw, out.storage.raw], params,
-                     codegen.groups_for(n, codegen.WG), "scatter_add",
-                     4 * n + 8 * index.size * (n // max(1, x.shape[axis])), 4 * n)
+        ndim, ty = len(x.shape), x.dtype.wgsl
+        params = images.scatter_add_layout(ndim).pack(
+            n=n, x_shape=x.shape, idx_shape=index.shape, x_off=x.offset, x_strides=x.strides,
+            idx_off=index.offset, idx_strides=index.strides, src_off=src.offset,
+            src_strides=src.strides)
+        self.launch(("scatter_add", ty, ndim, axis),
+                    lambda: images.scatter_add_wgsl(ty, ndim, axis), [x, index, src], [out],
+                    params, groups_for(n, WG), "scatter_add",
+                    4 * n + 8 * index.size * (n // max(1, x.shape[axis])), 4 * n)
         return out
 
     # ---- images ---------------------------------------------------------------------------
@@ -564,17 +520,12 @@ class Wgpu(Backend):
         total = out.size
         if total == 0:
             return out
-        ty = _TYPE[x.dtype]
-        if x.dtype is dtypes.float32:
-            bits = struct.unpack("<I", struct.pack("<f", float(pad_value)))[0]
-        else:
-            bits = int(pad_value) & 0xFFFFFFFF
-        params = codegen.UNFOLD2D_PARAMS.pack(
-            x_off=x.offset, x_strides=x.strides, pad_bits=bits,
-            **codegen.geometry_values(total, x.shape, kernel, stride, padding, dilation, (oh, ow)))
-        self._launch(("unfold2d", ty), lambda: codegen.unfold2d_wgsl(ty),
-                     [x.storage.raw, out.storage.raw], params,
-                     codegen.groups_for(total, codegen.WG), "unfold2d", 4 * total, 4 * total)
+        ty = x.dtype.wgsl
+        params = images.UNFOLD2D_PARAMS.pack(
+            x_off=x.offset, x_strides=x.strides, pad_bits=bits(pad_value, x.dtype),
+            **images.geometry_values(total, x.shape, kernel, stride, padding, dilation, (oh, ow)))
+        self.launch(("unfold2d", ty), lambda: images.unfold2d_wgsl(ty), [x], [out], params,
+                    groups_for(total, WG), "unfold2d", 4 * total, 4 * total)
         return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
@@ -592,10 +543,9 @@ class Wgpu(Backend):
         cols = self._readable(cols)
         if cols.offset:
             cols = self._materialize(cols)
-        ty = _TYPE[cols.dtype]
-        params = codegen.FOLD2D_PARAMS.pack(**codegen.geometry_values(
+        ty = cols.dtype.wgsl
+        params = images.FOLD2D_PARAMS.pack(**images.geometry_values(
             total, (n, c, h, w), kernel, stride, padding, dilation, (oh, ow)))
-        self._launch(("fold2d", ty), lambda: codegen.fold2d_wgsl(ty),
-                     [cols.storage.raw, out.storage.raw], params,
-                     codegen.groups_for(total, codegen.WG), "fold2d", 4 * cols.size, 4 * total)
+        self.launch(("fold2d", ty), lambda: images.fold2d_wgsl(ty), [cols], [out], params,
+                    groups_for(total, WG), "fold2d", 4 * cols.size, 4 * total)
         return out

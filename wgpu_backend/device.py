@@ -36,13 +36,15 @@ The last recorded launch may leave its output binding open until the next launch
 the submit, or a request for that buffer (`settle`): pool.py ("In-place results") then decides
 whether it writes into an input that died meanwhile.
 
-Captured execution (core/capture.py): while `recording` is set, every dispatch is also appended
-to it (pipeline, buffers, parameter block, workgroups); `prepare` turns such a sequence into a
-program whose parameter blocks and bind groups are built once, and `replay` submits it again
-with no Python per kernel beyond the implementation's encoding loop (one call into JS in the
-browser). Reading data while recording raises CaptureError (data-dependent Python).
+Captured execution (core/capture.py, through wgpu_backend/capture.py): while a thread records
+(`start_recording`), each dispatch it makes is also appended to its `Recording` (pipeline,
+buffers, parameter block, workgroups) and each buffer the pool hands it out is noted; other
+threads (data loaders) go on unrecorded. `prepare` turns such a sequence into a program whose
+parameter blocks and bind groups are built once, and `replay` submits it again with no Python
+per kernel beyond the implementation's encoding loop (one call into JS in the browser). Reading
+data while recording raises CaptureError (data-dependent Python).
 
-Binding convention of every generated kernel (codegen.py relies on it):
+Binding convention of every generated kernel (codegen/ relies on it):
     @group(0) @binding(0)          var<uniform> P  (the dispatch's parameter block)
     @group(0) @binding(1 .. n)     the storage buffers, in the order given to `dispatch`
 """
@@ -67,6 +69,17 @@ class Dispatch:
         self.params_size = params_size
         self.groups = groups              # (x, y, z) workgroup counts
         self.on_time = on_time            # callback(seconds) when timing is on, else None
+
+
+class Recording:
+    """What one thread's capture collects: its launches, and the buffers handed out meanwhile
+    ({id(raw): (raw, how many launches preceded it)})."""
+
+    __slots__ = ("launches", "allocated")
+
+    def __init__(self):
+        self.launches = []
+        self.allocated = {}
 
 
 class Launch:
@@ -112,8 +125,7 @@ class Device:
         self.timing = 0               # > 0 while some profiler wants GPU time
         self.pipeline_cache_hits = 0
         self.pipeline_compiles = 0
-        self.recording = None         # a list receiving every Launch while capture records
-        self.recording_thread = None  # ... of this thread only (data loaders run beside it)
+        self._capture = threading.local()  # .recording: the Recording of this thread, if any
         self.submits = 0              # queue submissions of kernel work (batches and replays)
         self.on_submit = None         # callback() per submission (cn.profile's "submit" events)
 
@@ -135,11 +147,23 @@ class Device:
                 self.flush()
             self._write_buffer(raw, offset, data)
 
+    def start_recording(self):
+        """Record the calling thread's launches and allocations from now on (after submitting
+        the work queued before); returns its Recording."""
+        if self.recording_here() is not None:
+            raise RuntimeError("this thread is already recording on %s" % self.name)
+        self.flush()
+        recording = self._capture.recording = Recording()
+        return recording
+
+    def stop_recording(self):
+        """End the calling thread's recording; returns it."""
+        recording, self._capture.recording = self.recording_here(), None
+        return recording
+
     def recording_here(self):
-        """The recording of the calling thread, or None."""
-        if self.recording is not None and threading.get_ident() == self.recording_thread:
-            return self.recording
-        return None
+        """The Recording of the calling thread, or None."""
+        return getattr(self._capture, "recording", None)
 
     def _check_not_recording(self):
         if self.recording_here() is not None:
@@ -182,9 +206,10 @@ class Device:
         output (the last buffer, None here) is placed later (pool.py, "In-place results")."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
         block = pack_params(params)
-        if self.recording is not None and threading.get_ident() == self.recording_thread:
-            self.recording.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
-                                         seed))
+        recording = self.recording_here()
+        if recording is not None:
+            recording.launches.append(Launch(pipeline, tuple(buffers), list(params), groups, name,
+                                             seed))
         with self.lock:
             if self.open_placement is not None:
                 self.settle()

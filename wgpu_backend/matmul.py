@@ -1,24 +1,30 @@
-"""Matmul kernel selection: the tilings of codegen's matmul generators, a heuristic, and
-autotuning.
+"""Matmul kernel selection: the tilings of the matmul templates (codegen/matmul.py), a heuristic,
+and autotuning.
 
-Autotune: on the first matmul of a (device, shape class) every applicable variant runs a few
-times and the fastest is remembered, in memory and on disk ($CINDERS_CACHE or ~/.cache/cinders,
-file autotune.json: {device name: {shape class: variant}}), so later processes skip the search.
-Small products are never tuned (launch overhead dominates; the heuristic is as good).
+Autotune: on the first matmul of a (device, shape class) the applicable variants run a few
+times each, the heuristic's choice first, and the fastest is remembered, in memory and on disk
+($CINDERS_CACHE or ~/.cache/cinders, file autotune.json: {device name: {shape class: variant}}),
+so later processes skip the search. The search of one shape class stops starting new variants
+after TUNE_BUDGET seconds, and says what it is doing on stderr once it has taken more than
+PROGRESS_AFTER seconds (a model's first run may tune a dozen shape classes). Small products are
+never tuned (launch overhead dominates; the heuristic is as good). Whether to tune at all is
+the backend's choice (cn.Wgpu(autotune=...): by default not on software adapters, where a
+search is slow and the heuristic was measured).
 """
 
 import json
 import os
+import sys
 import time
 from collections import namedtuple
 
 
 class Tiling(namedtuple("Tiling", "bm bn bk tm tn split_k lanes_x pad_a")):
     """One matmul kernel: a bm x bn tile of C per workgroup, tm x tn of it per thread, K in
-    bk-deep steps through shared memory (bk == 0: none, codegen.matmul_direct_wgsl); split_k:
+    bk-deep steps through shared memory (bk == 0: none, codegen/matmul.py matmul_direct_wgsl); split_k:
     K in chunks over the grid's z plus a sum. lanes_x > 0 selects the register-tiled,
-    double-buffered kernel (codegen.matmul_regtile_wgsl: a warp spans lanes_x thread columns;
-    pad_a pads its shared rows of A), else codegen.matmul_wgsl."""
+    double-buffered kernel (matmul_regtile_wgsl: a warp spans lanes_x thread columns;
+    pad_a pads its shared rows of A), else matmul_wgsl."""
 
     def shared_bytes(self):
         if self.lanes_x:
@@ -49,7 +55,9 @@ VARIANTS = {
     "reg64": _t(64, 64, 16, 4, 4, lanes_x=8, pad_a=1),
 }
 TUNE_MIN_FLOPS = 1 << 21
-TUNE_SECONDS = 0.01  # timed per variant while tuning
+TUNE_SECONDS = 0.01   # timed per variant while tuning
+TUNE_BUDGET = 3.0     # seconds per shape class after which no further variant is started
+PROGRESS_AFTER = 1.0  # seconds of tuning after which progress goes to stderr
 
 
 def heuristic(m, n, k, batch, cpu=False, shared_limit=32768):
@@ -140,28 +148,54 @@ class Tuner:
         found = self.chosen.get(key)
         if found is not None:
             return found
-        timings = {}
-        for name in VARIANTS:
-            bm, split_k = VARIANTS[name][0], VARIANTS[name][5]
-            if (split_k and k < 512) or (bm == 1 and m > 16):
-                continue  # cannot win: nothing to split, or one-row tiles on a tall matrix
-            try:
-                run(name)  # compile and warm up
-            except MemoryError:  # DeviceLimitError: too many workgroups or too much shared memory
-                continue
-            wait()
-            start = time.perf_counter()
-            run(name)
-            wait()
-            # Enough back-to-back runs for ~TUNE_SECONDS: fast kernels differ by less than one
-            # synchronisation costs, so a few runs would pick among them at random.
-            reps = max(2, min(20, int(TUNE_SECONDS / max(time.perf_counter() - start, 1e-6))))
-            start = time.perf_counter()
-            for _ in range(reps):
-                run(name)
-            wait()
-            timings[name] = (time.perf_counter() - start) / reps
+        first = heuristic(m, n, k, batch, cpu, self.shared_limit)
+        candidates = [first] + [name for name in VARIANTS if name != first and
+                                self._may_win(name, m, k)]
+        timings, start = {}, time.perf_counter()
+        for done, name in enumerate(candidates):
+            if timings and time.perf_counter() - start > TUNE_BUDGET:
+                break
+            seconds = self._time(name, run, wait)
+            if seconds is not None:
+                timings[name] = seconds
+            elapsed = time.perf_counter() - start
+            if elapsed > PROGRESS_AFTER:
+                sys.stderr.write("cinders: autotuning matmul %s on %s: %d/%d variants, %.1f s "
+                                 "(cn.Wgpu(autotune=False) skips this)\n"
+                                 % (key, self.device_name, done + 1, len(candidates), elapsed))
+                sys.stderr.flush()
+        if not timings:
+            return first  # no variant fits this device: the heuristic's raises the clear error
         best = min(timings, key=timings.get)
         self.chosen[key] = best
         self._save()
         return best
+
+    @staticmethod
+    def _may_win(name, m, k):
+        bm, split_k = VARIANTS[name][0], VARIANTS[name][5]
+        # nothing to split, or one-row tiles on a tall matrix
+        return not ((split_k and k < 512) or (bm == 1 and m > 16))
+
+    @staticmethod
+    def _time(name, run, wait):
+        """Seconds per run of variant `name`, or None where the device cannot run it."""
+        try:
+            run(name)  # compile and warm up
+        except MemoryError:  # DeviceLimitError: too many workgroups or too much shared memory
+            return None
+        wait()
+        start = time.perf_counter()
+        run(name)
+        wait()
+        once = time.perf_counter() - start
+        if once >= TUNE_SECONDS:
+            return once  # slow enough to measure in one run (and to keep the search short)
+        # Enough back-to-back runs for ~TUNE_SECONDS: fast kernels differ by less than one
+        # synchronisation costs, so a few runs would pick among them at random.
+        reps = max(2, min(20, int(TUNE_SECONDS / max(once, 1e-6))))
+        start = time.perf_counter()
+        for _ in range(reps):
+            run(name)
+        wait()
+        return (time.perf_counter() - start) / reps

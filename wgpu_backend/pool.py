@@ -5,8 +5,8 @@ view is garbage collected, the Storage hands its buffer back to the pool, where 
 allocation of the same size class reuses it instead of asking the driver (allocation is slow,
 and a training step allocates the same sizes every iteration).
 
-Captured programs (core/capture.py) own the buffers their kernels use: while a capture records,
-`recording` collects every buffer handed out; `reserve` then takes them out of circulation while
+Captured programs (core/capture.py) own the buffers their kernels use: while a thread records,
+its Recording (device.py) notes every buffer handed out to it; `reserve` then takes them out of circulation while
 the program lives (a replay writes them again, so nobody else may get them), and
 `unreserve_later` hands them back when it dies.
 
@@ -22,7 +22,7 @@ first), so nothing reads it after this launch; the result takes it through the k
 variant. Otherwise the result gets a buffer as usual. Liveness is the storage's own (every view
 of it gone), so no reference counting, Python frame or backend above this one takes part:
 Autodiff's backward reuses buffers the same way, and so do Fusion's flat groups with one output
-(fusion_codegen.py, a dead leaf's buffer).
+(programs.py: every elementwise result is a flat Program; a dead leaf's buffer).
 """
 
 from collections import deque
@@ -114,7 +114,6 @@ class BufferPool:
         self.inplace = 0            # elementwise results written into a dead input's buffer
         self._held = {}             # id -> raw of every buffer a Storage holds
         self._released = deque()    # (raw, size class) handed back by dead storages, not yet pooled
-        self.recording = None       # while a capture records: {id(raw): (raw, launches before)}
         self._reserved = set()      # ids of buffers owned by captured programs
         self._reserved_idle = {}    # id -> (raw, size class): theirs, held by no tensor
         self._unreserved = deque()  # id lists of programs that died (handed back by finalizers)
@@ -130,9 +129,9 @@ class BufferPool:
             if self._released or self._unreserved:
                 self._drain_released()
             raw = self._take(cls, fresh)
-            if self.recording is not None and self.device.recording_here() is not None:
-                # (the buffer, how many launches preceded it)
-                self.recording.setdefault(id(raw), (raw, len(self.device.recording)))
+            recording = self.device.recording_here()
+            if recording is not None:  # (the buffer, how many launches preceded it)
+                recording.allocated.setdefault(id(raw), (raw, len(recording.launches)))
             self._hand_out(raw, cls)
         return Storage(raw, cls, self)
 

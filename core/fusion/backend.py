@@ -23,8 +23,6 @@ The inner backend supplies a compiler (see `compiler_for`); inner backends witho
 Python) get every op passed straight through: same results, no laziness.
 """
 
-import importlib
-
 from ..backend import Backend, broadcast_shape
 from .. import dtypes
 from ..ops import result_dtype
@@ -33,22 +31,16 @@ from .graph import (Expr, Lazy, LEAF, CONST, PENDING, MATMUL, FUSED_REDUCE_OPS, 
                     plan_split, Program)
 
 MAX_GROUP_OPS = 64
-_KIND = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "b"}
-
-# Inner backend class name -> module whose `compiler(inner)` builds its fusion compiler.
-COMPILERS = {"Wgpu": "cinders.wgpu.fusion_codegen"}
 
 
 def compiler_for(inner, max_buffers=None):
-    """The fusion compiler of `inner`, or None (then Fusion passes ops through). A compiler has
-    `max_buffers` (storage buffers one kernel may bind), `binding_key(handle)` (which buffer a
-    handle reads) and `run(program) -> [inner handle per output]` (graph.Program); optionally
-    `run_matmul(program, leaf_index, a, b)`: the program run as the epilogue of the matmul
-    a @ b (its leaf `leaf_index`), or None where that matmul cannot take one."""
-    module = COMPILERS.get(type(inner).__name__)
-    if module is None:
-        return None
-    return importlib.import_module(module).compiler(inner, max_buffers)
+    """The fusion compiler of `inner` (a backend declaring `compiles_kernels`), or None (then
+    Fusion passes ops through). A compiler has `max_buffers` (storage buffers one kernel may
+    bind), `binding_key(handle)` (which buffer a handle reads), `run(program) -> [inner handle
+    per output]` (graph.Program) and `run_matmul(program, leaf_index, a, b)`: the program run
+    as the epilogue of the matmul a @ b (its leaf `leaf_index`), or None where that matmul
+    cannot take one."""
+    return inner.fusion_compiler(max_buffers) if inner.compiles_kernels else None
 
 
 class Fusion(Backend):
@@ -289,7 +281,7 @@ class Fusion(Backend):
             value = float(v) if dtype is dtypes.float32 else (int(v) if dtype is dtypes.int32
                                                               else (1 if v != 0 else 0))
             return self.full(x.expr.shape, value, dtype)
-        return self._record("cast_" + _KIND[dtype], None, (x,), x.expr.shape, dtype)
+        return self._record("cast_" + dtype.kind, None, (x,), x.expr.shape, dtype)
 
     def custom(self, op, handles, shape):
         """A user-registered elementwise kernel (cinders.fusion.custom): recorded like any op."""
@@ -323,7 +315,7 @@ class Fusion(Backend):
     def matmul(self, a, b):
         inner = self._inner
         a, b = self._value(a), self._value(b)
-        if inner.dtype(a) is not dtypes.float32 or not hasattr(self.compiler, "run_matmul"):
+        if inner.dtype(a) is not dtypes.float32:
             out = inner.matmul(a, b)
             return self._leaf(out, inner.shape(out), inner.dtype(out))
         (*abatch, m, _), (*bbatch, _, n) = inner.shape(a), inner.shape(b)

@@ -206,5 +206,9 @@ class Program:
 
     @property
     def name(self):
+        """What cn.profile calls its kernel: the op of a one-node Program (a plain op), else
+        fused_ and its ops."""
         ops = [op for op, *_ in self.nodes]
+        if len(ops) == 1:
+            return ops[0]
         return "fused_" + "_".join(ops[:6]) + ("_x%d" % len(ops) if len(ops) > 6 else "")

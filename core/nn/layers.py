@@ -179,7 +179,7 @@ class BatchNorm2d(Module):
     def _update_running(self, mean, var, n):
         from ..autodiff import no_grad
         with no_grad():
-            if hasattr(mean.backend, "detach"):
+            if mean.backend.differentiable:
                 mean, var = mean.detach(), var.detach()
             self.num_batches_tracked = self.num_batches_tracked + 1
             # momentum=None is torch's cumulative average: weight 1/k for the k-th batch

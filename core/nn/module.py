@@ -31,9 +31,9 @@ def _move(t, backend, trainable):
         moved = t
     elif t.backend == backend:  # same device, another instance: adopt it (cheaper checks later)
         moved = Tensor(backend, t.handle, t.shape, t.dtype)
-    elif inner is not None and hasattr(backend, "from_inner") and (t.backend is inner or t.backend == inner):
+    elif inner is not None and backend.differentiable and (t.backend is inner or t.backend == inner):
         moved = backend.from_inner(t)
-    elif getattr(t.backend, "inner", None) is not None and hasattr(t.backend, "to_inner"):
+    elif t.backend.differentiable:
         moved = _move(t.backend.to_inner(t), backend, False)
     else:
         moved = t.to(backend)
@@ -42,13 +42,13 @@ def _move(t, backend, trainable):
 
 def parameter(t):
     """A fresh leaf that requires grad when t's backend records gradients, else t itself."""
-    if hasattr(t.backend, "require_grad"):
+    if t.backend.differentiable:
         return t.require_grad()
     return t
 
 
 def _detach(t):
-    return t.detach() if hasattr(t.backend, "detach") else t
+    return t.detach() if t.backend.differentiable else t
 
 
 class Module:

@@ -38,7 +38,7 @@ class Optimizer:
 
         def update(path, param):
             backend = param.backend
-            if not hasattr(backend, "to_inner"):
+            if not backend.differentiable:
                 raise NotDifferentiableError(
                     "%s.step: parameter %r is on %r, which records no gradients; move the model to "
                     "cn.Autodiff(%r) with model.to(...)" % (type(self).__name__, path, backend, backend))

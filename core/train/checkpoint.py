@@ -18,7 +18,7 @@ from ..tensor import Tensor
 
 
 def _inner(backend):
-    return backend.inner if hasattr(backend, "to_inner") else backend
+    return backend.inner if backend.differentiable else backend
 
 
 def save_checkpoint(path, model, optimizer, progress):

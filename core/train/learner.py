@@ -135,7 +135,7 @@ class Learner:
         base = backend
         while base is not None and base.inner is not None:
             base = base.inner
-        if not getattr(base, "capturable", False):
+        if base is None or not base.capturable:
             why = "%r launches no GPU kernels" % (base,)
         elif self.grad_clip:
             why = "grad_clip reads the gradient norm on the host every step"
@@ -145,7 +145,7 @@ class Learner:
             return _capture(self._step)
         if self.capture is True:
             raise CaptureError("Learner(capture=True): the step cannot be captured: " + why)
-        if getattr(base, "capturable", False):  # on CPU backends there is nothing to say
+        if base is not None and base.capturable:  # on CPU backends there is nothing to say
             dash.message("training step not captured: " + why)
         return None
 

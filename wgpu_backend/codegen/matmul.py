@@ -1,0 +1,330 @@
+"""The matmul templates: three kernels (shared-memory tiles, register tiles double-buffered,
+direct) that share one parameter layout, prologue, bounds-checked global loads and stores of C;
+each contributes only its entry point, its staging and its inner loop. At the store of C a
+kernel either writes C or calls an epilogue generated from a fusion Program (program.py,
+`epilogue_source`): bias + activation after a Linear or a conv, in the matmul kernel itself.
+"""
+
+from .prelude import ParamLayout, header, unravel, dot
+
+# The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
+# template: the same parameters, prologue, bounds-checked global loads and stores of C; each
+# contributes only its entry point, its staging and its inner loop.
+
+def matmul_layout(nbatch):
+    """P of every matmul kernel; an epilogue's own parameters follow (matmul_param_count)."""
+    return ParamLayout("M", "N", "K", "kchunk", "a_off", "b_off", "a_sm", "a_sk", "b_sk", "b_sn",
+                       "nbatch", ("batch", nbatch), ("a_bstride", nbatch), ("b_bstride", nbatch))
+
+
+def matmul_param_count(nbatch, epilogue=None):
+    return matmul_layout(nbatch).size + (0 if epilogue is None else epilogue.n_params)
+
+
+def matmul_params(m, n, k, kchunk, a_off, b_off, a_sm, a_sk, b_sk, b_sn, batch_shape,
+                  a_bstrides, b_bstrides):
+    nb = 1
+    for s in batch_shape:
+        nb *= s
+    return matmul_layout(len(batch_shape)).pack(
+        M=m, N=n, K=k, kchunk=kchunk, a_off=a_off, b_off=b_off, a_sm=a_sm, a_sk=a_sk, b_sk=b_sk,
+        b_sn=b_sn, nbatch=nb, batch=batch_shape, a_bstride=a_bstrides, b_bstride=b_bstrides)
+
+
+def _matmul_prologue(nbatch):
+    """Sizes, this workgroup's split and batch element (grid z = batch * splits), the operands'
+    base offsets and strides, its range of k."""
+    P = matmul_layout(nbatch)
+    lines = ["  let M = %s; let N = %s; let K = %s; let kchunk = %s;" % (
+        P["M"], P["N"], P["K"], P["kchunk"]),
+        "  let z = wid.z; let nb = %s;" % P["nbatch"],
+        "  let split = z / nb; let bz = z % nb;"]
+    lines.append(unravel("bz", P.array("batch"), "b"))
+    bc = ["b%d" % d for d in range(nbatch)]
+    for name, off, strides in (("a_base", "a_off", "a_bstride"), ("b_base", "b_off", "b_bstride")):
+        lines.append("  let %s = %s;" % (name, dot(P[off], bc, [P[strides, d] for d in range(nbatch)])))
+    lines.append("  let a_sm = %s; let a_sk = %s; let b_sk = %s; let b_sn = %s;"
+                 % (P["a_sm"], P["a_sk"], P["b_sk"], P["b_sn"]))
+    lines.append("  let k_begin = split * kchunk; let k_end = min(K, k_begin + kchunk);")
+    return lines
+
+
+def _a_at(gm, gk, vec):
+    """WGSL reading A[gm, gk] (with vec: the vec4 of A[gm, gk..gk+3], k-contiguous)."""
+    return "A[(a_base + %s * a_sm + %s) / 4u]" % (gm, gk) if vec else \
+        "A[a_base + %s * a_sm + %s * a_sk]" % (gm, gk)
+
+
+def _b_at(gk, gn, vec):
+    """WGSL reading B[gk, gn] (with vec: the vec4 of B[gk, gn..gn+3], n-contiguous)."""
+    return "B[(b_base + %s * b_sk + %s) / 4u]" % (gk, gn) if vec else \
+        "B[b_base + %s * b_sk + %s * b_sn]" % (gk, gn)
+
+
+def _load(dst, zero, inside, expr, exact):
+    """dst = expr, or zero where the element lies outside (checked only for ragged tiles;
+    zero None: dst already holds it)."""
+    if exact:
+        return "%s = %s;" % (dst, expr)
+    reset = "" if zero is None else "%s = %s; " % (dst, zero)
+    return "%sif (%s) { %s = %s; }" % (reset, inside, dst, expr)
+
+
+def _c_store(index, value, vec, epilogue):
+    """The WGSL storing `value` (a vec4 of 4 consecutive columns when vec) at C[index]; with an
+    epilogue, the call of its `epilogue(acc, i)` per element instead (it writes its outputs)."""
+    if epilogue is None:
+        return "C[(%s) / 4u] = %s;" % (index, value) if vec else "C[%s] = %s;" % (index, value)
+    if not vec:
+        return "epilogue(%s, %s);" % (value, index)
+    return "let ci = %s; %s" % (index, " ".join("epilogue(%s[%d], ci + %du);" % (value, j, j)
+                                                 for j in range(4)))
+
+
+def _store_tile(rows, cols, vec, exact, epilogue):
+    """A thread's block of C. rows: [(WGSL of the row m, r)]; cols: [(WGSL of the column n,
+    value(r) -> WGSL of the accumulator)], each a vec4 of columns n..n+3 when vec."""
+    lines = ["  let c_base = z * M * N;"]
+    for m, r in rows:
+        lines.append("  { let m = %s;" % m)
+        lines.append("    if (%s) {" % ("true" if exact else "m < M"))
+        for n, value in cols:
+            lines.append("      { let n = %s; if (%s) { %s } }" % (
+                n, "true" if exact else "n < N",
+                _c_store("c_base + m * N + n", value(r), vec, epilogue)))
+        lines.append("    }\n  }")
+    return lines
+
+
+def _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body, store):
+    """The template: header (P, A, B, then C or the epilogue's buffers, workgroup memory), entry
+    point, the shared prologue, the kernel's own body, its stores, the epilogue's function."""
+    src = header(matmul_param_count(nbatch, epilogue), _matmul_buffers(vec_a, vec_b, epilogue),
+                  shared)
+    lines = [entry] + _matmul_prologue(nbatch) + body + store
+    src += "\n".join(lines) + "\n}\n"
+    return src if epilogue is None else src + epilogue.source()
+
+
+def _matmul_buffers(vec_a, vec_b, epilogue):
+    """A, B, then C, or (with an epilogue) the epilogue's own buffers instead of C."""
+    vec = lambda v: "vec4<f32>" if v else "f32"  # noqa: E731
+    out = [("C", vec(vec_b), True)] if epilogue is None else list(epilogue.buffers)
+    return [("A", vec(vec_a), False), ("B", vec(vec_b), False)] + out
+
+
+def matmul_wgsl(nbatch, bm, bn, bk, tm, tn, vec_a=False, vec_b=False, exact=False, epilogue=None):
+    """Batched C = A @ B, one template for every tiling: a workgroup of (bn/tn, bm/tm) threads
+    computes a bm x bn tile; each thread a tm x tn block of registers (vec4 when tn is a
+    multiple of 4) from bk-deep slices of A and B staged in shared memory. A and B are read
+    through strides (transposed views need no copy). Split-K: grid z = batch * splits; split s
+    covers k in [s*kchunk, (s+1)*kchunk) and writes its partial product into slab s of C.
+    Specialisations (the caller checks they hold): vec_a: A is k-contiguous with every offset,
+    row stride and K a multiple of 4, so A is read as vec4; vec_b: the same for B along n (then
+    C, whose N is a multiple of 4, is written as vec4 too); exact: M, N, K (and every split) are
+    multiples of the tile, so no bounds checks.
+    epilogue (no split-K): an object with `source()` (WGSL defining `fn epilogue(acc: f32, i: u32)`
+    that computes and writes the element at linear index i of batch x M x N from its product
+    `acc`), `buffers` (bindings replacing C) and `n_params` (its parameters follow ours).
+    P: matmul_layout(nbatch)."""
+    wx, wy = bn // tn, bm // tm
+    threads = wx * wy
+    width = 4 if tn % 4 == 0 else 1
+    vec_b = vec_b and width == 4
+    groups = tn // width
+    vt = "vec4<f32>" if width == 4 else "f32"
+    shared = ("var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
+              % (bk * bm, vt, bk * bn // width))
+    entry = """
+@compute @workgroup_size(%d, %d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tx = lid.x; let ty = lid.y; let t = ty * %du + tx;
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (wx, wy, wx, bm, bn)
+    body = ["  var acc: array<%s, %d>;" % (vt, tm * groups),
+            "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
+    # Stage A[m0.., k0..] as As[kk * bm + mm] (k-major: the compute loop reads rows as a broadcast).
+    if vec_a:
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bm // 4, threads),
+                 "      let mm = e / %du; let kq = (e %% %du) * 4u; let gm = m0 + mm; let gk = k0 + kq;"
+                 % (bk // 4, bk // 4),
+                 "      var v = vec4<f32>(0.0);",
+                 "      " + _load("v", None, "gm < M && gk < k_end", _a_at("gm", "gk", True), exact)]
+        body += ["      As[(kq + %du) * %du + mm] = v[%d];" % (j, bm, j) for j in range(4)]
+        body.append("    }")
+    else:
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bm, threads),
+                 "      let kk = e / %du; let mm = e %% %du; let gm = m0 + mm; let gk = k0 + kk;"
+                 % (bm, bm),
+                 "      var v = 0.0;",
+                 "      " + _load("v", None, "gm < M && gk < k_end", _a_at("gm", "gk", False), exact),
+                 "      As[e] = v;\n    }"]
+    # Stage B[k0.., n0..] as Bs[kk * bn + nn] (vec4 over nn when width is 4).
+    if vec_b:
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bn // 4, threads),
+                 "      let kk = e / %du; let gn = n0 + (e %% %du) * 4u; let gk = k0 + kk;"
+                 % (bn // 4, bn // 4),
+                 "      var v = vec4<f32>(0.0);",
+                 "      " + _load("v", None, "gn < N && gk < k_end", _b_at("gk", "gn", True), exact),
+                 "      Bs[e] = v;\n    }"]
+    else:
+        body += ["    for (var e = t; e < %du; e = e + %du) {" % (bk * bn, threads),
+                 "      let kk = e / %du; let nn = e %% %du; let gn = n0 + nn; let gk = k0 + kk;"
+                 % (bn, bn),
+                 "      var v = 0.0;",
+                 "      " + _load("v", None, "gn < N && gk < k_end", _b_at("gk", "gn", False), exact),
+                 "      Bs[e / %du]%s = v;\n    }" % (width, "[e % 4u]" if width == 4 else "")]
+    body += ["    workgroupBarrier();",
+             "    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % bk]
+    body += ["      let bv%d = Bs[kk * %du + %du + tx];" % (g, bn // width, g * wx)
+             for g in range(groups)]
+    for r in range(tm):
+        body.append("      let av%d = As[kk * %du + %du + ty];" % (r, bm, r * wy))
+        body += ["      acc[%d] = fma(%s(av%d), bv%d, acc[%d]);"
+                 % (r * groups + g, vt, r, g, r * groups + g) for g in range(groups)]
+    body.append("    }\n    workgroupBarrier();\n  }")
+    # Thread (tx, ty) owns rows m0 + r*wy + ty and columns n0 + (g*wx + tx)*width + j.
+    rows = [("m0 + %du + ty" % (r * wy), r) for r in range(tm)]
+    if vec_b:
+        cols = [("n0 + (%du + tx) * 4u" % (g * wx),
+                 lambda r, g=g: "acc[%d]" % (r * groups + g)) for g in range(groups)]
+    else:
+        comp = (lambda j: "[%d]" % j) if width == 4 else (lambda j: "")
+        cols = [("n0 + (%du + tx) * %du + %du" % (g * wx, width, j),
+                 lambda r, g=g, j=j: "acc[%d]%s" % (r * groups + g, comp(j)))
+                for g in range(groups) for j in range(width)]
+    return _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body,
+                          _store_tile(rows, cols, vec_b, exact, epilogue))
+
+
+def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
+                        exact=False, epilogue=None):
+    """Batched C = A @ B for large products (the register-tiled, double-buffered kernel).
+    A workgroup of (bm/tm) * (bn/tn) threads computes a bm x bn tile of C; each thread a tm x tn
+    block of registers (tm, tn multiples of 4) held as tm * tn/4 vec4 accumulators. Per bk-deep
+    step A's slice is staged k-major (As[k][m], rows padded by pad_a vec4 against bank conflicts
+    on the transposing stores) and B's as Bs[k][n], both as vec4, so every shared read in the fully
+    unrolled inner loop is one vec4 of A (4 rows) or of B (4 columns) feeding 16 FMAs. Two
+    shared buffers: the next slice is fetched from global memory into registers before the
+    current one is multiplied and stored into the other buffer after it, one barrier per step.
+    Thread t is placed so that a 32-lane warp covers lanes_x columns x 32/lanes_x rows of
+    threads: few distinct shared addresses per warp-wide read (broadcasts). A thread's rows are
+    m0 + i*4*wy + ty*4 + 0..3, its columns n0 + g*4*wx + tx*4 + 0..3 (vec4 stores of C).
+    Same parameters, grid, split-K, specialisations (vec_a, vec_b, exact) and epilogue as
+    matmul_wgsl."""
+    wx, wy = bn // tn, bm // tm
+    threads = wx * wy
+    ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
+    sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
+    a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
+    shared = ("var<workgroup> As: array<vec4<f32>, %d>;\n"
+              "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
+    warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
+    entry = """
+@compute @workgroup_size(%d)
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+  let tx = t %% %du + %du * ((t / 32u) %% %du);
+  let ty = (t / %du) %% %du + %du * (t / %du);
+  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (
+        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm, bn)
+
+    # Global -> registers: A as vec4 along k (row mm, k quad kq), B as vec4 along n.
+    na, nbv = bm * bk // 4 // threads, bk * bn // 4 // threads
+    assert na * threads * 4 == bm * bk and nbv * threads * 4 == bk * bn, "tile/thread mismatch"
+    assert wx % lanes_x == 0 and wy % lanes_y == 0, "warp shape does not tile the threads"
+
+    def fetch(k0):
+        out = []
+        for j in range(na):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let mm = %s / %du; let gm = m0 + mm; let gk = %s + (%s %% %du) * 4u;"
+                       % (e, bk // 4, k0, e, bk // 4))
+            if vec_a:
+                out.append("      " + _load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
+                                            _a_at("gm", "gk", True), exact))
+            for c in range(0 if vec_a else 4):
+                out.append("      " + _load("pa%d[%d]" % (j, c), "0.0",
+                                            "gm < M && gk + %du < k_end" % c,
+                                            _a_at("gm", "(gk + %du)" % c, False), exact))
+            out.append("    }")
+        for j in range(nbv):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let gk = %s + %s / %du; let gn = n0 + (%s %% %du) * 4u;"
+                       % (k0, e, bn // 4, e, bn // 4))
+            if vec_b:
+                out.append("      " + _load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
+                                            _b_at("gk", "gn", True), exact))
+            for c in range(0 if vec_b else 4):
+                out.append("      " + _load("pb%d[%d]" % (j, c), "0.0",
+                                            "gn + %du < N && gk < k_end" % c,
+                                            _b_at("gk", "(gn + %du)" % c, False), exact))
+            out.append("    }")
+        return out
+
+    def stash(buf):
+        """Registers -> shared buffer `buf` (a WGSL expression, 0 or 1)."""
+        out = []
+        for j in range(na):
+            e = "(t + %du)" % (j * threads)
+            out.append("    { let mm = %s / %du; let kq = (%s %% %du) * 4u;"
+                       % (e, bk // 4, e, bk // 4))
+            out.append("      let at = %s * %du + mm / 4u;" % (buf, a_tile))
+            out += ["      As[at + (kq + %du) * %du][mm %% 4u] = pa%d[%d];" % (c, sa, j, c)
+                    for c in range(4)]
+            out.append("    }")
+        out += ["    Bs[%s * %du + t + %du] = pb%d;" % (buf, b_tile, j * threads, j)
+                for j in range(nbv)]
+        return out
+
+    body = ["  var pa%d: vec4<f32>;" % j for j in range(na)]
+    body += ["  var pb%d: vec4<f32>;" % j for j in range(nbv)]
+    body += ["  var c%d_%d = vec4<f32>(0.0);" % (r, g) for r in range(tm) for g in range(gj)]
+    body += fetch("k_begin") + stash("0u")
+    body += ["  workgroupBarrier();", "  var cur = 0u;",
+             "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
+    # The last step fetches a slice that is never read: with exact tiles its own (in range, no
+    # branch in the loop), else the one past k_end (masked to zeros by the bounds checks).
+    body += fetch("min(k0 + %du, k_end - %du)" % (bk, bk) if exact else "k0 + %du" % bk)
+    body.append("    let ao = cur * %du + ty; let bo = cur * %du + tx;" % (a_tile, b_tile))
+    for kk in range(bk):
+        body += ["    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy) for i in range(ri)]
+        body += ["    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx) for g in range(gj)]
+        body += ["    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
+                 % (r, g, kk, r // 4, r % 4, kk, g, r, g) for r in range(tm) for g in range(gj)]
+    body.append("    cur = 1u - cur;")
+    body += stash("cur")
+    body.append("    workgroupBarrier();\n  }")
+    rows = [("m0 + %du + ty * 4u" % ((r // 4) * 4 * wy + r % 4), r) for r in range(tm)]
+    if vec_b:
+        cols = [("n0 + %du + tx * 4u" % (g * 4 * wx), lambda r, g=g: "c%d_%d" % (r, g))
+                for g in range(gj)]
+    else:
+        cols = [("n0 + %du + tx * 4u + %du" % (g * 4 * wx, c),
+                 lambda r, g=g, c=c: "c%d_%d[%d]" % (r, g, c)) for g in range(gj) for c in range(4)]
+    return _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body,
+                          _store_tile(rows, cols, vec_b, exact, epilogue))
+
+
+def matmul_direct_wgsl(nbatch, bm, bn, tm, tn, epilogue=None):
+    """The matmul without shared memory or barriers: each thread reads its rows of A and
+    columns of B straight from global memory (what CPU adapters such as lavapipe and
+    SwiftShader run fastest: barriers are expensive there). Same parameters and grid as
+    matmul_wgsl, split-K and epilogue included."""
+    wx, wy = bn // tn, bm // tm
+    entry = """
+@compute @workgroup_size(%d, %d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+  let m0 = wid.y * %du + lid.y; let n0 = wid.x * %du + lid.x;""" % (wx, wy, bm, bn)
+    body = ["  var acc: array<f32, %d>;" % (tm * tn)]
+    # Rows and columns past the edge are clamped for reading and skipped for writing.
+    body += ["  let ar%d = a_base + min(m0 + %du, M - 1u) * a_sm;" % (r, r * wy) for r in range(tm)]
+    body += ["  let bc%d = b_base + min(n0 + %du, N - 1u) * b_sn;" % (c, c * wx) for c in range(tn)]
+    body.append("  for (var k = k_begin; k < k_end; k = k + 1u) {")
+    body += ["    let a%d = A[ar%d + k * a_sk];" % (r, r) for r in range(tm)]
+    body += ["    let b%d = B[bc%d + k * b_sk];" % (c, c) for c in range(tn)]
+    body += ["    acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c)
+             for r in range(tm) for c in range(tn)]
+    body.append("  }")
+    rows = [("m0 + %du" % (r * wy), r) for r in range(tm)]
+    cols = [("n0 + %du" % (c * wx), lambda r, c=c: "acc[%d]" % (r * tn + c)) for c in range(tn)]
+    return _matmul_kernel(nbatch, False, False, epilogue, "", entry, body,
+                          _store_tile(rows, cols, False, False, epilogue))

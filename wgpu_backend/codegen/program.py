@@ -1,0 +1,336 @@
+"""The one generator of elementwise and reduction kernels: WGSL from a fusion Program
+(core/fusion/graph.py), the intermediate form under the op table. A plain op of cn.Wgpu is a
+Program of one node; cn.Fusion hands over groups of many. Every op's WGSL comes from optable.py,
+so a fused kernel computes exactly what the unfused ones would; this file only decides where
+values are read, in which order the expressions run, and where results are written.
+
+Three kernel shapes:
+  flat      no reduction: one invocation per element of the frame shape (or per 4 consecutive
+            elements, as vec4, when everything is contiguous); each node is one `let`.
+  rows      reductions along one axis: one workgroup (or, for short axes, one invocation) per
+            row. Row values (reduction results and what is computed from them) are computed once
+            per row; full values are recomputed inside each loop over the axis that needs them
+            (the prologue of every reduction, then the epilogue loop that writes full outputs).
+            So softmax and layer norm read their input a few times from cache and write it once.
+  epilogue  a flat Program run at a matmul's store of C (`fn epilogue(acc, i)`, matmul.py).
+
+Bindings: leaf slots b0.. (one per distinct buffer and dtype), then outputs out0.. Leaves are
+read through (offset, strides) from the uniform block, so one pipeline serves every shape of the
+same rank; each kernel shape has one `ParamLayout` (flat_layout, rows_layout, epilogue_layout).
+"""
+
+from .mathlib import helpers_for
+from .optable import (op_expression, REDUCE_IDENTITY, REDUCE_COMBINE, reduce_better,
+                      reduce_ties)
+from .prelude import ParamLayout, header, entry_1d, entry_per_group, unravel, dot
+
+ROW_THREADS = 64     # workgroup size of the rows kernel when the reduced axis is long
+ROW_MIN_AXIS = 128   # shorter axes: one invocation loops over the whole row
+ARG_REDUCTIONS = ("argmax", "argmin")
+
+
+def row_threads(length):
+    """Threads per row of a rows kernel over an axis of `length`."""
+    return ROW_THREADS if length >= ROW_MIN_AXIS else 1
+
+
+# ---- expressions ---------------------------------------------------------------------------
+def _operand_dtypes(program, refs):
+    out = []
+    for kind, j in refs:
+        if kind == "n":
+            out.append(program.nodes[j][4])
+        elif kind == "l":
+            out.append(program.leaves[j].dtype)
+        else:
+            out.append(program.consts[j].dtype)
+    return out
+
+
+def _node_expression(program, op, arg, refs, values):
+    """WGSL of one elementwise node; `values` are the WGSL names of its operands."""
+    if op == "custom":
+        return "%s(%s)" % (arg.function, ", ".join(values))
+    return op_expression(op, _operand_dtypes(program, refs)).format(**dict(zip("abc", values)))
+
+
+def _const_lines(program, P):
+    lines = []
+    for j, c in enumerate(program.consts):
+        ty, read = c.dtype.wgsl, P["consts", j]
+        lines.append("  let k%d = %s;" % (j, read if ty == "u32" else "bitcast<%s>(%s)" % (ty, read)))
+    return lines
+
+
+def _finish(src, program):
+    """Prepend the user functions (custom ops) and the math helpers the source calls."""
+    seen = []
+    for op, arg, *_ in program.nodes:
+        if op == "custom" and arg.wgsl not in seen:
+            seen.append(arg.wgsl)
+    src = "".join(s + "\n" for s in seen) + src
+    return helpers_for(src) + src
+
+
+def buffers(program, slot_types, width=1, inplace=None):
+    """Leaf slots b0.., then outputs out0.. (none when the output goes into slot `inplace`)."""
+    def ty(t):
+        return t if width == 1 else "vec4<%s>" % t
+    return ([("b%d" % s, ty(t), s == inplace) for s, t in enumerate(slot_types)]
+            + [("out%d" % j, ty(program.nodes[o][4].wgsl), True)
+               for j, o in enumerate(program.outputs) if inplace is None])
+
+
+def _leaf_fields(n_leaves, per_leaf):
+    fields = []
+    for j in range(n_leaves):
+        fields += ["l%d_off" % j] + [(name % j, count) for name, count in per_leaf]
+    return fields
+
+
+# ---- flat kernels --------------------------------------------------------------------------
+def flat_layout(program, out_layouts):
+    """P of a flat kernel: n (invocations), shape, const bits, per leaf offset and strides, per
+    output offset (and strides where it is a strided view, layout "s")."""
+    nd = len(program.shape)
+    fields = ["n", ("shape", nd), ("consts", len(program.consts))]
+    fields += _leaf_fields(len(program.leaves), [("l%d_strides", nd)])
+    for j, layout in enumerate(out_layouts):
+        fields.append("o%d_off" % j)
+        if layout == "s":
+            fields.append(("o%d_strides" % j, nd))
+    return ParamLayout(*fields)
+
+
+def _flat_chain(program, leaf_names, suffix):
+    """`let` lines of every node for one element; leaf j is read as leaf_names[j]."""
+    names = {"c": "k%d", "n": "x%d" + suffix}
+    lines = []
+    for k, (op, arg, refs, role, dtype) in enumerate(program.nodes):
+        values = [leaf_names[j] if kind == "l" else names[kind] % j for kind, j in refs]
+        lines.append("  let x%d%s = %s;" % (k, suffix, _node_expression(program, op, arg, refs, values)))
+    return lines
+
+
+def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, inplace=None):
+    """One invocation per element (width 1) or per 4 consecutive elements read and written as
+    vec4 (width 4: every leaf and output contiguous, so no index arithmetic beyond offset + i;
+    the expressions run once per lane). On an H200 this reaches the bandwidth of a plain copy
+    kernel; 2 to 8 vec4s per invocation or other workgroup sizes measured no faster.
+    layouts / out_layouts: "c" contiguous in the frame shape (read at offset + i), "s" strided
+    (broadcasts, views; outputs: a strided destination such as a region of a cat).
+    inplace=s: the one output is written into leaf slot s (declared read_write)."""
+    nd = len(program.shape)
+    P = flat_layout(program, out_layouts)
+    lines = ["  if (i >= %s) { return; }" % P["n"]]
+    if "s" in layouts or "s" in out_layouts:
+        lines.append(unravel("i", P.array("shape")).rstrip("\n"))
+    lines += _const_lines(program, P)
+    coords = ["c%d" % d for d in range(nd)]
+    for j, layout in enumerate(layouts):
+        index = "%s + i" % P["l%d_off" % j] if layout == "c" else \
+            dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j))
+        lines.append("  let l%d = b%d[%s];" % (j, binding_of[j], index))
+    leaves = range(len(layouts))
+    target = ["b%d" % inplace] if inplace is not None else \
+        ["out%d" % j for j in range(len(program.outputs))]
+    stores = ["%s + i" % P["o%d_off" % j] if layout == "c" else
+              dot(P["o%d_off" % j], coords, P.array("o%d_strides" % j))
+              for j, layout in enumerate(out_layouts)]
+    if width == 1:
+        lines += _flat_chain(program, ["l%d" % j for j in leaves], "")
+        lines += ["  %s[%s] = x%d;" % (target[j], stores[j], o) for j, o in enumerate(program.outputs)]
+    else:
+        for q in range(width):
+            lines += _flat_chain(program, ["l%d[%d]" % (j, q) for j in leaves], "_%d" % q)
+        lines += ["  %s[%s] = vec4<%s>(%s);" % (
+            target[j], stores[j], program.nodes[o][4].wgsl,
+            ", ".join("x%d_%d" % (o, q) for q in range(width)))
+            for j, o in enumerate(program.outputs)]
+    src = header(P.size, buffers(program, slot_types, width, inplace)) + entry_1d() \
+        + "\n".join(lines) + "\n}\n"
+    return _finish(src, program)
+
+
+# ---- rows kernels --------------------------------------------------------------------------
+def rows_layout(program):
+    """P of a rows kernel: rows, axis length L, the outer shape (the frame without the axis),
+    const bits, per leaf offset, outer strides and axis stride, then the outer strides and axis
+    stride of full outputs (contiguous in the frame shape; row outputs are indexed by row)."""
+    outer = len(program.shape) - 1
+    fields = ["rows", "L", ("outer", outer), ("consts", len(program.consts))]
+    fields += _leaf_fields(len(program.leaves), [("l%d_outer", outer), ("l%d_axis", None)])
+    fields += [("o_outer", outer), "o_axis"]
+    return ParamLayout(*fields)
+
+
+def _reduction(k, op, operand_dtype, value_block, threads, step):
+    """Lines folding node k's reduction over the axis (value_block: the loop body's lines and the
+    operand's name at position k) into `x{k}`; and its workgroup arrays."""
+    body, v = value_block
+    kind, ty = operand_dtype.kind, operand_dtype.wgsl
+    lines = ["  var a%d: %s = %s;" % (k, ty, REDUCE_IDENTITY[op][kind])]
+    shared = ["var<workgroup> r%d: array<%s, %d>;" % (k, ty, threads)] if threads > 1 else []
+    if op in ARG_REDUCTIONS:
+        # Index L marks "nothing better than the identity seen": then every element equals the
+        # identity and the first one, 0, is the answer. Ties go to the lower index.
+        better, ties = reduce_better(op, kind), reduce_ties(kind)
+        lines.append("  var ai%d = L;" % k)
+        lines.append("  for (var k = t; k < L; k = k + %s) {" % step)
+        lines += body
+        lines.append("    if %s { a%d = %s; ai%d = k; }" % (better.format(v=v, b="a%d" % k), k, v, k))
+        lines.append("  }")
+        if threads > 1:
+            shared.append("var<workgroup> ri%d: array<u32, %d>;" % (k, threads))
+            lines.append("  r%d[t] = a%d; ri%d[t] = ai%d; workgroupBarrier();" % (k, k, k, k))
+            lines.append("  for (var s = %du; s > 0u; s = s >> 1u) {" % (threads // 2))
+            lines.append("    if (t < s) {")
+            lines.append("      let ov = r%d[t + s]; let oi = ri%d[t + s];" % (k, k))
+            lines.append("      if (%s || (%s && oi < ri%d[t])) { r%d[t] = ov; ri%d[t] = oi; }" % (
+                better.format(v="ov", b="r%d[t]" % k), ties.format(v="ov", b="r%d[t]" % k), k, k, k))
+            lines.append("    }\n    workgroupBarrier();\n  }")
+            lines.append("  let bi%d = ri%d[0];" % (k, k))
+        else:
+            lines.append("  let bi%d = ai%d;" % (k, k))
+        lines.append("  let x%d = i32(select(bi%d, 0u, bi%d >= L));" % (k, k, k))
+        return lines, shared
+    combine = REDUCE_COMBINE[op][kind]
+    lines.append("  for (var k = t; k < L; k = k + %s) {" % step)
+    lines += body
+    lines.append("    a%d = %s;" % (k, combine.format(a="a%d" % k, b=v)))
+    lines.append("  }")
+    if threads > 1:
+        lines.append("  r%d[t] = a%d; workgroupBarrier();" % (k, k))
+        lines.append("  for (var s = %du; s > 0u; s = s >> 1u) {" % (threads // 2))
+        lines.append("    if (t < s) { r%d[t] = %s; }" % (
+            k, combine.format(a="r%d[t]" % k, b="r%d[t + s]" % k)))
+        lines.append("    workgroupBarrier();\n  }")
+        lines.append("  let x%d = r%d[0];" % (k, k))
+    else:
+        lines.append("  let x%d = a%d;" % (k, k))
+    return lines, shared
+
+
+def rows_wgsl(program, binding_of, slot_types, threads):
+    """Reductions along the frame's axis with their prologues and epilogue, one row per
+    workgroup (threads > 1) or per invocation (P: rows_layout)."""
+    outer = len(program.shape) - 1
+    P = rows_layout(program)
+    nodes = program.nodes
+    shared = []
+    if threads > 1:
+        lines = [entry_per_group(threads, "row")]
+        step = "%du" % threads
+    else:
+        lines = [entry_1d(ROW_THREADS) + "  let row = i;\n  let t = 0u;"]
+        step = "1u"
+    lines.append("  if (row >= %s) { return; }" % P["rows"])
+    lines.append("  let L = %s;" % P["L"])
+    lines.append("  var inf_bits = 0x7f800000u;")
+    lines.append(unravel("row", P.array("outer"), "o").rstrip("\n"))
+    coords = ["o%d" % d for d in range(outer)]
+    lines += _const_lines(program, P)
+    for j in range(len(program.leaves)):
+        lines.append("  let lb%d = %s; let ls%d = %s;" % (
+            j, dot(P["l%d_off" % j], coords, P.array("l%d_outer" % j)), j, P["l%d_axis" % j]))
+
+    def full_block(roots, indent):
+        """Lines computing the full nodes `roots` need at axis position k (memo per block)."""
+        done, out = set(), []
+
+        def value(ref):
+            kind, j = ref
+            if kind == "c":
+                return "k%d" % j
+            if kind == "l":
+                if ("l", j) not in done:
+                    done.add(("l", j))
+                    out.append("%slet f_l%d = b%d[lb%d + k * ls%d];" % (indent, j, binding_of[j], j, j))
+                return "f_l%d" % j
+            if nodes[j][3] == "row":
+                return "x%d" % j
+            if ("n", j) not in done:
+                op, arg, refs, role, dtype = nodes[j]
+                values = [value(r) for r in refs]
+                done.add(("n", j))
+                out.append("%slet f_x%d = %s;" % (indent, j, _node_expression(program, op, arg, refs, values)))
+            return "f_x%d" % j
+
+        names = [value(r) for r in roots]
+        return out, names
+
+    def row_value(ref):  # row nodes read leaves at the row's base (they are size 1 on the axis)
+        kind, j = ref
+        if kind == "c":
+            return "k%d" % j
+        if kind == "l":
+            return "b%d[lb%d]" % (binding_of[j], j)
+        return "x%d" % j
+
+    for k, (op, arg, refs, role, dtype) in enumerate(nodes):
+        if role == "full":
+            continue  # computed inside the loops that need it
+        if op.startswith("reduce_"):
+            body, (v,) = full_block(refs, "    ")
+            more, arrays = _reduction(k, op[7:], _operand_dtypes(program, refs)[0], (body, v),
+                                      threads, step)
+            lines += more
+            shared += arrays
+        else:
+            values = [row_value(r) for r in refs]
+            lines.append("  let x%d = %s;" % (k, _node_expression(program, op, arg, refs, values)))
+    full_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "full"]
+    if full_outputs:
+        lines.append("  let ob = %s; let os = %s;" % (dot("0u", coords, P.array("o_outer")),
+                                                        P["o_axis"]))
+        lines.append("  for (var k = t; k < L; k = k + %s) {" % step)
+        body, names = full_block([("n", o) for _, o in full_outputs], "    ")
+        lines += body
+        for (j, _), name in zip(full_outputs, names):
+            lines.append("    out%d[ob + k * os] = %s;" % (j, name))
+        lines.append("  }")
+    row_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "row"]
+    if row_outputs:
+        lines.append("  if (t == 0u) {")
+        for j, o in row_outputs:
+            lines.append("    out%d[row] = x%d;" % (j, o))
+        lines.append("  }")
+    src = header(P.size, buffers(program, slot_types), "\n".join(shared))
+    src += "\n".join(lines) + "\n}\n"
+    return _finish(src, program)
+
+
+# ---- matmul epilogues ----------------------------------------------------------------------
+def epilogue_layout(program, product, first):
+    """P of an epilogue, from `first` (after its matmul's own): the frame shape, const bits,
+    per leaf other than the product: offset, strides."""
+    nd = len(program.shape)
+    fields = [("shape", nd), ("consts", len(program.consts))]
+    for j in range(len(program.leaves)):
+        if j != product:
+            fields += ["l%d_off" % j, ("l%d_strides" % j, nd)]
+    return ParamLayout(*fields, first=first)
+
+
+def epilogue_wgsl(program, product, binding_of, first):
+    """`fn epilogue(acc, i)`: the group's chain for element i of the frame, its leaf `product`
+    being `acc` (the matmul's sum), every other leaf read through (offset, strides), every
+    output written at i (P: epilogue_layout)."""
+    nd = len(program.shape)
+    P = epilogue_layout(program, product, first)
+    lines = ["fn epilogue(acc: f32, i: u32) {"]
+    if len(program.leaves) > 1:
+        lines.append(unravel("i", P.array("shape")).rstrip("\n"))
+    lines += _const_lines(program, P)
+    coords = ["c%d" % d for d in range(nd)]
+    names = []
+    for j in range(len(program.leaves)):
+        if j == product:
+            names.append("acc")
+            continue
+        lines.append("  let l%d = b%d[%s];" % (
+            j, binding_of[j], dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j))))
+        names.append("l%d" % j)
+    lines += _flat_chain(program, names, "")
+    lines += ["  out%d[i] = x%d;" % (j, o) for j, o in enumerate(program.outputs)]
+    return _finish("\n".join(lines) + "\n}\n", program)

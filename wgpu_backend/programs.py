@@ -1,0 +1,195 @@
+"""Running Programs (core/fusion/graph.py) on cn.Wgpu: the fusion compiler of this backend, and
+the path of its own elementwise ops and reductions, which are Programs of one node.
+
+A `ProgramRunner` lays out bindings and parameters for the generated kernel (codegen/program.py),
+chooses its shape (flat or rows, vec4 or not, threads per row) and launches it through the
+backend's public compile-and-launch interface (`Wgpu.empty`, `Wgpu.launch`). It is what
+`Wgpu.fusion_compiler()` returns to cn.Fusion (the interface described in core/fusion/backend.py:
+`max_buffers`, `binding_key`, `run`, `run_matmul`).
+"""
+
+import math
+
+from cinders.backend import row_major_strides
+from cinders.fusion.graph import Expr, LEAF, PENDING, Program, row_shape
+
+from .codegen.prelude import WG, bits, groups_for
+from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, row_threads,
+                              epilogue_layout, epilogue_wgsl, buffers, ROW_THREADS)
+from .codegen.matmul import matmul_param_count
+
+
+def leaf(h):
+    """A Program leaf holding the backend handle h."""
+    return Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
+
+
+def one_node(op, arg, handles, shape, dtype, frame=None):
+    """The Program of one op over `handles` (a plain op of cn.Wgpu): elementwise over `shape`
+    (frame None), or a reduction of frame (input shape, axis) whose result has `shape`."""
+    frame = frame or (shape, None)
+    fshape = shape if frame[1] is None else row_shape(frame)
+    node = Expr(PENDING, op, arg, tuple(leaf(h) for h in handles), shape, fshape, dtype,
+                frame=frame)
+    return Program([node], [node], frame)
+
+
+class ProgramRunner:
+    """Programs in, launched kernels and result handles out (see the module docstring)."""
+
+    def __init__(self, backend, max_buffers=None):
+        self.backend = backend
+        limit = backend.device.limits["max_storage_buffers_per_shader_stage"]
+        self.max_buffers = min(limit, max_buffers) if max_buffers else limit
+
+    @staticmethod
+    def binding_key(h):
+        return id(h.storage)
+
+    def run(self, program, out=None):
+        """Launch `program`; returns [handle per output]. out: destination views, one per
+        output, to write into instead of new buffers (copies into a region of a cat or pad)."""
+        shape, axis = program.shape, program.axis
+        backend = self.backend
+        flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
+        items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
+        if items == 0:
+            return out or [backend.empty(program.exprs[o].shape, program.exprs[o].dtype)
+                           for o in program.outputs]
+        views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
+        # One binding per distinct buffer (a tensor read through two views binds once).
+        slots, binding_of, handles = [], [], []
+        for e in program.leaves:
+            key = (id(e.value.storage), e.dtype)
+            if key not in slots:
+                slots.append(key)
+                handles.append(e.value)
+            binding_of.append(slots.index(key))
+        slot_types = tuple(dt.wgsl for _, dt in slots)
+        consts = [bits(c.arg, c.dtype) for c in program.consts]
+        specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
+        donors = ()
+        if flat:
+            layouts = tuple("c" if v[0] == shape and e.value.is_contiguous() else "s"
+                            for v, e in zip(views, program.leaves))
+            out_layouts = tuple("c" if o.is_contiguous() else "s" for o in out) if out else \
+                ("c",) * len(program.outputs)
+            n = math.prod(shape)
+            # Contiguous everywhere and 16-byte aligned: each invocation moves vec4s.
+            width = 4 if (n % 4 == 0 and "s" not in layouts + out_layouts
+                          and all(v[2] % 4 == 0 for v in views)
+                          and all(o.offset % 4 == 0 for o in out or ())) else 1
+            key = ("flat", program.key, tuple(binding_of), slot_types, layouts, out_layouts, width)
+            values = {"n": n // width, "shape": shape, "consts": consts}
+            for j, (_, strides, offset) in enumerate(views):
+                values["l%d_off" % j], values["l%d_strides" % j] = offset // width, strides
+            for j, o in enumerate(out or ()):
+                values["o%d_off" % j] = o.offset // width
+                if out_layouts[j] == "s":
+                    values["o%d_strides" % j] = o.strides
+            if not out:
+                values.update(("o%d_off" % j, 0) for j in range(len(program.outputs)))
+            params = flat_layout(program, out_layouts).pack(**values)
+            groups = groups_for(n // width, WG)
+
+            def build(inplace=None):
+                return flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width,
+                                 inplace)
+
+            if not out and len(program.outputs) == 1:
+                donors = self._donors(program, slots, binding_of, layouts, views)
+        else:
+            length = shape[axis]
+            threads = row_threads(length)
+            key = ("rows", program.key, tuple(binding_of), slot_types, threads)
+            outer = [d for d in range(len(shape)) if d != axis]
+            values = {"rows": items, "L": length, "outer": [shape[d] for d in outer],
+                      "consts": consts}
+            for j, (_, strides, offset) in enumerate(views):
+                values["l%d_off" % j] = offset
+                values["l%d_outer" % j] = [strides[d] for d in outer]
+                values["l%d_axis" % j] = strides[axis]
+            cs = row_major_strides(shape)
+            values["o_outer"], values["o_axis"] = [cs[d] for d in outer], cs[axis]
+            params = rows_layout(program).pack(**values)
+            groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
+            build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
+        return backend.launch(key, build, handles, out or specs, params, groups, program.name,
+                              4 * sum(e.value.size for e in program.leaves),
+                              4 * sum(math.prod(s) for s, _ in specs), donors=donors)
+
+    @staticmethod
+    def _donors(program, slots, binding_of, layouts, views):
+        """Slots whose buffer the flat group's one output may be written into: read by one
+        leaf, at the output's own index (contiguous over the frame from offset 0), in the
+        output's dtype, and bound nowhere else."""
+        out = program.exprs[program.outputs[0]]
+        if out.shape != program.shape:
+            return ()
+        found = []
+        for slot, (storage_id, dtype) in enumerate(slots):
+            readers = [j for j, b in enumerate(binding_of) if b == slot]
+            if (len(readers) == 1 and layouts[readers[0]] == "c" and views[readers[0]][2] == 0
+                    and dtype is out.dtype and program.leaves[readers[0]].shape == out.shape
+                    and sum(1 for other, _ in slots if other == storage_id) == 1):
+                found.append(slot)
+        return found
+
+    def run_matmul(self, program, product, a, b):
+        """The group `program` (flat, over the shape of the matmul a @ b, whose result is its
+        leaf `product`) computed inside the matmul kernel at the store of C (the epilogue):
+        [handle per output], or None where the matmul cannot take it (split-K)."""
+        shape = program.shape
+        backend = self.backend
+        outs = [backend.empty(program.exprs[o].shape, program.exprs[o].dtype)
+                for o in program.outputs]
+        leaves = [(j, e) for j, e in enumerate(program.leaves) if j != product]
+        slots, binding_of, handles = [], {}, []
+        for j, e in leaves:
+            key = (id(e.value.storage), e.dtype)
+            if key not in slots:
+                slots.append(key)
+                handles.append(e.value)
+            binding_of[j] = slots.index(key)
+        slot_types = tuple(dt.wgsl for _, dt in slots)
+        # Its parameters follow the matmul's own (the frame has the product's rank).
+        first = matmul_param_count(len(a.shape) - 2)
+        layout = epilogue_layout(program, product, first)
+        values = {"shape": shape, "consts": [bits(c.arg, c.dtype) for c in program.consts]}
+        for j, e in leaves:
+            _, strides, offset = self._frame_view(e.value, shape, None)
+            values["l%d_off" % j], values["l%d_strides" % j] = offset, strides
+        epilogue = MatmulEpilogue(
+            key=("epilogue", program.key, product, tuple(binding_of[j] for j, _ in leaves),
+                 slot_types),
+            source=lambda: epilogue_wgsl(program, product, binding_of, first),
+            buffers=buffers(program, slot_types), params=layout.pack(**values),
+            handles=handles + outs, name=program.name,
+            bytes_read=4 * sum(e.value.size for _, e in leaves),
+            bytes_written=4 * sum(o.size for o in outs))
+        if not backend.matmul_epilogue(a, b, epilogue):
+            return None
+        return outs
+
+    @staticmethod
+    def _frame_view(h, shape, axis):
+        """(shape, strides, offset) of leaf h in frame coordinates: a leaf that lost the
+        reduced axis gets it back with size 1; broadcast dims read with stride 0."""
+        vshape, strides = h.shape, h.strides
+        if len(vshape) == len(shape) - 1:
+            vshape = vshape[:axis] + (1,) + vshape[axis:]
+            strides = strides[:axis] + (0,) + strides[axis:]
+        strides = tuple(0 if n == 1 else s for n, s in zip(vshape, strides))
+        return vshape, strides, h.offset
+
+
+class MatmulEpilogue:
+    """What the matmul templates (codegen/matmul.py) need to run a flat group at their store of
+    C: `source()` (WGSL of `fn epilogue(acc: f32, i: u32)`, built only when the kernel is
+    compiled), `buffers` (bindings after A and B), `n_params` and `params` (after the matmul's
+    own), `handles` (what is bound), `key` (its structure, part of the matmul kernel's key)."""
+
+    def __init__(self, key, source, buffers, params, handles, name, bytes_read, bytes_written):
+        self.key, self.source, self.buffers = key, source, buffers
+        self.params, self.n_params, self.handles = params, len(params), handles
+        self.name, self.bytes_read, self.bytes_written = name, bytes_read, bytes_written
