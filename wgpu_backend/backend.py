@@ -21,7 +21,7 @@ from cinders.backend import Backend, _hash32, broadcast_shape, is_row_major, row
 from cinders.errors import CindersError
 from cinders.ops import result_dtype
 
-from . import codegen
+from . import codegen, conv
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
 
@@ -95,6 +95,9 @@ class Wgpu(Backend):
 
     # cn.capture records and replays this backend's launches (core/capture.py).
     capturable = True
+
+    # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
+    conv2d_kernel = True
 
     def __init__(self, adapter=None, autotune=True):
         self._rt = _runtime(adapter)
@@ -576,6 +579,9 @@ class Wgpu(Backend):
                      [x.storage.raw, out.storage.raw], params,
                      codegen.groups_for(total, codegen.WG), "unfold2d", 4 * total, 4 * total)
         return out
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
+        return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
         n = cols.shape[0]
