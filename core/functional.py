@@ -11,6 +11,7 @@ import math
 from .dtypes import float32, int32, bool_
 from .errors import ArgumentError, ArgumentTypeError, DTypeError, IndexingError, ShapeError
 from .creation import arange, full
+from .backend import unfold2d_output_size
 from .tensor import Tensor, _axis, _axes, _numel, cat, pad, unfold2d, where, window_args
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -181,6 +182,16 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
         h = x.backend.conv2d(x.handle, weight.handle, None if bias is None else bias.handle,
                              stride, pads, dilation, groups, activation)
         return Tensor(x.backend, h, (n, o, oh, ow), float32)
+    return conv2d_reference(x, weight, bias, stride, pads, dilation, groups, activation)
+
+
+def conv2d_reference(x, weight, bias, stride, padding, dilation, groups, activation):
+    """The conv2d primitive's reference (core/backend.py), on arguments conv2d has validated
+    (stride, dilation as pairs, padding as ((top, bottom), (left, right))): unfold2d + one
+    batched matmul over groups, + bias, then the activation."""
+    (n, _, h, wd), (o, cg, kh, kw) = x.shape, weight.shape
+    (pt, pb), (pl, pr) = padding
+    oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
     if pt == pb and pl == pr:
         cols = unfold2d(x, (kh, kw), stride, (pt, pl), dilation)     # (N, C*kh*kw, L)
     else:
