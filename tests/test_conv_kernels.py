@@ -1,5 +1,5 @@
 """conv2d without im2col: cn.Wgpu()'s implicit-GEMM and direct kernels (wgpu_backend/conv.py)
-against torch, the optional conv2d primitive's dispatch and gradient, and a convolution whose
+and cn.Wasm()'s direct one (wasm_backend/runtime.h) against torch, the optional conv2d primitive's dispatch and gradient, and a convolution whose
 unfolded matrix would not fit one binding.
 
 torch (CPU, float64 from the same float32 data) is the oracle; cn.NumPy() and cn.Python() run
@@ -85,12 +85,18 @@ def gpu():
     return cn.Wgpu(autotune=False)
 
 
+@pytest.fixture(scope="module")
+def wasm():
+    return cn.Wasm()
+
+
 @pytest.mark.parametrize("case", GRID, ids=_case_id)
-def test_grid_against_torch(gpu, case):
-    """Every case on cn.Wgpu() (its kernels) and cn.NumPy() (the composed reference)."""
+def test_grid_against_torch(gpu, wasm, case):
+    """Every case on cn.Wgpu() and cn.Wasm() (their kernels) and cn.NumPy() (the composed
+    reference)."""
     x, w, b = _arrays(case)
     want = _expected(x, w, b, case)
-    for backend in (gpu, cn.NumPy()):
+    for backend in (gpu, wasm, cn.NumPy()):
         got = _cn_conv(backend, x, w, b, case)
         assert got.shape == want.shape
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=repr(backend))
@@ -111,6 +117,20 @@ def _kernels(backend, fn):
     return [e["name"] for e in prof.events if e.get("kind") == "kernel"]
 
 
+def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
+    """cn.Wasm() gathers a convolution's columns a panel of pixels at a time: with panels of 8
+    pixels (segments that start and end inside output rows) the grid still matches torch, and
+    so does a 1x1 convolution, which multiplies the image itself."""
+    import cinders.wasm.backend as wasm_backend
+    monkeypatch.setattr(wasm_backend, "CONV_PANEL_BYTES", 32)
+    pointwise = dict(GRID[0], kernel=(1, 1), stride=1, dilation=1, padding=0, groups=2)
+    for case in GRID[::4] + [pointwise]:
+        x, w, b = _arrays(case)
+        got = _cn_conv(wasm, x, w, b, case).numpy()
+        np.testing.assert_allclose(got, _expected(x, w, b, case), rtol=1e-4, atol=1e-4,
+                                   err_msg=_case_id(case))
+
+
 def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
     """The tiled kernel and the direct one each run in the grid, as one launch with bias and
     activation inside, and no unfold2d or matmul kernel is launched."""
@@ -126,27 +146,28 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
     assert seen == {"gemm", "direct"}
 
 
-def test_strided_views_and_nan(gpu):
-    """Inputs that are views (a permuted image, a sliced weight) are read through their strides;
-    NaN propagates through the relu epilogue like torch's relu."""
+def test_strided_views_and_nan(gpu, wasm):
+    """Inputs that are views (a permuted image, a sliced weight) are read right (Wgpu through
+    their strides); NaN propagates through the relu epilogue like torch's relu."""
     x = RNG.standard_normal((2, 5, 4, 3)).astype(np.float32)        # (N, W, H, C): permuted below
     w = RNG.standard_normal((2, 16, 3, 3, 3)).astype(np.float32)    # the second half is used
     x[1, 2, 1, 0] = np.nan
     b = RNG.standard_normal(16).astype(np.float32)
     want = TF.relu(TF.conv2d(torch.tensor(x).permute(0, 3, 2, 1), torch.tensor(w[1]),
                              torch.tensor(b), padding=1)).numpy()
-    xs = cn.tensor(x, backend=gpu).permute(0, 3, 2, 1)
-    ws = cn.tensor(w, backend=gpu)[1]
-    got = cn.conv2d(xs, ws, cn.tensor(b, backend=gpu), padding=1, activation="relu").numpy()
     assert np.isnan(want).any()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for backend in (gpu, wasm):
+        xs = cn.tensor(x, backend=backend).permute(0, 3, 2, 1)
+        ws = cn.tensor(w, backend=backend)[1]
+        got = cn.conv2d(xs, ws, cn.tensor(b, backend=backend), padding=1, activation="relu").numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_abilities_are_declared():
     """The conv2d kernel is a declared ability; decorators forward the flag of what they wrap."""
     gpu = cn.Wgpu(autotune=False)
-    assert gpu.conv2d_kernel is True
+    assert gpu.conv2d_kernel is True and cn.Wasm().conv2d_kernel is True
     assert cn.Autodiff(gpu).conv2d_kernel is True
     assert cn.Fusion(gpu).conv2d_kernel is True
     assert cn.Autodiff(cn.Fusion(gpu)).conv2d_kernel is True
@@ -154,13 +175,17 @@ def test_abilities_are_declared():
         assert backend.conv2d_kernel is False
 
 
-@pytest.mark.parametrize("wrap", ["autodiff-wgpu", "autodiff-fusion-wgpu"])
+WRAPPED = {"autodiff-wgpu": lambda: cn.Autodiff(cn.Wgpu(autotune=False)),
+           "autodiff-fusion-wgpu": lambda: cn.Autodiff(cn.Fusion(cn.Wgpu(autotune=False))),
+           "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm())}
+
+
+@pytest.mark.parametrize("wrap", list(WRAPPED))
 @pytest.mark.parametrize("case", [GRID[5], GRID[17], GRID[26], GRID[34]], ids=_case_id)
 def test_gradient_against_torch(wrap, case):
     """d/dx, d/dw and d/dbias through the kernel (its rule composed from unfold2d/fold2d and
     matmul) equal torch's, the activation's gradient included."""
-    inner = cn.Wgpu(autotune=False)
-    backend = cn.Autodiff(inner if wrap == "autodiff-wgpu" else cn.Fusion(inner))
+    backend = WRAPPED[wrap]()
     x, w, b = _arrays(case)
     cx, cw = (cn.tensor(a, backend=backend).require_grad() for a in (x, w))
     cb = None if b is None else cn.tensor(b, backend=backend).require_grad()
