@@ -12,7 +12,8 @@ grad, records a Node whose backward rule sits right next to the forward call. Ba
 written with Tensor operations on the INNER backend, so they reuse the tensor layer (broadcasting,
 composites) and run on any backend (Python, NumPy, Wgpu, Fusion...). Composite ops (softmax,
 gelu, conv2d = unfold2d + matmul, pooling = unfold2d + reduce) are built from these primitives
-in the tensor layer, so they are differentiated without any rule of their own.
+in the tensor layer, so they are differentiated without any rule of their own; where the inner
+backend declares a conv2d kernel, conv2d is recorded as one op with its rule composed likewise.
 
 Semantics worth knowing (PyTorch's unless stated):
 * max/min reductions share the gradient evenly among tied maxima (torch.amax/amin, and
@@ -537,6 +538,29 @@ class Autodiff(Backend):
             return (T(self._inner.unfold2d(g.handle, kernel, stride, padding, dilation, 0.0)),)
         return self._record(out, (cols,), backward)
 
+    # -- conv2d: an optional primitive, reached only when the inner backend declares it ---------
+
+    @property
+    def conv2d_kernel(self):
+        return self._inner.conv2d_kernel
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
+        out = self._inner.conv2d(x.value, w.value, None if bias is None else bias.value, stride,
+                                 padding, dilation, groups, activation)
+        inputs = (x, w) if bias is None else (x, w, bias)
+        T = self._inner_tensor
+        xv, wv = x.value, w.value
+        x_shape, w_shape = self.shape(x), self.shape(w)
+        need = tuple(v.node is not None for v in inputs)
+
+        def backward(g):
+            if activation is not None:  # the activation's gradient first (0 where it clamped)
+                y = T(out, g.shape)
+                g = _where(y <= 0.0 if activation == "relu" else (y <= 0.0) | (y >= 6.0), 0.0, g)
+            return _conv2d_gradients(T(xv, x_shape), T(wv, w_shape), g, stride, padding,
+                                     dilation, groups, need)
+        return self._record(out, inputs, backward)
+
 
 # ----------------------------------------------------------------------------- helpers
 # Written with Tensor operations of the inner backend; `g` is the gradient of the output.
@@ -571,3 +595,33 @@ def _slice_dim(x, axis, start, stop):
     index = [slice(None)] * len(x.shape)
     index[axis] = slice(start, stop)
     return x[tuple(index)]
+
+
+def _conv2d_gradients(x, w, g, stride, padding, dilation, groups, need):
+    """(dx, dw[, dbias]) of conv2d from its output gradient g, composed like the reference
+    (functional.conv2d): dw = g @ unfold2d(x)^T, dx = fold2d(w^T @ g) (the transposed
+    convolution), dbias = g summed over batch and pixels. None where `need` says no."""
+    backend = x.backend
+    (n, c, h, wd), (o, cg, kh, kw) = x.shape, w.shape
+    (pt, pb), (pl, pr) = padding
+    kernel, per_group, taps = (kh, kw), o // groups, cg * kh * kw
+    pixels = g.shape[2] * g.shape[3]
+    symmetric = pt == pb and pl == pr  # unfold2d/fold2d pad both sides alike; else pad x first
+    g = g.reshape(n, groups, per_group, pixels)
+    grads = [None, None, None][:len(need)]
+    if need[0]:
+        cols = (_t(w.reshape(1, groups, per_group, taps)) @ g).reshape(n, c * kh * kw, pixels)
+        size = (h, wd) if symmetric else (h + pt + pb, wd + pl + pr)
+        at = (pt, pl) if symmetric else (0, 0)
+        dx = Tensor(backend, backend.fold2d(cols.handle, size, kernel, stride, at, dilation),
+                    (n, c) + size, dtypes.float32)
+        grads[0] = dx if symmetric else dx[:, :, pt:pt + h, pl:pl + wd]
+    if need[1]:
+        xp = x if symmetric else _pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+        at = (pt, pl) if symmetric else (0, 0)
+        cols = Tensor(backend, backend.unfold2d(xp.handle, kernel, stride, at, dilation, 0.0),
+                      (n, c * kh * kw, pixels), dtypes.float32).reshape(n, groups, taps, pixels)
+        grads[1] = (g @ _t(cols)).sum(0).reshape(o, cg, kh, kw)
+    if len(need) == 3 and need[2]:
+        grads[2] = g.sum((0, 3)).reshape(o)
+    return tuple(grads)

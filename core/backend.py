@@ -68,6 +68,18 @@ images (NCHW; what conv2d and the pools are composed from)
                           the adjoint of unfold2d (col2im, overlapping entries summed);
                           size = (H, W) of the image; cols (N, C*kh*kw, L) -> (N, C, H, W)
 
+Optional primitives (OPTIONAL_PRIMITIVES): a backend that implements one declares it with a
+class flag; where the flag is False the tensor layer composes the op from the primitives above,
+and that composition is the reference every kernel is tested against.
+    conv2d(x, w, bias, stride, padding, dilation, groups, activation)     flag: conv2d_kernel
+                          torch.nn.functional.conv2d followed by an activation, without the
+                          unfold2d matrix: x (N, C, H, W) float32, w (O, C/groups, kh, kw),
+                          bias (O,) or None, stride/dilation (sh, sw), padding
+                          ((top, bottom), (left, right)), activation None | "relu" | "relu6"
+                          (NaN propagates); -> (N, O, OH, OW). Reference: functional.conv2d's
+                          unfold2d + matmul composition. Decorators forward the flag of the
+                          backend they wrap and record the op (Autodiff: its gradient).
+
 Synchronisation
 ---------------
 `to_flat` is the only point where a backend must wait for its device. Asynchronous backends
@@ -145,6 +157,7 @@ PRIMITIVES = (
     "gather", "scatter_add",
     "unfold2d", "fold2d",
 )
+OPTIONAL_PRIMITIVES = ("conv2d",)
 
 # Semantics that are easy to get wrong, fixed once here for every backend:
 #   div        true division (the tensor layer casts int operands to float32 first)
@@ -167,6 +180,7 @@ class Backend:
     differentiable = False    # records gradients: backward(), detach(), to_inner() (cn.Autodiff)
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
+    conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

@@ -558,7 +558,7 @@ def convert(args):
 # ---------------------------------------------------------------- micro
 
 from .micro import commands as _micro_commands  # noqa: E402,F401  (quantize, export-micro, flash)
-from .apps import commands as _app_commands  # noqa: E402,F401  (vad)
+from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
 
 
 # ---------------------------------------------------------------- import-onnx

@@ -10,7 +10,8 @@ import math
 from .dtypes import float32, int32, bool_
 from .errors import ArgumentError, ArgumentTypeError, DTypeError, IndexingError, ShapeError
 from .creation import arange, full
-from .tensor import Tensor, _axis, _axes, _numel, cat, unfold2d, where, window_args
+from .backend import unfold2d_output_size
+from .tensor import Tensor, _axis, _axes, _numel, cat, pad, unfold2d, where, window_args
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
@@ -124,9 +125,15 @@ def one_hot(indices, num_classes, dtype=int32):
 
 # -- images (NCHW) ---------------------------------------------------------------------------------
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+CONV_ACTIVATIONS = (None, "relu", "relu6")
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """2-D cross-correlation like torch.nn.functional.conv2d: x (N, C, H, W), weight
-    (O, C/groups, kh, kw), bias (O,). Composed as unfold2d + one batched matmul over groups."""
+    (O, C/groups, kh, kw), bias (O,); then `activation` (None, "relu" or "relu6"). padding: an
+    int, (ph, pw), or ((top, bottom), (left, right)). A backend that declares `conv2d_kernel`
+    runs it as one kernel (bias and activation at its store, no unfolded matrix); elsewhere it
+    is composed as unfold2d + one batched matmul over groups (the protocol's reference)."""
     x._same_device("conv2d", weight)
     if x.dtype is not float32 or weight.dtype is not float32:
         raise DTypeError("conv2d: needs float32 input and weight, got %r and %r" % (x.dtype, weight.dtype))
@@ -139,17 +146,63 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise ShapeError("conv2d: input shape %s and weight shape %s do not fit groups=%r "
                          "(need C == weight.shape[1] * groups and O divisible by groups)"
                          % (x.shape, weight.shape, groups))
-    _, _, _, _, (oh, ow) = window_args("conv2d", x.shape, (kh, kw), stride, padding, dilation)
-    cols = unfold2d(x, (kh, kw), stride, padding, dilation)          # (N, C*kh*kw, L)
+    if activation not in CONV_ACTIVATIONS:
+        raise ArgumentError("conv2d: activation must be one of %s, got %r" % (CONV_ACTIVATIONS, activation))
+    pads = _conv_padding(padding)
+    (pt, pb), (pl, pr) = pads
+    padded = (n, c, x.shape[2] + pt + pb, x.shape[3] + pl + pr)
+    _, stride, _, dilation, (oh, ow) = window_args("conv2d", padded, (kh, kw), stride, 0, dilation)
+    if bias is not None:
+        x._same_device("conv2d", bias)
+        if bias.shape != (o,):
+            raise ShapeError("conv2d: bias shape %s does not fit weight shape %s (need (%d,))"
+                             % (bias.shape, weight.shape, o))
+        if bias.dtype is not float32:
+            raise DTypeError("conv2d: needs a float32 bias, got %r" % (bias.dtype,))
+    if x.backend.conv2d_kernel and x.numel() and weight.numel():
+        h = x.backend.conv2d(x.handle, weight.handle, None if bias is None else bias.handle,
+                             stride, pads, dilation, groups, activation)
+        return Tensor(x.backend, h, (n, o, oh, ow), float32)
+    return conv2d_reference(x, weight, bias, stride, pads, dilation, groups, activation)
+
+
+def conv2d_reference(x, weight, bias, stride, padding, dilation, groups, activation):
+    """The conv2d primitive's reference (core/backend.py), on arguments conv2d has validated
+    (stride, dilation as pairs, padding as ((top, bottom), (left, right))): unfold2d + one
+    batched matmul over groups, + bias, then the activation."""
+    (n, _, h, wd), (o, cg, kh, kw) = x.shape, weight.shape
+    (pt, pb), (pl, pr) = padding
+    oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
+    if pt == pb and pl == pr:
+        cols = unfold2d(x, (kh, kw), stride, (pt, pl), dilation)     # (N, C*kh*kw, L)
+    else:
+        cols = unfold2d(pad(x, (pl, pr, pt, pb)), (kh, kw), stride, 0, dilation)
     cols = cols.reshape(n, groups, cg * kh * kw, oh * ow)
     w = weight.reshape(1, groups, o // groups, cg * kh * kw)
     out = (w @ cols).reshape(n, o, oh, ow)
     if bias is not None:
-        if bias.shape != (o,):
-            raise ShapeError("conv2d: bias shape %s does not fit weight shape %s (need (%d,))"
-                             % (bias.shape, weight.shape, o))
         out = out + bias.reshape(1, o, 1, 1)
-    return out
+    if activation is None:
+        return out
+    out = relu(out)
+    return out if activation == "relu" else where(out >= 6.0, 6.0, out)
+
+
+def _conv_padding(padding):
+    """((top, bottom), (left, right)) from an int, a pair, or that form itself."""
+    if isinstance(padding, (tuple, list)) and len(padding) == 2 and \
+            all(isinstance(p, (tuple, list)) for p in padding):
+        pairs = tuple(tuple(p) for p in padding)
+    elif type(padding) is int:
+        pairs = ((padding, padding),) * 2
+    elif isinstance(padding, (tuple, list)) and len(padding) == 2:
+        pairs = tuple((p, p) for p in padding)
+    else:
+        pairs = None
+    if pairs is None or any(len(p) != 2 or any(type(v) is not int or v < 0 for v in p) for p in pairs):
+        raise ShapeError("conv2d: padding must be an int, (ph, pw) or ((top, bottom), (left, right)) "
+                         "of non-negative ints, got %r" % (padding,))
+    return pairs
 
 
 def _pool_args(op, x, kernel_size, stride, padding, dilation=1):

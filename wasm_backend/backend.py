@@ -19,6 +19,8 @@ from . import kernels
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
 _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
 _SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1}
+_ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2}  # conv2d_f32's (runtime.h)
+CONV_PANEL_BYTES = 1 << 20  # conv2d's column panel: fits a core's L2 cache
 _PAGE = 65536
 
 
@@ -185,6 +187,9 @@ class Wasm(Backend):
     interface (call, write, read, memory_grown)."""
 
     name = "wasm"
+
+    # The optional conv2d primitive (core/backend.py) is one kernel here (runtime.h conv2d_f32).
+    conv2d_kernel = True
 
     def __init__(self, engine=None):
         if engine is None:
@@ -477,6 +482,24 @@ class Wasm(Backend):
         out = self._new((n, c * kernel[0] * kernel[1], oh * ow), dtypes.float32)
         if numel(out.shape):
             self._run("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
+        return out
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
+        x, w = self._contiguous(x), self._contiguous(w)
+        (n, c, h, wd), (o, cg, kh, kw) = x.shape, w.shape
+        (pt, pb), (pl, pr) = padding
+        oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
+        out = self._new((n, o, oh, ow), dtypes.float32)
+        if numel(out.shape):
+            # Direct taps for one input channel per group; else panels of pixels whose columns
+            # fill at most CONV_PANEL_BYTES (runtime.h conv2d_f32), 8 pixels at least.
+            taps = cg * kh * kw
+            panel = 0 if cg == 1 else min(oh * ow, max(8, CONV_PANEL_BYTES // (4 * taps)))
+            scratch = self._new((taps * max(panel, 1),), dtypes.float32)
+            g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups,
+                                int(bias is not None), _ACTIVATION_CODES[activation], panel))
+            b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)
+            self._run("conv2d_f32", out.ptr, x.ptr, w.ptr, b.ptr, scratch.ptr, g)
         return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):

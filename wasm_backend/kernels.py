@@ -3,7 +3,7 @@
 Each elementwise op, reduction and cast is one entry below: a C expression per dtype. The
 generator instantiates the shared strided loops of `runtime.h` (N-d iteration, broadcasting by
 stride 0, contiguous rows that clang vectorises to SIMD128) once per (op, dtype); only the
-kernels that are not elementwise (matmul, unfold2d/fold2d, gather/scatter_add, random, fill) are
+kernels that are not elementwise (matmul, unfold2d/fold2d, conv2d, gather/scatter_add, random, fill) are
 written by hand, in runtime.h. build.py compiles the result with clang --target=wasm32 -msimd128.
 
 Kernel names are what backend.py calls: unary_<op>_<dtype>, binary_<op>_<dtype>, where_<dtype>,
@@ -75,7 +75,7 @@ ARG_REDUCE = {"argmax": "x > best", "argmin": "x < best"}
 ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
-                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32"]
+                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32"]
 GATHER_DTYPES = ("f32", "i32", "u8")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 
@@ -85,7 +85,8 @@ SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 # of the generated run_commands() runs them all, so a model's forward pass is one host call.
 _MACRO_PARAMS = {"MAP1": "ppp", "MAP2": "pppp", "MAP3": "ppppp", "REDUCE": "ppiii", "ARG_REDUCE": "ppiii"}
 HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
-                       "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp"}
+                       "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
+                       "conv2d_f32": "pppppp"}
 
 
 def queued_kernels():

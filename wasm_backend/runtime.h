@@ -286,13 +286,13 @@ static inline float hsum(v128_t v) {
            (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
-/* o (M, N) = a (M, K) @ b (K, N), all row-major: 4x8 tiles held in eight v128 registers,
- * each step broadcasts one a value per row against two b vectors */
-static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N) {
+/* o (M, N) = a (M, K) @ b (K, N), all row-major (o's rows ldo apart): 4x8 tiles held in
+ * eight v128 registers, each step broadcasts one a value per row against two b vectors */
+static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N, int ldo) {
     int i = 0;
     for (; i + 4 <= M; i += 4) {
         const float *a0 = a + i * K, *a1 = a0 + K, *a2 = a1 + K, *a3 = a2 + K;
-        float *o0 = o + i * N, *o1 = o0 + N, *o2 = o1 + N, *o3 = o2 + N;
+        float *o0 = o + i * ldo, *o1 = o0 + ldo, *o2 = o1 + ldo, *o3 = o2 + ldo;
         int j = 0;
         for (; j + 8 <= N; j += 8) {
             v128_t c00 = wasm_f32x4_splat(0), c01 = c00, c10 = c00, c11 = c00;
@@ -321,7 +321,7 @@ static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N)
     }
     for (; i < M; i++) {
         const float *ar = a + i * K;
-        float *orow = o + i * N;
+        float *orow = o + i * ldo;
         int j = 0;
         for (; j + 8 <= N; j += 8) {
             v128_t c0 = wasm_f32x4_splat(0), c1 = c0;
@@ -383,7 +383,7 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
         float *op = o + p * M * N;
         const float *ap = a + p * a_batch_stride, *bp = b + p * b_batch_stride;
         if (transposed_b) mm_nt(op, ap, bp, M, K, N);
-        else mm_nn(op, ap, bp, M, K, N);
+        else mm_nn(op, ap, bp, M, K, N, N);
     }
 }
 
@@ -437,4 +437,119 @@ EXPORT(fold2d_f32) void fold2d_f32(float *o, const float *cols, const int *g) {
                     }
                 }
         }
+}
+
+/* -- conv2d without the whole im2col matrix ---------------------------------------------- */
+/* g = [N, C, H, W, O, kh, kw, sh, sw, pt, pl, dh, dw, OH, OW, groups, has_bias, activation,
+ *      panel]
+ * x (N, C, H, W), w (O, C/groups, kh, kw), out (N, O, OH, OW), all contiguous; activation
+ * 0 none, 1 relu, 2 relu6 (NaN propagates). panel 0: the direct loop (depthwise and other
+ * one-channel-per-group convolutions: taps over whole output rows, no copy at all); else
+ * `panel` output pixels at a time have their columns (C/groups * kh * kw of them) gathered
+ * into `scratch` and multiplied by the group's weights with mm_nn straight into the output,
+ * so the memory beyond input, weight and output is one panel, never the whole matrix (a 1x1
+ * convolution with stride 1 and no padding needs no panel: it is one matmul). */
+static void conv_direct(float *plane, const float *img, const float *taps, int H, int W, int kh,
+                        int kw, int sh, int sw, int pt, int pl, int dh, int dw, int OH, int OW) {
+    for (int i = 0; i < kh; i++)
+        for (int j = 0; j < kw; j++) {
+            float wv = taps[i * kw + j];
+            int shift = j * dw - pl;  /* ix = ox * sw + shift; [lo, hi): the ox with ix inside */
+            int lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+            int hi = W - 1 - shift < 0 ? 0 : (W - 1 - shift) / sw + 1;
+            if (hi > OW) hi = OW;
+            for (int oy = 0; oy < OH; oy++) {
+                int iy = oy * sh - pt + i * dh;
+                if (iy < 0 || iy >= H) continue;
+                float *__restrict dst = plane + oy * OW;
+                const float *__restrict src = img + iy * W + shift;
+                if (sw == 1)
+                    for (int ox = lo; ox < hi; ox++) dst[ox] += wv * src[ox];
+                else
+                    for (int ox = lo; ox < hi; ox++) dst[ox] += wv * src[ox * sw];
+            }
+        }
+}
+
+static void conv_panel(float *scratch, const float *img, int p0, int pn, int cg, int H, int W,
+                       int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int OW) {
+    float *row = scratch;
+    for (int c = 0; c < cg; c++, img += H * W)
+        for (int i = 0; i < kh; i++)
+            for (int j = 0; j < kw; j++, row += pn) {
+                int shift = j * dw - pl;  /* as in conv_direct: [lo, hi) reads the image */
+                int lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+                int hi = W - 1 - shift < 0 ? 0 : (W - 1 - shift) / sw + 1;
+                if (hi > OW) hi = OW;
+                /* the panel's pixels, one output-row segment [a, b) at a time */
+                for (int p = p0, q = 0; q < pn;) {
+                    int oy = p / OW, a = p % OW, b = OW - a < pn - q ? OW : a + pn - q;
+                    float *__restrict dst = row + q - a;
+                    int iy = oy * sh - pt + i * dh;
+                    if (iy < 0 || iy >= H) {
+                        for (int ox = a; ox < b; ox++) dst[ox] = 0.0f;
+                    } else {
+                        const float *__restrict src = img + iy * W + shift;
+                        int from = a > lo ? a : lo, to = b < hi ? b : hi;
+                        for (int ox = a; ox < from && ox < b; ox++) dst[ox] = 0.0f;
+                        if (sw == 1)
+                            for (int ox = from; ox < to; ox++) dst[ox] = src[ox];
+                        else
+                            for (int ox = from; ox < to; ox++) dst[ox] = src[ox * sw];
+                        for (int ox = to > a ? to : a; ox < b; ox++) dst[ox] = 0.0f;
+                    }
+                    q += b - a;
+                    p += b - a;
+                }
+            }
+}
+
+EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, const float *bias,
+                                   float *scratch, const int *g) {
+    int N = g[0], C = g[1], H = g[2], W = g[3], O = g[4], kh = g[5], kw = g[6], sh = g[7];
+    int sw = g[8], pt = g[9], pl = g[10], dh = g[11], dw = g[12], OH = g[13], OW = g[14];
+    int groups = g[15], has_bias = g[16], activation = g[17], panel = g[18];
+    int cg = C / groups, og = O / groups, L = OH * OW, K = cg * kh * kw;
+    for (int n = 0; n < N; n++) {
+        float *out = o + n * O * L;
+        if (panel == 0) {
+            for (int oc = 0; oc < O; oc++) {
+                float *plane = out + oc * L;
+                for (int i = 0; i < L; i++) plane[i] = 0.0f;
+                for (int c = 0; c < cg; c++)
+                    conv_direct(plane, x + (n * C + (oc / og) * cg + c) * H * W,
+                                w + (oc * cg + c) * kh * kw, H, W, kh, kw, sh, sw, pt, pl, dh,
+                                dw, OH, OW);
+            }
+        } else {
+            int pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 &&
+                            OH == H && OW == W;  /* the image is its own column matrix */
+            for (int grp = 0; grp < groups; grp++)
+                if (pointwise)
+                    mm_nn(out + grp * og * L, w + grp * og * K, x + (n * C + grp * cg) * L, og, K,
+                          L, L);
+                else for (int p0 = 0; p0 < L; p0 += panel) {
+                    int pn = L - p0 < panel ? L - p0 : panel;
+                    conv_panel(scratch, x + (n * C + grp * cg) * H * W, p0, pn, cg, H, W, kh, kw,
+                               sh, sw, pt, pl, dh, dw, OW);
+                    mm_nn(out + grp * og * L + p0, w + grp * og * K, scratch, og, K, pn, L);
+                }
+        }
+        for (int oc = 0; oc < O; oc++) {
+            float *plane = out + oc * L, b = has_bias ? bias[oc] : 0.0f;
+            if (activation == 0)
+                for (int i = 0; i < L; i++) plane[i] += b;
+            else if (activation == 1)
+                for (int i = 0; i < L; i++) {
+                    float v = plane[i] + b;
+                    plane[i] = v <= 0.0f ? 0.0f : v;
+                }
+            else
+                for (int i = 0; i < L; i++) {
+                    float v = plane[i] + b;
+                    v = v <= 0.0f ? 0.0f : v;
+                    plane[i] = v >= 6.0f ? 6.0f : v;
+                }
+        }
+    }
 }

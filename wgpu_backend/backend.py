@@ -21,6 +21,7 @@ from cinders.errors import CindersError
 from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
+from . import conv
 from .codegen import images, matmul as matmul_templates
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
@@ -99,6 +100,9 @@ class Wgpu(Backend):
     # (fusion_compiler), cn.capture records and replays its launches (core/capture.py).
     compiles_kernels = True
     capturable = True
+
+    # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
+    conv2d_kernel = True
 
     def __init__(self, adapter=None, autotune=None):
         self._rt = _runtime(adapter)
@@ -527,6 +531,9 @@ class Wgpu(Backend):
         self.launch(("unfold2d", ty), lambda: images.unfold2d_wgsl(ty), [x], [out], params,
                     groups_for(total, WG), "unfold2d", 4 * total, 4 * total)
         return out
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
+        return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
         n = cols.shape[0]

@@ -342,6 +342,17 @@ class Fusion(Backend):
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
         return self._boundary("fold2d", cols, size, kernel, stride, padding, dilation)
 
+    @property
+    def conv2d_kernel(self):
+        return self._inner.conv2d_kernel
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
+        # Only called when the inner backend declares the kernel; its bias and activation
+        # run inside it, so the conv is a boundary like unfold2d.
+        if self.compiler is None:
+            return self._inner.conv2d(x, w, bias, stride, padding, dilation, groups, activation)
+        return self._boundary("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
+
     # -- movement: constants stay constants, views of data stay views --------------------------
 
     def _const_as(self, x, shape):

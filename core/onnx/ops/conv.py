@@ -59,14 +59,15 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
     strides = strides or [1] * nd
     dilations = dilations or [1] * nd
     begins, ends = _spatial_pads(X.shape, kernel, strides, dilations, pads, auto_pad)
-    x = _pad_spatial(X, begins, ends, 0.0)
-    w = W
     if nd == 3:
-        return _conv3d(x, W, B, strides, dilations, group)
+        return _conv3d(_pad_spatial(X, begins, ends, 0.0), W, B, strides, dilations, group)
+    x, w = X, W
     if nd == 1:
-        x, w = _to_2d(x), _to_2d(W)
+        x, w = _to_2d(X), _to_2d(W)
         strides, dilations = [1] + list(strides), [1] + list(dilations)
-    out = conv2d(x, w, B, stride=tuple(strides), padding=0, dilation=tuple(dilations), groups=group)
+        begins, ends = [0] + list(begins), [0] + list(ends)
+    out = conv2d(x, w, B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
+                 dilation=tuple(dilations), groups=group)
     return out.squeeze(2) if nd == 1 else out
 
 

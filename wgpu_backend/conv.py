@@ -1,0 +1,213 @@
+"""cn.Wgpu()'s conv2d primitive: convolution kernels that never build the im2col matrix.
+
+Two WGSL templates, one parameter layout:
+
+* implicit GEMM (`gemm_wgsl`): per group g, Out[o, p] = sum_k W[o, k] * X_col[k, p] with
+  o over the group's output channels, p over batch x output pixels and k over (c, ky, kx) of
+  the group's input channels. A workgroup computes a 64 x 64 tile of (o, p); each K step stages
+  16 rows of W and 16 rows of the *virtual* im2col matrix in workgroup memory, gathering the
+  column entries straight from the image (zero outside it). No intermediate tensor exists, so
+  nothing but the input, weight and output has to fit the device's binding limit
+  (maxStorageBufferBindingSize) -- and those are tensors, which the backend already keeps
+  within it.
+* direct (`direct_wgsl`): one thread per output element looping over its window; for
+  depthwise convolutions (one input channel per group) and other products too small to tile.
+
+Both read x, the weight and the bias through strides (views cost no copy), write the output
+(N, O, OH, OW) contiguous, and apply the epilogue at the store: + bias[o], then the activation
+(none / relu / relu6, NaN propagating like the composed where()). A batch-norm that follows a
+conv at inference is folded into weight and bias by the caller (per output channel scale on the
+weight, shift on the bias), so it costs nothing here. Padding may be asymmetric
+((top, bottom), (left, right)): the kernels need only top and left; bottom and right decide OH, OW.
+"""
+
+from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, groups_for
+
+ACTIVATIONS = {
+    None: "v",
+    "relu": "select(v, 0.0, v <= 0.0)",
+    "relu6": "select(select(v, 0.0, v <= 0.0), 6.0, v >= 6.0)",
+}
+
+# The implicit-GEMM tile: BM output channels x BN output pixels per workgroup of 16 x 16
+# threads (TM x TN each), K in BK-deep steps. BM and BN divide the thread count, so the image
+# column (and weight row) a thread stages is the same at every K step.
+BM, BN, BK, TM, TN = 64, 64, 16, 4, 4
+THREADS = (BN // TN) * (BM // TM)
+
+PARAMS = ParamLayout("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw",
+                     "pt", "pl", "dh", "dw", "groups", "cg", "og", "K", "cols",
+                     "x_off", ("xs", 4), "w_off", ("ws", 4), "b_off", "b_stride")
+
+_FIELDS = ("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw", "pt", "pl",
+           "dh", "dw", "groups", "cg", "og", "K", "cols", "x_off", "w_off", "b_off",
+           "b_stride")
+
+
+def _header(has_bias, shared=""):
+    buffers = ["X", "Wt"] + (["Bias"] if has_bias else [])
+    lines = ["struct Params { v: array<vec4<u32>, %d> }" % -(-PARAMS.size // 4),
+             "@group(0) @binding(0) var<uniform> P: Params;"]
+    lines += ["@group(0) @binding(%d) var<storage, read> %s: array<f32>;" % (i, name)
+              for i, name in enumerate(buffers, start=1)]
+    lines.append("@group(0) @binding(%d) var<storage, read_write> Out: array<f32>;"
+                 % (len(buffers) + 1))
+    return "\n".join(lines) + "\n" + shared + "\n"
+
+
+def _lets():
+    """Every scalar parameter as a WGSL `let` of its own name, and the strides as xs0.. ws3."""
+    lines = ["  let %s = %s;" % (name, PARAMS[name]) for name in _FIELDS]
+    lines += ["  let %s%d = %s;" % (arr, i, PARAMS[arr, i]) for arr in ("xs", "ws") for i in range(4)]
+    return "\n".join(lines) + "\n"
+
+
+def _store(has_bias, activation):
+    """WGSL storing accumulator `acc` of output channel `o`, image `b`, pixel `pix`."""
+    bias = " + Bias[b_off + o * b_stride]" if has_bias else ""
+    return ("var v = acc%s; v = %s; Out[(b * O + o) * (OH * OW) + pix] = v;"
+            % (bias, ACTIVATIONS[activation]))
+
+
+def direct_wgsl(has_bias, activation):
+    """One thread per output element (b, o, oy, ox), in the output's row-major order."""
+    return _header(has_bias) + """
+@compute @workgroup_size(%d)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * %du;
+%s  if (i >= total) { return; }
+  let ox = i %% OW; var r = i / OW; let oy = r %% OH; r = r / OH; let o = r %% O; let b = r / O;
+  let pix = oy * OW + ox;
+  let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
+  let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0;
+  var acc = 0.0;
+  for (var c = 0u; c < cg; c = c + 1u) {
+    for (var ky = 0u; ky < kh; ky = ky + 1u) {
+      let iy = iy0 + i32(ky * dh);
+      if (iy < 0i || iy >= i32(H)) { continue; }
+      for (var kx = 0u; kx < kw; kx = kx + 1u) {
+        let ix = ix0 + i32(kx * dw);
+        if (ix < 0i || ix >= i32(W)) { continue; }
+        acc = fma(X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3], Wt[wb + c * ws1 + ky * ws2 + kx * ws3], acc);
+      }
+    }
+  }
+  %s
+}
+""" % (WG, WG, _lets(), _store(has_bias, activation))
+
+
+def gemm_wgsl(has_bias, activation):
+    """The implicit-GEMM tile kernel (see the module docstring). Grid: x * (z / groups) counts
+    pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group."""
+    wx, wy = BN // TN, BM // TM
+    shared = "var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<f32, %d>;" % (
+        BK * BM, BK * BN)
+    compute = ["      let b%d = Bs[kk * %du + %du + tx];" % (c, BN, c * wx) for c in range(TN)]
+    for r in range(TM):
+        compute.append("      let a%d = As[kk * %du + %du + ty];" % (r, BM, r * wy))
+        compute += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * TN + c, r, c, r * TN + c)
+                    for c in range(TN)]
+    stores = []
+    for r in range(TM):
+        for c in range(TN):
+            stores.append("  { let m = m0 + %du + ty; let p = n0 + %du + tx;\n"
+                          "    if (m < og && p < cols) { let o = g * og + m; let b = p / (OH * OW); "
+                          "let pix = p %% (OH * OW); let acc = acc[%d]; %s } }"
+                          % (r * wy, c * wx, r * TN + c, _store(has_bias, activation)))
+    return _header(has_bias, shared) + """
+@compute @workgroup_size(%(wx)d, %(wy)d)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+%(lets)s  let tx = lid.x; let ty = lid.y; let t = ty * %(wx)du + tx;
+  let g = wid.z %% groups;
+  let n0 = (wid.x + nwg.x * (wid.z / groups)) * %(bn)du; let m0 = wid.y * %(bm)du;
+  let khw = kh * kw;
+  // The image column this thread stages: pixel p = (b, oy, ox).
+  let p = n0 + t %% %(bn)du; let p_in = p < cols;
+  let ox = p %% OW; let oy = (p / OW) %% OH; let b = p / (OW * OH);
+  let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
+  let xb = x_off + b * xs0 + g * cg * xs1;
+  // The weight row this thread stages: output channel g * og + am.
+  let am = m0 + t %% %(bm)du; let a_in = am < og;
+  let wb = w_off + (g * og + am) * ws0;
+  var acc: array<f32, %(acc)d>;
+  for (var k0 = 0u; k0 < K; k0 = k0 + %(bk)du) {
+    for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
+      let k = k0 + e / %(bm)du;
+      var v = 0.0;
+      if (a_in && k < K) {
+        let c = k / khw; let rr = k %% khw;
+        v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr %% kw) * ws3];
+      }
+      As[e] = v;
+    }
+    for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
+      let k = k0 + e / %(bn)du;
+      var v = 0.0;
+      if (p_in && k < K) {
+        let c = k / khw; let rr = k %% khw;
+        let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr %% kw) * dw);
+        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
+          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
+        }
+      }
+      Bs[e] = v;
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < %(bk)du; kk = kk + 1u) {
+%(compute)s
+    }
+    workgroupBarrier();
+  }
+%(stores)s
+}
+""" % dict(wx=wx, wy=wy, lets=_lets(), bn=BN, bm=BM, bk=BK, acc=TM * TN, a_size=BK * BM,
+           b_size=BK * BN, threads=THREADS, compute="\n".join(compute), stores="\n".join(stores))
+
+
+def use_gemm(og, k):
+    """The tiled kernel pays off once a tile has enough output channels and reduction depth to
+    reuse what it stages; depthwise and tiny convolutions run direct."""
+    return og >= 8 and k >= 16
+
+
+def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
+    """Launch one conv kernel on `backend` (a cn.Wgpu) through its public kernel interface;
+    returns the (N, O, OH, OW) output handle. Arguments as the protocol's conv2d primitive."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (pt, pb), (pl, pr) = padding
+    oh = (h + pt + pb - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pl + pr - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    out = backend.empty((n, o, oh, ow), x.dtype)
+    total = n * o * oh * ow
+    if total == 0:
+        return out
+    og, k, cols = o // groups, cg * kh * kw, n * oh * ow
+    gemm = use_gemm(og, k)
+    tiles = -(-cols // BN)
+    tiles_x = min(tiles, MAX_GROUPS)
+    if gemm:
+        grid = (tiles_x, -(-og // BM), groups * -(-tiles // tiles_x))
+        if max(grid) > MAX_GROUPS:
+            from .backend import DeviceLimitError  # (backend.py imports this module)
+            raise DeviceLimitError("cn.Wgpu conv2d: %s * %s needs %r workgroups, more than the "
+                                   "device's %d per dimension" % (x.shape, w.shape, grid, MAX_GROUPS))
+    else:
+        grid = groups_for(total, WG)
+    params = PARAMS.pack(
+        total=total, N=n, C=c, H=h, W=wd, O=o, OH=oh, OW=ow, kh=kh, kw=kw, sh=stride[0],
+        sw=stride[1], pt=pt, pl=pl, dh=dilation[0], dw=dilation[1], groups=groups, cg=cg, og=og,
+        K=k, cols=cols, x_off=x.offset, xs=x.strides, w_off=w.offset,
+        ws=w.strides, b_off=0 if bias is None else bias.offset,
+        b_stride=0 if bias is None else bias.strides[0])
+    has_bias = bias is not None
+    kind = "gemm" if gemm else "direct"
+    build = (gemm_wgsl if gemm else direct_wgsl)
+    handles = [x, w] + ([bias] if has_bias else []) + [out]
+    name = "conv2d_%s%s" % (kind, "_" + activation if activation else "")
+    backend.run_kernel(("conv2d", kind, has_bias, activation),
+                       lambda: build(has_bias, activation), handles, params, grid, name,
+                       4 * (x.size + w.size + (o if has_bias else 0)), 4 * total)
+    return out
