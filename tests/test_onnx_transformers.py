@@ -185,10 +185,12 @@ def test_shape_chains_are_decided_at_import(exported):
     from the host, and no ConstantOfShape of a known shape is left in the code."""
     source = to_source(exported("gpt2"))
     assert "device_reads = []" in source
-    assert "ops.Equal(m_inner_transformer_Reshape_4, ops.host_tensor([-1, -1, -1, -1], 'int32'))" in source or \
-        "ops.host_tensor([-1, -1, -1, -1], 'int32')" in source
-    expand = [line for line in source.splitlines() if "= ops.Expand(" in line]
-    assert expand and all("ops.to_device" not in line for line in expand)
+    forward = source.split("def forward")[1]
+    # the -1 entries of the target shape are replaced on the host; the all-ones vector is folded
+    assert "inner_transformer_Where = ops.Where(inner_transformer_Equal, ops.host_tensor([1, 1, 1, 1], 'int32'), " \
+        "inner_transformer_Reshape_4)" in forward
+    assert "inner_transformer_Expand = ops.Expand(inner_transformer_And_1, inner_transformer_Where)" in forward
+    assert "inner_transformer_ConstantOfShape_1" not in forward
 
 
 def test_inputs_of_other_declared_dims_are_refused(exported):
@@ -210,3 +212,74 @@ def test_profile_counts_device_reads():
         y.numpy()
     assert p.device_reads == 3
     assert [e["name"] for e in p.events if e["kind"] == "read"] == ["tolist", "item", "numpy"]
+
+
+def _graph(nodes, inputs, outputs, initializers=(), opset=17):
+    from onnx import helper
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def test_constant_padding_chain_is_folded_at_import():
+    """silero VAD's reflect padding: pads computed from constants only (ConstantOfShape, Concat,
+    Reshape, reversing Slice, Transpose, Cast) become the literal the Pad reads."""
+    from onnx import TensorProto, helper, numpy_helper
+    consts = [numpy_helper.from_array(np.array([2], np.int64), "two"),
+              numpy_helper.from_array(np.array([64, 0], np.int64), "tail"),
+              numpy_helper.from_array(np.array([-1, 2], np.int64), "pairs"),
+              numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+              numpy_helper.from_array(np.array([-2 ** 63 + 1], np.int64), "far"),
+              numpy_helper.from_array(np.array([0], np.int64), "zero"),
+              numpy_helper.from_array(np.array([-1], np.int64), "flat")]
+    nodes = [helper.make_node("ConstantOfShape", ["two"], ["zeros"],
+                              value=helper.make_tensor("v", TensorProto.INT64, [1], [0])),
+             helper.make_node("Concat", ["tail", "zeros"], ["both"], axis=0),
+             helper.make_node("Reshape", ["both", "pairs"], ["rows"]),
+             helper.make_node("Slice", ["rows", "minus_one", "far", "zero", "minus_one"], ["reversed"]),
+             helper.make_node("Transpose", ["reversed"], ["cols"], perm=[1, 0]),
+             helper.make_node("Reshape", ["cols", "flat"], ["pads_long"]),
+             helper.make_node("Cast", ["pads_long"], ["pads"], to=TensorProto.INT64),
+             helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")]
+    data = _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 576])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 640])], consts)
+    source = to_source(data)
+    assert "y = ops.Pad(x, [0, 64, 0, 0], mode='reflect')" in source
+    assert "ConstantOfShape" not in source.split("def forward")[1].replace("# ", "")
+    x = np.random.default_rng(0).standard_normal((2, 576)).astype(np.float32)
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(load(data, backend=cn.NumPy())(cn.tensor(x, backend=cn.NumPy())).numpy(), ref)
+
+
+def _data_dependent_model():
+    """y = x reshaped to (count of nonzero x, -1): NonZero's size depends on the values."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes = [helper.make_node("NonZero", ["x"], ["where"], name="nonzero"),
+             helper.make_node("Shape", ["where"], ["shape"]),
+             helper.make_node("Slice", ["shape", "one", "two"], ["count"]),
+             helper.make_node("Concat", ["count", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    consts = [numpy_helper.from_array(np.array([1], np.int64), "one"),
+              numpy_helper.from_array(np.array([2], np.int64), "two"),
+              numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
+    return _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+
+
+def test_data_dependent_nodes_are_listed(tmp_path):
+    """Only NonZero reads the device (its output's size is data); the shape arithmetic after it
+    runs on the host. The model lists it, cn.profile counts it, `cinders import-onnx` prints it."""
+    import subprocess
+    data = _data_dependent_model()
+    backend = cn.NumPy()
+    model = load(data, backend=backend)
+    assert model.device_reads == ["NonZero 'nonzero'"]
+    x = np.array([1, 0, 2, 0, 3, 4, 0, 0], np.float32)
+    with cn.profile(backend) as p:
+        y = model(cn.tensor(x, backend=backend))
+    assert p.device_reads == 1 and y.shape == (4, 2)
+    path = tmp_path / "nonzero.onnx"
+    path.write_bytes(data)
+    done = subprocess.run([sys.executable, "-m", "cinders", "import-onnx", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "1 node(s) depend on data" in done.stdout and "NonZero 'nonzero'" in done.stdout

@@ -392,8 +392,9 @@ class _Scope:
 
 
 def generate(model, external=None, class_name="Model", source_name="model.onnx"):
-    """(source, {attribute: Constant}) for the ModelProto `model`. Raises OnnxError listing every
-    unsupported node at once."""
+    """(source, {attribute: Constant}, device_reads) for the ModelProto `model`; device_reads
+    names the nodes whose results depend on data, which read device values at run time. Raises
+    OnnxError listing every unsupported node at once."""
     graph = model.graph
     opset = opset_of(model)
     values = _Names(_RESERVED)
@@ -430,14 +431,15 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
                         % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
     if layered is not None:
-        return layered
+        return layered + ([],)
     outputs = []
     for vi in graph.output:
         if vi.name not in known:
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
         outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
-                          lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}
+                          lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}, \
+        scope.device_reads
 
 
 def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):

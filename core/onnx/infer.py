@@ -3,7 +3,7 @@
 Per value an `Info`: its shape, each dim an int, a symbolic name from the graph's inputs
 ('batch', 'seq') or None (unknown), or no shape at all (rank unknown); and, for the small int
 vectors that exporters build shapes from, its partially known elements (an element is an int, a
-symbolic name or None). `Shape(x)` of a hidden state (None, None, 32) is [None, None, 32], so
+symbolic name or None; flat, in row-major order). `Shape(x)` of a hidden state (None, None, 32) is [None, None, 32], so
 `Gather(Shape(x), 2)` is known to be 32 at import, and `ConstantOfShape(Shape(v))` of a vector v
 of length 4 is four known elements: codegen folds such values into constants.
 
@@ -208,14 +208,14 @@ def _slice(x, inputs, attrs):
     if starts is None or ends is None or steps is None:   # the sliced dims are unknown
         cut = {_axis(a, len(x.shape)) for a in axes}
         return Info([None if i in cut else d for i, d in enumerate(x.shape)])
-    shape, value = list(x.shape), x.value
+    shape, value = list(x.shape), x.value if len(x.shape) == 1 else None   # (values: flat, row-major)
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _axis(a, len(shape))
         n = shape[a]
         if isinstance(n, int):
             picked = _slice_bounds(s, e, st, n)
             shape[a] = len(picked)
-            if value is not None and len(shape) == 1:
+            if value is not None:
                 value = [value[i] for i in picked]
         else:
             whole = s == 0 and e >= _INT64_MAX // 2 and st == 1   # x[0:] keeps a symbolic dim
