@@ -283,3 +283,109 @@ def test_data_dependent_nodes_are_listed(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "1 node(s) depend on data" in done.stdout and "NonZero 'nonzero'" in done.stdout
+
+
+# -- text generation with a KV cache (cinders.onnx.generate) ----------------------------------------
+
+HEADS, HEAD_DIM, LAYERS = 4, 8, 2
+
+
+def _decoder():
+    """A GPT-style decoder whose past keys/values are inputs and present ones outputs; positions
+    and the causal mask come from the past length (Shape -> Range -> LessOrEqual in the graph)."""
+    import math
+    import torch
+    torch.manual_seed(0)
+    vocab, width = 50, HEADS * HEAD_DIM
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            self.qkv, self.proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * width, width))
+
+        def forward(self, x, past_key, past_value, mask):
+            b, t, _ = x.shape
+            q, k, v = (z.reshape(b, t, HEADS, HEAD_DIM).transpose(1, 2)
+                       for z in self.qkv(self.ln1(x)).split(width, dim=-1))
+            k, v = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+            y = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v).transpose(1, 2).reshape(b, t, width)
+            x = x + self.proj(y)
+            return x + self.mlp(self.ln2(x)), k, v
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens, self.positions = torch.nn.Embedding(vocab, width), torch.nn.Embedding(64, width)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS))
+            self.ln, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab, bias=False)
+
+        def forward(self, ids, *past):
+            t, p = ids.shape[1], past[0].shape[2]
+            pos = torch.arange(p, p + t).unsqueeze(0)
+            mask = torch.arange(p + t).unsqueeze(0) <= pos.transpose(0, 1)
+            x = self.tokens(ids) + self.positions(pos)
+            present = []
+            for i, block in enumerate(self.blocks):
+                x, k, v = block(x, past[2 * i], past[2 * i + 1], mask)
+                present += [k, v]
+            return (self.head(self.ln(x)), *present)
+    return Decoder().eval()
+
+
+@pytest.fixture(scope="session")
+def decoder_path(tmp_path_factory):
+    import torch
+    path = str(tmp_path_factory.mktemp("decoder") / "decoder.onnx")
+    pasts = ["past_key_values.%d.%s" % (i, kv) for i in range(LAYERS) for kv in ("key", "value")]
+    presents = [n.replace("past_key_values", "present") for n in pasts]
+    dims = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    dims.update({n: {0: "batch", 2: "past"} for n in pasts})
+    dims.update({n: {0: "batch", 2: "total"} for n in presents})
+    example = (torch.randint(0, 50, (2, 3)),) + tuple(torch.randn(2, HEADS, 4, HEAD_DIM) for _ in pasts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_decoder(), example, path, dynamo=False, input_names=["input_ids"] + pasts,
+                          output_names=["logits"] + presents, dynamic_axes=dims, opset_version=17)
+    return path
+
+
+def _ort_greedy(path, prompt, steps):
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    rows = [list(r) for r in prompt]
+    feed_ids = np.array(prompt, np.int64)
+    past = [np.zeros((len(prompt), HEADS, 0, HEAD_DIM), np.float32) for _ in names[1:]]
+    for _ in range(steps):
+        logits, *past = session.run(None, dict(zip(names, [feed_ids] + past)))
+        picked = logits[:, -1].argmax(-1)
+        for r, t in zip(rows, picked):
+            r.append(int(t))
+        feed_ids = picked.reshape(-1, 1).astype(np.int64)
+    return rows
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu"])
+def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name):
+    """Greedy decoding with the KV cache fed back: the same tokens as a greedy loop on onnxruntime."""
+    from cinders.onnx import generate
+    backend = {"numpy": cn.NumPy, "python": cn.Python, "wgpu": lambda: cn.Wgpu(autotune=False)}[backend_name]()
+    model = load(decoder_path, backend=backend)
+    assert model.device_reads == []
+    prompt = [[5, 7, 9, 11], [1, 2, 3, 4]]
+    assert generate(model, prompt, 12) == _ort_greedy(decoder_path, prompt, 12)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder_path):
+    from cinders.onnx import generate
+    model = load(decoder_path, backend=cn.NumPy())
+    prompt = [[5, 7, 9]]
+    first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
+    assert first == generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
+    assert all(0 <= t < 50 for t in first[0]) and len(first[0]) == 11
+    assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
+    with pytest.raises(OnnxError, match="temperature"):
+        generate(model, prompt, 3, temperature=-1.0)

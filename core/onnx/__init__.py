@@ -17,7 +17,9 @@ import types
 from .proto import OnnxError, read_model
 from . import codegen
 
-__all__ = ["OnnxError", "load", "to_source", "import_onnx"]
+from .generate import generate
+
+__all__ = ["OnnxError", "load", "to_source", "import_onnx", "generate"]
 
 
 def _read(source):

@@ -19,9 +19,12 @@ from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
 # Inputs smaller than this that are constants and land on a parameter an op reads as Python
 # numbers (shapes, axes, pads ...) are written into the code as literals.
 LITERAL_LIMIT = 4096
-# Nodes whose inputs are all constants are computed at import (on the host backend) when their
-# inputs and output hold at most this many elements; bigger ones run with the model.
+# Nodes whose inputs are all constants are computed at import (on the host backend, pure Python)
+# when their inputs and output hold at most this many elements; bigger ones run with the model.
+# Products (a MatMul of two weights) cost far more per element: they fold up to LITERAL_LIMIT.
 FOLD_LIMIT = 1 << 16
+PRODUCTS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger", "QLinearMatMul",
+            "QLinearConv", "LSTM", "GRU", "RNN", "Attention"}
 SUPPORTED_DOMAINS = ("", "ai.onnx")
 DOCS = "docs/onnx-ops.md"
 
@@ -512,7 +515,8 @@ def _fold(node, fn, attributes, opset, constants, infos):
     the model, which raises any error it has where the user sees it)."""
     if not any(node.input) or not all(not i or i in constants for i in node.input):
         return None
-    if sum(len(constants[i].values) for i in node.input if i) > FOLD_LIMIT:
+    if sum(len(constants[i].values) for i in node.input if i) > \
+            (LITERAL_LIMIT if node.op_type in PRODUCTS else FOLD_LIMIT):
         return None
     if node.op_type == "Identity":   # the same constant (tied weights stay one parameter)
         return {node.output[0]: constants[node.input[0]]}
