@@ -571,9 +571,12 @@ from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
 def import_onnx(args):
     from cinders.onnx import import_onnx as write
     started = time.perf_counter()
-    py_path, record_path = write(args.model, args.out, args.name)
+    py_path, record_path, device_reads = write(args.model, args.out, args.name)
     name = os.path.splitext(os.path.basename(py_path))[0]
     print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
+    if device_reads:   # everything else is decided at import or on the host
+        print("%d node(s) depend on data and read device values when run (a GPU waits there; "
+              "cn.capture refuses them): %s" % (len(device_reads), ", ".join(device_reads)))
     print("use it: cd %s && python -c \"from %s import Model; m = Model.load('%s.safetensors')\""
           % (args.out, name, name))
     return 0

@@ -2,7 +2,8 @@
 
     with cn.profile(backend) as p:
         y = model(x)
-    p.kernel_launches, p.bytes_read, p.bytes_written, p.gpu_time, p.events, p.cache_hits
+    p.kernel_launches, p.bytes_read, p.bytes_written, p.gpu_time, p.events, p.cache_hits,
+    p.device_reads
 
 Backends report events with `record(backend, event)` (a dict with at least "kind" and "name")
 while `ACTIVE` is non-empty; the check is one list truth test, so reporting costs nothing when
@@ -13,6 +14,8 @@ nobody profiles. Kinds the counters understand:
     "cache_hit"  a kernel/pipeline cache hit (counted, not kept in `events`)
     "submit"     one submission of queued GPU work (counted in `submits`, not kept)
     "replay"     a cn.capture replay: "kernels" launches in one submission
+    "read"       the host read a tensor's values ("bytes" of them; tolist, item, numpy, to, ...):
+                 on a GPU the CPU waits for the device there, and cn.capture refuses it
 A profiler of backend B sees the events of B and of every backend B wraps (`B.inner` chain).
 Backends may define `profile_start()` / `profile_stop()` (e.g. to turn GPU timestamps on) and
 `synchronize()`, which the profiler calls on exit so that timings are complete.
@@ -35,6 +38,7 @@ class Profile:
         self.cache_hits = 0
         self.cache_misses = 0
         self.submits = 0
+        self.device_reads = 0
 
     @property
     def gpu_time(self):
@@ -55,6 +59,8 @@ class Profile:
             return
         if kind == "replay":
             self.kernel_launches += event["kernels"]
+        if kind == "read":
+            self.device_reads += 1
         if kind == "compile":
             self.cache_misses += 1
         elif kind == "kernel":
@@ -83,9 +89,9 @@ class Profile:
 
     def __repr__(self):
         return ("Profile(kernel_launches=%d, submits=%d, bytes_read=%d, bytes_written=%d, "
-                "gpu_time=%r, cache_hits=%d, cache_misses=%d)" % (
+                "gpu_time=%r, cache_hits=%d, cache_misses=%d, device_reads=%d)" % (
                     self.kernel_launches, self.submits, self.bytes_read, self.bytes_written,
-                    self.gpu_time, self.cache_hits, self.cache_misses))
+                    self.gpu_time, self.cache_hits, self.cache_misses, self.device_reads))
 
 
 def profile(backend=None):

@@ -16,6 +16,7 @@ from .backend import numel as _numel, unfold2d_output_size
 from .errors import (ShapeError, DTypeError, DeviceError, NotDifferentiableError, ArgumentError,
                      ArgumentTypeError)
 from .limits import check_shape, element_bytes
+from .profile import ACTIVE as _PROFILING, record as _profile_event
 
 from . import ops
 
@@ -226,7 +227,13 @@ class Tensor:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _reading(self, how):
+        """Report a read of this tensor's values to cn.profile (a device read on a GPU)."""
+        if _PROFILING:
+            _profile_event(self.backend, {"kind": "read", "name": how, "bytes": 4 * _numel(self.shape)})
+
     def tolist(self):
+        self._reading("tolist")
         flat = self.backend.to_flat(self.handle)
         if self.dtype is bool_:
             flat = [bool(v) for v in flat]
@@ -234,6 +241,7 @@ class Tensor:
 
     async def to_data_async(self):
         """tolist() that awaits the device instead of blocking (the browser's WebGPU cannot block)."""
+        self._reading("to_data_async")
         reader = getattr(self.backend, "to_flat_async", None)
         flat = await reader(self.handle) if reader is not None else self.backend.to_flat(self.handle)
         if self.dtype is bool_:
@@ -243,6 +251,7 @@ class Tensor:
     def item(self):
         if _numel(self.shape) != 1:
             raise ShapeError("item: needs a tensor with exactly one element, got shape %s" % (self.shape,))
+        self._reading("item")
         value = self.backend.to_flat(self.handle)[0]
         return bool(value) if self.dtype is bool_ else value
 
@@ -264,6 +273,7 @@ class Tensor:
     def numpy(self):
         """A NumPy array copy (needs NumPy installed)."""
         import numpy as np
+        self._reading("numpy")
         to_numpy = getattr(self.backend, "to_numpy", None)
         if to_numpy is not None:
             return to_numpy(self.handle)
@@ -278,6 +288,7 @@ class Tensor:
         """The same values on another backend (a copy through Python lists)."""
         if backend is self.backend:
             return self
+        self._reading("to")
         return Tensor(backend, backend.from_flat(self.backend.to_flat(self.handle), self.shape, self.dtype),
                       self.shape, self.dtype)
 

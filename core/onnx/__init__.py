@@ -17,7 +17,9 @@ import types
 from .proto import OnnxError, read_model
 from . import codegen
 
-__all__ = ["OnnxError", "load", "to_source", "import_onnx"]
+from .generate import generate
+
+__all__ = ["OnnxError", "load", "to_source", "import_onnx", "generate"]
 
 
 def _read(source):
@@ -58,7 +60,7 @@ def _external_reader(folder):
 def _generate(source, class_name="Model"):
     data, folder, name = _read(source)
     model = read_model(data)
-    src, constants = codegen.generate(model, _external_reader(folder), class_name, name)
+    src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name)
     return src, constants, name
 
 
@@ -94,7 +96,8 @@ def load(source, backend=None):
 
 
 def import_onnx(source, out_dir, name=None):
-    """Write OUT_DIR/NAME.py and OUT_DIR/NAME.safetensors; returns the two paths."""
+    """Write OUT_DIR/NAME.py and OUT_DIR/NAME.safetensors; returns the two paths and the nodes
+    that read device values at run time (their results depend on data: NonZero, Unique, ...)."""
     from .. import record
     from ..tensor import default_backend
     data, folder, display = _read(source)
@@ -103,7 +106,7 @@ def import_onnx(source, out_dir, name=None):
         name = codegen.module_name(base)
     elif not name.isidentifier() or not name.isascii():
         raise OnnxError("--name %r is not a Python module name" % (name,))
-    src, constants = codegen.generate(read_model(data), _external_reader(folder), "Model", display)
+    src, constants, device_reads = codegen.generate(read_model(data), _external_reader(folder), "Model", display)
     os.makedirs(out_dir, exist_ok=True)
     py_path = os.path.join(out_dir, name + ".py")
     st_path = os.path.join(out_dir, name + ".safetensors")
@@ -116,4 +119,4 @@ def import_onnx(source, out_dir, name=None):
     with open(tmp, "w", encoding="ascii") as f:
         f.write(src)
     os.replace(tmp, py_path)
-    return py_path, st_path
+    return py_path, st_path, device_reads

@@ -11,6 +11,7 @@ import keyword
 import math
 import re
 
+from . import infer
 from . import ops as onnx_ops
 from .ops import cinders_dtype_name
 from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
@@ -18,6 +19,12 @@ from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
 # Inputs smaller than this that are constants and land on a parameter an op reads as Python
 # numbers (shapes, axes, pads ...) are written into the code as literals.
 LITERAL_LIMIT = 4096
+# Nodes whose inputs are all constants are computed at import (on the host backend, pure Python)
+# when their inputs and output hold at most this many elements; bigger ones run with the model.
+# Products (a MatMul of two weights) cost far more per element: they fold up to LITERAL_LIMIT.
+FOLD_LIMIT = 1 << 16
+PRODUCTS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger", "QLinearMatMul",
+            "QLinearConv", "LSTM", "GRU", "RNN", "Attention"}
 SUPPORTED_DOMAINS = ("", "ai.onnx")
 DOCS = "docs/onnx-ops.md"
 
@@ -185,6 +192,17 @@ class _Scope:
         self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
         self.known, self.problems, self.external = known, problems, external
         self.host_values = set()
+        self.infos = {}         # value name -> infer.Info (what is known at import)
+        self.device_reads = []  # nodes that read a device value: their result depends on data
+
+    def info(self, name):
+        if not name:
+            return None
+        const = self.constants.get(name)
+        if const is not None:
+            small = const.dtype == "int32" and len(const.values) <= LITERAL_LIMIT
+            return infer.Info(const.shape, const.python_values() if small else None)
+        return self.infos.get(name, infer.UNKNOWN)
 
     def emit(self, nodes):
         lines = []
@@ -220,11 +238,7 @@ class _Scope:
                 elif node.op_type == "Scan":
                     lines += self.emit_scan(node)
                 else:
-                    on_host = _on_host(node, self.host_values, self.constants)
-                    lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
-                                                 self.host_values, on_host))
-                    if on_host:
-                        self.host_values.update(o for o in node.output if o)
+                    lines += self.emit_node(node, fn)
                 self.known.update(o for o in node.output if o)
             except _Unsupported as e:
                 self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
@@ -233,6 +247,31 @@ class _Scope:
                         self.known.add(o)
                         self.values.add(o)
         return lines
+
+    def emit_node(self, node, fn):
+        """The statement of one node, or none when its outputs are known at import (folded).
+        Its outputs live on the host when they depend only on input shapes (see HOST_OPS)."""
+        attributes = _node_attributes(node, fn)
+        outs = [o for o in node.output if o]
+        infos = infer.infer(node.op_type, [self.info(i) for i in node.input], attributes, len(node.output))
+        folded = _known_outputs(node, infos) or _fold(node, fn, attributes, self.opset, self.constants, infos)
+        if folded:
+            self.constants.update(folded)
+            return []
+        self.infos.update((o, i) for o, i in zip(node.output, infos) if o)
+        on_host = _on_host(node, self.host_values, self.constants, infos)
+        if on_host:
+            self.host_values.update(outs)
+        elif fn.reads or any(name and fn.inputs[i] in fn.host and name not in self.constants
+                             and name not in self.host_values for i, name in enumerate(node.input)):
+            self.device_reads.append("%s %s" % (node.op_type, ascii(node.name)))
+        return [_node_statement(node, fn, attributes, self.opset, self.values, self.attrs, self.constants,
+                                self.host_values, on_host)]
+
+    def read_unless_host(self, node, names):
+        """Note node as a device read when one of names (an If condition, a Loop count) is data."""
+        if any(n and n not in self.constants and n not in self.host_values for n in names):
+            self.device_reads.append("%s %s" % (node.op_type, ascii(node.name)))
 
     def emit_loop(self, node):
         """Loop as a Python while loop: the body graph's inputs (iteration number, condition,
@@ -251,6 +290,7 @@ class _Scope:
         state = [self.values.add(vi.name) for vi in body.input[2:]]
         self.known.update(vi.name for vi in body.input)
         self.host_values.add(body.input[0].name)
+        self.read_unless_host(node, node.input[:2])
         trips = _operand(node.input[0], self.values, self.attrs, self.constants, True) if node.input[0] else "None"
         cond = _operand(node.input[1], self.values, self.attrs, self.constants, True) \
             if len(node.input) > 1 and node.input[1] else "True"
@@ -332,6 +372,7 @@ class _Scope:
         outs = [self.values.add(o) if o else "_" for o in node.output]
         comment = "  # %s" % ascii(node.name) if node.name else ""
         cond = _operand(node.input[0], self.values, self.attrs, self.constants, True)
+        self.read_unless_host(node, node.input[:1])
         lines = ["if ops.truth(%s):%s" % (cond, comment)]
         for key in ("then_branch", "else_branch"):
             graph = branches[key]
@@ -354,8 +395,9 @@ class _Scope:
 
 
 def generate(model, external=None, class_name="Model", source_name="model.onnx"):
-    """(source, {attribute: Constant}) for the ModelProto `model`. Raises OnnxError listing every
-    unsupported node at once."""
+    """(source, {attribute: Constant}, device_reads) for the ModelProto `model`; device_reads
+    names the nodes whose results depend on data, which read device values at run time. Raises
+    OnnxError listing every unsupported node at once."""
     graph = model.graph
     opset = opset_of(model)
     values = _Names(_RESERVED)
@@ -379,20 +421,28 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
 
     problems = []
     scope = _Scope(opset, values, attrs, constants, known, problems, external)
-    lines = scope.emit(graph.node)
+    declared = [list(element_type(vi.type)[1] or []) for vi in inputs]
+    for vi, dims in zip(inputs, declared):
+        if element_type(vi.type)[1] is not None:
+            scope.infos[vi.name] = infer.Info(dims)
+    # Shapes decided at import assume the declared dims: an input of other dims is refused.
+    lines = ["ops.expect_shape(%s, %s, %s)" % (var, literal(dims), ascii(vi.name))
+             for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
+    lines += scope.emit(graph.node)
     if problems:
         raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
                         % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
     if layered is not None:
-        return layered
+        return layered + ([],)
     outputs = []
     for vi in graph.output:
         if vi.name not in known:
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
         outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
-                          lines, constants), {c.attr: c for c in constants.values() if c.attr}
+                          lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}, \
+        scope.device_reads
 
 
 def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):
@@ -416,24 +466,98 @@ def _operand(name, values, attrs, constants, host, host_values=(), host_node=Fal
     return "self." + const.attr
 
 
-# Shape arithmetic runs on the host: Shape/Size give small int tensors on cn.Python(), and these
-# ops keep computing there while every input is such a value or a small constant. Reshape then
-# reads its shape without waiting for a GPU (or, in the browser, without a blocking read).
+# Shape arithmetic runs on the host: what is known at import is folded into constants (see
+# infer.py and _fold); what depends on the input shapes is computed per call on cn.Python(): Shape
+# and Size give small int tensors there, and these ops keep computing there while every input is
+# such a value or a small constant. Reshape, Expand, Slice ... then read their shapes without
+# waiting for a GPU (or, in the browser, without a blocking read), and cn.capture can replay them.
 HOST_OPS = {"Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Cast", "Add", "Sub", "Mul",
             "Div", "Mod", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Where", "Not",
-            "Identity", "Max", "Min", "Neg", "Abs", "ReduceProd", "ReduceSum", "Floor", "Ceil"}
+            "Identity", "Max", "Min", "Neg", "Abs", "ReduceProd", "ReduceSum", "Floor", "Ceil", "And", "Or",
+            "Sign", "ConstantOfShape", "Range", "Expand", "Tile"}
+# Ops whose output size is a value: they stay on the host (or fold) only when it is known and small.
+SIZED_BY_VALUE = {"ConstantOfShape", "Range", "Expand", "Tile", "Pad", "Resize", "Upsample", "OneHot",
+                  "CenterCropPad"}
 
 
-def _on_host(node, host_values, constants):
+def _small(info):
+    n = info.numel()
+    return n is not None and n <= LITERAL_LIMIT
+
+
+def _on_host(node, host_values, constants, infos):
     if node.op_type in ("Shape", "Size"):
         return True
     if node.op_type not in HOST_OPS or not any(i in host_values for i in node.input):
+        return False
+    if node.op_type in SIZED_BY_VALUE and not all(_small(i) for i in infos):
         return False
     return all(not i or i in host_values or (i in constants and len(constants[i].values) <= LITERAL_LIMIT)
                for i in node.input)
 
 
-def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False):
+def _known_outputs(node, infos):
+    """{name: Constant} when shape inference knows every output (e.g. Shape of static dims)."""
+    out = {}
+    for name, info in zip(node.output, infos):
+        if not name:
+            continue
+        value = info.known()
+        if value is None or info.numel() != len(value):
+            return None
+        out[name] = Constant("int64", info.shape, value)
+    return out
+
+
+def _fold(node, fn, attributes, opset, constants, infos):
+    """{name: Constant} of a node whose inputs are all small constants, computed now by its op
+    function on the host backend (constant folding); None when it cannot be (it then runs with
+    the model, which raises any error it has where the user sees it)."""
+    if not any(node.input) or not all(not i or i in constants for i in node.input):
+        return None
+    if sum(len(constants[i].values) for i in node.input if i) > \
+            (LITERAL_LIMIT if node.op_type in PRODUCTS else FOLD_LIMIT):
+        return None
+    if node.op_type == "Identity":   # the same constant (tied weights stay one parameter)
+        return {node.output[0]: constants[node.input[0]]}
+    sizes = [i.numel() for o, i in zip(node.output, infos) if o]
+    if any(n is None and node.op_type in SIZED_BY_VALUE or n is not None and n > FOLD_LIMIT for n in sizes):
+        return None
+    args = []
+    for i, name in enumerate(node.input):
+        const = constants.get(name)
+        value = None if const is None else nest(const.python_values(), const.shape)
+        args.append(value if const is None or fn.inputs[i] in fn.host else onnx_ops.host_tensor(value, const.dtype))
+    keywords = dict(attributes)
+    if "opset" in fn.params:
+        keywords["opset"] = opset
+    if "backend" in fn.params:
+        keywords["backend"] = onnx_ops.host_backend()
+    if fn.multi:
+        keywords["outputs"] = len(node.output)
+    try:
+        result = fn(*args, **keywords)
+    except Exception:   # noqa: BLE001 - not folded: the same call at run time reports it
+        return None
+    results = result if isinstance(result, tuple) else (result,)
+    folded = {}
+    for name, t in zip(node.output, results):
+        if name:
+            flat = _flat(t.tolist())
+            if len(flat) > FOLD_LIMIT:
+                return None
+            folded[name] = Constant("int64" if t.dtype.name == "int32" else t.dtype.name, t.shape, flat)
+    return folded
+
+
+def _flat(nested):
+    if not isinstance(nested, list):
+        return [nested]
+    return [v for item in nested for v in _flat(item)]
+
+
+def _node_attributes(node, fn):
+    """{name: Python value} of a node's attributes, checked against its op function."""
     params = fn.params
     attributes = {}
     for a in node.attribute:
@@ -451,6 +575,11 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
             if value is None:
                 raise _Unsupported("tensor attribute %s larger than %d elements" % (ascii(a.name), LITERAL_LIMIT))
         attributes[a.name] = value
+    return attributes
+
+
+def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_values=(), host_node=False):
+    params = fn.params
     if len(node.input) > len(fn.inputs):
         raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
     required = [n for n in fn.inputs[:fn.required] if n not in attributes]
@@ -476,7 +605,7 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
         if "opset" in params:
             keywords.append("opset=%d" % opset)
         if "backend" in params:
-            keywords.append("backend=backend")
+            keywords.append("backend=ops.host_backend()" if host_node else "backend=backend")
         if fn.multi and len(outs) > 1:
             keywords.append("outputs=%d" % len(outs))
         expr = "ops.%s(%s)" % (node.op_type, ", ".join(args + keywords))
@@ -488,7 +617,8 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
     return "%s = %s%s" % (target, expr, comment)
 
 
-def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, constants):
+def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, constants,
+                   device_reads):
     header = [
         "# Generated by cinders from %s: do not expect it to match the file byte for byte," % ascii(source_name),
         "# but feel free to edit, fine-tune (cn.Autodiff) or export it (cinders export-micro).",
@@ -509,6 +639,8 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
         "opset = %d" % opset,
     ] + _sample_shape(inputs) + [
         "buffers = %s" % literal(buffers),
+        "# nodes whose result depends on data: they read device values (a GPU waits for them)",
+        "device_reads = %s" % literal(device_reads),
         "",
         "def __init__(self, backend=None):",
         "    super().__init__()",

@@ -2,6 +2,7 @@
 pads read as Python numbers), the host backend where shape arithmetic runs, dtype names."""
 
 import inspect
+from collections import OrderedDict
 
 import cinders as cn
 from ...dtypes import float32, int32, bool_
@@ -13,16 +14,17 @@ REGISTRY = {}
 _DTYPES = {"float32": float32, "int32": int32, "bool": bool_}
 
 
-def op(host=(), multi=False):
+def op(host=(), multi=False, reads=False):
     """Register an ONNX op function. host: parameters read as Python numbers; multi: the op has
-    several outputs and takes `outputs=n` (it then returns a tuple of n tensors)."""
+    several outputs and takes `outputs=n` (it then returns a tuple of n tensors); reads: its
+    result's size depends on its input's values, which it reads (NonZero, Unique)."""
     def register(fn):
         fn.inputs, fn.params = op_params(fn)
         sig = inspect.signature(fn).parameters.values()
         fn.defaults = {p.name: p.default for p in sig if p.default is not p.empty}
         fn.required = sum(1 for p in sig if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty) or \
             (1 if any(p.kind == p.VAR_POSITIONAL for p in sig) else 0)
-        fn.host, fn.multi = frozenset(host), multi
+        fn.host, fn.multi, fn.reads = frozenset(host), multi, reads
         REGISTRY[fn.__name__] = fn
         return fn
     return register
@@ -126,9 +128,37 @@ def host_tensor(value, dtype):
     return cn.tensor(value, backend=host_backend(), dtype=_DTYPES[dtype])
 
 
+# Host values uploaded to a device, kept per (backend, dtype, shape, values): a value that depends
+# only on input shapes is uploaded once per signature, and since the tensor stays alive its
+# buffer is never reused by a later kernel, so a cn.capture replay (which uploads nothing) finds
+# it intact.
+_UPLOADED = OrderedDict()
+_UPLOAD_LIMIT = 256
+
+
 def to_device(t, backend):
-    """A host-side shape value moved onto the model's backend, where device math needs it."""
-    return t if t.backend is backend else t.to(backend)
+    """A host-side shape value moved onto the model's backend, where device math needs it (made
+    once per value and then reused, see _UPLOADED)."""
+    if t.backend is backend:
+        return t
+    nested = t.tolist()
+    key = (id(backend), t.dtype.name, t.shape, repr(nested))
+    found = _UPLOADED.get(key)
+    if found is None:
+        # the backend is kept with it, so that its id stays unique while the entry exists
+        found = _UPLOADED[key] = (backend, cn.tensor(nested, backend=backend, dtype=t.dtype))
+        if len(_UPLOADED) > _UPLOAD_LIMIT:
+            _UPLOADED.popitem(last=False)
+    else:
+        _UPLOADED.move_to_end(key)
+    return found[1]
+
+
+def expect_shape(x, dims, name):
+    """Refuse an input whose dims differ from the graph's declared ints (None and names: any):
+    shapes decided at import assume them."""
+    if len(x.shape) != len(dims) or any(isinstance(d, int) and d != n for d, n in zip(dims, x.shape)):
+        raise OnnxError("input %s has shape %s; the model declares %s" % (ascii(name), list(x.shape), dims))
 
 
 def backend_of(*things):

@@ -8,7 +8,7 @@ from ...dtypes import bool_, float32, int32
 from ...functional import stack
 from ...indexing import _take
 from ..proto import OnnxError
-from .base import _axis, _const, _slice_axis, dtype_of, host, host_backend, ints, op, scalar
+from .base import _axis, _const, _slice_axis, dtype_of, host, host_backend, ints, op, scalar, to_device
 
 
 def _reverse(x, axis):
@@ -221,7 +221,8 @@ def Range(start, limit, delta, backend=None):
     dtype = int32 if is_int else float32
     if not n:
         return cn.zeros(0, backend=backend, dtype=dtype)
-    return cn.tensor([start + i * delta for i in range(n)], backend=backend, dtype=dtype)
+    # made on the host and uploaded once per value: a replay of a captured model reuses it
+    return to_device(cn.tensor([start + i * delta for i in range(n)], backend=host_backend(), dtype=dtype), backend)
 
 
 @op()
@@ -295,7 +296,7 @@ def Compress(input, condition, axis=None):
     return _take(x, a, cn.tensor(keep, backend=x.backend, dtype=int32))
 
 
-@op()
+@op(reads=True)
 def NonZero(X):
     flat = X.reshape(-1).tolist()
     shape = X.shape
@@ -416,7 +417,7 @@ def CenterCropPad(input_data, shape, axes=None):
     return x
 
 
-@op(multi=True)
+@op(multi=True, reads=True)
 def Unique(X, axis=None, sorted=1, outputs=1):  # noqa: A002
     """Computed on the host: the result's size depends on the values (like NonZero)."""
     if axis is None:
