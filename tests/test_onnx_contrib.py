@@ -1,0 +1,241 @@
+"""onnxruntime's contrib ops (com.microsoft) through cinders.onnx: one-node models built with
+onnx.helper from one table, run in onnxruntime (the oracle) and on cinders' Python, NumPy and Wgpu
+backends to 1e-4; the variants cinders refuses raise OnnxError; and BERT- / GPT-2-style models
+from `transformers` configs after onnxruntime's transformer optimizer, against onnxruntime.
+
+    python tests/test_onnx_contrib.py --write-docs     # the com.microsoft section of docs/onnx-ops.md
+"""
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+import cinders as cn
+from cinders.onnx import OnnxError, load, to_source
+
+sys.path.insert(0, os.path.dirname(__file__))
+from backends import BACKENDS  # noqa: E402
+
+MS = "com.microsoft"
+RTOL = ATOL = 1e-4
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS_MARK = "<!-- com.microsoft: written by tests/test_onnx_contrib.py --write-docs -->"
+
+
+def rand(*shape, seed=0, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def ints(values, dtype=np.int32):
+    return np.array(values, dtype=dtype)
+
+
+B, S, D, N = 2, 3, 8, 2          # batch, sequence, hidden, heads (head size 4)
+P = 2                            # past length
+W_QKV = rand(D, 3 * D, seed=1, scale=0.5)
+B_QKV = rand(3 * D, seed=2, scale=0.1)
+COS = np.cos(np.arange(16)[:, None] * np.array([1.0, 0.1])[None, :]).astype(np.float32)   # (16, 2)
+SIN = np.sin(np.arange(16)[:, None] * np.array([1.0, 0.1])[None, :]).astype(np.float32)
+
+# (case id, op type, [(input name, value or None for an omitted optional input)], attributes,
+#  number of outputs, domain)
+CASES = [
+    ("gelu", "Gelu", [("X", rand(2, 5))], {}, 1, MS),
+    ("bias_gelu", "BiasGelu", [("A", rand(2, 3, 4)), ("B", rand(4, seed=1))], {}, 1, MS),
+    ("fast_gelu", "FastGelu", [("X", rand(2, 5, scale=3.0))], {}, 1, MS),
+    ("fast_gelu_bias", "FastGelu", [("X", rand(2, 3, 4)), ("bias", rand(4, seed=1))], {}, 1, MS),
+    ("quick_gelu", "QuickGelu", [("X", rand(2, 5, scale=3.0))], {}, 1, MS),
+    ("quick_gelu_alpha", "QuickGelu", [("X", rand(2, 5, scale=3.0))], {"alpha": 1.0}, 1, MS),
+    ("fused_matmul", "FusedMatMul", [("A", rand(3, 4)), ("B", rand(4, 5, seed=1))], {}, 1, MS),
+    ("fused_matmul_trans_alpha", "FusedMatMul", [("A", rand(4, 3)), ("B", rand(5, 4, seed=1))],
+     {"transA": 1, "transB": 1, "alpha": 0.5}, 1, MS),
+    ("fused_matmul_batched", "FusedMatMul", [("A", rand(2, 3, 4)), ("B", rand(2, 5, 4, seed=1))],
+     {"transB": 1, "alpha": 2.0}, 1, MS),
+    ("fused_matmul_trans_batch_a", "FusedMatMul", [("A", rand(3, 2, 4)), ("B", rand(2, 4, 5, seed=1))],
+     {"transBatchA": 1}, 1, MS),
+    ("fused_matmul_trans_batch_b", "FusedMatMul", [("A", rand(2, 3, 4)), ("B", rand(4, 2, 5, seed=1))],
+     {"transBatchB": 1}, 1, MS),
+    ("fused_matmul_trans_batch_both_4d", "FusedMatMul", [("A", rand(4, 2, 3, 3)), ("B", rand(5, 2, 3, 4, seed=1))],
+     {"transBatchA": 1, "transA": 1, "transBatchB": 1, "transB": 1}, 1, MS),
+    ("fused_matmul_vector", "FusedMatMul", [("A", rand(2, 3, 4)), ("B", rand(4, seed=1))],
+     {"transB": 1}, 1, MS),
+    ("skip_layer_norm", "SkipLayerNormalization",
+     [("input", rand(B, S, D)), ("skip", rand(B, S, D, seed=1)), ("gamma", rand(D, seed=2))], {}, 1, MS),
+    ("skip_layer_norm_all", "SkipLayerNormalization",
+     [("input", rand(B, S, D)), ("skip", rand(B, S, D, seed=1)), ("gamma", rand(D, seed=2)),
+      ("beta", rand(D, seed=3)), ("bias", rand(D, seed=4))], {"epsilon": 1e-5}, 4, MS),
+    ("skip_layer_norm_broadcast_skip", "SkipLayerNormalization",
+     [("input", rand(B, S, D)), ("skip", rand(S, D, seed=1)), ("gamma", rand(D, seed=2)),
+      ("beta", rand(D, seed=3))], {}, 1, MS),
+    ("skip_simplified_layer_norm", "SkipSimplifiedLayerNormalization",
+     [("input", rand(B, S, D)), ("skip", rand(B, S, D, seed=1)), ("gamma", rand(D, seed=2))], {}, 1, MS),
+    ("skip_simplified_layer_norm_bias_sum", "SkipSimplifiedLayerNormalization",
+     [("input", rand(B, S, D)), ("skip", rand(B, S, D, seed=1)), ("gamma", rand(D, seed=2)),
+      ("bias", rand(D, seed=3))], {"epsilon": 1e-6}, 4, MS),
+    ("simplified_layer_norm", "SimplifiedLayerNormalization", [("X", rand(B, S, D)), ("scale", rand(D, seed=1))],
+     {"epsilon": 1e-6}, 2, ""),
+    ("simplified_layer_norm_axis", "SimplifiedLayerNormalization",
+     [("X", rand(B, S, D)), ("scale", rand(S, D, seed=1))], {"axis": 1}, 1, ""),
+    ("embed_layer_norm", "EmbedLayerNormalization",
+     [("input_ids", ints([[1, 5, 7], [2, 0, 9]])), ("segment_ids", ints([[0, 0, 1], [0, 1, 1]])),
+      ("word_embedding", rand(10, D)), ("position_embedding", rand(6, D, seed=1)),
+      ("segment_embedding", rand(2, D, seed=2)), ("gamma", rand(D, seed=3)), ("beta", rand(D, seed=4)),
+      ("mask", ints([[1, 1, 1], [1, 1, 0]]))], {}, 3, MS),
+    ("embed_layer_norm_no_segment", "EmbedLayerNormalization",
+     [("input_ids", ints([[1, 5, 7], [2, 0, 9]])), ("segment_ids", None), ("word_embedding", rand(10, D)),
+      ("position_embedding", rand(6, D, seed=1)), ("segment_embedding", None), ("gamma", rand(D, seed=3)),
+      ("beta", rand(D, seed=4))], {"epsilon": 1e-5}, 2, MS),
+    ("embed_layer_norm_position_ids", "EmbedLayerNormalization",
+     [("input_ids", ints([[1, 5, 7], [2, 0, 9]])), ("segment_ids", ints([[0, 0, 1], [0, 1, 1]])),
+      ("word_embedding", rand(10, D)), ("position_embedding", rand(6, D, seed=1)),
+      ("segment_embedding", rand(2, D, seed=2)), ("gamma", rand(D, seed=3)), ("beta", rand(D, seed=4)),
+      ("mask", None), ("position_ids", ints([[3, 2, 1], [0, 4, 5]]))], {}, 2, MS),
+    ("attention", "Attention", [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV)],
+     {"num_heads": N}, 1, MS),
+    ("attention_mask_lengths", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([3, 2]))],
+     {"num_heads": N}, 1, MS),
+    ("attention_mask_end_start", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([3, 2, 1, 0]))],
+     {"num_heads": N}, 1, MS),
+    ("attention_mask_2d", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 0], [0, 1, 1]]))],
+     {"num_heads": N}, 1, MS),
+    ("attention_mask_3d", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV),
+      ("mask_index", ints([[[1, 0, 1], [1, 1, 0], [0, 0, 0]], [[1, 1, 1], [0, 1, 1], [1, 0, 0]]]))],
+     {"num_heads": N}, 1, MS),
+    ("attention_unidirectional_mask_scale", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]]))],
+     {"num_heads": N, "unidirectional": 1, "scale": 0.3}, 1, MS),
+    ("attention_past_present", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", None),
+      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
+    ("attention_bias", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", None), ("past", None),
+      ("attention_bias", rand(1, N, S, S, seed=6))], {"num_heads": N}, 1, MS),
+    ("attention_qkv_hidden_sizes", "Attention",
+     [("input", rand(B, S, D)), ("weights", rand(D, 8 + 8 + 4, seed=1)), ("bias", rand(20, seed=2))],
+     {"num_heads": N, "qkv_hidden_sizes": [8, 8, 4]}, 1, MS),
+    ("mha", "MultiHeadAttention", [("query", rand(B, S, D)), ("key", rand(B, 4, D, seed=1)),
+                                   ("value", rand(B, 4, D, seed=2))], {"num_heads": N}, 1, MS),
+    ("mha_bias_mask_2d", "MultiHeadAttention",
+     [("query", rand(B, S, D)), ("key", rand(B, 4, D, seed=1)), ("value", rand(B, 4, D, seed=2)),
+      ("bias", rand(3 * D, seed=3)), ("key_padding_mask", ints([[1, 1, 1, 0], [1, 0, 1, 1]]))],
+     {"num_heads": N}, 1, MS),
+    ("mha_mask_lengths", "MultiHeadAttention",
+     [("query", rand(B, S, D)), ("key", rand(B, 4, D, seed=1)), ("value", rand(B, 4, D, seed=2)), ("bias", None),
+      ("key_padding_mask", ints([4, 2]))], {"num_heads": N}, 1, MS),
+    ("mha_unidirectional_past_present", "MultiHeadAttention",
+     [("query", rand(B, S, D)), ("key", rand(B, S, D, seed=1)), ("value", rand(B, S, D, seed=2)),
+      ("bias", rand(3 * D, seed=3)), ("key_padding_mask", None), ("attention_bias", rand(B, 1, S, P + S, seed=4)),
+      ("past_key", rand(B, N, P, D // N, seed=5)), ("past_value", rand(B, N, P, D // N, seed=6))],
+     {"num_heads": N, "unidirectional": 1, "scale": 0.4}, 4, MS),
+    ("mha_key_as_heads", "MultiHeadAttention",
+     [("query", rand(B, S, D)), ("key", rand(B, N, 5, D // N, seed=1)), ("value", rand(B, N, 5, D // N, seed=2))],
+     {"num_heads": N}, 1, MS),
+    ("rotary", "RotaryEmbedding",
+     [("input", rand(B, S, D)), ("position_ids", ints([[0, 1, 2], [4, 5, 6]], np.int64)), ("cos_cache", COS),
+      ("sin_cache", SIN)], {}, 1, MS),
+    ("rotary_offset_interleaved", "RotaryEmbedding",
+     [("input", rand(B, S, D)), ("position_ids", ints([3], np.int64)), ("cos_cache", COS), ("sin_cache", SIN)],
+     {"interleaved": 1}, 1, MS),
+    ("rotary_4d", "RotaryEmbedding",
+     [("input", rand(B, N, S, 4)), ("position_ids", ints([[0, 1, 2], [4, 5, 6]], np.int64)), ("cos_cache", COS),
+      ("sin_cache", SIN)], {}, 1, MS),
+    ("rotary_partial", "RotaryEmbedding",
+     [("input", rand(B, S, 2 * 6)), ("position_ids", ints([[0, 1, 2], [4, 5, 6]], np.int64)), ("cos_cache", COS),
+      ("sin_cache", SIN)], {"num_heads": 2, "rotary_embedding_dim": 4}, 1, MS),
+]
+
+# Variants onnxruntime documents that cinders refuses (never a silently wrong answer).
+REFUSED = [
+    ("attention_mask_4d", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints(np.ones((B, 1, 4, 4))))],
+     {"num_heads": N}, 1, MS),
+    ("attention_mask_3b_plus_2", "Attention",
+     [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([3] * (3 * B + 2)))],
+     {"num_heads": N}, 1, MS),
+    ("attention_do_rotary", "Attention", [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV)],
+     {"num_heads": N, "do_rotary": 1}, 1, MS),
+    ("mha_packed_qkv", "MultiHeadAttention", [("query", rand(B, S, N, 3, D // N))], {"num_heads": N}, 1, MS),
+    ("rotary_packed_batching", "RotaryEmbedding",
+     [("input", rand(B, S, D)), ("position_ids", ints([0], np.int64)), ("cos_cache", COS), ("sin_cache", SIN)],
+     {"is_packed_batching": 1}, 1, MS),
+]
+
+
+INT_OUTPUTS = {("EmbedLayerNormalization", 1): onnx.TensorProto.INT32}   # (op, output index): others float
+
+
+def make_model(case):
+    """(model bytes, {input name: array}, [output names]) of a one-node model for a table row."""
+    name, op_type, inputs, attrs, n_out, domain = case
+    feeds = {n: v for n, v in inputs if v is not None}
+    outputs = ["y%d" % i for i in range(n_out)]
+    node = helper.make_node(op_type, [n if v is not None else "" for n, v in inputs], outputs, domain=domain,
+                            name=name, **attrs)
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in feeds.items()],
+        [helper.make_tensor_value_info(o, INT_OUTPUTS.get((op_type, i), onnx.TensorProto.FLOAT), None)
+         for i, o in enumerate(outputs)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=opsets).SerializeToString(), feeds, outputs
+
+
+def onnxruntime_outputs(data, feeds):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def cinders_outputs(data, feeds, backend):
+    model = load(data, backend=backend)
+    out = model(*[cn.tensor(v, backend=backend) for v in feeds.values()])
+    return [np.asarray(t.numpy()) for t in (out if isinstance(out, tuple) else (out,))]
+
+
+@pytest.fixture(scope="module", params=["python", "numpy", "wgpu"])
+def backend(request):
+    return BACKENDS[request.param]()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_contrib_op_matches_onnxruntime(case, backend):
+    data, feeds, _ = make_model(case)
+    expected = onnxruntime_outputs(data, feeds)
+    got = cinders_outputs(data, feeds, backend)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        np.testing.assert_allclose(g, e.astype(g.dtype), rtol=RTOL, atol=ATOL)
+
+
+def test_generated_code_names_the_domain():
+    """com.microsoft ops are called through their own namespace: `ops.com_microsoft.Attention`
+    and the ai.onnx Attention stay two different functions."""
+    source = to_source(make_model(CASES[[c[0] for c in CASES].index("attention_past_present")])[0])
+    assert "ops.com_microsoft.Attention(" in source
+    source = to_source(make_model(CASES[[c[0] for c in CASES].index("simplified_layer_norm")])[0])
+    assert "ops.SimplifiedLayerNormalization(" in source
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
+def test_unsupported_variant_is_refused(case):
+    data, feeds, _ = make_model(case)
+    with pytest.raises(OnnxError):
+        cinders_outputs(data, feeds, cn.NumPy())
+
+
+def test_unknown_contrib_op_is_listed():
+    data, _, _ = make_model(("x", "NotAnOp", [("X", rand(2))], {}, 1, MS))
+    with pytest.raises(OnnxError, match="NotAnOp"):
+        load(data, backend=cn.NumPy())
