@@ -39,8 +39,15 @@ B, S, D, N = 2, 3, 8, 2          # batch, sequence, hidden, heads (head size 4)
 P = 2                            # past length
 W_QKV = rand(D, 3 * D, seed=1, scale=0.5)
 B_QKV = rand(3 * D, seed=2, scale=0.1)
-COS = np.cos(np.arange(16)[:, None] * np.array([1.0, 0.1])[None, :]).astype(np.float32)   # (16, 2)
-SIN = np.sin(np.arange(16)[:, None] * np.array([1.0, 0.1])[None, :]).astype(np.float32)
+
+
+def rope_caches(half, positions=16):
+    """(cos, sin) caches (positions, half) of rotary embedding."""
+    angles = np.arange(positions)[:, None] * (0.1 ** (np.arange(half) / half))[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+COS, SIN = rope_caches(2)
 
 # (case id, op type, [(input name, value or None for an omitted optional input)], attributes,
 #  number of outputs, domain)
@@ -153,6 +160,72 @@ CASES = [
       ("sin_cache", SIN)], {"num_heads": 2, "rotary_embedding_dim": 4}, 1, MS),
 ]
 
+
+
+def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B):
+    """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
+    CPU kernel wants multiples of 16 for rotary); outputs (y, present_key, present_value)."""
+    heads, kv, h = 4, 2, 16
+    if packed:
+        qkv = [("query", rand(batch, seq, (heads + 2 * kv) * h)), ("key", None), ("value", None)]
+    else:
+        qkv = [("query", rand(batch, seq, heads * h)), ("key", rand(batch, seq, kv * h, seed=1)),
+               ("value", rand(batch, seq, kv * h, seed=2))]
+    inputs = qkv + [("past_key", rand(batch, kv, past, h, seed=3) if past else None),
+                    ("past_value", rand(batch, kv, past, h, seed=4) if past else None),
+                    ("seqlens_k", ints(seqlens)), ("total_sequence_length", ints(total))]
+    if rotary:
+        inputs += list(zip(("cos_cache", "sin_cache"), rope_caches(h // 2)))
+    return (name, "GroupQueryAttention", inputs, dict({"num_heads": heads, "kv_num_heads": kv}, **(attrs or {})),
+            3, MS)
+
+
+CASES += [
+    gqa("gqa_prompt", S, 0, [S - 1] * B, S),
+    gqa("gqa_decode", 1, 3, [3, 3], 4),
+    gqa("gqa_chunk_after_past_rotary", 2, 3, [4], 5, {"do_rotary": 1}, rotary=True, batch=1),
+    gqa("gqa_packed_rotary_interleaved", S, 0, [S - 1] * B, S, {"do_rotary": 1, "rotary_interleaved": 1},
+        packed=True, rotary=True),
+    gqa("gqa_local_window_softcap_scale", 4, 0, [3, 3], 4, {"local_window_size": 1, "softcap": 2.0, "scale": 0.3}),
+    gqa("gqa_not_causal", S, 0, [S - 1] * B, S, {"causal": 0}),
+    gqa("gqa_shared_buffer_ragged", 1, 6, [3, 2], 4),
+    ("attention_decode_step", "Attention",
+     [("input", rand(B, 1, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]])),
+      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
+]
+
+def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B):
+    """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
+    CPU kernel wants multiples of 16 for rotary); outputs (y, present_key, present_value)."""
+    heads, kv, h = 4, 2, 16
+    if packed:
+        qkv = [("query", rand(batch, seq, (heads + 2 * kv) * h)), ("key", None), ("value", None)]
+    else:
+        qkv = [("query", rand(batch, seq, heads * h)), ("key", rand(batch, seq, kv * h, seed=1)),
+               ("value", rand(batch, seq, kv * h, seed=2))]
+    inputs = qkv + [("past_key", rand(batch, kv, past, h, seed=3) if past else None),
+                    ("past_value", rand(batch, kv, past, h, seed=4) if past else None),
+                    ("seqlens_k", ints(seqlens)), ("total_sequence_length", ints(total))]
+    if rotary:
+        inputs += list(zip(("cos_cache", "sin_cache"), rope_caches(h // 2)))
+    return (name, "GroupQueryAttention", inputs, dict({"num_heads": heads, "kv_num_heads": kv}, **(attrs or {})),
+            3, MS)
+
+
+CASES += [
+    gqa("gqa_prompt", S, 0, [S - 1] * B, S),
+    gqa("gqa_decode", 1, 3, [3, 3], 4),
+    gqa("gqa_chunk_after_past_rotary", 2, 3, [4], 5, {"do_rotary": 1}, rotary=True, batch=1),
+    gqa("gqa_packed_rotary_interleaved", S, 0, [S - 1] * B, S, {"do_rotary": 1, "rotary_interleaved": 1},
+        packed=True, rotary=True),
+    gqa("gqa_local_window_softcap_scale", 4, 0, [3, 3], 4, {"local_window_size": 1, "softcap": 2.0, "scale": 0.3}),
+    gqa("gqa_not_causal", S, 0, [S - 1] * B, S, {"causal": 0}),
+    gqa("gqa_shared_buffer_ragged", 1, 6, [3, 2], 4),
+    ("attention_decode_step", "Attention",
+     [("input", rand(B, 1, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]])),
+      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
+]
+
 # Variants onnxruntime documents that cinders refuses (never a silently wrong answer).
 REFUSED = [
     ("attention_mask_4d", "Attention",
@@ -167,6 +240,8 @@ REFUSED = [
     ("rotary_packed_batching", "RotaryEmbedding",
      [("input", rand(B, S, D)), ("position_ids", ints([0], np.int64)), ("cos_cache", COS), ("sin_cache", SIN)],
      {"is_packed_batching": 1}, 1, MS),
+    gqa("gqa_qk_output", S, 0, [S - 1] * B, S, {"qk_output": 1}),
+    gqa("gqa_sliding_window_cache", 1, 3, [3, 3], 4, {"sliding_window_cache": 1, "local_window_size": 2}),
 ]
 
 

@@ -18,7 +18,7 @@ from ...indexing import _take
 from ...nn.functional import layer_norm
 from ..proto import OnnxError
 from . import attention as onnx_attention
-from .base import op
+from .base import op, scalar
 
 MS = "com.microsoft"
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -286,3 +286,80 @@ def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, interleaved=0, is
         num_heads = input.shape[2] // (rotary_embedding_dim or 2 * cos_cache.shape[1])
     return onnx_attention.RotaryEmbedding(input, cos_cache, sin_cache, positions, interleaved=interleaved,
                                           num_heads=num_heads, rotary_embedding_dim=rotary_embedding_dim)
+
+
+def _repeat_heads(x, n):
+    """(B, kv, L, H) -> (B, n, L, H): each key/value head serves n // kv query heads."""
+    b, kv, length, h = x.shape
+    return x if kv == n else x.unsqueeze(2).expand(b, kv, n // kv, length, h).reshape(b, n, length, h)
+
+
+@op(domain=MS, multi=True, host=("total_sequence_length",))
+def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None,
+                        total_sequence_length=None, cos_cache=None, sin_cache=None, position_ids=None,
+                        attention_bias=None, head_sink=None, k_scale=None, v_scale=None, q_norm_weight=None,
+                        k_norm_weight=None, query_seqlens=None, num_heads=0, kv_num_heads=0, scale=0.0,
+                        softcap=0.0, local_window_size=-1, do_rotary=0, rotary_interleaved=0, smooth_softmax=-1,
+                        qk_output=0, causal=1, sliding_window_cache=0, kv_cache_bit_width=0, k_quant_type="NONE",
+                        v_quant_type="NONE", qk_norm_epsilon=1e-6, q_norm_epsilon=None, k_norm_epsilon=None,
+                        outputs=1):
+    """Grouped-query attention with a KV cache in (B, kv_num_heads, C, H). Batch entry b holds
+    T = seqlens_k[b] + 1 tokens after this step, P = max(T - S, 0) of them from the past: this
+    step's keys/values go to cache rows [P, P + S) and query row s sits at position P + s (causal
+    mask, local window, rotary positions). Outputs (y (B, S, D), present_key, present_value) with
+    C = max(total_sequence_length, past length) rows, zero from row T on."""
+    _refuse(num_heads <= 0 or kv_num_heads <= 0 or seqlens_k is None or total_sequence_length is None,
+            "GroupQueryAttention needs num_heads, kv_num_heads, seqlens_k and total_sequence_length")
+    _refuse(any(t is not None for t in (head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens))
+            or smooth_softmax > 0 or qk_output or sliding_window_cache or kv_cache_bit_width
+            or k_quant_type != "NONE" or v_quant_type != "NONE",
+            "GroupQueryAttention: head_sink/smooth_softmax, quantized caches, q/k norms, query_seqlens, "
+            "sliding_window_cache and qk_output are not supported")
+    _refuse(do_rotary and (cos_cache is None or sin_cache is None), "GroupQueryAttention: do_rotary needs caches")
+    if key is None:   # packed (B, S, (N + 2 kv) H)
+        h = query.shape[2] // (num_heads + 2 * kv_num_heads)
+        query, key, value = (query[..., :num_heads * h], query[..., num_heads * h:(num_heads + kv_num_heads) * h],
+                             query[..., (num_heads + kv_num_heads) * h:])
+    q, k, v = _heads(query, num_heads), _heads(key, kv_num_heads), _heads(value, kv_num_heads)
+    batch, seq, head = q.shape[0], q.shape[2], q.shape[3]
+    lengths = seqlens_k.cast(int32).reshape(batch, 1) + 1                           # T per batch entry
+    past_len = (lengths - seq).maximum(cn.zeros_like(lengths))                      # P per batch entry
+    steps = cn.arange(seq, backend=q.backend).reshape(1, seq)
+    if do_rotary:
+        positions = position_ids.cast(int32) if position_ids is not None else past_len + steps
+        rotate = onnx_attention.RotaryEmbedding
+        q = rotate(q, cos_cache, sin_cache, positions, interleaved=rotary_interleaved)
+        k = rotate(k, cos_cache, sin_cache, positions, interleaved=rotary_interleaved)
+    buffer = 0 if past_key is None else past_key.shape[2]
+    cache = max(int(scalar(total_sequence_length)), buffer)
+    k, v = _place(past_key, k, past_len, lengths, cache), _place(past_value, v, past_len, lengths, cache)
+    rows = cn.arange(cache, backend=q.backend).reshape(1, 1, cache)                  # key positions j
+    position = (past_len + steps).reshape(batch, seq, 1)                            # query positions
+    allowed = rows < lengths.reshape(batch, 1, 1)
+    if causal:
+        allowed = allowed & (rows <= position)
+    if local_window_size >= 0:
+        allowed = allowed & (rows > position - local_window_size)
+    bias = cn.where(allowed, 0.0, _LOWEST).unsqueeze(1)                            # (B, 1, S or 1, C)
+    scores = (q @ _repeat_heads(k, num_heads).transpose(-2, -1)) * (scale or 1.0 / math.sqrt(head))
+    if softcap:
+        scores = (scores / softcap).tanh() * softcap
+    scores = scores + bias
+    if attention_bias is not None:
+        scores = scores + attention_bias
+    y = _merge_heads(softmax(scores, -1) @ _repeat_heads(v, num_heads))
+    return (y, k, v)[:outputs] if outputs > 1 else y
+
+
+def _place(past, new, past_len, lengths, cache):
+    """The cache (B, kv, cache, H) after this step: past rows [0, P) kept, the S new rows at
+    [P, P + S) (P per batch entry), rows from T on zero (as onnxruntime leaves them)."""
+    batch, kv, seq, h = new.shape
+    buffer = 0 if past is None else past.shape[2]
+    joined = new if past is None else cn.cat([past, new], 2)                        # rows: past, then new
+    j = cn.arange(cache, backend=new.backend).reshape(1, cache)
+    last = cn.full((1, cache), buffer + seq - 1, backend=new.backend, dtype=int32)
+    source = cn.where(j >= past_len, j - past_len + buffer, j).minimum(last)
+    index = source.reshape(batch, 1, cache, 1).expand(batch, kv, cache, h)
+    kept = (j < lengths).reshape(batch, 1, cache, 1)
+    return cn.where(kept, joined.gather(2, index), 0.0)
