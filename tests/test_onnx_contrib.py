@@ -314,3 +314,76 @@ def test_unknown_contrib_op_is_listed():
     data, _, _ = make_model(("x", "NotAnOp", [("X", rand(2))], {}, 1, MS))
     with pytest.raises(OnnxError, match="NotAnOp"):
         load(data, backend=cn.NumPy())
+
+
+# -- transformers after onnxruntime's transformer optimizer --------------------------------------------
+
+# model type -> the contrib ops its optimized graph must hold (transformers 5's GPT-2 attention and
+# mask graph does not match the optimizer's attention patterns: only its norms and GELU fuse)
+FUSED = {"bert": {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"},
+         "gpt2": {"SkipLayerNormalization", "FastGelu"}}
+HIDDEN, HEADS, VOCAB = 32, 4, 100
+
+
+def optimized_transformer(kind, folder):
+    """(optimized model path, example feeds) of a 2-layer BERT- or GPT-2-style model built from a
+    `transformers` config with seeded random weights, exported by torch.onnx.export (dynamo=False)
+    and run through onnxruntime.transformers.optimizer.optimize_model."""
+    import onnx_models
+    onnx_models._torchvision_models()   # transformers imports torchvision, whose __init__ fails here
+    import torch
+    import transformers
+    from onnxruntime.transformers.optimizer import optimize_model
+    torch.manual_seed(0)
+    if kind == "bert":
+        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
+                                         num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
+                                         max_position_embeddings=64, attn_implementation="eager")
+        net, names = transformers.BertModel(config), ["input_ids", "attention_mask", "token_type_ids"]
+    else:
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=HEADS, n_positions=64,
+                                         use_cache=False, attn_implementation="eager")
+        net, names = transformers.GPT2Model(config), ["input_ids", "attention_mask"]
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, *inputs):
+            return self.net(**dict(zip(names, inputs)), use_cache=False).last_hidden_state
+
+    rng = np.random.default_rng(0)
+    feeds = {"input_ids": rng.integers(0, VOCAB, (2, 8)), "attention_mask": np.ones((2, 8), np.int64),
+             "token_type_ids": np.concatenate([np.zeros((2, 4), np.int64), np.ones((2, 4), np.int64)], 1)}
+    feeds["attention_mask"][1, 5:] = 0   # right padding in the second sequence
+    feeds = {n: feeds[n] for n in names}
+    raw, path = os.path.join(folder, kind + ".onnx"), os.path.join(folder, kind + "_optimized.onnx")
+    torch.onnx.export(LastHiddenState(net.eval()), tuple(torch.from_numpy(v) for v in feeds.values()), raw,
+                      input_names=names, output_names=["hidden"], dynamo=False, opset_version=17,
+                      dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
+    optimize_model(raw, model_type=kind, num_heads=HEADS, hidden_size=HIDDEN).save_model_to_file(path)
+    return path, feeds
+
+
+@pytest.fixture(scope="module", params=sorted(FUSED))
+def transformer(request, tmp_path_factory):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path, feeds = optimized_transformer(request.param, str(tmp_path_factory.mktemp(request.param)))
+    return request.param, path, feeds
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "python"])
+def test_optimized_transformer_matches_onnxruntime(transformer, backend_name):
+    """The optimizer's graph holds the contrib ops, and cinders answers as onnxruntime does on it."""
+    kind, path, feeds = transformer
+    fused = {n.op_type for n in onnx.load(path).graph.node if n.domain == MS}
+    assert FUSED[kind] <= fused, fused
+    with open(path, "rb") as f:
+        data = f.read()
+    expected = onnxruntime_outputs(data, feeds)[0]
+    got = cinders_outputs(data, feeds, BACKENDS[backend_name]())[0]
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
