@@ -123,6 +123,9 @@ CASES = [
     ("attention_past_present", "Attention",
      [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", None),
       ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
+    ("attention_decode_step", "Attention",
+     [("input", rand(B, 1, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]])),
+      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
     ("attention_bias", "Attention",
      [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", None), ("past", None),
       ("attention_bias", rand(1, N, S, S, seed=6))], {"num_heads": N}, 1, MS),
@@ -161,7 +164,6 @@ CASES = [
 ]
 
 
-
 def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B):
     """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
     CPU kernel wants multiples of 16 for rotary); outputs (y, present_key, present_value)."""
@@ -189,41 +191,6 @@ CASES += [
     gqa("gqa_local_window_softcap_scale", 4, 0, [3, 3], 4, {"local_window_size": 1, "softcap": 2.0, "scale": 0.3}),
     gqa("gqa_not_causal", S, 0, [S - 1] * B, S, {"causal": 0}),
     gqa("gqa_shared_buffer_ragged", 1, 6, [3, 2], 4),
-    ("attention_decode_step", "Attention",
-     [("input", rand(B, 1, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]])),
-      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
-]
-
-def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B):
-    """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
-    CPU kernel wants multiples of 16 for rotary); outputs (y, present_key, present_value)."""
-    heads, kv, h = 4, 2, 16
-    if packed:
-        qkv = [("query", rand(batch, seq, (heads + 2 * kv) * h)), ("key", None), ("value", None)]
-    else:
-        qkv = [("query", rand(batch, seq, heads * h)), ("key", rand(batch, seq, kv * h, seed=1)),
-               ("value", rand(batch, seq, kv * h, seed=2))]
-    inputs = qkv + [("past_key", rand(batch, kv, past, h, seed=3) if past else None),
-                    ("past_value", rand(batch, kv, past, h, seed=4) if past else None),
-                    ("seqlens_k", ints(seqlens)), ("total_sequence_length", ints(total))]
-    if rotary:
-        inputs += list(zip(("cos_cache", "sin_cache"), rope_caches(h // 2)))
-    return (name, "GroupQueryAttention", inputs, dict({"num_heads": heads, "kv_num_heads": kv}, **(attrs or {})),
-            3, MS)
-
-
-CASES += [
-    gqa("gqa_prompt", S, 0, [S - 1] * B, S),
-    gqa("gqa_decode", 1, 3, [3, 3], 4),
-    gqa("gqa_chunk_after_past_rotary", 2, 3, [4], 5, {"do_rotary": 1}, rotary=True, batch=1),
-    gqa("gqa_packed_rotary_interleaved", S, 0, [S - 1] * B, S, {"do_rotary": 1, "rotary_interleaved": 1},
-        packed=True, rotary=True),
-    gqa("gqa_local_window_softcap_scale", 4, 0, [3, 3], 4, {"local_window_size": 1, "softcap": 2.0, "scale": 0.3}),
-    gqa("gqa_not_causal", S, 0, [S - 1] * B, S, {"causal": 0}),
-    gqa("gqa_shared_buffer_ragged", 1, 6, [3, 2], 4),
-    ("attention_decode_step", "Attention",
-     [("input", rand(B, 1, D)), ("weights", W_QKV), ("bias", B_QKV), ("mask_index", ints([[1, 1, 1], [0, 1, 1]])),
-      ("past", rand(2, B, N, P, D // N, seed=5))], {"num_heads": N, "unidirectional": 1}, 2, MS),
 ]
 
 # Variants onnxruntime documents that cinders refuses (never a silently wrong answer).
@@ -237,6 +204,8 @@ REFUSED = [
     ("attention_do_rotary", "Attention", [("input", rand(B, S, D)), ("weights", W_QKV), ("bias", B_QKV)],
      {"num_heads": N, "do_rotary": 1}, 1, MS),
     ("mha_packed_qkv", "MultiHeadAttention", [("query", rand(B, S, N, 3, D // N))], {"num_heads": N}, 1, MS),
+    ("mha_packed_kv", "MultiHeadAttention", [("query", rand(B, S, D)), ("key", rand(B, 4, N, 2, D // N, seed=1))],
+     {"num_heads": N}, 1, MS),
     ("rotary_packed_batching", "RotaryEmbedding",
      [("input", rand(B, S, D)), ("position_ids", ints([0], np.int64)), ("cos_cache", COS), ("sin_cache", SIN)],
      {"is_packed_batching": 1}, 1, MS),
@@ -387,3 +356,56 @@ def test_optimized_transformer_matches_onnxruntime(transformer, backend_name):
     got = cinders_outputs(data, feeds, BACKENDS[backend_name]())[0]
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+
+
+# -- docs/onnx-ops.md: the com.microsoft section ---------------------------------------------------------
+
+def case_result(case, backend):
+    """pass | fail: one table row on one backend against onnxruntime."""
+    data, feeds, _ = make_model(case)
+    try:
+        expected = onnxruntime_outputs(data, feeds)
+        got = cinders_outputs(data, feeds, backend)
+        ok = len(got) == len(expected) and all(
+            g.shape == e.shape and np.allclose(g, e, rtol=RTOL, atol=ATOL) for g, e in zip(got, expected))
+    except Exception:  # noqa: BLE001  (a crash is a failure in the table, not an abort)
+        ok = False
+    return "pass" if ok else "fail"
+
+
+def write_docs(path=os.path.join(ROOT, "docs", "onnx-ops.md")):
+    """Replace the section after DOCS_MARK (tests/onnx_node_cases.py keeps it when it rewrites the
+    table above) with the com.microsoft ops: cases passed / run per backend, and refused variants."""
+    backends = {"NumPy": cn.NumPy(), "Python": cn.Python(), "Wgpu": cn.Wgpu()}
+    per_op = {}
+    for case in CASES:
+        per_op.setdefault((case[5], case[1]), []).append(case)
+    lines = [DOCS_MARK, "", "## onnxruntime contrib ops (com.microsoft)", "",
+             "Generated by `python tests/test_onnx_contrib.py --write-docs` from that file's table of one-node",
+             "models, each against onnxruntime %s (CPU) to %g: cases passed / run per backend."
+             % (ort.__version__, RTOL),
+             "These are the ops `onnxruntime.transformers.optimizer.optimize_model` writes; BERT- and",
+             "GPT-2-style models after it are tested in the same file. Refused variants raise OnnxError.", "",
+             "| op | domain | cases | " + " | ".join(backends) + " | refused |",
+             "| --- | --- | --- |" + " --- |" * len(backends) + " --- |"]
+    for (domain, op_type), cases in sorted(per_op.items(), key=lambda kv: kv[0][1]):
+        row = ["`%s`" % op_type, domain or "ai.onnx (onnxruntime's)", str(len(cases))]
+        for backend in backends.values():
+            row.append("%d / %d" % (sum(case_result(c, backend) == "pass" for c in cases), len(cases)))
+        row.append(", ".join("`%s`" % c[0] for c in REFUSED if c[1] == op_type))
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Refused: Attention's 4-D (Megatron) and (3B+2) masks, do_rotary, shared past/present buffers;",
+              "MultiHeadAttention's packed QKV/KV, cache_indirection; RotaryEmbedding's packed batching and",
+              "scale; GroupQueryAttention's quantized caches, sliding_window_cache, head_sink/smooth_softmax,",
+              "q/k norms, query_seqlens and qk_output. BiasAdd and BiasSplitGelu (diffusion models, CUDA-only",
+              "in onnxruntime) are not implemented."]
+    with open(path) as f:
+        text = f.read()
+    head = text[:text.index(DOCS_MARK)].rstrip("\n") if DOCS_MARK in text else text.rstrip("\n")
+    with open(path, "w") as f:
+        f.write(head + "\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    if "--write-docs" in sys.argv:
+        write_docs()
