@@ -149,6 +149,9 @@ CASES = [
     ("mha_key_as_heads", "MultiHeadAttention",
      [("query", rand(B, S, D)), ("key", rand(B, N, 5, D // N, seed=1)), ("value", rand(B, N, 5, D // N, seed=2))],
      {"num_heads": N}, 1, MS),
+    ("mha_key_as_heads_bias", "MultiHeadAttention",
+     [("query", rand(B, S, D)), ("key", rand(B, N, 5, D // N, seed=1)), ("value", rand(B, N, 5, D // N, seed=2)),
+      ("bias", rand(3 * D, seed=3))], {"num_heads": N}, 1, MS),
     ("rotary", "RotaryEmbedding",
      [("input", rand(B, S, D)), ("position_ids", ints([[0, 1, 2], [4, 5, 6]], np.int64)), ("cos_cache", COS),
       ("sin_cache", SIN)], {}, 1, MS),
@@ -164,9 +167,10 @@ CASES = [
 ]
 
 
-def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B):
+def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B, extra=()):
     """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
-    CPU kernel wants multiples of 16 for rotary); outputs (y, present_key, present_value)."""
+    CPU kernel wants multiples of 16 for rotary); extra: (name, value) inputs after the caches;
+    outputs (y, present_key, present_value)."""
     heads, kv, h = 4, 2, 16
     if packed:
         qkv = [("query", rand(batch, seq, (heads + 2 * kv) * h)), ("key", None), ("value", None)]
@@ -178,6 +182,7 @@ def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False,
                     ("seqlens_k", ints(seqlens)), ("total_sequence_length", ints(total))]
     if rotary:
         inputs += list(zip(("cos_cache", "sin_cache"), rope_caches(h // 2)))
+    inputs += list(extra)
     return (name, "GroupQueryAttention", inputs, dict({"num_heads": heads, "kv_num_heads": kv}, **(attrs or {})),
             3, MS)
 
@@ -191,6 +196,11 @@ CASES += [
     gqa("gqa_local_window_softcap_scale", 4, 0, [3, 3], 4, {"local_window_size": 1, "softcap": 2.0, "scale": 0.3}),
     gqa("gqa_not_causal", S, 0, [S - 1] * B, S, {"causal": 0}),
     gqa("gqa_shared_buffer_ragged", 1, 6, [3, 2], 4),
+    gqa("gqa_rotary_position_ids", S, 0, [S - 1] * B, S, {"do_rotary": 1}, rotary=True,
+        extra=[("position_ids", ints([[2, 0, 1], [5, 3, 4]], np.int64))]),
+    gqa("gqa_attention_bias", 1, 6, [3, 2], 4, extra=[("cos_cache", None), ("sin_cache", None), ("position_ids", None),
+                                                      ("attention_bias", rand(B, 1, 1, 4, seed=7))]),
+    gqa("gqa_ragged_prompt", S, 0, [S - 1, S - 2], S),
 ]
 
 # Variants onnxruntime documents that cinders refuses (never a silently wrong answer).
@@ -313,6 +323,10 @@ def optimized_transformer(kind, folder):
         config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=HEADS, n_positions=64,
                                          use_cache=False, attn_implementation="eager")
         net, names = transformers.GPT2Model(config), ["input_ids", "attention_mask"]
+
+    with torch.no_grad():   # biases, LayerNorm scales and shifts away from their 0 / 1 initial values
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self, net):

@@ -247,7 +247,7 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
             "MultiHeadAttention: packed QKV / KV inputs are not supported (give query, key, value)")
     _refuse(past_sequence_length is not None or cache_indirection is not None,
             "MultiHeadAttention: shared past/present buffers and beam cache_indirection are not supported")
-    d, dk = query.shape[2], query.shape[2]
+    d = query.shape[2]   # hidden size of Q and K; bias is (D + D + Dv)
     if bias is not None:
         query = query + bias[:d]
     q = _heads(query, num_heads)
@@ -256,7 +256,7 @@ def MultiHeadAttention(query, key=None, value=None, bias=None, key_padding_mask=
         k, v = key, value
     else:
         if bias is not None:
-            key, value = key + bias[d:d + dk], value + bias[d + dk:]
+            key, value = key + bias[d:2 * d], value + bias[2 * d:]
         k, v = _heads(key, num_heads), _heads(value, num_heads)
     past_len = 0
     if past_key is not None:
@@ -282,8 +282,9 @@ def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, interleaved=0, is
     positions = position_ids.cast(int32)
     if positions.ndim == 1:
         positions = positions.reshape(1, 1) + cn.arange(seq, backend=positions.backend).reshape(1, seq)
-    if input.ndim == 3 and not num_heads:   # head size from the caches
-        num_heads = input.shape[2] // (rotary_embedding_dim or 2 * cos_cache.shape[1])
+    if input.ndim == 3 and not num_heads:   # the whole head rotates: its size from the caches
+        _refuse(rotary_embedding_dim, "RotaryEmbedding: rotary_embedding_dim needs num_heads")
+        num_heads = input.shape[2] // (2 * cos_cache.shape[1])
     return onnx_attention.RotaryEmbedding(input, cos_cache, sin_cache, positions, interleaved=interleaved,
                                           num_heads=num_heads, rotary_embedding_dim=rotary_embedding_dim)
 
@@ -307,7 +308,8 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     T = seqlens_k[b] + 1 tokens after this step, P = max(T - S, 0) of them from the past: this
     step's keys/values go to cache rows [P, P + S) and query row s sits at position P + s (causal
     mask, local window, rotary positions). Outputs (y (B, S, D), present_key, present_value) with
-    C = max(total_sequence_length, past length) rows, zero from row T on."""
+    C = max(total_sequence_length, past length) rows, zero from row P + S on. A first prompt
+    (total_sequence_length == S) has P = 0."""
     _refuse(num_heads <= 0 or kv_num_heads <= 0 or seqlens_k is None or total_sequence_length is None,
             "GroupQueryAttention needs num_heads, kv_num_heads, seqlens_k and total_sequence_length")
     _refuse(any(t is not None for t in (head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens))
@@ -325,14 +327,19 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     lengths = seqlens_k.cast(int32).reshape(batch, 1) + 1                           # T per batch entry
     past_len = (lengths - seq).maximum(cn.zeros_like(lengths))                      # P per batch entry
     steps = cn.arange(seq, backend=q.backend).reshape(1, seq)
+    total = int(scalar(total_sequence_length))
+    first_prompt = total == seq
     if do_rotary:
-        positions = position_ids.cast(int32) if position_ids is not None else past_len + steps
+        positions = past_len + steps
+        if position_ids is not None:   # a first prompt counts from the very first id on, as onnxruntime does
+            ids = position_ids.cast(int32)
+            positions = ids[:1, :1] + steps if first_prompt else ids
         rotate = onnx_attention.RotaryEmbedding
         q = rotate(q, cos_cache, sin_cache, positions, interleaved=rotary_interleaved)
         k = rotate(k, cos_cache, sin_cache, positions, interleaved=rotary_interleaved)
     buffer = 0 if past_key is None else past_key.shape[2]
-    cache = max(int(scalar(total_sequence_length)), buffer)
-    k, v = _place(past_key, k, past_len, lengths, cache), _place(past_value, v, past_len, lengths, cache)
+    cache = max(total, buffer)
+    k, v = _place(past_key, k, past_len, cache), _place(past_value, v, past_len, cache)
     rows = cn.arange(cache, backend=q.backend).reshape(1, 1, cache)                  # key positions j
     position = (past_len + steps).reshape(batch, seq, 1)                            # query positions
     allowed = rows < lengths.reshape(batch, 1, 1)
@@ -345,15 +352,15 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     if softcap:
         scores = (scores / softcap).tanh() * softcap
     scores = scores + bias
-    if attention_bias is not None:
-        scores = scores + attention_bias
+    if attention_bias is not None:   # (B or 1, N or 1, S, total): the columns of keys [0, total)
+        scores = scores + cn.pad(attention_bias, [0, cache - attention_bias.shape[-1]], 0.0)
     y = _merge_heads(softmax(scores, -1) @ _repeat_heads(v, num_heads))
     return (y, k, v)[:outputs] if outputs > 1 else y
 
 
-def _place(past, new, past_len, lengths, cache):
+def _place(past, new, past_len, cache):
     """The cache (B, kv, cache, H) after this step: past rows [0, P) kept, the S new rows at
-    [P, P + S) (P per batch entry), rows from T on zero (as onnxruntime leaves them)."""
+    [P, P + S) (P per batch entry), later rows zero (as onnxruntime leaves them)."""
     batch, kv, seq, h = new.shape
     buffer = 0 if past is None else past.shape[2]
     joined = new if past is None else cn.cat([past, new], 2)                        # rows: past, then new
@@ -361,5 +368,5 @@ def _place(past, new, past_len, lengths, cache):
     last = cn.full((1, cache), buffer + seq - 1, backend=new.backend, dtype=int32)
     source = cn.where(j >= past_len, j - past_len + buffer, j).minimum(last)
     index = source.reshape(batch, 1, cache, 1).expand(batch, kv, cache, h)
-    kept = (j < lengths).reshape(batch, 1, cache, 1)
+    kept = (j < past_len + seq).reshape(batch, 1, cache, 1)
     return cn.where(kept, joined.gather(2, index), 0.0)
