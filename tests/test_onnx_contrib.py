@@ -280,6 +280,9 @@ def test_generated_code_names_the_domain():
     assert "ops.com_microsoft.Attention(" in source
     source = to_source(make_model(CASES[[c[0] for c in CASES].index("simplified_layer_norm")])[0])
     assert "ops.SimplifiedLayerNormalization(" in source
+    from cinders.onnx import ops
+    assert ops.com_microsoft.Attention is not ops.Attention
+    assert ops.REGISTRY[(MS, "RotaryEmbedding")] is not ops.REGISTRY[("", "RotaryEmbedding")]
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[c[0] for c in REFUSED])
