@@ -1,7 +1,8 @@
 """onnxruntime's contrib ops (com.microsoft) through cinders.onnx: one-node models built with
-onnx.helper from one table, run in onnxruntime (the oracle) and on cinders' Python, NumPy and Wgpu
-backends to 1e-4; the variants cinders refuses raise OnnxError; and BERT- / GPT-2-style models
-from `transformers` configs after onnxruntime's transformer optimizer, against onnxruntime.
+onnx.helper from one table, run in onnxruntime (the oracle) and on cinders' Python, NumPy, Wgpu
+(lavapipe) and Wasm backends to 1e-4; the variants cinders refuses raise OnnxError; and BERT- and
+GPT-2-style models from `transformers` configs after onnxruntime's transformer optimizer, against
+onnxruntime.
 
     python tests/test_onnx_contrib.py --write-docs     # the com.microsoft section of docs/onnx-ops.md
 """
@@ -257,7 +258,7 @@ def cinders_outputs(data, feeds, backend):
     return [np.asarray(t.numpy()) for t in (out if isinstance(out, tuple) else (out,))]
 
 
-@pytest.fixture(scope="module", params=["python", "numpy", "wgpu"])
+@pytest.fixture(scope="module", params=["python", "numpy", "wgpu", "wasm"])
 def backend(request):
     return BACKENDS[request.param]()
 
@@ -393,7 +394,7 @@ def case_result(case, backend):
 def write_docs(path=os.path.join(ROOT, "docs", "onnx-ops.md")):
     """Replace the section after DOCS_MARK (tests/onnx_node_cases.py keeps it when it rewrites the
     table above) with the com.microsoft ops: cases passed / run per backend, and refused variants."""
-    backends = {"NumPy": cn.NumPy(), "Python": cn.Python(), "Wgpu": cn.Wgpu()}
+    backends = {"NumPy": cn.NumPy(), "Python": cn.Python(), "Wgpu": cn.Wgpu(), "Wasm": cn.Wasm()}
     per_op = {}
     for case in CASES:
         per_op.setdefault((case[5], case[1]), []).append(case)
