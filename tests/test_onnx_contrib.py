@@ -93,7 +93,7 @@ CASES = [
      [("input_ids", ints([[1, 5, 7], [2, 0, 9]])), ("segment_ids", ints([[0, 0, 1], [0, 1, 1]])),
       ("word_embedding", rand(10, D)), ("position_embedding", rand(6, D, seed=1)),
       ("segment_embedding", rand(2, D, seed=2)), ("gamma", rand(D, seed=3)), ("beta", rand(D, seed=4)),
-      ("mask", ints([[1, 1, 1], [1, 1, 0]]))], {}, 3, MS),
+      ("mask", ints([[1, 0, 1], [1, 1, 0]]))], {}, 3, MS),   # mask_index counts ones: [2, 2]
     ("embed_layer_norm_no_segment", "EmbedLayerNormalization",
      [("input_ids", ints([[1, 5, 7], [2, 0, 9]])), ("segment_ids", None), ("word_embedding", rand(10, D)),
       ("position_embedding", rand(6, D, seed=1)), ("segment_embedding", None), ("gamma", rand(D, seed=3)),

@@ -3,9 +3,9 @@
 variants, FusedMatMul, rotary embedding. Generated code reaches them as `ops.com_microsoft.X`.
 
 Semantics follow onnxruntime's ContribOperators.md and its CPU kernels, which are the oracle in
-tests/test_onnx_contrib.py. Masks are additive like onnxruntime's: a masked key gets
+tests/test_onnx_contrib.py. Padding masks are additive like onnxruntime's: a masked key gets
 `mask_filter_value` (-10000), not -inf, so a row masked entirely averages over every key as it
-does there. Variants onnxruntime's CPU kernels do not run (4-D Megatron masks, shared past/present
+does there; keys after a query (causal masks) get the lowest float32 and drop out. Variants onnxruntime's CPU kernels do not run (4-D Megatron masks, shared past/present
 buffers, beam-search cache indirection, quantized caches) are refused with an OnnxError.
 """
 
