@@ -378,7 +378,7 @@ def transformer(request, tmp_path_factory):
     return request.param, path, feeds
 
 
-@pytest.mark.parametrize("backend_name", ["numpy", "python"])
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu", "wasm"])
 def test_optimized_transformer_matches_onnxruntime(transformer, backend_name):
     """The optimizer's graph holds the contrib ops, and cinders answers as onnxruntime does on it."""
     name, path, feeds = transformer
