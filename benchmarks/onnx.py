@@ -80,7 +80,7 @@ def profile_numpy(model, xt):
     spent = collections.Counter()
     originals = {}
     for name, fn in list(vars(ops).items()):
-        if name in ops.REGISTRY:
+        if ("", name) in ops.REGISTRY:
             originals[name] = fn
 
             def timed(*args, _fn=fn, _name=name, **kwargs):

@@ -152,8 +152,13 @@ def write_table(path, cases, results_by_backend):
     failures = [(n, r) for n, (s, r) in sorted(results_by_backend[names[0]].items()) if s == "fail"]
     lines += ["", "## Failing cases on %s" % names[0], ""]
     lines += ["- `%s`: %s" % (n, r.replace("|", "/")) for n, r in failures]
+    kept = ""   # sections other generators append below a "<!-- ... -->" line (test_onnx_contrib.py)
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        kept = old[old.index("\n<!-- "):] if "\n<!-- " in old else ""
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines) + "\n" + kept)
 
 
 def sample(cases, every):

@@ -210,7 +210,8 @@ class _Scope:
         for index, node in enumerate(nodes):
             where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
             try:
-                if node.domain not in SUPPORTED_DOMAINS:
+                domain = "" if node.domain in SUPPORTED_DOMAINS else node.domain
+                if domain not in onnx_ops.NAMESPACES:
                     raise _Unsupported("domain %s" % ascii(node.domain))
                 if not any(node.output):
                     raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
@@ -218,14 +219,14 @@ class _Scope:
                     if o and o in self.known:
                         raise OnnxError("%s writes %s, which is already defined (ONNX values are "
                                         "assigned once)" % (where, ascii(o)))
-                if node.op_type == "Constant":
+                if node.op_type == "Constant" and not domain:
                     if len(node.output) != 1:
                         raise _Unsupported("Constant with %d outputs" % len(node.output))
                     self.constants[node.output[0]] = _constant_node(node, self.opset)
                     self.known.add(node.output[0])
                     continue
-                fn = registry.get(node.op_type)
-                if fn is None and node.op_type not in ("If", "Loop", "Scan"):
+                fn = registry.get((domain, node.op_type))
+                if fn is None and (domain or node.op_type not in ("If", "Loop", "Scan")):
                     raise _Unsupported("op not supported")
                 for name in node.input:
                     if name and name not in self.known:
@@ -594,7 +595,7 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
     outs = [values.add(o) if o else "_" for o in node.output]
     while len(outs) > 1 and outs[-1] == "_":
         outs.pop()
-    inline = _INLINE.get(node.op_type)
+    inline = _INLINE.get(node.op_type) if not fn.domain else None
     if inline is not None and not attributes and len(args) == inline.count("{") and "None" not in args \
             and not any(a.startswith("[") or a[:1].isdigit() or a[:1] == "-" for a in args):
         expr = inline.format(*args)
@@ -608,7 +609,7 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
             keywords.append("backend=ops.host_backend()" if host_node else "backend=backend")
         if fn.multi and len(outs) > 1:
             keywords.append("outputs=%d" % len(outs))
-        expr = "ops.%s(%s)" % (node.op_type, ", ".join(args + keywords))
+        expr = "%s(%s)" % (fn.call, ", ".join(args + keywords))
     if fn.multi and len(outs) > 1:
         target = ", ".join(outs)
     else:

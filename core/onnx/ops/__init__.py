@@ -24,3 +24,5 @@ from .quantization import *  # noqa: F401,F403
 from .recurrent import *  # noqa: F401,F403
 from .losses import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
+from . import contrib as com_microsoft  # noqa: E402  (onnxruntime's contrib ops: ops.com_microsoft.Attention)
+from .contrib import SimplifiedLayerNormalization  # noqa: F401,E402  (onnxruntime's, in the default domain)

@@ -10,22 +10,28 @@ from ...functional import stack
 from ...tensor import Tensor
 from ..proto import OnnxError
 
-REGISTRY = {}
+REGISTRY = {}   # (domain, op_type) -> op function; "" is the ai.onnx domain
+# Where generated code finds an op of a domain: ai.onnx ops are attributes of `ops` itself, other
+# domains have a namespace of their own (`ops.com_microsoft.Attention`), so that names both define
+# (Attention, Gelu, RotaryEmbedding) do not collide.
+NAMESPACES = {"": "ops", "com.microsoft": "ops.com_microsoft"}
 _DTYPES = {"float32": float32, "int32": int32, "bool": bool_}
 
 
-def op(host=(), multi=False, reads=False):
+def op(host=(), multi=False, reads=False, domain=""):
     """Register an ONNX op function. host: parameters read as Python numbers; multi: the op has
     several outputs and takes `outputs=n` (it then returns a tuple of n tensors); reads: its
-    result's size depends on its input's values, which it reads (NonZero, Unique)."""
+    result's size depends on its input's values, which it reads (NonZero, Unique); domain: the
+    operator set it belongs to ("" for ai.onnx, e.g. "com.microsoft" for onnxruntime's)."""
     def register(fn):
         fn.inputs, fn.params = op_params(fn)
         sig = inspect.signature(fn).parameters.values()
         fn.defaults = {p.name: p.default for p in sig if p.default is not p.empty}
         fn.required = sum(1 for p in sig if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty) or \
             (1 if any(p.kind == p.VAR_POSITIONAL for p in sig) else 0)
-        fn.host, fn.multi, fn.reads = frozenset(host), multi, reads
-        REGISTRY[fn.__name__] = fn
+        fn.host, fn.multi, fn.reads, fn.domain = frozenset(host), multi, reads, domain
+        fn.call = "%s.%s" % (NAMESPACES[domain], fn.__name__)
+        REGISTRY[(domain, fn.__name__)] = fn
         return fn
     return register
 
