@@ -13,6 +13,7 @@ import re
 
 from . import ops as onnx_ops
 from .ops import cinders_dtype_name
+from .ops.quantization_contrib import MS_OPS
 from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
 
 # Inputs smaller than this that are constants and land on a parameter an op reads as Python
@@ -185,6 +186,7 @@ class _Scope:
         self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
         self.known, self.problems, self.external = known, problems, external
         self.host_values = set()
+        self.types = {}   # ONNX element type of each value the graph types (quantized ops need int8 vs uint8)
 
     def emit(self, nodes):
         lines = []
@@ -192,7 +194,7 @@ class _Scope:
         for index, node in enumerate(nodes):
             where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
             try:
-                if node.domain not in SUPPORTED_DOMAINS:
+                if node.domain not in SUPPORTED_DOMAINS + ("com.microsoft",):
                     raise _Unsupported("domain %s" % ascii(node.domain))
                 if not any(node.output):
                     raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
@@ -206,7 +208,7 @@ class _Scope:
                     self.constants[node.output[0]] = _constant_node(node, self.opset)
                     self.known.add(node.output[0])
                     continue
-                fn = registry.get(node.op_type)
+                fn = (MS_OPS if node.domain == "com.microsoft" else registry).get(node.op_type)
                 if fn is None and node.op_type not in ("If", "Loop", "Scan"):
                     raise _Unsupported("op not supported")
                 for name in node.input:
@@ -222,7 +224,7 @@ class _Scope:
                 else:
                     on_host = _on_host(node, self.host_values, self.constants)
                     lines.append(_node_statement(node, fn, self.opset, self.values, self.attrs, self.constants,
-                                                 self.host_values, on_host))
+                                                 self.host_values, on_host, self.types))
                     if on_host:
                         self.host_values.update(o for o in node.output if o)
                 self.known.update(o for o in node.output if o)
@@ -379,6 +381,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
 
     problems = []
     scope = _Scope(opset, values, attrs, constants, known, problems, external)
+    scope.types.update(_value_types(graph, constants))
     lines = scope.emit(graph.node)
     if problems:
         raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
@@ -393,6 +396,21 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
         outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
                           lines, constants), {c.attr: c for c in constants.values() if c.attr}
+
+
+def _value_types(graph, constants):
+    """{value name: ONNX element type} where the graph says it (inputs, value_info) or a node
+    fixes it (Cast's `to`, the quantizers' outputs): what tells int8 from uint8 in quantized ops."""
+    types = {vi.name: element_type(vi.type)[0] for vi in list(graph.input) + list(graph.value_info)}
+    for node in graph.node:
+        attrs = {a.name: a.i for a in node.attribute if a.type == 2}
+        if node.op_type == "Cast" and attrs.get("to") in DATA_TYPES:
+            types[node.output[0]] = DATA_TYPES[attrs["to"]][0]
+        elif node.op_type == "DynamicQuantizeLinear":
+            types.update(zip(node.output, ("uint8", "float32", "uint8")))
+        elif node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in constants:
+            types[node.output[0]] = constants[node.input[2]].onnx_type
+    return types
 
 
 def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):
@@ -433,11 +451,11 @@ def _on_host(node, host_values, constants):
                for i in node.input)
 
 
-def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False):
+def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False, types=None):
     params = fn.params
     attributes = {}
     for a in node.attribute:
-        if a.name not in params or a.name in ("outputs", "opset", "backend"):
+        if a.name not in params or a.name in ("outputs", "opset", "backend", "input_types"):
             raise _Unsupported("attribute %s" % ascii(a.name))
         value = _attribute_value(a, node.name)
         if a.name == "to" or a.name == "dtype":
@@ -477,6 +495,9 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
             keywords.append("opset=%d" % opset)
         if "backend" in params:
             keywords.append("backend=backend")
+        if "input_types" in params:
+            keywords.append("input_types=%s" % literal([constants[i].onnx_type if i in constants else
+                                                        (types or {}).get(i) for i in node.input]))
         if fn.multi and len(outs) > 1:
             keywords.append("outputs=%d" % len(outs))
         expr = "ops.%s(%s)" % (node.op_type, ", ".join(args + keywords))

@@ -21,6 +21,7 @@ from .conv import *  # noqa: F401,F403
 from .normalization import *  # noqa: F401,F403
 from .resize import *  # noqa: F401,F403
 from .quantization import *  # noqa: F401,F403
+from .quantization_contrib import *  # noqa: F401,F403  (com.microsoft ops, looked up through MS_OPS)
 from .recurrent import *  # noqa: F401,F403
 from .losses import *  # noqa: F401,F403
 from .attention import *  # noqa: F401,F403
