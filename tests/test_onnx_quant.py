@@ -1,0 +1,361 @@
+"""Quantized ONNX models: ONNX's node cases for the ai.onnx quantization ops, the com.microsoft
+quantized ops against onnxruntime, and whole models that onnxruntime's own quantization tools
+write (quantize_dynamic, quantize_static in QDQ and QOperator form, MatMulNBitsQuantizer)
+imported and run next to onnxruntime.
+
+Integer outputs must be equal. Float outputs are held to 1e-4 of the output's largest magnitude
+(onnxruntime's own tests use 1e-4 to 1e-3 for float models): onnxruntime and cinders compute the
+same integer products and dequantize with the same float32 multiplications, so they differ only
+in float32 summation order.
+
+onnxruntime's fused integer kernels on x86 without AVX-VNNI multiply uint8 activations by int8
+weights with an instruction (pmaddubsw) whose int16 sums saturate: with full 8-bit int8 weights
+its optimized answer differs from its own unoptimized one (and from the float model) by far
+more than quantization error. onnxruntime's quantizers offer `reduce_range=True` (7-bit weights)
+for that; those files are compared with onnxruntime fully optimized, files with full-range int8
+weights with onnxruntime running the graph as written (optimizations off).
+"""
+
+import logging
+import os
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import cinders as cn
+from cinders.onnx import OnnxError, load
+
+sys.path.insert(0, os.path.dirname(__file__))
+import onnx_node_cases  # noqa: E402
+
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+             "QLinearMatMul", "QLinearConv"}
+# Element types cinders does not emulate: their cases must be refused with a clear error.
+REFUSED_TYPES = ("e4m3", "e5m2", "float4", "int2", "uint2", "int4", "uint4")
+BACKENDS = {"python": lambda: cn.Python(), "numpy": lambda: cn.NumPy(), "wgpu": lambda: cn.Wgpu(autotune=False)}
+_CASES = []
+
+
+def quant_cases():
+    if not _CASES:
+        _CASES.extend(c for c in onnx_node_cases.collect() if onnx_node_cases.main_op(c[0], c[6]) in QUANT_OPS)
+    return _CASES
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def backend(request):
+    return BACKENDS[request.param]()
+
+
+def test_onnx_node_cases_of_the_quantization_ops(backend):
+    """Every case of the ai.onnx quantization ops passes, or (float8, 2- and 4-bit types) is refused
+    with a clear error: never a wrong number."""
+    cases = quant_cases()
+    assert len(cases) >= 40
+    wrong = []
+    for case in cases:
+        status, reason = onnx_node_cases.run_case(case, backend)
+        refused = status == "unsupported" or (status == "fail" and "OnnxError" in reason)
+        if status == "pass" or (refused and any(t in case[0] for t in REFUSED_TYPES)):
+            continue
+        wrong.append("%s: %s %s" % (case[0], status, reason))
+    assert not wrong, "\n".join(wrong)
+
+
+# -- com.microsoft ops against onnxruntime --------------------------------------------------------
+
+def _model(node, inputs, outputs, initializers=()):
+    graph = helper.make_graph([node], "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def _ort(data, feeds):
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _cinders(data, feeds, backend):
+    model = load(data, backend=backend)
+    out = model(*[cn.tensor(v, backend=backend) for v in feeds.values()])
+    return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def _q(rng, shape, dtype):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _vi(name, dtype, shape):
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)
+
+
+def _check(data, feeds, backend, integer):
+    expected, got = _ort(data, feeds), _cinders(data, feeds, backend)
+    for e, g in zip(expected, got):
+        assert g.shape == e.shape
+        if integer:
+            np.testing.assert_array_equal(g.astype(np.int64), e.astype(np.int64))
+        else:
+            np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * max(1.0, float(np.abs(e).max())))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary_ops(backend, op_type, dtype):
+    rng = np.random.default_rng(0)
+    a, b = _q(rng, (2, 3, 8), dtype), _q(rng, (3, 8), dtype)
+    zp = lambda v: np.array(v, dtype=dtype)  # noqa: E731
+    inits = [_init("as", np.float32(0.05)), _init("az", zp(3)), _init("bs", np.float32(0.02)), _init("bz", zp(-5 if dtype == np.int8 else 130)),
+             _init("cs", np.float32(0.07 if op_type == "QLinearAdd" else 0.01)), _init("cz", zp(10))]
+    node = helper.make_node(op_type, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], ["c"], domain="com.microsoft")
+    data = _model(node, [_vi("a", dtype, a.shape), _vi("b", dtype, b.shape)], [_vi("c", dtype, None)], inits)
+    _check(data, {"a": a, "b": b}, backend, integer=True)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_sigmoid_and_global_average_pool(backend, dtype):
+    rng = np.random.default_rng(1)
+    x = _q(rng, (2, 4, 5, 5), dtype)
+    zp = np.array(-7 if dtype == np.int8 else 120, dtype=dtype)
+    yzp = np.array(-128 if dtype == np.int8 else 0, dtype=dtype)
+    inits = [_init("xs", np.float32(0.04)), _init("xz", zp), _init("ys", np.float32(1 / 256)), _init("yz", yzp)]
+    node = helper.make_node("QLinearSigmoid", ["x", "xs", "xz", "ys", "yz"], ["y"], domain="com.microsoft")
+    _check(_model(node, [_vi("x", dtype, x.shape)], [_vi("y", dtype, None)], inits), {"x": x}, backend, True)
+    inits[2:] = [_init("ys", np.float32(0.03)), _init("yz", zp)]
+    node = helper.make_node("QLinearGlobalAveragePool", ["x", "xs", "xz", "ys", "yz"], ["y"], domain="com.microsoft")
+    _check(_model(node, [_vi("x", dtype, x.shape)], [_vi("y", dtype, None)], inits), {"x": x}, backend, True)
+
+
+def test_qlinear_concat(backend):
+    rng = np.random.default_rng(2)
+    a, b = _q(rng, (2, 3, 4), np.uint8), _q(rng, (2, 5, 4), np.uint8)
+    inits = [_init("ys", np.float32(0.05)), _init("yz", np.uint8(128)), _init("as", np.float32(0.05)),
+             _init("az", np.uint8(128)), _init("bs", np.float32(0.031)), _init("bz", np.uint8(100))]
+    node = helper.make_node("QLinearConcat", ["ys", "yz", "a", "as", "az", "b", "bs", "bz"], ["y"], axis=1,
+                            domain="com.microsoft")
+    data = _model(node, [_vi("a", np.uint8, a.shape), _vi("b", np.uint8, b.shape)], [_vi("y", np.uint8, None)], inits)
+    _check(data, {"a": a, "b": b}, backend, integer=True)
+
+
+@pytest.mark.parametrize("requantized", [True, False])
+def test_qgemm(backend, requantized):
+    rng = np.random.default_rng(3)
+    a, w = _q(rng, (4, 300), np.uint8), _q(rng, (6, 300), np.int8) // 2   # K > 258: chunked exact product
+    inits = [_init("as", np.float32(0.02)), _init("az", np.uint8(121)), _init("w", w),
+             _init("ws", np.float32(0.003)), _init("wz", np.int8(0)), _init("c", rng.integers(-5000, 5000, 6).astype(np.int32))]
+    names = ["a", "as", "az", "w", "ws", "wz", "c"]
+    if requantized:
+        inits += [_init("ys", np.float32(2.0)), _init("yz", np.uint8(128))]
+        names += ["ys", "yz"]
+    node = helper.make_node("QGemm", names, ["y"], transB=1, alpha=1.0, domain="com.microsoft")
+    out = _vi("y", np.uint8 if requantized else np.float32, None)
+    _check(_model(node, [_vi("a", np.uint8, a.shape)], [out], inits), {"a": a}, backend, requantized)
+
+
+@pytest.mark.parametrize("weights", [np.int8, np.uint8])
+def test_dynamic_quantize_matmul(backend, weights):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((3, 5, 40)).astype(np.float32)
+    w = _q(rng, (40, 7), weights) // (2 if weights == np.int8 else 1)   # 7-bit int8: no pmaddubsw saturation
+    zp = np.zeros(7, dtype=weights) if weights == np.int8 else rng.integers(100, 150, 7).astype(np.uint8)
+    inits = [_init("w", w), _init("ws", rng.uniform(0.01, 0.02, 7).astype(np.float32)), _init("wz", zp),
+             _init("bias", rng.standard_normal(7).astype(np.float32))]
+    node = helper.make_node("DynamicQuantizeMatMul", ["a", "w", "ws", "wz", "bias"], ["y"], domain="com.microsoft")
+    _check(_model(node, [_vi("a", np.float32, a.shape)], [_vi("y", np.float32, None)], inits), {"a": a}, backend, False)
+
+
+@pytest.mark.parametrize("zero_points", ["packed", "none", "float"])
+@pytest.mark.parametrize("k,block", [(64, 32), (40, 16)])
+def test_matmul_nbits(backend, zero_points, k, block):
+    """4-bit blocks; K need not be a multiple of the block (the last block is padded)."""
+    rng = np.random.default_rng(5)
+    n, blocks = 6, -(-k // block)
+    a = rng.standard_normal((2, 3, k)).astype(np.float32)
+    b = rng.integers(0, 256, (n, blocks, block // 2)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, n * blocks).astype(np.float32)
+    inits = [_init("b", b), _init("s", scales)]
+    names = ["a", "b", "s"]
+    if zero_points == "packed":
+        inits.append(_init("z", rng.integers(0, 256, n * -(-blocks // 2)).astype(np.uint8)))
+        names.append("z")
+    elif zero_points == "float":
+        inits.append(_init("z", rng.uniform(5, 10, n * blocks).astype(np.float32)))
+        names.append("z")
+    node = helper.make_node("MatMulNBits", names, ["y"], K=k, N=n, bits=4, block_size=block, domain="com.microsoft")
+    _check(_model(node, [_vi("a", np.float32, a.shape)], [_vi("y", np.float32, None)], inits), {"a": a}, backend, False)
+
+
+def test_contrib_ops_need_their_domain():
+    """A com.microsoft op name in the default domain is not a known ONNX op."""
+    node = helper.make_node("QLinearSigmoid", ["x", "s", "z", "s", "z"], ["y"])
+    data = _model(node, [_vi("x", np.uint8, (2,))], [_vi("y", np.uint8, None)],
+                  [_init("s", np.float32(0.1)), _init("z", np.uint8(0))])
+    with pytest.raises(OnnxError, match="QLinearSigmoid"):
+        load(data, backend=cn.NumPy())
+
+
+def test_quantize_linear_whose_type_is_unknown_is_refused():
+    """A zero point computed at run time (no type in the graph) cannot tell int8 from uint8."""
+    nodes = [helper.make_node("Identity", ["z"], ["z2"]), helper.make_node("QuantizeLinear", ["x", "s", "z2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (3,))], [_vi("y", np.int8, None)],
+                              [_init("s", np.float32(0.1)), _init("z", np.int8(-3))])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with pytest.raises(OnnxError, match="int8 or uint8"):
+        load(data, backend=cn.NumPy())(cn.tensor([-1.0, 0.0, 1.0], backend=cn.NumPy()))
+
+
+# -- whole models quantized by onnxruntime ---------------------------------------------------------
+
+class _Data:
+    """onnxruntime's CalibrationDataReader protocol: a few batches of random inputs."""
+
+    def __init__(self, shape):
+        rng = np.random.default_rng(1)
+        self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+SHAPES = {"cnn": (2, 3, 16, 16), "mlp": (2, 10, 64)}
+
+
+def _torch_models():
+    import torch
+    nn = torch.nn
+
+    class CNN(nn.Module):   # convs, a residual add, global average pooling, a linear head
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 16, 3, stride=2, padding=1)
+            self.c3, self.fc = nn.Conv2d(16, 16, 3, padding=1), nn.Linear(16, 5)
+
+        def forward(self, x):
+            b = torch.relu(self.c2(torch.relu(self.c1(x))))
+            return self.fc((torch.relu(self.c3(b)) + b).mean((2, 3)))
+
+    class MLP(nn.Module):   # a transformer's feed-forward block: MatMuls, GELU, residual, LayerNorm
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = nn.Linear(64, 300), nn.Linear(300, 64)
+            self.norm, self.head = nn.LayerNorm(64), nn.Linear(64, 7)
+
+        def forward(self, x):
+            return self.head(self.norm(x + self.down(nn.functional.gelu(self.up(x)))))
+
+    torch.manual_seed(0)
+    return {"cnn": CNN().eval(), "mlp": MLP().eval()}
+
+
+# name -> (float model, how onnxruntime quantizes it, onnxruntime optimizes it when comparing)
+VARIANTS = {
+    "cnn_qdq": ("cnn", "static QDQ", False),
+    "cnn_qdq_s8_per_channel": ("cnn", "static QDQ s8 per-channel", False),
+    "cnn_qdq_reduced": ("cnn", "static QDQ reduce_range", True),
+    "cnn_qop": ("cnn", "static QOperator reduce_range", True),
+    "cnn_qop_s8_per_channel": ("cnn", "static QOperator s8 per-channel reduce_range", True),
+    "cnn_dynamic_u8": ("cnn", "dynamic u8", True),
+    "cnn_dynamic_s8": ("cnn", "dynamic s8 reduce_range", True),
+    "mlp_qdq": ("mlp", "static QDQ", False),
+    "mlp_qdq_reduced": ("mlp", "static QDQ reduce_range", True),
+    "mlp_qop": ("mlp", "static QOperator reduce_range", True),
+    "mlp_dynamic_s8": ("mlp", "dynamic s8 reduce_range", True),
+    "mlp_q4": ("mlp", "4-bit asymmetric block 32", True),
+    "mlp_q4_symmetric": ("mlp", "4-bit symmetric block 16", True),
+}
+
+
+def _quantize(src, dst, how, shape):
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+    if how.startswith("4-bit"):
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+        q = MatMulNBitsQuantizer(onnx.load(src), block_size=int(how.split()[-1]), is_symmetric="asym" not in how)
+        q.process()
+        q.model.save_model_to_file(dst)
+        return
+    options = dict(reduce_range="reduce_range" in how, per_channel="per-channel" in how)
+    if how.startswith("dynamic"):
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8 if "s8" in how else QuantType.QUInt8,
+                         reduce_range=options["reduce_range"])
+        return
+    s8 = QuantType.QInt8 if "s8" in how else QuantType.QUInt8
+    quantize_static(src, dst, _Data(shape), quant_format=QuantFormat.QDQ if "QDQ" in how else QuantFormat.QOperator,
+                    activation_type=s8, weight_type=QuantType.QInt8, **options)
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    import torch
+    folder = tmp_path_factory.mktemp("quant")
+    logging.disable(logging.WARNING)   # the quantizers advise pre-processing on every call
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, model in _torch_models().items():
+                torch.onnx.export(model, (torch.randn(*SHAPES[name]),), str(folder / (name + ".onnx")), dynamo=False,
+                                  input_names=["x"], output_names=["y"], opset_version=17)
+            for variant, (name, how, _) in VARIANTS.items():
+                _quantize(str(folder / (name + ".onnx")), str(folder / (variant + ".onnx")), how, SHAPES[name])
+    finally:
+        logging.disable(logging.NOTSET)
+    return folder
+
+
+def _onnxruntime(path, x, optimized):
+    options = ort.SessionOptions()
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_quantized_model_matches_onnxruntime(quantized, variant):
+    name, how, optimized = VARIANTS[variant]
+    path = quantized / (variant + ".onnx")
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert ops & (QUANT_OPS | {"MatMulNBits", "QGemm", "QLinearAdd", "QLinearMul"}), ops
+    x = np.random.default_rng(5).standard_normal(SHAPES[name]).astype(np.float32)
+    expected = _onnxruntime(path, x, optimized)[0]
+    backend = cn.NumPy()
+    got = load(str(path), backend=backend)(cn.tensor(x, backend=backend)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+    # and close to the float model, as a quantized model should be
+    reference = _onnxruntime(quantized / (name + ".onnx"), x, True)[0]
+    assert np.abs(got - reference).max() < 0.1 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("backend_name", ["python", "wgpu"])
+def test_qdq_cnn_on_every_backend(quantized, backend_name):
+    """The statically quantized CNN of issue 28 (QDQ, int8 weights with negative values)."""
+    path = quantized / "cnn_qdq.onnx"
+    x = np.random.default_rng(6).standard_normal(SHAPES["cnn"]).astype(np.float32)
+    expected = _onnxruntime(path, x, False)[0]
+    backend = BACKENDS[backend_name]()
+    got = load(str(path), backend=backend)(cn.tensor(x, backend=backend)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+def test_qoperator_integer_output_is_exact(quantized, tmp_path):
+    """The uint8 tensor a QOperator graph computes before its last DequantizeLinear: equal to
+    onnxruntime's value for value."""
+    model = onnx.load(str(quantized / "cnn_qop.onnx"))
+    last = [n for n in model.graph.node if n.op_type == "DequantizeLinear"][-1]
+    model.graph.output.append(helper.make_tensor_value_info(last.input[0], TensorProto.UINT8, None))
+    path = tmp_path / "two_outputs.onnx"
+    onnx.save(model, str(path))
+    x = np.random.default_rng(7).standard_normal(SHAPES["cnn"]).astype(np.float32)
+    expected = _onnxruntime(path, x, True)[1]
+    backend = cn.NumPy()
+    got = load(str(path), backend=backend)(cn.tensor(x, backend=backend))[1].numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected.astype(np.int64))
