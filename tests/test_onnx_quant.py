@@ -336,8 +336,9 @@ def test_quantized_model_matches_onnxruntime(quantized, variant):
 
 @pytest.mark.parametrize("backend_name", ["python", "wgpu"])
 def test_qdq_cnn_on_every_backend(quantized, backend_name):
-    """The statically quantized CNN of issue 28 (QDQ, int8 weights with negative values)."""
-    path = quantized / "cnn_qdq.onnx"
+    """The statically quantized CNN of issue 28: QDQ with int8 activations, whose negative values
+    the importer once clamped to 0..255 (every negative logit came out as one number)."""
+    path = quantized / "cnn_qdq_s8_per_channel.onnx"
     x = np.random.default_rng(6).standard_normal(SHAPES["cnn"]).astype(np.float32)
     expected = _onnxruntime(path, x, False)[0]
     backend = BACKENDS[backend_name]()
