@@ -360,3 +360,28 @@ def test_qoperator_integer_output_is_exact(quantized, tmp_path):
     got = load(str(path), backend=backend)(cn.tensor(x, backend=backend))[1].numpy()
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got, expected.astype(np.int64))
+
+
+# -- unsupported ops: counted by type on one screen, named behind --verbose ------------------------
+
+def test_unsupported_ops_are_counted_by_type(tmp_path):
+    import subprocess
+    nodes = [helper.make_node("FancyOp", ["x"], ["a0"], name="fancy_0")]
+    nodes += [helper.make_node("FancyOp", ["a%d" % i], ["a%d" % (i + 1)], name="fancy_%d" % (i + 1)) for i in range(20)]
+    nodes += [helper.make_node("FusedThing", ["a21"], ["y"], domain="com.microsoft", name="fused")]
+    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2,))], [_vi("y", np.float32, (2,))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(OnnxError) as info:
+        load(model.SerializeToString())
+    text = str(info.value)
+    assert "22 node(s) unsupported" in text and "FancyOp \u00d721, com.microsoft::FusedThing \u00d71" in text
+    assert "fancy_" not in text and len(text) < 400
+    assert len(info.value.nodes) == 22 and "FancyOp 'fancy_20' at opset 17: op not supported" in info.value.nodes
+    path = tmp_path / "fancy.onnx"
+    path.write_bytes(model.SerializeToString())
+    for verbose in (False, True):
+        done = subprocess.run([sys.executable, "-m", "cinders", "import-onnx", str(path), "--out", str(tmp_path)]
+                              + ["--verbose"] * verbose, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1 and "FancyOp \u00d721" in done.stderr
+        assert ("'fancy_13'" in done.stderr) == verbose
+        assert len(done.stderr.splitlines()) == (23 if verbose else 1)

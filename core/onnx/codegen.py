@@ -7,6 +7,7 @@ node names, producer) appears only as an ascii() literal: in comments (ascii() h
 breaks) or as string constants. Numbers are emitted by repr() of Python ints/floats we decoded.
 """
 
+import collections
 import keyword
 import math
 import re
@@ -156,6 +157,23 @@ class _Unsupported(Exception):
     pass
 
 
+class UnsupportedOps(OnnxError):
+    """Nodes the importer cannot reproduce. The message counts them by op type and reason (one
+    screen even for hundreds of nodes); `nodes` names each one (`cinders import-onnx --verbose`)."""
+
+    def __init__(self, source_name, problems):
+        """problems: [(op label, reason, line naming the node)] in graph order."""
+        self.nodes = [line for _, _, line in problems]
+        by_reason = collections.OrderedDict()
+        for label, reason, _ in problems:
+            by_reason.setdefault(reason, collections.Counter())[label] += 1
+        kinds = ["  %s: %s" % (reason, ", ".join("%s \u00d7%d" % kv for kv in counts.most_common()))
+                 for reason, counts in sorted(by_reason.items(), key=lambda rc: -sum(rc[1].values()))]
+        super().__init__("cannot import %s: %d node(s) unsupported (supported ops are listed in %s; the "
+                         "error's .nodes or `cinders import-onnx --verbose` name each node):\n%s"
+                         % (ascii(source_name), len(problems), DOCS, "\n".join(kinds)))
+
+
 def _constant_node(node, opset):
     """The Constant node's value as a Constant."""
     attrs = {a.name: a for a in node.attribute}
@@ -195,7 +213,7 @@ class _Scope:
             where = "node %d %s (%s)" % (index, ascii(node.name), node.op_type)
             try:
                 if node.domain not in SUPPORTED_DOMAINS + ("com.microsoft",):
-                    raise _Unsupported("domain %s" % ascii(node.domain))
+                    raise _Unsupported("domain not supported")
                 if not any(node.output):
                     raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
                 for o in node.output:
@@ -229,7 +247,8 @@ class _Scope:
                         self.host_values.update(o for o in node.output if o)
                 self.known.update(o for o in node.output if o)
             except _Unsupported as e:
-                self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
+                label = node.op_type if node.domain in SUPPORTED_DOMAINS else "%s::%s" % (node.domain, node.op_type)
+                self.problems.append((label, str(e), "%s %s at opset %d: %s" % (label, ascii(node.name), self.opset, e)))
                 for o in node.output:   # known, so that later nodes report only their own problems
                     if o:
                         self.known.add(o)
@@ -384,8 +403,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     scope.types.update(_value_types(graph, constants))
     lines = scope.emit(graph.node)
     if problems:
-        raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
-                        % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
+        raise UnsupportedOps(source_name, problems)
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
     if layered is not None:
         return layered
