@@ -36,7 +36,7 @@ import onnx_node_cases  # noqa: E402
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
              "QLinearMatMul", "QLinearConv"}
 # Element types cinders does not emulate: their cases must be refused with a clear error.
-REFUSED_TYPES = ("e4m3", "e5m2", "float4", "int2", "uint2", "int4", "uint4")
+REFUSED_TYPES = ("e4m3", "e5m2", "float4", "int2", "uint2")
 BACKENDS = {"python": lambda: cn.Python(), "numpy": lambda: cn.NumPy(), "wgpu": lambda: cn.Wgpu(autotune=False)}
 _CASES = []
 
@@ -45,6 +45,17 @@ def quant_cases():
     if not _CASES:
         _CASES.extend(c for c in onnx_node_cases.collect() if onnx_node_cases.main_op(c[0], c[6]) in QUANT_OPS)
     return _CASES
+
+
+def _widened(case):
+    """The case with its int4/uint4 arrays (ml_dtypes, which cn.tensor does not take) as int8/uint8:
+    the values, not their storage, are what the ops must get right."""
+    def widen(a):
+        a = onnx_node_cases._array(a)
+        kind = getattr(getattr(a, "dtype", None), "name", "")
+        return a.astype(np.int8 if kind == "int4" else np.uint8) if kind in ("int4", "uint4") else a
+    data_sets = [([widen(a) for a in ins], [widen(a) for a in outs]) for ins, outs in case[3]]
+    return case[:3] + (data_sets,) + case[4:]
 
 
 @pytest.fixture(scope="module", params=list(BACKENDS))
@@ -59,7 +70,7 @@ def test_onnx_node_cases_of_the_quantization_ops(backend):
     assert len(cases) >= 40
     wrong = []
     for case in cases:
-        status, reason = onnx_node_cases.run_case(case, backend)
+        status, reason = onnx_node_cases.run_case(_widened(case), backend)
         refused = status == "unsupported" or (status == "fail" and "OnnxError" in reason)
         if status == "pass" or (refused and any(t in case[0] for t in REFUSED_TYPES)):
             continue
@@ -385,3 +396,25 @@ def test_unsupported_ops_are_counted_by_type(tmp_path):
         assert done.returncode == 1 and "FancyOp \u00d721" in done.stderr
         assert ("'fancy_13'" in done.stderr) == verbose
         assert len(done.stderr.splitlines()) == (23 if verbose else 1)
+
+
+@pytest.mark.parametrize("raw", [True, False])
+@pytest.mark.parametrize("kind", [TensorProto.INT4, TensorProto.UINT4])
+def test_four_bit_weights_blocked(kind, raw):
+    """int4/uint4 initializers (two values a byte, an odd count padded) dequantized in blocks
+    (opset 21), as onnxruntime's 4-bit QDQ weight format stores them."""
+    rng = np.random.default_rng(8)
+    lo, hi = (-8, 7) if kind == TensorProto.INT4 else (0, 15)
+    w = rng.integers(lo, hi + 1, (9, 5))
+    packed = helper.make_tensor("w", kind, w.shape, w.flatten().tolist())
+    if raw:   # the same nibbles as raw bytes
+        nibbles = (w.flatten() & 15).tolist() + [0]
+        packed = helper.make_tensor("w", kind, w.shape, bytes(a | b << 4 for a, b in zip(nibbles[0::2], nibbles[1::2])),
+                                    raw=True)
+    scale = _init("s", rng.uniform(0.01, 0.1, (3, 5)).astype(np.float32))
+    zp = helper.make_tensor("z", kind, (3, 5), rng.integers(lo, hi + 1, 15).tolist())
+    nodes = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=0, block_size=4),
+             helper.make_node("MatMul", ["x", "wf"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2, 9))], [_vi("y", np.float32, None)], [packed, scale, zp])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
+    _check(data, {"x": rng.standard_normal((2, 9)).astype(np.float32)}, cn.NumPy(), integer=False)

@@ -477,7 +477,7 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
             raise _Unsupported("attribute %s" % ascii(a.name))
         value = _attribute_value(a, node.name)
         if a.name == "to" or a.name == "dtype":
-            if value not in DATA_TYPES or value in (8, 16):
+            if value not in DATA_TYPES or value in (8, 16, 21, 22):
                 raise _Unsupported("%s=%d: cinders computes in float32, int32 and bool; this type "
                                    "(8-bit/4-bit floats, strings, ...) is not emulated" % (a.name, value))
             value = DATA_TYPES[value][0]

@@ -87,7 +87,7 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     if y_zero_point is not None:
         out_type = type_at(input_types, 2)
     else:
-        out_type = DATA_TYPES[output_dtype][0] if output_dtype in DATA_TYPES else "uint8"
+        out_type = "uint8" if output_dtype == 0 else DATA_TYPES.get(output_dtype, ("type %d" % output_dtype,))[0]
     lo, hi = quant_range(out_type, "QuantizeLinear")
     zp = None if y_zero_point is None else per_axis(y_zero_point, x, axis, block_size)
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
