@@ -185,24 +185,25 @@ def test_dynamic_quantize_matmul(backend, weights):
     _check(_model(node, [_vi("a", np.float32, a.shape)], [_vi("y", np.float32, None)], inits), {"a": a}, backend, False)
 
 
-@pytest.mark.parametrize("zero_points", ["packed", "none", "float"])
-@pytest.mark.parametrize("k,block", [(64, 32), (40, 16)])
-def test_matmul_nbits(backend, zero_points, k, block):
-    """4-bit blocks; K need not be a multiple of the block (the last block is padded)."""
+@pytest.mark.parametrize("k,block,bits,zero_points", [
+    (64, 32, 4, "packed"), (64, 32, 4, "none"), (64, 32, 4, "float"), (40, 16, 4, "packed"), (40, 16, 4, "none"),
+    (40, 16, 4, "float"), (40, 16, 8, "packed"), (40, 16, 8, "none")])   # onnxruntime has no 8-bit with float zero points
+def test_matmul_nbits(backend, zero_points, k, block, bits):
+    """4-bit (and 8-bit) blocks; K need not be a multiple of the block (the last block is padded)."""
     rng = np.random.default_rng(5)
     n, blocks = 6, -(-k // block)
     a = rng.standard_normal((2, 3, k)).astype(np.float32)
-    b = rng.integers(0, 256, (n, blocks, block // 2)).astype(np.uint8)
+    b = rng.integers(0, 256, (n, blocks, block * bits // 8)).astype(np.uint8)
     scales = rng.uniform(0.01, 0.1, n * blocks).astype(np.float32)
     inits = [_init("b", b), _init("s", scales)]
     names = ["a", "b", "s"]
     if zero_points == "packed":
-        inits.append(_init("z", rng.integers(0, 256, n * -(-blocks // 2)).astype(np.uint8)))
+        inits.append(_init("z", rng.integers(0, 256, n * -(-blocks * bits // 8)).astype(np.uint8)))
         names.append("z")
     elif zero_points == "float":
         inits.append(_init("z", rng.uniform(5, 10, n * blocks).astype(np.float32)))
         names.append("z")
-    node = helper.make_node("MatMulNBits", names, ["y"], K=k, N=n, bits=4, block_size=block, domain="com.microsoft")
+    node = helper.make_node("MatMulNBits", names, ["y"], K=k, N=n, bits=bits, block_size=block, domain="com.microsoft")
     _check(_model(node, [_vi("a", np.float32, a.shape)], [_vi("y", np.float32, None)], inits), {"a": a}, backend, False)
 
 
@@ -418,3 +419,43 @@ def test_four_bit_weights_blocked(kind, raw):
     graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2, 9))], [_vi("y", np.float32, None)], [packed, scale, zp])
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
     _check(data, {"x": rng.standard_normal((2, 9)).astype(np.float32)}, cn.NumPy(), integer=False)
+
+
+def test_dynamic_quantize_lstm(tmp_path):
+    """quantize_dynamic turns an LSTM into com.microsoft DynamicQuantizeLSTM: the input sequence and
+    every step's hidden state are quantized to uint8 at run time. onnxruntime's LSTM computes
+    sigmoid/tanh with its own approximations (MlasComputeLogistic/Tanh), so the hidden states differ
+    in the last float32 bits and, re-quantized at every step, a value now and then rounds to the
+    neighbouring uint8: the outputs agree to about a quantization step (1% of the output's range
+    here), not to 1e-4. Both stay as close to the float model as each other."""
+    import torch
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(12, 20, batch_first=True, bidirectional=True)
+            self.head = torch.nn.Linear(40, 4)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0])
+
+    torch.manual_seed(0)
+    src, dst = str(tmp_path / "lstm.onnx"), str(tmp_path / "lstm_q8.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Tagger().eval(), (torch.randn(2, 7, 12),), src, dynamo=False, input_names=["x"],
+                          output_names=["y"], opset_version=17)
+    logging.disable(logging.WARNING)
+    try:
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, reduce_range=True)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert "DynamicQuantizeLSTM" in {n.op_type for n in onnx.load(dst).graph.node}
+    x = np.random.default_rng(0).standard_normal((2, 7, 12)).astype(np.float32)
+    expected, reference = _onnxruntime(dst, x, True)[0], _onnxruntime(src, x, True)[0]
+    backend = cn.NumPy()
+    got = load(dst, backend=backend)(cn.tensor(x, backend=backend)).numpy()
+    scale = float(np.abs(expected).max())
+    assert np.abs(got - expected).max() < 0.01 * scale
+    assert np.abs(got - reference).max() < 2 * np.abs(expected - reference).max() + 1e-3 * scale

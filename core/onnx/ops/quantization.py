@@ -12,6 +12,7 @@ where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERM
 reduced axis; each chunk is cast to int32 and the chunks are added in int32.
 """
 
+import cinders as cn
 from ...dtypes import float32, int32
 from ...tensor import cat
 from ..proto import DATA_TYPES, OnnxError
@@ -95,10 +96,11 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
 
 @op(multi=True)
 def DynamicQuantizeLinear(x, outputs=1):
-    """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it)."""
+    """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it;
+    an all-zero x gets scale 1, as in onnxruntime, where the formula would divide by 0)."""
     lo = x.min().minimum(0.0)
     hi = x.max().maximum(0.0)
-    scale = (hi - lo) / 255.0
+    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
     zp = (-lo / scale).round().maximum(0.0).minimum(255.0)
     y = quantize(x, scale, zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]

@@ -13,6 +13,7 @@ from ...functional import stack
 from ...tensor import cat
 from ..proto import OnnxError
 from .base import REGISTRY, _axis, op
+from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, centered, column_param,
                            exact_matmul, quant_range, quantize, requantize, type_at)
 
@@ -154,3 +155,26 @@ def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, N=0,
     w = ((q - zp) * scales.reshape((N, blocks, 1))).reshape((N, blocks * block_size))[:, :K]
     y = A @ w.mT
     return y if bias is None else y + bias
+
+
+@ms_op(multi=True)
+def DynamicQuantizeLSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, W_scale=None,
+                        W_zero_point=None, R_scale=None, R_zero_point=None, activation_alpha=None,
+                        activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None,
+                        input_forget=0, outputs=1):
+    """ONNX LSTM whose W (dirs, input, 4*hidden) and R (dirs, hidden, 4*hidden) are int8/uint8 with
+    per-direction (or per-column) scales and zero points. As in onnxruntime, the input sequence
+    (all steps at once) and each step's hidden state are quantized to uint8 per tensor
+    (DynamicQuantizeLinear), multiplied exactly in integers and scaled back."""
+    if sequence_lens is not None:
+        raise OnnxError("DynamicQuantizeLSTM: sequence_lens is not supported")
+
+    def product(a, d, recurrent):
+        m, scale, zp = (R, R_scale, R_zero_point) if recurrent else (W, W_scale, W_zero_point)
+        a_q, a_scale, a_zp = DynamicQuantizeLinear(a, outputs=3)
+        acc = exact_matmul(centered(a_q, a_zp), centered(m[d], column_param(zp[d])))
+        return acc.cast(float32) * (a_scale * column_param(scale[d]))
+
+    return _recurrent("LSTM", X, W, R, B, None, initial_h, initial_c, P, activations, activation_alpha,
+                      activation_beta, clip, direction, hidden_size or R.shape[1], 0, 0, input_forget, outputs,
+                      product)
