@@ -37,7 +37,8 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "QLinearMatMul", "QLinearConv"}
 # Element types cinders does not emulate: their cases must be refused with a clear error.
 REFUSED_TYPES = ("e4m3", "e5m2", "float4", "int2", "uint2")
-BACKENDS = {"python": lambda: cn.Python(), "numpy": lambda: cn.NumPy(), "wgpu": lambda: cn.Wgpu(autotune=False)}
+BACKENDS = {"python": lambda: cn.Python(), "numpy": lambda: cn.NumPy(), "wgpu": lambda: cn.Wgpu(autotune=False),
+            "wasm": lambda: cn.Wasm()}
 _CASES = []
 
 
@@ -348,7 +349,7 @@ def test_quantized_model_matches_onnxruntime(quantized, variant):
     assert np.abs(got - reference).max() < 0.1 * np.abs(reference).max()
 
 
-@pytest.mark.parametrize("backend_name", ["python", "wgpu"])
+@pytest.mark.parametrize("backend_name", ["python", "wgpu", "wasm"])
 def test_qdq_cnn_on_every_backend(quantized, backend_name):
     """The statically quantized CNN of issue 28: QDQ with int8 activations, whose negative values
     the importer once clamped to 0..255 (every negative logit came out as one number)."""
