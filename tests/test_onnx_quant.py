@@ -81,9 +81,12 @@ def test_onnx_node_cases_of_the_quantization_ops(backend):
 
 # -- com.microsoft ops against onnxruntime --------------------------------------------------------
 
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
 def _model(node, inputs, outputs, initializers=()):
     graph = helper.make_graph([node], "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=OPSETS)
     model.ir_version = 8
     return model.SerializeToString()
 
@@ -127,7 +130,8 @@ def test_qlinear_binary_ops(backend, op_type, dtype):
     rng = np.random.default_rng(0)
     a, b = _q(rng, (2, 3, 8), dtype), _q(rng, (3, 8), dtype)
     zp = lambda v: np.array(v, dtype=dtype)  # noqa: E731
-    inits = [_init("as", np.float32(0.05)), _init("az", zp(3)), _init("bs", np.float32(0.02)), _init("bz", zp(-5 if dtype == np.int8 else 130)),
+    inits = [_init("as", np.float32(0.05)), _init("az", zp(3)), _init("bs", np.float32(0.02)),
+             _init("bz", zp(-5 if dtype == np.int8 else 130)),
              _init("cs", np.float32(0.07 if op_type == "QLinearAdd" else 0.01)), _init("cz", zp(10))]
     node = helper.make_node(op_type, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], ["c"], domain="com.microsoft")
     data = _model(node, [_vi("a", dtype, a.shape), _vi("b", dtype, b.shape)], [_vi("c", dtype, None)], inits)
@@ -164,7 +168,8 @@ def test_qgemm(backend, requantized):
     rng = np.random.default_rng(3)
     a, w = _q(rng, (4, 300), np.uint8), _q(rng, (6, 300), np.int8) // 2   # K > 258: chunked exact product
     inits = [_init("as", np.float32(0.02)), _init("az", np.uint8(121)), _init("w", w),
-             _init("ws", np.float32(0.003)), _init("wz", np.int8(0)), _init("c", rng.integers(-5000, 5000, 6).astype(np.int32))]
+             _init("ws", np.float32(0.003)), _init("wz", np.int8(0)),
+             _init("c", rng.integers(-5000, 5000, 6).astype(np.int32))]
     names = ["a", "as", "az", "w", "ws", "wz", "c"]
     if requantized:
         inits += [_init("ys", np.float32(2.0)), _init("yz", np.uint8(128))]
@@ -186,9 +191,9 @@ def test_dynamic_quantize_matmul(backend, weights):
     _check(_model(node, [_vi("a", np.float32, a.shape)], [_vi("y", np.float32, None)], inits), {"a": a}, backend, False)
 
 
-@pytest.mark.parametrize("k,block,bits,zero_points", [
+@pytest.mark.parametrize("k,block,bits,zero_points", [   # onnxruntime has no 8-bit with float zero points
     (64, 32, 4, "packed"), (64, 32, 4, "none"), (64, 32, 4, "float"), (40, 16, 4, "packed"), (40, 16, 4, "none"),
-    (40, 16, 4, "float"), (40, 16, 8, "packed"), (40, 16, 8, "none")])   # onnxruntime has no 8-bit with float zero points
+    (40, 16, 4, "float"), (40, 16, 8, "packed"), (40, 16, 8, "none")])
 def test_matmul_nbits(backend, zero_points, k, block, bits):
     """4-bit (and 8-bit) blocks; K need not be a multiple of the block (the last block is padded)."""
     rng = np.random.default_rng(5)
@@ -386,7 +391,7 @@ def test_unsupported_ops_are_counted_by_type(tmp_path):
     nodes += [helper.make_node("FancyOp", ["a%d" % i], ["a%d" % (i + 1)], name="fancy_%d" % (i + 1)) for i in range(20)]
     nodes += [helper.make_node("FusedThing", ["a21"], ["y"], domain="com.microsoft", name="fused")]
     graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2,))], [_vi("y", np.float32, (2,))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=OPSETS)
     with pytest.raises(OnnxError) as info:
         load(model.SerializeToString())
     text = str(info.value)
@@ -420,7 +425,8 @@ def test_four_bit_weights_blocked(kind, raw):
     zp = helper.make_tensor("z", kind, (3, 5), rng.integers(lo, hi + 1, 15).tolist())
     nodes = [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=0, block_size=4),
              helper.make_node("MatMul", ["x", "wf"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2, 9))], [_vi("y", np.float32, None)], [packed, scale, zp])
+    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, (2, 9))], [_vi("y", np.float32, None)],
+                              [packed, scale, zp])
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
     _check(data, {"x": rng.standard_normal((2, 9)).astype(np.float32)}, cn.NumPy(), integer=False)
 

@@ -5,7 +5,8 @@ uint8 is the range they saturate to, which the importer passes as the ONNX eleme
 op's inputs (`input_types`, None where the graph does not say). Rounding is half to even, as
 ONNX and onnxruntime round.
 
-Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) run on the float32
+Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv and the contrib ops
+built on exact_matmul/exact_conv) run on the float32
 matmul/conv of every backend, which is exact here: operands are differences of 8-bit values
 (|v| <= 255), so a product is < 2**16 and any sum of EXACT_TERMS of them stays below 2**24,
 where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERMS along the
@@ -21,7 +22,7 @@ from .conv import Conv
 
 # Saturation range of each integer type a quantized value may have.
 QUANT_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-                "uint4": (0, 15), "int4": (-8, 7), "int32": (-2 ** 31, 2 ** 31 - 1)}
+                "uint4": (0, 15), "int4": (-8, 7)}
 EXACT_TERMS = 2 ** 24 // (255 * 255)   # 258 products of 8-bit differences sum exactly in float32
 
 
@@ -37,8 +38,9 @@ def quant_range(type_name, op_name):
     return QUANT_RANGES[type_name]
 
 
-def type_at(input_types, index, default=None):
-    return input_types[index] if input_types and index < len(input_types) and input_types[index] else default
+def type_at(input_types, index):
+    """The ONNX element type of input `index`, or None where the graph does not say."""
+    return input_types[index] if input_types and index < len(input_types) else None
 
 
 def per_axis(t, x, axis=1, block_size=0):
@@ -58,17 +60,17 @@ def per_axis(t, x, axis=1, block_size=0):
     return t.reshape([t.shape[0] if d == a else 1 for d in range(x.ndim)])
 
 
-def saturate(q, lo, hi):
-    """float32 values already rounded -> int32 clamped to [lo, hi]."""
+def round_saturate(q, zero_point, lo, hi):
+    """round(q) + zero_point clamped to [lo, hi], as int32 (q float32)."""
+    q = q.round()
+    if zero_point is not None:
+        q = q + zero_point.cast(float32)
     return q.maximum(float(lo)).minimum(float(hi)).cast(int32)
 
 
 def quantize(x, scale, zero_point, lo, hi):
     """saturate(round(x / scale) + zero_point): ONNX QuantizeLinear on broadcastable parameters."""
-    q = (x.cast(float32) / scale).round()
-    if zero_point is not None:
-        q = q + zero_point.cast(float32)
-    return saturate(q, lo, hi)
+    return round_saturate(x.cast(float32) / scale, zero_point, lo, hi)
 
 
 def centered(x, zero_point):
@@ -118,11 +120,11 @@ def exact_matmul(a, b):
     return total
 
 
-def row_zero_point(zp, a):
-    """A's zero point: scalar, or one per row of A (shape (M,) -> (M, 1))."""
-    if zp is None or zp.ndim == 0 or zp.numel() == 1:
-        return None if zp is None else zp.reshape(())
-    return zp.reshape((zp.numel(), 1))
+def row_param(p):
+    """A's zero point or scale: scalar, or one per row of A (shape (M,) -> (M, 1))."""
+    if p is None or p.ndim == 0 or p.numel() == 1:
+        return None if p is None else p.reshape(())
+    return p.reshape((p.numel(), 1))
 
 
 def column_param(p):
@@ -134,7 +136,7 @@ def column_param(p):
 
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
-    return exact_matmul(centered(A, row_zero_point(a_zero_point, A)), centered(B, column_param(b_zero_point)))
+    return exact_matmul(centered(A, row_param(a_zero_point)), centered(B, column_param(b_zero_point)))
 
 
 def exact_conv(x, w, group, **conv_args):
@@ -185,17 +187,13 @@ def requantize(acc, multiplier, zero_point, out_type, op_name):
     """int32 accumulator -> the output's quantized type: saturate(round(acc * multiplier) + zp),
     multiplier = a_scale * b_scale / y_scale in float32, as onnxruntime's requantization does."""
     lo, hi = quant_range(out_type, op_name)
-    q = (acc.cast(float32) * multiplier).round()
-    if zero_point is not None:
-        q = q + zero_point.cast(float32)
-    return saturate(q, lo, hi)
+    return round_saturate(acc.cast(float32) * multiplier, zero_point, lo, hi)
 
 
 @op()
 def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
-    acc = exact_matmul(centered(a, row_zero_point(a_zero_point, a)), centered(b, column_param(b_zero_point)))
-    a_s = row_zero_point(a_scale, a)
-    multiplier = a_s * column_param(b_scale) / y_scale.reshape(())
+    acc = exact_matmul(centered(a, row_param(a_zero_point)), centered(b, column_param(b_zero_point)))
+    multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
     return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
 
 
@@ -205,10 +203,8 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
                 input_types=None):
     acc = exact_conv(centered(x, x_zero_point.reshape(())), centered(w, _channel_param(w_zero_point, w.ndim)),
                      group, **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
-    spatial = (1,) * (x.ndim - 2)
     if B is not None:
-        acc = acc + B.reshape((B.numel(),) + spatial)
-    w_s = w_scale.reshape(()) if w_scale.numel() == 1 else w_scale.reshape((w_scale.numel(),) + spatial)
-    multiplier = x_scale.reshape(()) * w_s
+        acc = acc + _channel_param(B, x.ndim - 1)
+    multiplier = x_scale.reshape(()) * _channel_param(w_scale, x.ndim - 1)
     return requantize(acc, multiplier / y_scale.reshape(()), y_zero_point.reshape(()), type_at(input_types, 7),
                       "QLinearConv")
