@@ -245,7 +245,7 @@ class _Data:
         return next(self.batches, None)
 
 
-SHAPES = {"cnn": (2, 3, 16, 16), "mlp": (2, 10, 64)}
+SHAPES = {"cnn": (2, 3, 16, 16), "mlp": (2, 10, 64), "pools": (2, 3, 16, 16)}
 
 
 def _torch_models():
@@ -271,8 +271,18 @@ def _torch_models():
         def forward(self, x):
             return self.head(self.norm(x + self.down(nn.functional.gelu(self.up(x)))))
 
+    class Pools(nn.Module):   # what QOperator turns into QLinearLeakyRelu/AveragePool/Sigmoid/Concat
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Linear(128, 5)
+
+        def forward(self, x):
+            a = nn.functional.max_pool2d(torch.relu(self.c1(x)), 2)
+            b = nn.functional.avg_pool2d(nn.functional.leaky_relu(self.c2(a), 0.1), 2)
+            return self.fc(torch.cat([b, torch.sigmoid(b)], 1)[:, :8].flatten(1))
+
     torch.manual_seed(0)
-    return {"cnn": CNN().eval(), "mlp": MLP().eval()}
+    return {"cnn": CNN().eval(), "mlp": MLP().eval(), "pools": Pools().eval()}
 
 
 # name -> (float model, how onnxruntime quantizes it, onnxruntime optimizes it when comparing).
@@ -292,6 +302,9 @@ VARIANTS = {
     "mlp_dynamic_s8": ("mlp", "dynamic s8 reduce_range", True),
     "mlp_q4": ("mlp", "4-bit asymmetric block 32", True),
     "mlp_q4_symmetric": ("mlp", "4-bit symmetric block 16", True),
+    "pools_qdq": ("pools", "static QDQ reduce_range", True),
+    "pools_qop": ("pools", "static QOperator reduce_range", True),
+    "pools_qop_u8": ("pools", "static QOperator u8 reduce_range", True),
 }
 
 
@@ -344,6 +357,7 @@ def test_quantized_model_matches_onnxruntime(quantized, variant):
     path = quantized / (variant + ".onnx")
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert ops & (QUANT_OPS | {"MatMulNBits", "QGemm", "QLinearAdd", "QLinearMul"}), ops
+    assert variant != "pools_qop" or {"QLinearLeakyRelu", "QLinearAveragePool", "QLinearConcat"} <= ops, ops
     x = np.random.default_rng(5).standard_normal(SHAPES[name]).astype(np.float32)
     expected = _onnxruntime(path, x, optimized)[0]
     backend = cn.NumPy()

@@ -13,6 +13,8 @@ from ...functional import stack
 from ...tensor import cat
 from ..proto import OnnxError
 from .base import REGISTRY, _axis, op
+from .conv import AveragePool
+from .elementwise import LeakyRelu
 from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, centered, column_param,
                            exact_matmul, quant_range, quantize, requantize, type_at)
@@ -64,6 +66,30 @@ def QLinearSigmoid(X, X_scale, X_zero_point, Y_scale, Y_zero_point=None, input_t
     lo, hi = quant_range(output_type(input_types, 4, 2, 0), "QLinearSigmoid")
     y = (centered(X, scalar_param(X_zero_point)) * X_scale.reshape(())).sigmoid()
     return quantize(y, Y_scale.reshape(()), scalar_param(Y_zero_point), lo, hi)
+
+
+@ms_op()
+def QLinearLeakyRelu(X, X_scale, X_zero_point, Y_scale, Y_zero_point=None, alpha=0.01, input_types=None):
+    lo, hi = quant_range(output_type(input_types, 4, 2, 0), "QLinearLeakyRelu")
+    y = LeakyRelu(centered(X, scalar_param(X_zero_point)) * X_scale.reshape(()), alpha)
+    return quantize(y, Y_scale.reshape(()), scalar_param(Y_zero_point), lo, hi)
+
+
+@ms_op()
+def QLinearAveragePool(X, x_scale, x_zero_point, y_scale, y_zero_point=None, auto_pad="NOTSET", ceil_mode=0,
+                       channels_last=0, count_include_pad=0, kernel_shape=None, pads=None, strides=None,
+                       input_types=None):
+    """AveragePool of the dequantized values (their integer window sums are exact), requantized."""
+    lo, hi = quant_range(output_type(input_types, 4, 2, 0), "QLinearAveragePool")
+    x = centered(X, scalar_param(x_zero_point))
+    to_first = (0, X.ndim - 1) + tuple(range(1, X.ndim - 1))
+    if channels_last:
+        x = x.permute(*to_first)
+    y = AveragePool(x, auto_pad=auto_pad, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                    kernel_shape=kernel_shape, pads=pads, strides=strides) * x_scale.reshape(())
+    if channels_last:
+        y = y.permute(0, *range(2, X.ndim), 1)
+    return quantize(y, y_scale.reshape(()), scalar_param(y_zero_point), lo, hi)
 
 
 @ms_op()
