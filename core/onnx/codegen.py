@@ -472,8 +472,10 @@ def _on_host(node, host_values, constants):
 def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), host_node=False, types=None):
     params = fn.params
     attributes = {}
+    # keywords the importer passes itself; com.microsoft ops (QLinearSoftmax) state their opset
+    reserved = ("outputs", "backend", "input_types") + (() if node.domain == "com.microsoft" else ("opset",))
     for a in node.attribute:
-        if a.name not in params or a.name in ("outputs", "opset", "backend", "input_types"):
+        if a.name not in params or a.name in reserved:
             raise _Unsupported("attribute %s" % ascii(a.name))
         value = _attribute_value(a, node.name)
         if a.name == "to" or a.name == "dtype":
@@ -509,7 +511,7 @@ def _node_statement(node, fn, opset, values, attrs, constants, host_values=(), h
         # attributes equal to the op's default say nothing: left out, like ONNX exporters do
         keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()
                     if not (k in fn.defaults and type(v) is type(fn.defaults[k]) and v == fn.defaults[k])]
-        if "opset" in params:
+        if "opset" in params and "opset" not in attributes:
             keywords.append("opset=%d" % opset)
         if "backend" in params:
             keywords.append("backend=backend")

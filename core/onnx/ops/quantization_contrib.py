@@ -15,6 +15,7 @@ from ..proto import OnnxError
 from .base import REGISTRY, _axis, op
 from .conv import AveragePool
 from .elementwise import LeakyRelu
+from .reductions import Softmax
 from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, centered, column_param,
                            exact_matmul, quant_range, quantize, requantize, type_at)
@@ -89,6 +90,16 @@ def QLinearAveragePool(X, x_scale, x_zero_point, y_scale, y_zero_point=None, aut
                     kernel_shape=kernel_shape, pads=pads, strides=strides) * x_scale.reshape(())
     if channels_last:
         y = y.permute(0, *range(2, X.ndim), 1)
+    return quantize(y, y_scale.reshape(()), scalar_param(y_zero_point), lo, hi)
+
+
+@ms_op()
+def QLinearSoftmax(X, X_scale, x_zero_point, y_scale, y_zero_point, axis=-1, opset=13, input_types=None):
+    """Softmax of the dequantized values (axis semantics of the ONNX opset it replaced), requantized.
+    onnxruntime computes it from a lookup table of exponentials in fixed point: the two can differ
+    by one quantization step where a value lies near a rounding boundary."""
+    lo, hi = quant_range(output_type(input_types, 4, 2, 0), "QLinearSoftmax")
+    y = Softmax(centered(X, scalar_param(x_zero_point)) * X_scale.reshape(()), axis=axis, opset=opset)
     return quantize(y, y_scale.reshape(()), scalar_param(y_zero_point), lo, hi)
 
 
