@@ -567,11 +567,18 @@ from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
     arg("model", help="the .onnx file (external data files next to it are read too)"),
     arg("--out", required=True, help="folder to write NAME.py and NAME.safetensors into"),
     arg("--name", default=None, help="module name (default: from the file name)"),
+    arg("--verbose", action="store_true", help="name every unsupported node (the error counts them by op type)"),
 ])
 def import_onnx(args):
     from cinders.onnx import import_onnx as write
+    from cinders.onnx.codegen import UnsupportedOps
     started = time.perf_counter()
-    py_path, record_path, device_reads = write(args.model, args.out, args.name)
+    try:
+        py_path, record_path, device_reads = write(args.model, args.out, args.name)
+    except UnsupportedOps as e:
+        if args.verbose:
+            print("\n".join(e.nodes), file=sys.stderr)
+        raise
     name = os.path.splitext(os.path.basename(py_path))[0]
     print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
     if device_reads:   # everything else is decided at import or on the host

@@ -7,6 +7,7 @@ node names, producer) appears only as an ascii() literal: in comments (ascii() h
 breaks) or as string constants. Numbers are emitted by repr() of Python ints/floats we decoded.
 """
 
+import collections
 import keyword
 import math
 import re
@@ -162,6 +163,23 @@ class _Unsupported(Exception):
     pass
 
 
+class UnsupportedOps(OnnxError):
+    """Nodes the importer cannot reproduce. The message counts them by op type and reason (one
+    screen even for hundreds of nodes); `nodes` names each one (`cinders import-onnx --verbose`)."""
+
+    def __init__(self, source_name, problems):
+        """problems: [(op label, reason, line naming the node)] in graph order."""
+        self.nodes = [line for _, _, line in problems]
+        by_reason = collections.OrderedDict()
+        for label, reason, _ in problems:
+            by_reason.setdefault(reason, collections.Counter())[label] += 1
+        kinds = ["  %s: %s" % (reason, ", ".join("%s \u00d7%d" % kv for kv in counts.most_common()))
+                 for reason, counts in sorted(by_reason.items(), key=lambda rc: -sum(rc[1].values()))]
+        super().__init__("cannot import %s: %d node(s) unsupported (supported ops are listed in %s; the "
+                         "error's .nodes or `cinders import-onnx --verbose` name each node):\n%s"
+                         % (ascii(source_name), len(problems), DOCS, "\n".join(kinds)))
+
+
 def _constant_node(node, opset):
     """The Constant node's value as a Constant."""
     attrs = {a.name: a for a in node.attribute}
@@ -194,6 +212,7 @@ class _Scope:
         self.host_values = set()
         self.infos = {}         # value name -> infer.Info (what is known at import)
         self.device_reads = []  # nodes that read a device value: their result depends on data
+        self.types = {}         # ONNX element type of each value the graph types (int8 vs uint8)
 
     def info(self, name):
         if not name:
@@ -242,7 +261,8 @@ class _Scope:
                     lines += self.emit_node(node, fn)
                 self.known.update(o for o in node.output if o)
             except _Unsupported as e:
-                self.problems.append("%s %s at opset %d: %s" % (node.op_type, ascii(node.name), self.opset, e))
+                label = node.op_type if node.domain in SUPPORTED_DOMAINS else "%s::%s" % (node.domain, node.op_type)
+                self.problems.append((label, str(e), "%s %s at opset %d: %s" % (label, ascii(node.name), self.opset, e)))
                 for o in node.output:   # known, so that later nodes report only their own problems
                     if o:
                         self.known.add(o)
@@ -255,7 +275,10 @@ class _Scope:
         attributes = _node_attributes(node, fn)
         outs = [o for o in node.output if o]
         infos = infer.infer(node.op_type, [self.info(i) for i in node.input], attributes, len(node.output))
-        folded = _known_outputs(node, infos) or _fold(node, fn, attributes, self.opset, self.constants, infos)
+        if node.op_type == "Identity" and node.input[0] in self.constants:
+            folded = {node.output[0]: self.constants[node.input[0]]}   # the same constant, its type kept
+        else:
+            folded = _known_outputs(node, infos) or _fold(node, fn, attributes, self.opset, self.constants, infos)
         if folded:
             self.constants.update(folded)
             return []
@@ -267,7 +290,7 @@ class _Scope:
                              and name not in self.host_values for i, name in enumerate(node.input)):
             self.device_reads.append("%s %s" % (node.op_type, ascii(node.name)))
         return [_node_statement(node, fn, attributes, self.opset, self.values, self.attrs, self.constants,
-                                self.host_values, on_host)]
+                                self.host_values, on_host, self.types)]
 
     def read_unless_host(self, node, names):
         """Note node as a device read when one of names (an If condition, a Loop count) is data."""
@@ -422,6 +445,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
 
     problems = []
     scope = _Scope(opset, values, attrs, constants, known, problems, external)
+    scope.types.update(_value_types(graph, constants))
     declared = [list(element_type(vi.type)[1] or []) for vi in inputs]
     for vi, dims in zip(inputs, declared):
         if element_type(vi.type)[1] is not None:
@@ -431,8 +455,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
     lines += scope.emit(graph.node)
     if problems:
-        raise OnnxError("cannot import %s: %d node(s) unsupported (supported ops are listed in %s):\n  %s"
-                        % (ascii(source_name), len(problems), DOCS, "\n  ".join(problems)))
+        raise UnsupportedOps(source_name, problems)
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
     if layered is not None:
         return layered + ([],)
@@ -444,6 +467,21 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
                           lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}, \
         scope.device_reads
+
+
+def _value_types(graph, constants):
+    """{value name: ONNX element type} where the graph says it (inputs, value_info) or a node
+    fixes it (Cast's `to`, the quantizers' outputs): what tells int8 from uint8 in quantized ops."""
+    types = {vi.name: element_type(vi.type)[0] for vi in list(graph.input) + list(graph.value_info)}
+    for node in graph.node:
+        attrs = {a.name: a.i for a in node.attribute if a.type == 2}
+        if node.op_type == "Cast" and attrs.get("to") in DATA_TYPES:
+            types[node.output[0]] = DATA_TYPES[attrs["to"]][0]
+        elif node.op_type == "DynamicQuantizeLinear":
+            types.update(zip(node.output, ("uint8", "float32", "uint8")))
+        elif node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in constants:
+            types[node.output[0]] = constants[node.input[2]].onnx_type
+    return types
 
 
 def _operand(name, values, attrs, constants, host, host_values=(), host_node=False):
@@ -516,11 +554,11 @@ def _fold(node, fn, attributes, opset, constants, infos):
     the model, which raises any error it has where the user sees it)."""
     if not any(node.input) or not all(not i or i in constants for i in node.input):
         return None
+    if "input_types" in fn.params:   # quantized ops: a folded value would lose its int8/uint8 type
+        return None
     if sum(len(constants[i].values) for i in node.input if i) > \
             (LITERAL_LIMIT if node.op_type in PRODUCTS else FOLD_LIMIT):
         return None
-    if node.op_type == "Identity":   # the same constant (tied weights stay one parameter)
-        return {node.output[0]: constants[node.input[0]]}
     sizes = [i.numel() for o, i in zip(node.output, infos) if o]
     if any(n is None and node.op_type in SIZED_BY_VALUE or n is not None and n > FOLD_LIMIT for n in sizes):
         return None
@@ -561,12 +599,14 @@ def _node_attributes(node, fn):
     """{name: Python value} of a node's attributes, checked against its op function."""
     params = fn.params
     attributes = {}
+    # keywords the importer passes itself; com.microsoft ops (QLinearSoftmax) state their opset
+    reserved = ("outputs", "backend", "input_types") + (() if node.domain == "com.microsoft" else ("opset",))
     for a in node.attribute:
-        if a.name not in params or a.name in ("outputs", "opset", "backend"):
+        if a.name not in params or a.name in reserved:
             raise _Unsupported("attribute %s" % ascii(a.name))
         value = _attribute_value(a, node.name)
         if a.name == "to" or a.name == "dtype":
-            if value not in DATA_TYPES or value in (8, 16):
+            if value not in DATA_TYPES or value in (8, 16, 21, 22):
                 raise _Unsupported("%s=%d: cinders computes in float32, int32 and bool; this type "
                                    "(8-bit/4-bit floats, strings, ...) is not emulated" % (a.name, value))
             value = DATA_TYPES[value][0]
@@ -579,7 +619,8 @@ def _node_attributes(node, fn):
     return attributes
 
 
-def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_values=(), host_node=False):
+def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_values=(), host_node=False,
+                    types=None):
     params = fn.params
     if len(node.input) > len(fn.inputs):
         raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
@@ -603,10 +644,13 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
         # attributes equal to the op's default say nothing: left out, like ONNX exporters do
         keywords = ["%s=%s" % (k, literal(v)) for k, v in attributes.items()
                     if not (k in fn.defaults and type(v) is type(fn.defaults[k]) and v == fn.defaults[k])]
-        if "opset" in params:
+        if "opset" in params and "opset" not in attributes:
             keywords.append("opset=%d" % opset)
         if "backend" in params:
             keywords.append("backend=ops.host_backend()" if host_node else "backend=backend")
+        if "input_types" in params:
+            keywords.append("input_types=%s" % literal([constants[i].onnx_type if i in constants else
+                                                        (types or {}).get(i) for i in node.input]))
         if fn.multi and len(outs) > 1:
             keywords.append("outputs=%d" % len(outs))
         expr = "%s(%s)" % (fn.call, ", ".join(args + keywords))

@@ -244,7 +244,9 @@ DATA_TYPES = {
     7: ("int64", "q", "int64_data"), 8: ("string", None, "string_data"), 9: ("bool", "B", "int32_data"),
     10: ("float16", "e", "int32_data"), 11: ("float64", "d", "double_data"), 12: ("uint32", "I", "uint64_data"),
     13: ("uint64", "Q", "uint64_data"), 16: ("bfloat16", "H", "int32_data"),
+    21: ("uint4", "B", "int32_data"), 22: ("int4", "B", "int32_data"),
 }
+FOUR_BIT = (21, 22)   # two values a byte, the first in the low nibble (raw_data and int32_data alike)
 
 
 def dims_of(tensor, where):
@@ -285,11 +287,14 @@ def tensor_values(tensor, external=None):
             raise OnnxError("%s: external data offset/length are not integers" % where) from None
         if offset < 0 or (length is not None and length < 0):
             raise OnnxError("%s: negative external data offset/length" % where)
-        raw = external(info["location"], offset, length if length is not None else n * struct.calcsize(code or "B"))
+        size = (n + 1) // 2 if tensor.data_type in FOUR_BIT else n * struct.calcsize(code or "B")
+        raw = external(info["location"], offset, length if length is not None else size)
         return type_name, shape, _from_raw(raw, code, n, where, tensor.data_type)
     if tensor.raw_data:
         return type_name, shape, _from_raw(tensor.raw_data, code, n, where, tensor.data_type)
     typed = getattr(tensor, typed_field)
+    if tensor.data_type in FOUR_BIT:
+        return type_name, shape, _from_raw(bytes(v & 0xFF for v in typed), code, n, where, tensor.data_type)
     if len(typed) != n:
         raise OnnxError("%s: dims %s need %d values, %s has %d" % (where, list(shape), n, typed_field, len(typed)))
     if code is None:
@@ -306,12 +311,24 @@ def tensor_values(tensor, external=None):
 def _from_raw(raw, code, n, where, data_type):
     if code is None:
         raise OnnxError("%s: string tensors cannot be stored as raw data" % where)
+    if data_type in FOUR_BIT:
+        return _nibbles(raw, n, where, data_type == 22)
     size = struct.calcsize(code)
     if len(raw) != n * size:
         raise OnnxError("%s: %d elements need %d bytes, the file has %d" % (where, n, n * size, len(raw)))
     values = _unpack(code, raw, 0, len(raw))
     if data_type == 16:
         return _bfloat16(values)
+    return values
+
+
+def _nibbles(packed, n, where, signed):
+    if len(packed) != (n + 1) // 2:
+        raise OnnxError("%s: %d 4-bit elements need %d bytes, the file has %d" % (where, n, (n + 1) // 2, len(packed)))
+    values = array("b" if signed else "B", bytes(n))
+    for i in range(n):
+        v = (packed[i >> 1] >> (4 * (i & 1))) & 15
+        values[i] = v - 16 if signed and v > 7 else v
     return values
 
 

@@ -370,3 +370,6 @@ def _place(past, new, past_len, cache):
     index = source.reshape(batch, 1, cache, 1).expand(batch, kv, cache, h)
     kept = (j < past_len + seq).reshape(batch, 1, cache, 1)
     return cn.where(kept, joined.gather(2, index), 0.0)
+
+
+from .quantization_contrib import *  # noqa: F401,F403,E402  (the quantized com.microsoft ops)

@@ -1,37 +1,210 @@
-"""ONNX operators: quantisation."""
+"""ONNX operators: quantisation (ai.onnx). The com.microsoft ones are in quantization_contrib.
 
+Quantized values (int8, uint8, int4, ...) compute as int32 tensors; what makes them int8 or
+uint8 is the range they saturate to, which the importer passes as the ONNX element types of the
+op's inputs (`input_types`, None where the graph does not say). Rounding is half to even, as
+ONNX and onnxruntime round.
+
+Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv and the contrib ops
+built on exact_matmul/exact_conv) run on the float32
+matmul/conv of every backend, which is exact here: operands are differences of 8-bit values
+(|v| <= 255), so a product is < 2**16 and any sum of EXACT_TERMS of them stays below 2**24,
+where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERMS along the
+reduced axis; each chunk is cast to int32 and the chunks are added in int32.
+"""
+
+import cinders as cn
 from ...dtypes import float32, int32
-from .base import _axis, op
+from ...tensor import cat
+from ..proto import DATA_TYPES, OnnxError
+from .base import _axis, _slice_axis, op
+from .conv import Conv
+
+# Saturation range of each integer type a quantized value may have.
+QUANT_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
+                "uint4": (0, 15), "int4": (-8, 7)}
+EXACT_TERMS = 2 ** 24 // (255 * 255)   # 258 products of 8-bit differences sum exactly in float32
 
 
-def _per_axis(t, x, axis):
+def quant_range(type_name, op_name):
+    """(lo, hi) of a quantized type, or a clear refusal (float8 and other types cinders does not
+    emulate, or a type the graph does not state)."""
+    if type_name is None:
+        raise OnnxError("%s: the graph does not say whether the quantized type is int8 or uint8 "
+                        "(give the zero point as an initializer or a typed graph input)" % op_name)
+    if type_name not in QUANT_RANGES:
+        raise OnnxError("%s: quantized type %s is not supported (int4/uint4/int8/uint8/int16/uint16 are)"
+                        % (op_name, type_name))
+    return QUANT_RANGES[type_name]
+
+
+def type_at(input_types, index):
+    """The ONNX element type of input `index`, or None where the graph does not say."""
+    return input_types[index] if input_types and index < len(input_types) else None
+
+
+def per_axis(t, x, axis=1, block_size=0):
+    """A scale or zero point shaped to broadcast against x: one value (per tensor), a 1-D tensor
+    along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked)."""
+    if block_size:
+        a = _axis(axis, x.ndim)
+        if t.ndim != x.ndim or t.shape[a] * block_size < x.shape[a]:
+            raise OnnxError("blocked quantization: parameter shape %s does not cover %s in blocks of %d along "
+                            "axis %d" % (t.shape, x.shape, block_size, a))
+        shape = list(t.shape)
+        wide = t.unsqueeze(a + 1).expand(shape[:a + 1] + [block_size] + shape[a + 1:])
+        return _slice_axis(wide.reshape(shape[:a] + [shape[a] * block_size] + shape[a + 1:]), a, 0, x.shape[a])
     if t.ndim == 0 or t.numel() == 1:
         return t.reshape(())
     a = _axis(axis, x.ndim)
     return t.reshape([t.shape[0] if d == a else 1 for d in range(x.ndim)])
 
 
-@op()
-def DequantizeLinear(x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0):
-    zp = 0 if x_zero_point is None else _per_axis(x_zero_point, x, axis).cast(float32)
-    return (x.cast(float32) - zp) * _per_axis(x_scale, x, axis)
-
-
-@op()
-def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_dtype=0, saturate=1, precision=0):
-    q = (x / _per_axis(y_scale, x, axis)).round()
-    lo, hi = 0, 255
-    if y_zero_point is not None:
-        q = q + _per_axis(y_zero_point, x, axis).cast(float32)
+def round_saturate(q, zero_point, lo, hi):
+    """round(q) + zero_point clamped to [lo, hi], as int32 (q float32)."""
+    q = q.round()
+    if zero_point is not None:
+        q = q + zero_point.cast(float32)
     return q.maximum(float(lo)).minimum(float(hi)).cast(int32)
+
+
+def quantize(x, scale, zero_point, lo, hi):
+    """saturate(round(x / scale) + zero_point): ONNX QuantizeLinear on broadcastable parameters."""
+    return round_saturate(x.cast(float32) / scale, zero_point, lo, hi)
+
+
+def centered(x, zero_point):
+    """x - zero_point in int32 (exact), as float32 (exact: |x - zp| < 2**24)."""
+    return (x if zero_point is None else x - zero_point).cast(float32)
+
+
+@op()
+def DequantizeLinear(x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0, input_types=None):
+    zp = None if x_zero_point is None else per_axis(x_zero_point, x, axis, block_size)
+    return centered(x, zp) * per_axis(x_scale, x, axis, block_size)
+
+
+@op()
+def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_dtype=0, saturate=1, precision=0,
+                   input_types=None):
+    if y_zero_point is not None:
+        out_type = type_at(input_types, 2)
+    else:
+        out_type = "uint8" if output_dtype == 0 else DATA_TYPES.get(output_dtype, ("type %d" % output_dtype,))[0]
+    lo, hi = quant_range(out_type, "QuantizeLinear")
+    zp = None if y_zero_point is None else per_axis(y_zero_point, x, axis, block_size)
+    return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
 
 
 @op(multi=True)
 def DynamicQuantizeLinear(x, outputs=1):
+    """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it;
+    an all-zero x gets scale 1, as in onnxruntime, where the formula would divide by 0)."""
     lo = x.min().minimum(0.0)
     hi = x.max().maximum(0.0)
-    scale = (hi - lo) / 255.0
+    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
     zp = (-lo / scale).round().maximum(0.0).minimum(255.0)
-    y = ((x / scale).round() + zp).maximum(0.0).minimum(255.0).cast(int32)
+    y = quantize(x, scale, zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]
     return results if outputs > 1 else y
+
+
+def exact_matmul(a, b):
+    """int32 product of float32 matrices holding integer differences of 8-bit values (see the
+    module's note), in chunks of EXACT_TERMS along K."""
+    k = a.shape[-1]
+    parts = [(a[..., i:i + EXACT_TERMS] @ b[..., i:i + EXACT_TERMS, :]).cast(int32) for i in range(0, k, EXACT_TERMS)]
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def row_param(p):
+    """A's zero point or scale: scalar, or one per row of A (shape (M,) -> (M, 1))."""
+    if p is None or p.ndim == 0 or p.numel() == 1:
+        return None if p is None else p.reshape(())
+    return p.reshape((p.numel(), 1))
+
+
+def column_param(p):
+    """B's zero point or scale: scalar, or one per column of B (broadcasts along the last dim)."""
+    if p is None or p.ndim == 0 or p.numel() == 1:
+        return None if p is None else p.reshape(())
+    return p.reshape((p.numel(),)) if p.ndim == 1 else p
+
+
+@op()
+def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
+    return exact_matmul(centered(A, row_param(a_zero_point)), centered(B, column_param(b_zero_point)))
+
+
+def exact_conv(x, w, group, **conv_args):
+    """int32 convolution of float32 tensors holding integer differences of 8-bit values: Conv in
+    float32 over channel chunks whose products per output are at most EXACT_TERMS."""
+    per_channel = 1
+    for k in w.shape[2:]:
+        per_channel *= k
+    c = w.shape[1]
+    if c * per_channel <= EXACT_TERMS:
+        return Conv(x, w, group=group, **conv_args).cast(int32)
+    if per_channel > EXACT_TERMS:
+        raise OnnxError("ConvInteger/QLinearConv: a %s kernel sums more than %d products per channel, which "
+                        "float32 does not hold exactly" % ("x".join(map(str, w.shape[2:])), EXACT_TERMS))
+    if group > 1:
+        o, xc = w.shape[0] // group, x.shape[1] // group
+        return cat([exact_conv(x[:, g * xc:(g + 1) * xc], w[g * o:(g + 1) * o], 1, **conv_args)
+                    for g in range(group)], axis=1)
+    step = EXACT_TERMS // per_channel
+    total = None
+    for i in range(0, c, step):
+        part = Conv(x[:, i:i + step], w[:, i:i + step], **conv_args).cast(int32)
+        total = part if total is None else total + part
+    return total
+
+
+def _conv_args(auto_pad, dilations, kernel_shape, pads, strides):
+    return dict(auto_pad=auto_pad, dilations=dilations, kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+
+def _channel_param(p, ndim):
+    """W's zero point or scale: scalar, or one per output channel (shape (O, 1, ...) for W)."""
+    if p is None or p.ndim == 0 or p.numel() == 1:
+        return None if p is None else p.reshape(())
+    return p.reshape((p.numel(),) + (1,) * (ndim - 1))
+
+
+@op()
+def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
+                kernel_shape=None, pads=None, strides=None):
+    # x - x_zero_point is padded with 0: the same as padding x with its zero point, as ONNX says
+    xzp = None if x_zero_point is None else x_zero_point.reshape(())
+    return exact_conv(centered(x, xzp), centered(w, _channel_param(w_zero_point, w.ndim)), group,
+                      **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+
+
+def requantize(acc, multiplier, zero_point, out_type, op_name):
+    """int32 accumulator -> the output's quantized type: saturate(round(acc * multiplier) + zp),
+    multiplier = a_scale * b_scale / y_scale in float32, as onnxruntime's requantization does."""
+    lo, hi = quant_range(out_type, op_name)
+    return round_saturate(acc.cast(float32) * multiplier, zero_point, lo, hi)
+
+
+@op()
+def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
+    acc = exact_matmul(centered(a, row_param(a_zero_point)), centered(b, column_param(b_zero_point)))
+    multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
+    return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
+
+
+@op()
+def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
+                auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+                input_types=None):
+    acc = exact_conv(centered(x, x_zero_point.reshape(())), centered(w, _channel_param(w_zero_point, w.ndim)),
+                     group, **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+    if B is not None:
+        acc = acc + _channel_param(B, x.ndim - 1)
+    multiplier = x_scale.reshape(()) * _channel_param(w_scale, x.ndim - 1)
+    return requantize(acc, multiplier / y_scale.reshape(()), y_zero_point.reshape(()), type_at(input_types, 7),
+                      "QLinearConv")

@@ -35,7 +35,10 @@ def _activations(names, alphas, betas, defaults, directions):
 
 
 def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activations, activation_alpha,
-               activation_beta, clip, direction, hidden_size, layout, linear_before_reset, input_forget, outputs):
+               activation_beta, clip, direction, hidden_size, layout, linear_before_reset, input_forget, outputs,
+               product=None):
+    """product(a, d, recurrent): a @ W[d]^T (or R[d]^T) computed another way, for LSTM and RNN
+    (DynamicQuantizeLSTM's quantized weights); by default the float matmul."""
     if layout:
         X = X.transpose(0, 1)
         initial_h = initial_h.transpose(0, 1) if initial_h is not None else None
@@ -62,7 +65,7 @@ def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activat
         h = initial_h[d] if initial_h is not None else cn.zeros(batch, hidden, backend=X.backend)
         c = initial_c[d] if initial_c is not None else cn.zeros(batch, hidden, backend=X.backend)
         p = P[d] if P is not None else None
-        xw = X @ w
+        xw = X @ w if product is None else product(X, d, False)
         if wb is not None:
             xw = xw + wb
         steps = [None] * seq
@@ -87,7 +90,7 @@ def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activat
                 new_h = (1.0 - z) * hn + z * h
                 new_c = c
             else:
-                g = gx + h @ r
+                g = gx + (h @ r if product is None else product(h, d, True))
                 if rb is not None:
                     g = g + rb
                 if kind == "RNN":
