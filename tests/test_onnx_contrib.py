@@ -1,8 +1,8 @@
 """onnxruntime's contrib ops (com.microsoft) through cinders.onnx: one-node models built with
 onnx.helper from one table, run in onnxruntime (the oracle) and on cinders' Python, NumPy, Wgpu
-(lavapipe) and Wasm backends to 1e-4; the variants cinders refuses raise OnnxError; and BERT- and
-GPT-2-style models from `transformers` configs after onnxruntime's transformer optimizer, against
-onnxruntime.
+(lavapipe) and Wasm backends to 1e-4; the variants cinders refuses raise OnnxError; and BERT-
+(Attention or MultiHeadAttention), GPT-2- and T5-encoder-style models from `transformers` configs
+after onnxruntime's transformer optimizer, against onnxruntime.
 
     python tests/test_onnx_contrib.py --write-docs     # the com.microsoft section of docs/onnx-ops.md
 """
@@ -301,34 +301,46 @@ def test_unknown_contrib_op_is_listed():
 
 # -- transformers after onnxruntime's transformer optimizer --------------------------------------------
 
-# model type -> the contrib ops its optimized graph must hold (transformers 5's GPT-2 attention and
-# mask graph does not match the optimizer's attention patterns: only its norms and GELU fuse)
-FUSED = {"bert": {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"},
-         "gpt2": {"SkipLayerNormalization", "FastGelu"}}
 HIDDEN, HEADS, VOCAB = 32, 4, 100
+# name -> (transformers model class and config, its inputs, optimizer model_type, FusionOptions set to
+# True, the contrib ops the optimized graph must hold). transformers 5's GPT-2 attention and mask graph
+# does not match the optimizer's attention patterns: only its norms and GELU fuse.
+TRANSFORMERS = {
+    "bert": ("BertModel", "BertConfig", dict(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS,
+                                             intermediate_size=2 * HIDDEN, max_position_embeddings=64),
+             ["input_ids", "attention_mask", "token_type_ids"], "bert", [],
+             {"EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"}),
+    "bert_mha_fast_gelu": ("BertModel", "BertConfig", dict(hidden_size=HIDDEN, num_hidden_layers=2,
+                                                           num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
+                                                           max_position_embeddings=64),
+                           ["input_ids", "attention_mask", "token_type_ids"], "bert",
+                           ["use_multi_head_attention", "enable_gelu_approximation"],
+                           {"EmbedLayerNormalization", "MultiHeadAttention", "SkipLayerNormalization", "FastGelu"}),
+    "gpt2": ("GPT2Model", "GPT2Config", dict(n_embd=HIDDEN, n_layer=2, n_head=HEADS, n_positions=64),
+             ["input_ids", "attention_mask"], "gpt2", [], {"SkipLayerNormalization", "FastGelu"}),
+    "t5_encoder": ("T5EncoderModel", "T5Config", dict(d_model=HIDDEN, d_kv=HIDDEN // HEADS, d_ff=2 * HIDDEN,
+                                                      num_layers=2, num_heads=HEADS),
+                   ["input_ids", "attention_mask"], "t5", [],
+                   {"SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"}),
+}
 
 
-def optimized_transformer(kind, folder):
-    """(optimized model path, example feeds) of a 2-layer BERT- or GPT-2-style model built from a
-    `transformers` config with seeded random weights, exported by torch.onnx.export (dynamo=False)
-    and run through onnxruntime.transformers.optimizer.optimize_model."""
+def optimized_transformer(name, folder):
+    """(optimized model path, example feeds) of a 2-layer model built from a `transformers` config
+    with seeded random weights, exported by torch.onnx.export (dynamo=False) and run through
+    onnxruntime.transformers.optimizer.optimize_model."""
     import onnx_models
     onnx_models._torchvision_models()   # transformers imports torchvision, whose __init__ fails here
     import torch
     import transformers
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
+    model_class, config_class, sizes, names, model_type, options, _ = TRANSFORMERS[name]
     torch.manual_seed(0)
-    if kind == "bert":
-        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2,
-                                         num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
-                                         max_position_embeddings=64, attn_implementation="eager")
-        net, names = transformers.BertModel(config), ["input_ids", "attention_mask", "token_type_ids"]
-    else:
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=HEADS, n_positions=64,
-                                         use_cache=False, attn_implementation="eager")
-        net, names = transformers.GPT2Model(config), ["input_ids", "attention_mask"]
-
-    with torch.no_grad():   # biases, LayerNorm scales and shifts away from their 0 / 1 initial values
+    config = getattr(transformers, config_class)(vocab_size=VOCAB, use_cache=False, attn_implementation="eager",
+                                                 **sizes)
+    net = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():   # biases, norm scales and shifts away from their 0 / 1 initial values
         for p in net.parameters():
             p.add_(torch.randn_like(p) * 0.1)
 
@@ -338,22 +350,26 @@ def optimized_transformer(kind, folder):
             self.net = net
 
         def forward(self, *inputs):
-            return self.net(**dict(zip(names, inputs)), use_cache=False).last_hidden_state
+            return self.net(**dict(zip(names, inputs))).last_hidden_state
 
     rng = np.random.default_rng(0)
     feeds = {"input_ids": rng.integers(0, VOCAB, (2, 8)), "attention_mask": np.ones((2, 8), np.int64),
              "token_type_ids": np.concatenate([np.zeros((2, 4), np.int64), np.ones((2, 4), np.int64)], 1)}
     feeds["attention_mask"][1, 5:] = 0   # right padding in the second sequence
     feeds = {n: feeds[n] for n in names}
-    raw, path = os.path.join(folder, kind + ".onnx"), os.path.join(folder, kind + "_optimized.onnx")
-    torch.onnx.export(LastHiddenState(net.eval()), tuple(torch.from_numpy(v) for v in feeds.values()), raw,
+    raw, path = os.path.join(folder, name + ".onnx"), os.path.join(folder, name + "_optimized.onnx")
+    torch.onnx.export(LastHiddenState(net), tuple(torch.from_numpy(v) for v in feeds.values()), raw,
                       input_names=names, output_names=["hidden"], dynamo=False, opset_version=17,
                       dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
-    optimize_model(raw, model_type=kind, num_heads=HEADS, hidden_size=HIDDEN).save_model_to_file(path)
+    fusion = FusionOptions(model_type)
+    for option in options:
+        setattr(fusion, option, True)
+    optimize_model(raw, model_type=model_type, num_heads=HEADS, hidden_size=HIDDEN,
+                   optimization_options=fusion).save_model_to_file(path)
     return path, feeds
 
 
-@pytest.fixture(scope="module", params=sorted(FUSED))
+@pytest.fixture(scope="module", params=sorted(TRANSFORMERS))
 def transformer(request, tmp_path_factory):
     import warnings
     with warnings.catch_warnings():
@@ -362,12 +378,12 @@ def transformer(request, tmp_path_factory):
     return request.param, path, feeds
 
 
-@pytest.mark.parametrize("backend_name", ["numpy", "python"])
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu", "wasm"])
 def test_optimized_transformer_matches_onnxruntime(transformer, backend_name):
     """The optimizer's graph holds the contrib ops, and cinders answers as onnxruntime does on it."""
-    kind, path, feeds = transformer
-    fused = {n.op_type for n in onnx.load(path).graph.node if n.domain == MS}
-    assert FUSED[kind] <= fused, fused
+    name, path, feeds = transformer
+    fused = {n.op_type for n in onnx.load(path).graph.node if n.domain == MS or n.op_type.startswith("Simplified")}
+    assert TRANSFORMERS[name][-1] <= fused, fused
     with open(path, "rb") as f:
         data = f.read()
     expected = onnxruntime_outputs(data, feeds)[0]
@@ -402,8 +418,9 @@ def write_docs(path=os.path.join(ROOT, "docs", "onnx-ops.md")):
              "Generated by `python tests/test_onnx_contrib.py --write-docs` from that file's table of one-node",
              "models, each against onnxruntime %s (CPU) to %g: cases passed / run per backend."
              % (ort.__version__, RTOL),
-             "These are the ops `onnxruntime.transformers.optimizer.optimize_model` writes; BERT- and",
-             "GPT-2-style models after it are tested in the same file. Refused variants raise OnnxError.", "",
+             "These are the ops `onnxruntime.transformers.optimizer.optimize_model` writes; BERT-, GPT-2-",
+             "and T5-encoder-style models after it are tested in the same file. Refused variants raise",
+             "OnnxError.", "",
              "| op | domain | cases | " + " | ".join(backends) + " | refused |",
              "| --- | --- | --- |" + " --- |" * len(backends) + " --- |"]
     for (domain, op_type), cases in sorted(per_op.items(), key=lambda kv: kv[0][1]):
