@@ -284,9 +284,10 @@ def test_contrib_op_matches_onnxruntime(case, backend):
 def test_generated_code_names_the_domain():
     """com.microsoft ops are called through their own namespace: `ops.com_microsoft.Attention`
     and the ai.onnx Attention stay two different functions."""
-    source = to_source(make_model(CASES[[c[0] for c in CASES].index("attention_past_present")])[0])
+    rows = {c[0]: c for c in CASES}
+    source = to_source(make_model(rows["attention_past_present"])[0])
     assert "ops.com_microsoft.Attention(" in source
-    source = to_source(make_model(CASES[[c[0] for c in CASES].index("simplified_layer_norm")])[0])
+    source = to_source(make_model(rows["simplified_layer_norm"])[0])
     assert "ops.SimplifiedLayerNormalization(" in source
     from cinders.onnx import ops
     assert ops.com_microsoft.Attention is not ops.Attention
