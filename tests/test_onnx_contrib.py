@@ -168,10 +168,10 @@ CASES = [
 ]
 
 
-def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B, extra=()):
+def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False, batch=B, extra=(), outputs=3):
     """A GroupQueryAttention row: 4 query heads over 2 key/value heads of size 16 (onnxruntime's
     CPU kernel wants multiples of 16 for rotary); extra: (name, value) inputs after the caches;
-    outputs (y, present_key, present_value)."""
+    outputs (y, present_key, present_value[, qk])."""
     heads, kv, h = 4, 2, 16
     if packed:
         qkv = [("query", rand(batch, seq, (heads + 2 * kv) * h)), ("key", None), ("value", None)]
@@ -185,7 +185,7 @@ def gqa(name, seq, past, seqlens, total, attrs=None, packed=False, rotary=False,
         inputs += list(zip(("cos_cache", "sin_cache"), rope_caches(h // 2)))
     inputs += list(extra)
     return (name, "GroupQueryAttention", inputs, dict({"num_heads": heads, "kv_num_heads": kv}, **(attrs or {})),
-            3, MS)
+            outputs, MS)
 
 
 CASES += [
@@ -202,6 +202,13 @@ CASES += [
     gqa("gqa_attention_bias", 1, 6, [3, 2], 4, extra=[("cos_cache", None), ("sin_cache", None), ("position_ids", None),
                                                       ("attention_bias", rand(B, 1, 1, 4, seed=7))]),
     gqa("gqa_ragged_prompt", S, 0, [S - 1, S - 2], S),
+    gqa("gqa_qk_before_softmax", S, 0, [S - 1, S - 2], S, {"qk_output": 1, "softcap": 2.0, "scale": 0.5}, outputs=4),
+    gqa("gqa_qk_after_softmax_bias", 1, 6, [3, 2], 4, {"qk_output": 2}, outputs=4,
+        extra=[("cos_cache", None), ("sin_cache", None), ("position_ids", None),
+               ("attention_bias", rand(B, 1, 1, 4, seed=7))]),
+    gqa("gqa_qk_before_softmax_bias", 1, 6, [3, 2], 4, {"qk_output": 1}, outputs=4,
+        extra=[("cos_cache", None), ("sin_cache", None), ("position_ids", None),
+               ("attention_bias", rand(B, 1, 1, 4, seed=7))]),
 ]
 
 # Variants onnxruntime documents that cinders refuses (never a silently wrong answer).
@@ -220,7 +227,7 @@ REFUSED = [
     ("rotary_packed_batching", "RotaryEmbedding",
      [("input", rand(B, S, D)), ("position_ids", ints([0], np.int64)), ("cos_cache", COS), ("sin_cache", SIN)],
      {"is_packed_batching": 1}, 1, MS),
-    gqa("gqa_qk_output", S, 0, [S - 1] * B, S, {"qk_output": 1}),
+    gqa("gqa_qk_output_without_its_output", S, 0, [S - 1] * B, S, {"qk_output": 1}),
     gqa("gqa_sliding_window_cache", 1, 3, [3, 3], 4, {"sliding_window_cache": 1, "local_window_size": 2}),
 ]
 
@@ -277,9 +284,10 @@ def test_contrib_op_matches_onnxruntime(case, backend):
 def test_generated_code_names_the_domain():
     """com.microsoft ops are called through their own namespace: `ops.com_microsoft.Attention`
     and the ai.onnx Attention stay two different functions."""
-    source = to_source(make_model(CASES[[c[0] for c in CASES].index("attention_past_present")])[0])
+    rows = {c[0]: c for c in CASES}
+    source = to_source(make_model(rows["attention_past_present"])[0])
     assert "ops.com_microsoft.Attention(" in source
-    source = to_source(make_model(CASES[[c[0] for c in CASES].index("simplified_layer_norm")])[0])
+    source = to_source(make_model(rows["simplified_layer_norm"])[0])
     assert "ops.SimplifiedLayerNormalization(" in source
     from cinders.onnx import ops
     assert ops.com_microsoft.Attention is not ops.Attention
@@ -432,8 +440,8 @@ def write_docs(path=os.path.join(ROOT, "docs", "onnx-ops.md")):
     lines += ["", "Refused: Attention's 4-D (Megatron) and (3B+2) masks, do_rotary, shared past/present buffers;",
               "MultiHeadAttention's packed QKV/KV, cache_indirection; RotaryEmbedding's packed batching and",
               "scale; GroupQueryAttention's quantized caches, sliding_window_cache, head_sink/smooth_softmax,",
-              "q/k norms, query_seqlens and qk_output. BiasAdd and BiasSplitGelu (diffusion models, CUDA-only",
-              "in onnxruntime) are not implemented."]
+              "q/k norms and query_seqlens. BiasAdd and BiasSplitGelu (diffusion models, CUDA-only in",
+              "onnxruntime) are not implemented."]
     with open(path) as f:
         text = f.read()
     head = text[:text.index(DOCS_MARK)].rstrip("\n") if DOCS_MARK in text else text.rstrip("\n")

@@ -322,14 +322,22 @@ def _from_raw(raw, code, n, where, data_type):
     return values
 
 
+def _nibble_table(shift, signed):
+    """bytes.translate table: byte -> its nibble at `shift`, as a (two's complement) byte."""
+    return bytes(((b >> shift) & 15) | (0xF0 if signed and (b >> shift) & 8 else 0) for b in range(256))
+
+
+_NIBBLES = {signed: (_nibble_table(0, signed), _nibble_table(4, signed)) for signed in (False, True)}
+
+
 def _nibbles(packed, n, where, signed):
     if len(packed) != (n + 1) // 2:
         raise OnnxError("%s: %d 4-bit elements need %d bytes, the file has %d" % (where, n, (n + 1) // 2, len(packed)))
-    values = array("b" if signed else "B", bytes(n))
-    for i in range(n):
-        v = (packed[i >> 1] >> (4 * (i & 1))) & 15
-        values[i] = v - 16 if signed and v > 7 else v
-    return values
+    low, high = _NIBBLES[signed]
+    out = bytearray(2 * len(packed))
+    out[0::2] = bytes(packed).translate(low)
+    out[1::2] = bytes(packed).translate(high)
+    return array("b" if signed else "B", bytes(out[:n]))
 
 
 def _bfloat16(bits):

@@ -308,15 +308,17 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     T = seqlens_k[b] + 1 tokens after this step, P = max(T - S, 0) of them from the past: this
     step's keys/values go to cache rows [P, P + S) and query row s sits at position P + s (causal
     mask, local window, rotary positions). Outputs (y (B, S, D), present_key, present_value) with
-    C = max(total_sequence_length, past length) rows, zero from row P + S on. A first prompt
+    C = max(total_sequence_length, past length) rows, zero from row P + S on, and with qk_output
+    the scores (B, N, S, total_sequence_length) before (1) or after (2) softmax. A first prompt
     (total_sequence_length == S) has P = 0."""
     _refuse(num_heads <= 0 or kv_num_heads <= 0 or seqlens_k is None or total_sequence_length is None,
             "GroupQueryAttention needs num_heads, kv_num_heads, seqlens_k and total_sequence_length")
     _refuse(any(t is not None for t in (head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens))
-            or smooth_softmax > 0 or qk_output or sliding_window_cache or kv_cache_bit_width
+            or smooth_softmax > 0 or sliding_window_cache or kv_cache_bit_width
             or k_quant_type != "NONE" or v_quant_type != "NONE",
-            "GroupQueryAttention: head_sink/smooth_softmax, quantized caches, q/k norms, query_seqlens, "
-            "sliding_window_cache and qk_output are not supported")
+            "GroupQueryAttention: head_sink/smooth_softmax, quantized caches, q/k norms, query_seqlens and "
+            "sliding_window_cache are not supported")
+    _refuse((outputs > 3) != bool(qk_output), "GroupQueryAttention: qk_output needs its output (and the reverse)")
     _refuse(do_rotary and (cos_cache is None or sin_cache is None), "GroupQueryAttention: do_rotary needs caches")
     if key is None:   # packed (B, S, (N + 2 kv) H)
         h = query.shape[2] // (num_heads + 2 * kv_num_heads)
@@ -351,11 +353,15 @@ def GroupQueryAttention(query, key=None, value=None, past_key=None, past_value=N
     scores = (q @ _repeat_heads(k, num_heads).transpose(-2, -1)) * (scale or 1.0 / math.sqrt(head))
     if softcap:
         scores = (scores / softcap).tanh() * softcap
-    scores = scores + bias
     if attention_bias is not None:   # (B or 1, N or 1, S, total): the columns of keys [0, total)
         scores = scores + cn.pad(attention_bias, [0, cache - attention_bias.shape[-1]], 0.0)
-    y = _merge_heads(softmax(scores, -1) @ _repeat_heads(v, num_heads))
-    return (y, k, v)[:outputs] if outputs > 1 else y
+    probs = softmax(scores + bias, -1)
+    y = _merge_heads(probs @ _repeat_heads(v, num_heads))
+    if outputs <= 3:
+        return (y, k, v)[:outputs] if outputs > 1 else y
+    # qk_output 1: the scores before softmax, 2: after; masked keys 0; the first `total` keys
+    qk = cn.where(allowed.unsqueeze(1), scores, 0.0) if qk_output == 1 else probs
+    return y, k, v, qk[..., :total]
 
 
 def _place(past, new, past_len, cache):
