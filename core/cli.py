@@ -596,9 +596,10 @@ def build_parser():
 
 def _one_line(e):
     """An exception as the one line a user reads: OSErrors name their file."""
+    from cinders.errors import printable
     if isinstance(e, OSError) and e.filename is not None:
-        return "%s: %s" % (e.filename, e.strerror or e)
-    return " ".join(str(e).split("\n"))
+        return printable("%s: %s" % (e.filename, e.strerror or e))
+    return printable(" ".join(str(e).split("\n")))
 
 
 def main(argv=None):

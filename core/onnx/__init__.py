@@ -14,10 +14,14 @@ and `load` executes that source. No `onnx` package needed, so it runs in Pyodide
 import os
 import types
 
+from ..files import check_writable_target, inside, open_regular, read_regular
 from .proto import OnnxError, read_model
 from . import codegen
 
 __all__ = ["OnnxError", "load", "to_source", "import_onnx"]
+
+
+MAX_FILE_BYTES = 2 << 30  # protobuf's own limit: larger models keep their weights as external data
 
 
 def _read(source):
@@ -25,33 +29,38 @@ def _read(source):
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), None, "<bytes>"
     path = os.fspath(source)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise OnnxError("cannot read ONNX file %r: %s" % (path, e.strerror or e)) from None
+    data = read_regular(path, OnnxError, "ONNX file", MAX_FILE_BYTES)
     return data, os.path.dirname(os.path.abspath(path)), os.path.basename(path)
 
 
 def _external_reader(folder):
-    """external(location, offset, length) -> bytes, confined to the model's folder."""
+    """external(location, offset, length) -> bytes of a regular file inside the model's folder
+    (symlinks may not lead out of it). Together the regions read may not exceed the bytes of the
+    files they come from: 200 initializers naming one 4 MB region would otherwise cost 800 MB."""
     if folder is None:
         return None
+    file_sizes, budget = {}, [0]
 
     def external(location, offset, length):
-        if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-            raise OnnxError("external data location %s leaves the model's folder" % ascii(location))
-        path = os.path.join(folder, location)
-        try:
-            size = os.path.getsize(path)
+        what = "external data %s" % ascii(location)
+        path = inside(folder, location, OnnxError, "external data location")
+        with open_regular(path, OnnxError, "external data") as f:
+            size = os.fstat(f.fileno()).st_size
             if offset + length > size:
-                raise OnnxError("external data %s: %d bytes at offset %d, the file has %d"
-                                % (ascii(location), length, offset, size))
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(length)
-        except OSError as e:
-            raise OnnxError("cannot read external data %s: %s" % (ascii(location), e.strerror or e)) from None
+                raise OnnxError("%s: %d bytes at offset %d, the file has %d" % (what, length, offset, size))
+            if path not in file_sizes:
+                file_sizes[path] = size
+                budget[0] += size
+            if length > budget[0]:
+                raise OnnxError("%s: the initializers read %d bytes more than the external files hold "
+                                "(%d bytes); regions shared by several tensors are refused"
+                                % (what, length - budget[0], sum(file_sizes.values())))
+            budget[0] -= length
+            f.seek(offset)
+            data = f.read(length)
+        if len(data) != length:
+            raise OnnxError("%s: %d bytes at offset %d, read %d" % (what, length, offset, len(data)))
+        return data
     return external
 
 
@@ -111,9 +120,14 @@ def import_onnx(source, out_dir, name=None):
     tensors = _tensors(constants, backend)
     meta = {"format": record.FORMAT, "model_class": name + ".Model", "model_config": "{}",
             "dtype": "float32", "source": display[:200]}
+    check_writable_target(py_path, OnnxError)
     record.save_tensors(st_path, tensors, meta)
     tmp = py_path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(src)
-    os.replace(tmp, py_path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(src)
+        os.replace(tmp, py_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return py_path, st_path

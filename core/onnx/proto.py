@@ -15,6 +15,7 @@ import sys
 from array import array
 
 from ..errors import CindersError
+from ..record.safetensors import bf16_to_float32, f16_to_float32
 
 
 class OnnxError(CindersError, ValueError):
@@ -210,8 +211,7 @@ def _signed64(v):
 
 def _unpack(code, data, start, stop):
     if code == "e":  # float16: the array module has no half type; widen to float32
-        count = (stop - start) // 2
-        return array("f", struct.unpack_from("<%de" % count, data, start))
+        return f16_to_float32(memoryview(data)[start:stop])
     values = array(code)
     values.frombytes(bytes(data[start:stop]))
     if sys.byteorder == "big":
@@ -285,7 +285,11 @@ def tensor_values(tensor, external=None):
             raise OnnxError("%s: external data offset/length are not integers" % where) from None
         if offset < 0 or (length is not None and length < 0):
             raise OnnxError("%s: negative external data offset/length" % where)
-        raw = external(info["location"], offset, length if length is not None else n * struct.calcsize(code or "B"))
+        need = n * struct.calcsize(code or "B")
+        if length is not None and length != need:  # checked before a byte is read
+            raise OnnxError("%s: %d elements need %d bytes, its external data length says %d"
+                            % (where, n, need, length))
+        raw = external(info["location"], offset, need)
         return type_name, shape, _from_raw(raw, code, n, where, tensor.data_type)
     if tensor.raw_data:
         return type_name, shape, _from_raw(tensor.raw_data, code, n, where, tensor.data_type)
@@ -294,10 +298,9 @@ def tensor_values(tensor, external=None):
         raise OnnxError("%s: dims %s need %d values, %s has %d" % (where, list(shape), n, typed_field, len(typed)))
     if code is None:
         return type_name, shape, list(typed)
-    if tensor.data_type == 10:  # float16 bit patterns held in int32_data
-        return type_name, shape, _unpack("e", array("H", [v & 0xFFFF for v in typed]).tobytes(), 0, 2 * n)
-    if tensor.data_type == 16:
-        return type_name, shape, _bfloat16(array("H", [v & 0xFFFF for v in typed]))
+    if tensor.data_type in (10, 16):  # float16/bfloat16 bit patterns held in int32_data
+        bits = _little(array("H", [v & 0xFFFF for v in typed])).tobytes()
+        return type_name, shape, f16_to_float32(bits) if tensor.data_type == 10 else bf16_to_float32(bits)
     if tensor.data_type == 9:
         return type_name, shape, array("B", [1 if v else 0 for v in typed])
     return type_name, shape, typed
@@ -309,15 +312,15 @@ def _from_raw(raw, code, n, where, data_type):
     size = struct.calcsize(code)
     if len(raw) != n * size:
         raise OnnxError("%s: %d elements need %d bytes, the file has %d" % (where, n, n * size, len(raw)))
-    values = _unpack(code, raw, 0, len(raw))
     if data_type == 16:
-        return _bfloat16(values)
+        return bf16_to_float32(raw)
+    return _unpack(code, raw, 0, len(raw))
+
+
+def _little(values):
+    if sys.byteorder == "big":
+        values.byteswap()
     return values
-
-
-def _bfloat16(bits):
-    widened = array("I", [b << 16 for b in bits])
-    return array("f", widened.tobytes())
 
 
 def element_type(type_proto):
