@@ -11,17 +11,17 @@ import os
 import stat
 
 
-def inside(folder, relative, error, what):
+def inside(folder, relative, error, what, folder_name="its folder"):
     """The real path of `relative` under `folder`, refused when it is absolute, climbs with "..",
     or resolves (through symlinks) to a place outside the folder's real path."""
     parts = relative.replace("\\", "/").split("/")
     if os.path.isabs(relative) or relative.startswith(("/", "\\")) or ".." in parts or "\0" in relative:
-        raise error("%s %s leaves its folder" % (what, ascii(relative)))
+        raise error("%s %s leaves %s" % (what, ascii(relative), folder_name))
     root = os.path.realpath(folder)
     real = os.path.realpath(os.path.join(root, *[p for p in parts if p not in ("", ".")]))
     if os.path.commonpath([root, real]) != root:
-        raise error("%s %s resolves through a symlink to %s, outside %s"
-                    % (what, ascii(relative), ascii(real), ascii(root)))
+        raise error("%s %s leaves %s: it resolves through a symlink to %s, outside %s"
+                    % (what, ascii(relative), folder_name, ascii(real), ascii(root)))
     return real
 
 

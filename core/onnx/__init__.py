@@ -43,7 +43,7 @@ def _external_reader(folder):
 
     def external(location, offset, length):
         what = "external data %s" % ascii(location)
-        path = inside(folder, location, OnnxError, "external data location")
+        path = inside(folder, location, OnnxError, "external data location", "the model's folder")
         with open_regular(path, OnnxError, "external data") as f:
             size = os.fstat(f.fileno()).st_size
             if offset + length > size:

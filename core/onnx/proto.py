@@ -228,11 +228,67 @@ def parse(data, kind="ModelProto"):
 
 
 def read_model(data):
-    """A ModelProto with the checks every importer needs: it has a graph."""
+    """A ModelProto with the checks every importer needs: it has a graph, and every node's
+    attributes hold what their type says (check_graph)."""
     model = parse(data, "ModelProto")
     if model.graph is None:
         raise OnnxError("not an ONNX model: no graph (is this an ONNX file?)")
+    check_graph(model.graph, "graph")
     return model
+
+
+# AttributeProto.type -> the field holding its value (messages are None when absent)
+ATTRIBUTE_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t", 5: "g", 6: "floats", 7: "ints", 8: "strings", 9: "tensors",
+                    10: "graphs", 11: "sparse_tensor", 12: "sparse_tensors", 13: "tp", 14: "type_protos"}
+_TYPE_NAMES = {1: "FLOAT", 2: "INT", 3: "STRING", 4: "TENSOR", 5: "GRAPH", 6: "FLOATS", 7: "INTS", 8: "STRINGS",
+               9: "TENSORS", 10: "GRAPHS", 11: "SPARSE_TENSOR", 12: "SPARSE_TENSORS", 13: "TYPE_PROTO",
+               14: "TYPE_PROTOS"}
+# Attributes of the default domain whose type is the same in every operator that has them: a
+# file that gives `strides` as a float or `then_branch` as an int is refused here, not deep in
+# the importer with a TypeError.
+ATTRIBUTE_TYPES = dict([(n, 7) for n in ("strides", "pads", "kernel_shape", "dilations", "perm", "axes",
+                                          "output_padding", "output_shape")]
+                       + [(n, 2) for n in ("axis", "group", "keepdims", "transA", "transB", "to", "ceil_mode",
+                                           "count_include_pad", "storage_order", "select_last_index")]
+                       + [(n, 1) for n in ("alpha", "beta", "epsilon", "momentum")]
+                       + [(n, 3) for n in ("mode", "auto_pad")]
+                       + [(n, 5) for n in ("then_branch", "else_branch", "body")])
+MIN_INPUTS = {"If": 1, "Loop": 2, "Scan": 1}  # inputs the control-flow ops read by position
+
+
+def check_graph(graph, where):
+    """OnnxError naming the node and attribute where an attribute's value is missing or of
+    another type than its name requires, or a control-flow node lacks its inputs; subgraphs too."""
+    for i, node in enumerate(graph.node):
+        at = "%s node %d (%s %s)" % (where, i, ascii(node.op_type), ascii(node.name))
+        if len(node.input) < MIN_INPUTS.get(node.op_type, 0) and node.domain in ("", "ai.onnx"):
+            raise OnnxError("%s: %d inputs, %s needs at least %d"
+                            % (at, len(node.input), node.op_type, MIN_INPUTS[node.op_type]))
+        for attr in node.attribute:
+            kind = attr.type
+            what = "%s attribute %s" % (at, ascii(attr.name))
+            if kind not in ATTRIBUTE_FIELDS and kind != 0:
+                raise OnnxError("%s: unknown attribute type %d" % (what, kind))
+            if kind in (4, 5, 11, 13) and getattr(attr, ATTRIBUTE_FIELDS[kind]) is None:
+                raise OnnxError("%s: of type %s but holds none" % (what, _TYPE_NAMES[kind]))
+            expected = ATTRIBUTE_TYPES.get(attr.name) if node.domain in ("", "ai.onnx") else None
+            if expected is not None and kind != expected and not (kind == 0 and _untyped_holds(attr, expected)):
+                raise OnnxError("%s: must be %s, the file gives %s"
+                                % (what, _TYPE_NAMES[expected], _TYPE_NAMES.get(kind, "no type")))
+            for sub in ([attr.g] if kind == 5 else attr.graphs if kind == 10 else ()):
+                check_graph(sub, "%s subgraph %s" % (at, ascii(attr.name)))
+
+
+def _untyped_holds(attr, expected):
+    """Whether an attribute without a type (old exporters) holds a value of the expected type,
+    the way the importer infers it: lists first, then a string, a tensor, then a number."""
+    if expected == 7:
+        return bool(attr.ints)
+    if expected in (1, 2):
+        return not (attr.ints or attr.floats or attr.s or attr.t is not None)
+    if expected == 3:
+        return bool(attr.s) and not (attr.ints or attr.floats)
+    return False
 
 
 # ---------------------------------------------------------------- tensors
