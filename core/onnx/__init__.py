@@ -64,9 +64,36 @@ def _external_reader(folder):
     return external
 
 
+GENERATED_KEYWORDS = ("opset", "outputs", "backend")  # passed by the generated calls, never inputs
+
+
+def check_inputs(graph, where="graph"):
+    """OnnxError for a node of a registered op given more inputs than the op takes: the extra
+    ones would land on parameters that are attributes (Softmax's axis) and fail with a TypeError
+    when the model runs. Subgraphs too."""
+    from .ops import REGISTRY
+    for i, node in enumerate(graph.node):
+        fn = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if fn is not None:
+            bound = fn.inputs[:len(node.input)]
+            taken = set(bound) & ({a.name for a in node.attribute} | set(GENERATED_KEYWORDS))
+            if len(node.input) > len(fn.inputs) or taken:
+                raise OnnxError("%s node %d (%s %s): %d inputs, more than %s takes"
+                                % (where, i, ascii(node.op_type), ascii(node.name), len(node.input), node.op_type))
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.g is not None else []) + list(attr.graphs):
+                check_inputs(sub, "%s node %d subgraph %s" % (where, i, ascii(attr.name)))
+
+
+def _model(data):
+    model = read_model(data)
+    check_inputs(model.graph)
+    return model
+
+
 def _generate(source, class_name="Model"):
     data, folder, name = _read(source)
-    model = read_model(data)
+    model = _model(data)
     src, constants = codegen.generate(model, _external_reader(folder), class_name, name)
     return src, constants, name
 
@@ -112,7 +139,7 @@ def import_onnx(source, out_dir, name=None):
         name = codegen.module_name(base)
     elif not name.isidentifier() or not name.isascii():
         raise OnnxError("--name %r is not a Python module name" % (name,))
-    src, constants = codegen.generate(read_model(data), _external_reader(folder), "Model", display)
+    src, constants = codegen.generate(_model(data), _external_reader(folder), "Model", display)
     os.makedirs(out_dir, exist_ok=True)
     py_path = os.path.join(out_dir, name + ".py")
     st_path = os.path.join(out_dir, name + ".safetensors")
