@@ -283,10 +283,8 @@ def input_shape_of(model, meta, given=None):
     if given:
         return tuple(given)
     if meta.get("input_shape"):
-        try:
-            return tuple(int(d) for d in json.loads(meta["input_shape"]))
-        except (ValueError, TypeError):
-            raise ValueError("record's input_shape %r is not a list of sizes" % meta["input_shape"]) from None
+        from cinders.record.validate import input_shape
+        return input_shape(meta["input_shape"], "record")
     shape = getattr(type(model), "input_shape", None)
     return tuple(shape) if shape else None
 

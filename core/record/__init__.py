@@ -266,8 +266,8 @@ def load_model(path, backend=None, allow=(), allow_nonfinite=False):
     model = load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
     if metadata.get("input_shape"):  # kept for the next save (what exporters feed the model)
         try:
-            model._input_shape = tuple(int(d) for d in json.loads(metadata["input_shape"]))
-        except (ValueError, TypeError):
+            model._input_shape = validate.input_shape(metadata["input_shape"], "record %r" % (path,))
+        except CindersError:
             pass  # metadata for exporters only: a bad one is their error to report
     return model
 

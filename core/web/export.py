@@ -23,7 +23,7 @@ import shutil
 
 from ..errors import RecordError
 from ..files import check_writable_target, open_regular
-from ..record import read_metadata
+from ..record import read_metadata, validate
 
 # What a page does not need of the npm packages: source maps, type files, Pyodide's consoles.
 NOT_SHIPPED = ("*.map", "*.d.ts", "*.html", "README.md", "package.json")
@@ -147,7 +147,7 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
     if not module.isidentifier():
         raise ValueError("--model-source %s: the file name must be a Python module name" % model_source)
     if input_shape is None and meta.get("input_shape"):
-        input_shape = tuple(json.loads(meta["input_shape"]))
+        input_shape = validate.input_shape(meta["input_shape"], "record %s" % ascii(record_path))
     if input_shape is None:
         raise ValueError("%s records no input shape (saved before the model ever ran): pass "
                          "--input-shape A,B,..." % record_path)
