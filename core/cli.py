@@ -283,10 +283,8 @@ def input_shape_of(model, meta, given=None):
     if given:
         return tuple(given)
     if meta.get("input_shape"):
-        try:
-            return tuple(int(d) for d in json.loads(meta["input_shape"]))
-        except (ValueError, TypeError):
-            raise ValueError("record's input_shape %r is not a list of sizes" % meta["input_shape"]) from None
+        from cinders.record.validate import input_shape
+        return input_shape(meta["input_shape"], "record")
     shape = getattr(type(model), "input_shape", None)
     return tuple(shape) if shape else None
 
@@ -607,9 +605,10 @@ def build_parser():
 
 def _one_line(e):
     """An exception as the one line a user reads: OSErrors name their file."""
+    from cinders.errors import printable
     if isinstance(e, OSError) and e.filename is not None:
-        return "%s: %s" % (e.filename, e.strerror or e)
-    return " ".join(str(e).split("\n"))
+        return printable("%s: %s" % (e.filename, e.strerror or e))
+    return printable(" ".join(str(e).split("\n")))
 
 
 def main(argv=None):

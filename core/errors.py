@@ -1,8 +1,34 @@
 """The errors users see. Each message names the op and the offending shapes/dtypes/devices."""
 
+MAX_MESSAGE_CHARS = 2000  # a message quoting a file's content (a name, a header) stays readable
+
+
+def printable(text, keep_newlines=False):
+    """`text` safe to print on a terminal: control characters (C0, DEL, C1: escape sequences that
+    clear or fake the screen, carriage returns, newlines unless `keep_newlines`) become \\xNN,
+    and more than MAX_MESSAGE_CHARS are cut with "...". The one rule behind every message."""
+    text = str(text)
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else _escape(c) for c in text)
+
+
+def _escape(c):
+    code = ord(c)
+    return "\\x%02x" % code if code < 0x100 else "\\u%04x" % code if code < 0x10000 else "\\U%08x" % code
+
 
 class CindersError(Exception):
-    """Base class of every error Cinders raises on purpose."""
+    """Base class of every error Cinders raises on purpose. Its message is printable and one
+    line (see `printable`), whatever file content it quotes; errors that carry a tool's log
+    (a failed build) set `multiline = True` to keep that log's lines."""
+
+    multiline = False
+
+    def __str__(self):
+        return printable(super().__str__(), keep_newlines=self.multiline)
 
 
 class ShapeError(CindersError, ValueError):
@@ -50,6 +76,8 @@ class InputError(CindersError, ValueError):
 class FirmwareError(CindersError, RuntimeError):
     """MicroPython firmware that cannot be built: sources missing, a toolchain absent, make failed."""
 
+    multiline = True  # the end of make's log
+
 
 class FirmwareSourcesMissing(FirmwareError):
     """The MicroPython/ulab source archives are not where CINDERS_MICROPYTHON_SRC /
@@ -59,3 +87,5 @@ class FirmwareSourcesMissing(FirmwareError):
 class BoardError(CindersError, RuntimeError):
     """A board that cannot be reached or used over its serial port: no device, no MicroPython
     answering, a bundle too large for its flash, an error raised on the board."""
+
+    multiline = True  # the board's traceback

@@ -14,6 +14,7 @@ and `load` executes that source. No `onnx` package needed, so it runs in Pyodide
 import os
 import types
 
+from ..files import check_writable_target, inside, open_regular, read_regular
 from .proto import OnnxError, read_model
 from . import codegen
 
@@ -22,44 +23,79 @@ from .generate import generate
 __all__ = ["OnnxError", "load", "to_source", "import_onnx", "generate"]
 
 
+MAX_FILE_BYTES = 2 << 30  # protobuf's own limit: larger models keep their weights as external data
+
+
 def _read(source):
     """(bytes, folder for external data or None, display name)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), None, "<bytes>"
     path = os.fspath(source)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise OnnxError("cannot read ONNX file %r: %s" % (path, e.strerror or e)) from None
+    data = read_regular(path, OnnxError, "ONNX file", MAX_FILE_BYTES)
     return data, os.path.dirname(os.path.abspath(path)), os.path.basename(path)
 
 
 def _external_reader(folder):
-    """external(location, offset, length) -> bytes, confined to the model's folder."""
+    """external(location, offset, length) -> bytes of a regular file inside the model's folder
+    (symlinks may not lead out of it). Together the regions read may not exceed the bytes of the
+    files they come from: 200 initializers naming one 4 MB region would otherwise cost 800 MB."""
     if folder is None:
         return None
+    file_sizes, budget = {}, [0]
 
     def external(location, offset, length):
-        if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-            raise OnnxError("external data location %s leaves the model's folder" % ascii(location))
-        path = os.path.join(folder, location)
-        try:
-            size = os.path.getsize(path)
+        what = "external data %s" % ascii(location)
+        path = inside(folder, location, OnnxError, "external data location", "the model's folder")
+        with open_regular(path, OnnxError, "external data") as f:
+            size = os.fstat(f.fileno()).st_size
             if offset + length > size:
-                raise OnnxError("external data %s: %d bytes at offset %d, the file has %d"
-                                % (ascii(location), length, offset, size))
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read(length)
-        except OSError as e:
-            raise OnnxError("cannot read external data %s: %s" % (ascii(location), e.strerror or e)) from None
+                raise OnnxError("%s: %d bytes at offset %d, the file has %d" % (what, length, offset, size))
+            if path not in file_sizes:
+                file_sizes[path] = size
+                budget[0] += size
+            if length > budget[0]:
+                raise OnnxError("%s: the initializers read %d bytes more than the external files hold "
+                                "(%d bytes); regions shared by several tensors are refused"
+                                % (what, length - budget[0], sum(file_sizes.values())))
+            budget[0] -= length
+            f.seek(offset)
+            data = f.read(length)
+        if len(data) != length:
+            raise OnnxError("%s: %d bytes at offset %d, read %d" % (what, length, offset, len(data)))
+        return data
     return external
+
+
+GENERATED_KEYWORDS = ("opset", "outputs", "backend")  # passed by the generated calls, never inputs
+
+
+def check_inputs(graph, where="graph"):
+    """OnnxError for a node of a registered op given more inputs than the op takes: the extra
+    ones would land on parameters that are attributes (Softmax's axis) and fail with a TypeError
+    when the model runs. Subgraphs too."""
+    from .ops import REGISTRY
+    for i, node in enumerate(graph.node):
+        fn = REGISTRY.get(("", node.op_type)) if node.domain in ("", "ai.onnx") else None
+        if fn is not None:
+            bound = fn.inputs[:len(node.input)]
+            taken = set(bound) & ({a.name for a in node.attribute} | set(GENERATED_KEYWORDS))
+            if len(node.input) > len(fn.inputs) or taken:
+                raise OnnxError("%s node %d (%s %s): %d inputs, more than %s takes"
+                                % (where, i, ascii(node.op_type), ascii(node.name), len(node.input), node.op_type))
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.g is not None else []) + list(attr.graphs):
+                check_inputs(sub, "%s node %d subgraph %s" % (where, i, ascii(attr.name)))
+
+
+def _model(data):
+    model = read_model(data)
+    check_inputs(model.graph)
+    return model
 
 
 def _generate(source, class_name="Model"):
     data, folder, name = _read(source)
-    model = read_model(data)
+    model = _model(data)
     src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name)
     return src, constants, name
 
@@ -106,7 +142,7 @@ def import_onnx(source, out_dir, name=None):
         name = codegen.module_name(base)
     elif not name.isidentifier() or not name.isascii():
         raise OnnxError("--name %r is not a Python module name" % (name,))
-    src, constants, device_reads = codegen.generate(read_model(data), _external_reader(folder), "Model", display)
+    src, constants, device_reads = codegen.generate(_model(data), _external_reader(folder), "Model", display)
     os.makedirs(out_dir, exist_ok=True)
     py_path = os.path.join(out_dir, name + ".py")
     st_path = os.path.join(out_dir, name + ".safetensors")
@@ -114,9 +150,14 @@ def import_onnx(source, out_dir, name=None):
     tensors = _tensors(constants, backend)
     meta = {"format": record.FORMAT, "model_class": name + ".Model", "model_config": "{}",
             "dtype": "float32", "source": display[:200]}
+    check_writable_target(py_path, OnnxError)
     record.save_tensors(st_path, tensors, meta)
     tmp = py_path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(src)
-    os.replace(tmp, py_path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(src)
+        os.replace(tmp, py_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return py_path, st_path, device_reads

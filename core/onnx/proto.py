@@ -15,6 +15,7 @@ import sys
 from array import array
 
 from ..errors import CindersError
+from ..record.safetensors import bf16_to_float32, f16_to_float32
 
 
 class OnnxError(CindersError, ValueError):
@@ -30,15 +31,16 @@ _VARINT, _FIXED64, _LENGTH, _GROUP_START, _GROUP_END, _FIXED32 = 0, 1, 2, 3, 4, 
 
 
 class Message:
-    """A decoded message: the schema's field names as attributes."""
+    """A decoded message: the schema's field names as attributes. Each kind is a subclass whose
+    class attributes are the defaults (() for repeated fields), so an instance holds only the
+    fields its bytes set: a file of a million empty nodes costs a million small objects, not a
+    million objects with a dict and three empty lists each."""
 
-    def __init__(self, kind, values):
-        self._kind = kind
-        self.__dict__.update(values)
+    kind = "Message"
 
     def __repr__(self):
-        shown = {k: v for k, v in vars(self).items() if not k.startswith("_") and v not in ((), [], "", b"", 0, None)}
-        return "%s(%s)" % (self._kind, ", ".join("%s=%r" % kv for kv in list(shown.items())[:6]))
+        shown = {k: v for k, v in vars(self).items() if v not in ((), [], "", b"", 0, None)}
+        return "%s(%s)" % (self.kind, ", ".join("%s=%r" % kv for kv in list(shown.items())[:6]))
 
 
 # Field kinds: "int" (varint, int64 two's complement), "float" (fixed32), "str", "bytes",
@@ -81,8 +83,24 @@ SCHEMA = {
     "FunctionProto": {1: ("name", "str"), 10: ("domain", "str")},
 }
 
+# Fields ONNX requires, checked as each message ends: a node of zero bytes (a million of them
+# fit in 2 MB) is refused at the first, before it costs a Python object per two bytes of file.
+_REQUIRED = {"NodeProto": "op_type", "AttributeProto": "name"}
 _DEFAULTS = {"int": 0, "float": 0.0, "str": "", "bytes": b""}
 _PACKED = {"ints": (_VARINT, None), "uint64s": (_VARINT, None), "floats": (_FIXED32, "f"), "doubles": (_FIXED64, "d")}
+_ARRAY_CODES = {"ints": "q", "uint64s": "Q", "floats": "f", "doubles": "d"}  # repeated numbers: 8 bytes or less each
+
+
+def _message_class(kind, schema):
+    defaults = {name: () if ftype.endswith("*") or ftype in _PACKED else _DEFAULTS.get(ftype)
+                for name, ftype in schema.values()}
+    return type(kind, (Message,), dict(defaults, kind=kind))
+
+
+MESSAGE_CLASSES = {kind: _message_class(kind, schema) for kind, schema in SCHEMA.items()}
+# kind -> {field number: (name, field kind, its base without "*", repeated?)}
+_FIELDS = {kind: {number: (name, ftype, ftype.rstrip("*"), ftype.endswith("*"))
+                  for number, (name, ftype) in schema.items()} for kind, schema in SCHEMA.items()}
 
 
 class _Reader:
@@ -108,49 +126,52 @@ class _Reader:
             if shift >= 70:
                 self.fail(pos, "varint longer than 10 bytes")
 
-    def records(self, pos, end):
-        """(field, wire type, value, value position) for each record of data[pos:end]; the value of a
-        length-delimited record is its (start, stop) range, checked to lie inside [pos, end)."""
-        while pos < end:
-            start = pos
+    def record(self, pos, end):
+        """(field, wire type, value, value position, next position) of the record at pos; one-byte
+        varints (keys, short lengths) are read inline: they are most of a graph's bytes."""
+        data, start = self.data, pos
+        key = data[pos]
+        if key < 0x80:
+            pos += 1
+        else:
             key, pos = self.varint(pos, end)
-            field, wire = key >> 3, key & 7
-            if field == 0:
-                self.fail(start, "field number 0")
-            if wire == _VARINT:
-                value, pos = self.varint(pos, end)
-            elif wire == _FIXED64:
-                if pos + 8 > end:
-                    self.fail(pos, "truncated 64-bit field %d" % field)
-                value, pos = (pos, pos + 8), pos + 8
-            elif wire == _FIXED32:
-                if pos + 4 > end:
-                    self.fail(pos, "truncated 32-bit field %d" % field)
-                value, pos = (pos, pos + 4), pos + 4
-            elif wire == _LENGTH:
-                length, pos = self.varint(pos, end)
-                if length > end - pos:
-                    self.fail(pos, "field %d claims %d bytes, only %d are left" % (field, length, end - pos))
-                value, pos = (pos, pos + length), pos + length
+        field, wire = key >> 3, key & 7
+        if field == 0:
+            self.fail(start, "field number 0")
+        if wire == _LENGTH:
+            if pos < end and data[pos] < 0x80:
+                length, pos = data[pos], pos + 1
             else:
-                self.fail(start, "unsupported wire type %d (field %d)" % (wire, field))
-            yield field, wire, value, start
+                length, pos = self.varint(pos, end)
+            if length > end - pos:
+                self.fail(pos, "field %d claims %d bytes, only %d are left" % (field, length, end - pos))
+            return field, wire, (pos, pos + length), start, pos + length
+        if wire == _VARINT:
+            value, pos = self.varint(pos, end)
+            return field, wire, value, start, pos
+        size = 8 if wire == _FIXED64 else 4 if wire == _FIXED32 else None
+        if size is None:
+            self.fail(start, "unsupported wire type %d (field %d)" % (wire, field))
+        if pos + size > end:
+            self.fail(pos, "truncated %d-bit field %d" % (8 * size, field))
+        return field, wire, (pos, pos + size), start, pos + size
 
     def message(self, kind, pos, end, depth):
         if depth > MAX_DEPTH:
             self.fail(pos, "messages nested deeper than %d" % MAX_DEPTH)
-        schema = SCHEMA[kind]
-        values = {}
-        for name, ftype in schema.values():
-            repeated = ftype.endswith("*") or ftype in _PACKED
-            values[name] = [] if repeated else _DEFAULTS.get(ftype)
-        for field, wire, value, at in self.records(pos, end):
-            entry = schema.get(field)
+        fields = _FIELDS[kind]
+        message = MESSAGE_CLASSES[kind]()
+        values = message.__dict__
+        data, first = self.data, pos
+        while pos < end:
+            field, wire, value, at, pos = self.record(pos, end)
+            entry = fields.get(field)
             if entry is None:
                 continue  # unknown field: skipped, as protobuf readers do
-            name, ftype = entry
-            base = ftype.rstrip("*")
+            name, ftype, base, repeated = entry
             if ftype in _PACKED:
+                if name not in values:
+                    values[name] = array(_ARRAY_CODES[ftype])
                 self.repeated_scalar(values[name], ftype, wire, value, at, name)
                 continue
             if base == "int":
@@ -158,10 +179,10 @@ class _Reader:
                 v = _signed64(value)
             elif base == "float":
                 self.expect(wire, _FIXED32, at, name)
-                v = struct.unpack_from("<f", self.data, value[0])[0]
-            elif base in ("str", "bytes"):
+                v = struct.unpack_from("<f", data, value[0])[0]
+            elif base == "str" or base == "bytes":
                 self.expect(wire, _LENGTH, at, name)
-                v = bytes(self.data[value[0]:value[1]])
+                v = bytes(data[value[0]:value[1]])
                 if base == "str":
                     try:
                         v = v.decode("utf-8")
@@ -170,11 +191,16 @@ class _Reader:
             else:
                 self.expect(wire, _LENGTH, at, name)
                 v = self.message(base, value[0], value[1], depth + 1)
-            if ftype.endswith("*"):
+            if repeated:
+                if name not in values:
+                    values[name] = []
                 values[name].append(v)
             else:
                 values[name] = v
-        return Message(kind, values)
+        required = _REQUIRED.get(kind)
+        if required is not None and not values.get(required):
+            self.fail(first, "%s without %s" % (kind, required))
+        return message
 
     def expect(self, wire, wanted, at, name):
         if wire != wanted:
@@ -210,8 +236,7 @@ def _signed64(v):
 
 def _unpack(code, data, start, stop):
     if code == "e":  # float16: the array module has no half type; widen to float32
-        count = (stop - start) // 2
-        return array("f", struct.unpack_from("<%de" % count, data, start))
+        return f16_to_float32(memoryview(data)[start:stop])
     values = array(code)
     values.frombytes(bytes(data[start:stop]))
     if sys.byteorder == "big":
@@ -228,11 +253,70 @@ def parse(data, kind="ModelProto"):
 
 
 def read_model(data):
-    """A ModelProto with the checks every importer needs: it has a graph."""
+    """A ModelProto with the checks every importer needs: it has a graph, and every node's
+    attributes hold what their type says (check_graph)."""
     model = parse(data, "ModelProto")
     if model.graph is None:
         raise OnnxError("not an ONNX model: no graph (is this an ONNX file?)")
+    check_graph(model.graph, "graph")
     return model
+
+
+# AttributeProto.type -> the field holding its value (messages are None when absent)
+ATTRIBUTE_FIELDS = {1: "f", 2: "i", 3: "s", 4: "t", 5: "g", 6: "floats", 7: "ints", 8: "strings", 9: "tensors",
+                    10: "graphs", 11: "sparse_tensor", 12: "sparse_tensors", 13: "tp", 14: "type_protos"}
+_TYPE_NAMES = {1: "FLOAT", 2: "INT", 3: "STRING", 4: "TENSOR", 5: "GRAPH", 6: "FLOATS", 7: "INTS", 8: "STRINGS",
+               9: "TENSORS", 10: "GRAPHS", 11: "SPARSE_TENSOR", 12: "SPARSE_TENSORS", 13: "TYPE_PROTO",
+               14: "TYPE_PROTOS"}
+# Attributes of the default domain whose type is the same in every operator that has them: a
+# file that gives `strides` as a float or `then_branch` as an int is refused here, not deep in
+# the importer with a TypeError.
+ATTRIBUTE_TYPES = dict([(n, 7) for n in ("strides", "pads", "kernel_shape", "dilations", "perm", "axes",
+                                          "output_padding", "output_shape")]
+                       + [(n, 2) for n in ("axis", "group", "keepdims", "transA", "transB", "to", "ceil_mode",
+                                           "count_include_pad", "storage_order", "select_last_index")]
+                       + [(n, 1) for n in ("alpha", "beta", "epsilon", "momentum")]
+                       + [(n, 3) for n in ("mode", "auto_pad")]
+                       + [(n, 5) for n in ("then_branch", "else_branch", "body")])
+MIN_INPUTS = {"If": 1, "Loop": 2, "Scan": 1}  # inputs the control-flow ops read by position
+
+
+def check_graph(graph, where):
+    """OnnxError naming the node and attribute where an attribute's value is missing or of
+    another type than its name requires, or a control-flow node lacks its inputs; subgraphs too."""
+    for i, node in enumerate(graph.node):
+        at = "%s node %d (%s %s)" % (where, i, ascii(node.op_type), ascii(node.name))
+        if len(node.input) < MIN_INPUTS.get(node.op_type, 0) and node.domain in ("", "ai.onnx"):
+            raise OnnxError("%s: %d inputs, %s needs at least %d"
+                            % (at, len(node.input), node.op_type, MIN_INPUTS[node.op_type]))
+        names = [attr.name for attr in node.attribute]
+        if len(set(names)) != len(names):
+            raise OnnxError("%s: attribute %s given twice" % (at, ascii(next(n for n in names if names.count(n) > 1))))
+        for attr in node.attribute:
+            kind = attr.type
+            what = "%s attribute %s" % (at, ascii(attr.name))
+            if kind not in ATTRIBUTE_FIELDS and kind != 0:
+                raise OnnxError("%s: unknown attribute type %d" % (what, kind))
+            if kind in (4, 5, 11, 13) and getattr(attr, ATTRIBUTE_FIELDS[kind]) is None:
+                raise OnnxError("%s: of type %s but holds none" % (what, _TYPE_NAMES[kind]))
+            expected = ATTRIBUTE_TYPES.get(attr.name) if node.domain in ("", "ai.onnx") else None
+            if expected is not None and kind != expected and not (kind == 0 and _untyped_holds(attr, expected)):
+                raise OnnxError("%s: must be %s, the file gives %s"
+                                % (what, _TYPE_NAMES[expected], _TYPE_NAMES.get(kind, "no type")))
+            for sub in ([attr.g] if kind == 5 else attr.graphs if kind == 10 else ()):
+                check_graph(sub, "%s subgraph %s" % (at, ascii(attr.name)))
+
+
+def _untyped_holds(attr, expected):
+    """Whether an attribute without a type (old exporters) holds a value of the expected type,
+    the way the importer infers it: lists first, then a string, a tensor, then a number."""
+    if expected == 7:
+        return bool(attr.ints)
+    if expected in (1, 2):
+        return not (attr.ints or attr.floats or attr.s or attr.t is not None)
+    if expected == 3:
+        return bool(attr.s) and not (attr.ints or attr.floats)
+    return False
 
 
 # ---------------------------------------------------------------- tensors
@@ -287,8 +371,11 @@ def tensor_values(tensor, external=None):
             raise OnnxError("%s: external data offset/length are not integers" % where) from None
         if offset < 0 or (length is not None and length < 0):
             raise OnnxError("%s: negative external data offset/length" % where)
-        size = (n + 1) // 2 if tensor.data_type in FOUR_BIT else n * struct.calcsize(code or "B")
-        raw = external(info["location"], offset, length if length is not None else size)
+        need = (n + 1) // 2 if tensor.data_type in FOUR_BIT else n * struct.calcsize(code or "B")
+        if length is not None and length != need:  # checked before a byte is read
+            raise OnnxError("%s: %d elements need %d bytes, its external data length says %d"
+                            % (where, n, need, length))
+        raw = external(info["location"], offset, need)
         return type_name, shape, _from_raw(raw, code, n, where, tensor.data_type)
     if tensor.raw_data:
         return type_name, shape, _from_raw(tensor.raw_data, code, n, where, tensor.data_type)
@@ -299,12 +386,11 @@ def tensor_values(tensor, external=None):
         raise OnnxError("%s: dims %s need %d values, %s has %d" % (where, list(shape), n, typed_field, len(typed)))
     if code is None:
         return type_name, shape, list(typed)
-    if tensor.data_type == 10:  # float16 bit patterns held in int32_data
-        return type_name, shape, _unpack("e", array("H", [v & 0xFFFF for v in typed]).tobytes(), 0, 2 * n)
-    if tensor.data_type == 16:
-        return type_name, shape, _bfloat16(array("H", [v & 0xFFFF for v in typed]))
+    if tensor.data_type in (10, 16):  # float16/bfloat16 bit patterns held in int32_data
+        bits = _little(array("H", (v & 0xFFFF for v in typed))).tobytes()
+        return type_name, shape, f16_to_float32(bits) if tensor.data_type == 10 else bf16_to_float32(bits)
     if tensor.data_type == 9:
-        return type_name, shape, array("B", [1 if v else 0 for v in typed])
+        return type_name, shape, array("B", (1 if v else 0 for v in typed))
     return type_name, shape, typed
 
 
@@ -316,9 +402,14 @@ def _from_raw(raw, code, n, where, data_type):
     size = struct.calcsize(code)
     if len(raw) != n * size:
         raise OnnxError("%s: %d elements need %d bytes, the file has %d" % (where, n, n * size, len(raw)))
-    values = _unpack(code, raw, 0, len(raw))
     if data_type == 16:
-        return _bfloat16(values)
+        return bf16_to_float32(raw)
+    return _unpack(code, raw, 0, len(raw))
+
+
+def _little(values):
+    if sys.byteorder == "big":
+        values.byteswap()
     return values
 
 
@@ -338,11 +429,6 @@ def _nibbles(packed, n, where, signed):
     out[0::2] = bytes(packed).translate(low)
     out[1::2] = bytes(packed).translate(high)
     return array("b" if signed else "B", bytes(out[:n]))
-
-
-def _bfloat16(bits):
-    widened = array("I", [b << 16 for b in bits])
-    return array("f", widened.tobytes())
 
 
 def element_type(type_proto):

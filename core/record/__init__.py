@@ -23,6 +23,7 @@ import os
 
 from .. import dtypes
 from ..errors import CindersError, RecordError
+from ..files import check_writable_target, open_regular
 from ..tensor import Tensor
 from . import safetensors, safetensors_write, validate
 from .pytorch import load_pytorch  # noqa: F401  (cinders.record.load_pytorch: torch.save files)
@@ -59,6 +60,7 @@ def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
     Float tensors are stored as `dtype` (float32 or float16); int32 and bool keep theirs.
     """
     dtype = _storage_dtype(dtype)
+    check_writable_target(path, RecordError)
     entries = []
     for name, t in tensors.items():
         code = _CODE_OF[dtype] if t.dtype is dtypes.float32 else _CODE_OF[t.dtype]
@@ -115,10 +117,7 @@ def remove_stale_temporaries(path):
 
 
 def _open(path):
-    try:
-        return open(path, "rb")
-    except OSError as e:
-        raise RecordError("cannot open record %r: %s" % (path, e.strerror or e)) from None
+    return open_regular(path, RecordError, "record")
 
 
 def read_header(path):
@@ -267,8 +266,8 @@ def load_model(path, backend=None, allow=(), allow_nonfinite=False):
     model = load_into(build_model(cls, metadata, path, backend, table), path, allow_nonfinite)
     if metadata.get("input_shape"):  # kept for the next save (what exporters feed the model)
         try:
-            model._input_shape = tuple(int(d) for d in json.loads(metadata["input_shape"]))
-        except (ValueError, TypeError):
+            model._input_shape = validate.input_shape(metadata["input_shape"], "record %r" % (path,))
+        except CindersError:
             pass  # metadata for exporters only: a bad one is their error to report
     return model
 

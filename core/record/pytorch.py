@@ -29,8 +29,10 @@ from array import array
 from .. import dtypes
 from ..backend import is_row_major, numel
 from ..errors import RecordError
+from ..files import open_regular
 from ..tensor import Tensor
 from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
+from .safetensors import bf16_to_float32, f16_to_float32
 
 try:
     import numpy as _np
@@ -538,10 +540,7 @@ def _open(source):
     if isinstance(source, (bytes, bytearray, memoryview)):
         return io.BytesIO(source)
     if isinstance(source, (str, os.PathLike)):
-        try:
-            return open(source, "rb")
-        except OSError as e:
-            raise RecordError("cannot open checkpoint %r: %s" % (os.fspath(source), e.strerror or e)) from None
+        return open_regular(source, RecordError, "checkpoint")
     if not hasattr(source, "read") or not hasattr(source, "seek"):
         raise RecordError("load_pytorch needs a path, bytes or a seekable binary file, got %s"
                           % type(source).__name__)
@@ -656,12 +655,10 @@ def _array_storage(buf, dtype, big_endian):
     stored.frombytes(buf)
     if big_endian != (sys.byteorder == "big"):
         stored.byteswap()
-    if dtype == "float16":
-        return struct.unpack("=%de" % len(stored), stored.tobytes())
-    if dtype == "bfloat16":
-        widened = array("I", [h << 16 for h in stored])
-        stored = array("f")
-        stored.frombytes(widened.tobytes())
+    if dtype in ("float16", "bfloat16"):  # widened from little-endian bytes, a chunk at a time
+        if sys.byteorder == "big":
+            stored.byteswap()
+        return (f16_to_float32 if dtype == "float16" else bf16_to_float32)(stored.tobytes())
     return stored
 
 

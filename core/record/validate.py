@@ -14,6 +14,7 @@ Every failure is a RecordError that names the file and the key or tensor at faul
 """
 
 import inspect
+import json
 import math
 
 from .. import dtypes
@@ -404,3 +405,25 @@ def _short(config):
     import json
     text = json.dumps(config, sort_keys=True)
     return text if len(text) <= 200 else text[:200] + "..."
+
+
+MAX_INPUT_RANK = 8
+
+
+def input_shape(value, where):
+    """One sample's shape from a record's `input_shape` (JSON text or a list): a tuple of at
+    most MAX_INPUT_RANK positive ints whose product cn.limits allows. [1e400], [0], ["a"] or a
+    billion-element shape are a RecordError here, not an OverflowError or ZeroDivisionError
+    (or gigabytes) later in predict or an exporter."""
+    from ..limits import check_shape
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise RecordError("%s: input_shape %s is not JSON" % (where, ascii(value[:80]))) from None
+    if not (isinstance(value, (list, tuple)) and 0 < len(value) <= MAX_INPUT_RANK
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)):
+        raise RecordError("%s: input_shape %s is not a list of 1 to %d positive integers"
+                          % (where, ascii(str(value)[:80]), MAX_INPUT_RANK))
+    check_shape("%s: input_shape" % where, tuple(value))
+    return tuple(value)

@@ -22,7 +22,8 @@ import os
 import shutil
 
 from ..errors import RecordError
-from ..record import read_metadata
+from ..files import check_writable_target, open_regular
+from ..record import read_metadata, validate
 
 # What a page does not need of the npm packages: source maps, type files, Pyodide's consoles.
 NOT_SHIPPED = ("*.map", "*.d.ts", "*.html", "README.md", "package.json")
@@ -113,14 +114,20 @@ def _npm_package(node_modules, name):
     return folder
 
 
+MAX_SOURCE_BYTES = 16 << 20
+
+
 def model_class_in(source_path, class_name):
     """Check that the model source defines class_name (parsed, not run)."""
+    if not str(source_path).endswith(".py"):
+        raise RecordError("--model-source %s is not a Python file (.py)" % ascii(str(source_path)))
     try:
-        with open(source_path) as f:
-            tree = ast.parse(f.read(), source_path)
-    except OSError as e:
-        raise RecordError("cannot read model source %s: %s" % (source_path, e.strerror or e)) from None
-    except SyntaxError as e:
+        with open_regular(source_path, RecordError, "model source") as f:
+            text = f.read(MAX_SOURCE_BYTES + 1)
+        if len(text) > MAX_SOURCE_BYTES:
+            raise RecordError("model source %s is over %d bytes" % (source_path, MAX_SOURCE_BYTES))
+        tree = ast.parse(text.decode("utf-8"), source_path)
+    except (SyntaxError, ValueError) as e:  # ValueError: not UTF-8, NUL bytes
         raise RecordError("model source %s is not valid Python: %s" % (source_path, e)) from None
     if not any(isinstance(n, ast.ClassDef) and n.name == class_name for n in tree.body):
         raise RecordError("%s does not define class %s, which the record names"
@@ -140,7 +147,7 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
     if not module.isidentifier():
         raise ValueError("--model-source %s: the file name must be a Python module name" % model_source)
     if input_shape is None and meta.get("input_shape"):
-        input_shape = tuple(json.loads(meta["input_shape"]))
+        input_shape = validate.input_shape(meta["input_shape"], "record %s" % ascii(record_path))
     if input_shape is None:
         raise ValueError("%s records no input shape (saved before the model ever ran): pass "
                          "--input-shape A,B,..." % record_path)
@@ -158,8 +165,8 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
         if old.startswith("cinders-") and old.endswith(".whl"):
             os.remove(os.path.join(out_dir, old))
     wheel_name = _write_wheel(out_dir)
-    shutil.copyfile(record_path, os.path.join(out_dir, "model.safetensors"))
-    shutil.copyfile(model_source, os.path.join(out_dir, module + ".py"))
+    for src, dst in ((record_path, "model.safetensors"), (model_source, module + ".py")):
+        shutil.copyfile(src, check_writable_target(os.path.join(out_dir, dst), RecordError))
     config = {
         "interpreter": "./vendor/pyodide/pyodide.mjs",
         "files": {"./" + wheel_name: "./*", "./model.safetensors": "./model.safetensors",
@@ -170,7 +177,7 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
                "index.html": PAGE.format(title="%s in the browser" % cls, shape=tuple(input_shape),
                                          example=json.dumps(_zeros(input_shape)))}
     for name, text in written.items():
-        with open(os.path.join(out_dir, name), "w") as f:
+        with open(check_writable_target(os.path.join(out_dir, name), RecordError), "w") as f:
             f.write(text)
     return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir))
 

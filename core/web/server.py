@@ -19,6 +19,7 @@ and stop it with `.stop()`.
 import http.server
 import os
 import posixpath
+import stat
 import sys
 import threading
 import urllib.parse
@@ -95,6 +96,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     connection that sends nothing for `timeout` seconds is closed."""
 
     mounts = ()       # set per server
+    allowed_hosts = frozenset()  # set per server: the Host values naming it
+    server_version = "Cinders"   # the Server header: no Python or library versions
+    sys_version = ""
     quiet = True
     timeout = 30      # seconds a connection may stay idle (socket timeout of each request's reads)
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
@@ -128,8 +132,44 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
                 parts = [p for p in posixpath.normpath(path[len(prefix):]).split("/")
                          if p not in ("", ".", "..")]
                 # A trailing slash stays, so "file.js/" is not the file (send_head answers 404).
-                return os.path.join(folder, *parts, "") if path.endswith("/") else os.path.join(folder, *parts)
+                target = os.path.join(folder, *parts, "") if path.endswith("/") else os.path.join(folder, *parts)
+                return target if self.servable(folder, target) else self.not_found()
+        return self.not_found()
+
+    def not_found(self):
         return os.path.join(self.mounts[-1][1], "__not_found__")
+
+    @staticmethod
+    def servable(folder, target):
+        """Whether `target` may be served from `folder`: what it resolves to (symlinks followed)
+        stays inside the folder's real path and is a regular file, or a folder whose index.html
+        (what would be sent) is one. FIFOs and devices never are: opening them blocks or never ends."""
+        root = os.path.realpath(folder)
+        candidates = [target]
+        if os.path.isdir(target):
+            candidates.append(os.path.join(target, "index.html"))
+        for candidate in candidates:
+            real = os.path.realpath(candidate)
+            if os.path.commonpath([root, real]) != root:
+                return False
+            try:
+                mode = os.stat(real).st_mode
+            except OSError:
+                continue  # missing: the handler answers 404 itself
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) and candidate == target):
+                return False
+        return True
+
+    def parse_request(self):
+        """The request line and headers, and a Host naming the address this server listens on:
+        a page on another origin whose DNS name was rebound to 127.0.0.1 sends its own name."""
+        if not super().parse_request():
+            return False
+        host = self.headers.get("Host")
+        if host is not None and host.lower() not in self.allowed_hosts:
+            self.send_error(421, "Misdirected request: Host is not this server")
+            return False
+        return True
 
     def send_head(self):
         if self.url_path(self.path) is None:
@@ -152,11 +192,54 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     def end_headers(self):
         # Served files change while developing; the browser revalidates instead of using stale copies.
         self.send_header("Cache-Control", "no-cache")
+        self.send_header("X-Content-Type-Options", "nosniff")  # a .py or .json never runs as script
+        # Cross-origin isolation: pages may use SharedArrayBuffer (threads), nothing else embeds them.
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
         super().end_headers()
 
     def log_message(self, fmt, *args):
         if not self.quiet:
             super().log_message(fmt, *args)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """Threaded, with a listen backlog that absorbs bursts (the default 5 drops connections when
+    50 clients connect at once), and at most MAX_PER_CLIENT connections served at once per
+    client address: one client cannot take every thread; its extra connections get 503."""
+
+    daemon_threads = True
+    request_queue_size = 1024
+    MAX_PER_CLIENT = 256
+
+    def __init__(self, *args, **kwargs):
+        self.active, self.active_lock = {}, threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        with self.active_lock:
+            count = self.active.get(client_address[0], 0)
+            if count < self.MAX_PER_CLIENT:
+                self.active[client_address[0]] = count + 1
+        if count >= self.MAX_PER_CLIENT:
+            try:
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.active_lock:
+                left = self.active[client_address[0]] - 1
+                if left:
+                    self.active[client_address[0]] = left
+                else:
+                    del self.active[client_address[0]]
 
 
 class DemoServer:
@@ -165,9 +248,10 @@ class DemoServer:
     def __init__(self, port=DEFAULT_PORT, mounts=None, quiet=True, idle_timeout=_Handler.timeout):
         handler = type("Handler", (_Handler,), {"mounts": tuple(mounts or default_mounts()),
                                                 "quiet": quiet, "timeout": idle_timeout})
-        self.httpd = http.server.ThreadingHTTPServer((HOST, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((HOST, port), handler)
         self.port = self.httpd.server_address[1]
+        handler.allowed_hosts = frozenset("%s%s" % (name, suffix) for name in (HOST, "localhost")
+                                          for suffix in ("", ":%d" % self.port))
         self.url = "http://%s:%d/" % (HOST, self.port)
         self._thread = None
 

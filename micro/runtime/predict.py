@@ -26,7 +26,7 @@ shape = tuple(int(d) for d in s.strip("[]").split(",") if d.strip())
 n = 1
 for d in shape:
     n *= d
-pixels = array("f", range(n)) if shape else None
+pixels = array("f", range(n)) if n < 16777216 else None  # larger: cinders.run names the shape
 gc.collect()  # the metadata's garbage, before compiling the model's modules
 import model  # noqa: E402
 

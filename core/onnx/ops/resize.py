@@ -6,6 +6,7 @@ import cinders as cn
 from ...backend import numel
 from ...dtypes import float32, int32
 from ...indexing import _take
+from ...limits import LIST_ELEMENT_BYTES, check_shape
 from ..proto import OnnxError
 from .base import _axis, host, ints, op
 
@@ -115,6 +116,10 @@ def Resize(X, roi=None, scales=None, sizes=None, antialias=0, axes=None, coordin
     scales = [float(s) for s in (host(scales) or [])]
     sizes = ints(sizes) or []
     roi = [float(r) for r in (host(roi) or [])]
+    if not all(math.isfinite(v) and v >= 0 for v in scales) or any(v < 0 for v in sizes) \
+            or len(scales or sizes) != len(axes) and (scales or sizes):
+        raise OnnxError("Resize: scales %s / sizes %s are not one finite, non-negative value per axis of %s"
+                        % (scales[:8], sizes[:8], axes))
     if opset < 11:
         coordinate_transformation_mode, nearest_mode = "asymmetric", "floor"
     full_scales = {a: 1.0 for a in range(rank)}
@@ -134,6 +139,10 @@ def Resize(X, roi=None, scales=None, sizes=None, antialias=0, axes=None, coordin
         for i, a in enumerate(axes):
             full_scales[a] = scales[i]
             full_sizes[a] = int(math.floor(X.shape[a] * scales[i]))
+    # checked before any coordinate list is built: scales of 1e9 would build them for minutes
+    if any(v < 0 for v in full_sizes.values()):
+        raise OnnxError("Resize: negative output size %s" % (list(full_sizes.values()),))
+    check_shape("Resize", tuple(full_sizes.values()), LIST_ELEMENT_BYTES)
     rois = {a: (0.0, 1.0) for a in range(rank)}
     if roi:
         k = len(roi) // 2

@@ -7,6 +7,7 @@ from ...backend import numel
 from ...dtypes import bool_, float32, int32
 from ...functional import stack
 from ...indexing import _take
+from ...limits import LIST_ELEMENT_BYTES, check_elements, check_shape
 from ..proto import OnnxError
 from .base import _axis, _const, _slice_axis, dtype_of, host, host_backend, ints, op, scalar, to_device
 
@@ -23,6 +24,14 @@ def Reshape(data, shape, allowzero=0):
     if not allowzero:
         shape = [data.shape[i] if d == 0 and i < data.ndim else d for i, d in enumerate(shape)]
     return data.reshape(tuple(shape))
+
+
+def _check_dims(op_name, dims, element_bytes=4):
+    """OnnxError for a negative dim, SizeLimitError for more elements than cn.limits allows:
+    before a shape read from a tensor's values builds anything."""
+    if any(d < 0 for d in dims):
+        raise OnnxError("%s: negative dimension in %s" % (op_name, list(dims)))
+    check_shape(op_name, tuple(dims), element_bytes)
 
 
 @op()
@@ -174,12 +183,16 @@ def Expand(input, shape):
     a = [1] * (n - input.ndim) + list(input.shape)
     b = [1] * (n - len(shape)) + list(shape)
     target = tuple(x if y == 1 else y for x, y in zip(a, b))
+    _check_dims("Expand", target)
     return input.reshape(tuple(a)).expand(target)
 
 
 @op(host=("repeats",))
 def Tile(input, repeats):
     repeats = ints(repeats)
+    if len(repeats) != input.ndim:
+        raise OnnxError("Tile: %d repeats for a tensor of rank %d" % (len(repeats), input.ndim))
+    _check_dims("Tile", [r * d for r, d in zip(repeats, input.shape)])
     inter, target = [], []
     for r, d in zip(repeats, input.shape):
         inter += [1, d]
@@ -207,6 +220,7 @@ def Size(data):
 @op(host=("input",))
 def ConstantOfShape(input, value=None, backend=None):
     shape = tuple(ints(input))
+    _check_dims("ConstantOfShape", shape)
     if value is None:
         return cn.zeros(*shape, backend=backend)
     type_name, _, flat = value
@@ -216,7 +230,10 @@ def ConstantOfShape(input, value=None, backend=None):
 @op(host=("start", "limit", "delta"))
 def Range(start, limit, delta, backend=None):
     start, limit, delta = scalar(start), scalar(limit), scalar(delta)
+    if delta == 0 or not all(isinstance(v, int) or math.isfinite(v) for v in (start, limit, delta)):
+        raise OnnxError("Range: start %r, limit %r, delta %r do not give a finite range" % (start, limit, delta))
     n = max(0, math.ceil((limit - start) / delta))
+    check_elements("Range", n, (n,), LIST_ELEMENT_BYTES)  # the Python list below
     is_int = all(isinstance(v, int) for v in (start, limit, delta))
     dtype = int32 if is_int else float32
     if not n:
@@ -258,6 +275,7 @@ def OneHot(indices, depth, values, axis=-1):
 def CumSum(x, axis, exclusive=0, reverse=0):
     a = _axis(int(scalar(axis)), x.ndim)
     n = x.shape[a]
+    check_elements("CumSum", n * n, (n, n))  # the triangular matrix it multiplies by
     rows = cn.arange(n, backend=x.backend).reshape(n, 1)
     cols = cn.arange(n, backend=x.backend).reshape(1, n)
     if reverse:
@@ -273,6 +291,9 @@ def CumSum(x, axis, exclusive=0, reverse=0):
 def TopK(X, K, axis=-1, largest=1, sorted=1, outputs=2):  # noqa: A002
     k = int(scalar(K))
     a = _axis(axis, X.ndim)
+    if not 0 <= k <= X.shape[a]:
+        raise OnnxError("TopK: k = %d on an axis of %d elements" % (k, X.shape[a]))
+    check_elements("TopK", k * numel(X.shape))  # k passes over the input
     x = X.cast(float32)
     x = x if largest else -x
     values, indices = [], []
@@ -335,6 +356,10 @@ def Pad(data, pads=None, constant_value=None, axes=None, mode="constant", value=
     rank = data.ndim
     axes = [_axis(a, rank) for a in ints(axes)] if axes is not None else list(range(rank))
     k = len(axes)
+    if len(pads) != 2 * k:
+        raise OnnxError("Pad: %d pads for %d axes (needs %d)" % (len(pads), k, 2 * k))
+    _check_dims("Pad", [d + pads[axes.index(i)] + pads[axes.index(i) + k] if i in axes else d
+                        for i, d in enumerate(data.shape)], LIST_ELEMENT_BYTES if mode != "constant" else 4)
     before, after = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
         before[a], after[a] = pads[i], pads[i + k]

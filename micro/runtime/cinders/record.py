@@ -148,9 +148,17 @@ def load_model(path, allow=(), resident_bytes=RESIDENT_BYTES):
         raise RecordError("%s: model_config is not JSON" % path)
     if not isinstance(config, dict):
         raise RecordError("%s: model_config is not a JSON object" % path)
+    n = f.seek(0, 2)  # numbers beyond the record's bytes would allocate before any weight is checked
+    for k in config:
+        for v in config[k] if type(config[k]) is list else (config[k],):
+            if not (v is None or type(v) in (bool, str) or type(v) in (int, float) and -n <= v <= n):
+                raise RecordError("%s: model_config[%r] is not bools, strings, numbers within %d" % (path, k, n))
     if meta.get("tensor_ops") != "0":  # export-micro found no operators in the model: skip
         from cinders import _ops  # noqa: F401  (gives tensors their operators)
-    model = cls(**config)
+    try:
+        model = cls(**config)
+    except TypeError as e:  # an unknown or missing key: the class's own words
+        raise RecordError("%s: model_config does not fit %s: %s" % (path, cls_path, e))
     load(model, f, resident_bytes, r)
     r = None
     forget_reader()

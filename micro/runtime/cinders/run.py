@@ -40,8 +40,10 @@ def _scan(path, out):
 def read_input(path, shape, buf=None):
     """(flat values, batch shape) of the input file: one sample of `shape` or a batch."""
     n = 1
-    for d in shape:
-        n *= d
+    for d in shape:  # [0] would divide by zero, [1e9] ask for gigabytes
+        n = n * d if type(d) is int and d > 0 else 0
+    if not 0 < n <= 1 << 24:
+        raise ValueError("input_shape %r: not positive ints of at most 2**24 elements" % (shape,))
     k = _scan(path, None)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
@@ -62,6 +64,8 @@ def result(y):
         out = y.tolist()
         return {"output": out[0] if B == 1 else out}
     v = cinders.engine.to_list(y.data)
+    if any(x != x for x in v):  # NaN: max() and index() would say "object not in sequence"
+        raise ValueError("the model's output holds NaN: the record's weights or the input are not finite")
     rows = [v[b * m:(b + 1) * m] for b in range(B)]
     ks = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
     return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
