@@ -36,6 +36,7 @@ _LAZY_BACKENDS = {
     "Python": ".backends.python_backend",
     "Wgpu": ".wgpu",
     "Wasm": ".wasm",
+    "Router": ".backends.router",
 }
 
 

@@ -74,6 +74,14 @@ Synchronisation
 also offer `async to_flat_async(h)` (the browser cannot block). Backends may implement
 `memory_stats()` and `synchronize()`.
 
+Declared gaps and devices
+-------------------------
+`unsupported_ops = {op: reason}` (class or instance attribute; empty by default) names the ops
+of the op table (or primitives) a backend has no kernel for, each with its reason: the tensor
+layer fails loudly on them, tests/test_op_table.py accepts the gap only with the reason, and
+cn.Router runs them on another member. `device(index)` is the backend placed on its device
+`index` (`cn.tensor(x, backend=b, device=i)`); a backend bound to one device has only device 0.
+
 Composite overrides
 -------------------
 A backend may provide a fused kernel for a composite op by defining a method named
@@ -151,6 +159,15 @@ class Backend:
     """
 
     name = "backend"
+    unsupported_ops = {}  # {op name: why this backend has no kernel for it} (see above)
+
+    def device(self, index):
+        """This backend placed on its device `index` (one device: only 0). cn.Router has several."""
+        if index != 0:
+            from .errors import ArgumentError
+            raise ArgumentError("%r has one device (0), not device %r; cn.Router(*backends) has several"
+                                % (self, index))
+        return self
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

@@ -13,6 +13,7 @@ nobody profiles. Kinds the counters understand:
     "cache_hit"  a kernel/pipeline cache hit (counted, not kept in `events`)
     "submit"     one submission of queued GPU work (counted in `submits`, not kept)
     "replay"     a cn.capture replay: "kernels" launches in one submission
+    "move"       a tensor copied between devices (cn.Router's fallback); counted in `moves`
 A profiler of backend B sees the events of B and of every backend B wraps (`B.inner` chain).
 Backends may define `profile_start()` / `profile_stop()` (e.g. to turn GPU timestamps on) and
 `synchronize()`, which the profiler calls on exit so that timings are complete.
@@ -35,6 +36,7 @@ class Profile:
         self.cache_hits = 0
         self.cache_misses = 0
         self.submits = 0
+        self.moves = 0
 
     @property
     def gpu_time(self):
@@ -55,6 +57,8 @@ class Profile:
             return
         if kind == "replay":
             self.kernel_launches += event["kernels"]
+        if kind == "move":
+            self.moves += 1
         if kind == "compile":
             self.cache_misses += 1
         elif kind == "kernel":

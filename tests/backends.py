@@ -25,6 +25,10 @@ BACKENDS = {
     # WebAssembly SIMD kernels; on the desktop they run in a Node child process
     "wasm": lambda: cn.Wasm(),
     "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm()),
+    # cn.Router: tensors on its first member, on its second, and differentiated on the second
+    "router-numpy-python": lambda: cn.Router(cn.NumPy(), cn.Python()),
+    "router-numpy-python-device1": lambda: cn.Router(cn.NumPy(), cn.Python()).device(1),
+    "autodiff-router-numpy-python-device1": lambda: cn.Autodiff(cn.Router(cn.NumPy(), cn.Python()).device(1)),
 }
 
 # Backends whose float kernels are less exact than float32-rounded libm (GPU exp/erf/...): the
