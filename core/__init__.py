@@ -37,6 +37,7 @@ _LAZY_BACKENDS = {
     "Wgpu": ".wgpu",
     "Wasm": ".wasm",
     "Router": ".backends.router",
+    "Remote": ".backends.remote",
 }
 
 

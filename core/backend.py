@@ -143,6 +143,44 @@ PRIMITIVES = (
     "unfold2d", "fold2d",
 )
 
+# Each primitive's arguments in call order: "H" a handle, "Hs" a list of handles, other kinds
+# plain values ("op" an op-table name, "shape", "ints", "pair", "pairs", "int", "bool",
+# "number", "distribution", "dtype"). What a backend that forwards calls (cn.Router's moves,
+# cn.Remote's wire format) reads instead of knowing each primitive.
+SIGNATURES = {
+    "from_flat": ("shape", "dtype"), "full": ("shape", "number", "dtype"),
+    "random": ("shape", "distribution", "int", "dtype"), "to_flat": ("H",),
+    "unary": ("op", "H"), "binary": ("op", "H", "H"), "where": ("H", "H", "H"), "cast": ("H", "dtype"),
+    "reduce": ("op", "H", "int", "bool"), "matmul": ("H", "H"),
+    "reshape": ("H", "shape"), "permute": ("H", "ints"), "expand": ("H", "shape"),
+    "slice": ("H", "ints", "ints", "ints"), "cat": ("Hs", "int"), "pad": ("H", "pairs", "number"),
+    "gather": ("H", "int", "H"), "scatter_add": ("H", "int", "H", "H"),
+    "unfold2d": ("H", "pair", "pair", "pair", "pair", "number"),
+    "fold2d": ("H", "pair", "pair", "pair", "pair", "pair"),
+}
+HANDLE_KINDS = ("H", "Hs")
+
+
+def split_call(primitive, call):
+    """(handles, other arguments) of a primitive call's arguments, each in order."""
+    handles, args = [], []
+    for kind, v in zip(SIGNATURES[primitive], call):
+        if kind == "H":
+            handles.append(v)
+        elif kind == "Hs":
+            handles.extend(v)
+        else:
+            args.append(v)
+    return handles, args
+
+
+def join_call(primitive, handles, args):
+    """A primitive's call arguments from its handles and other arguments (split_call's inverse)."""
+    handles, args = iter(handles), iter(args)
+    return [list(handles) if kind == "Hs" else next(handles) if kind == "H" else next(args)
+            for kind in SIGNATURES[primitive]]
+
+
 # Semantics that are easy to get wrong, fixed once here for every backend:
 #   div        true division (the tensor layer casts int operands to float32 first)
 #   floordiv   floor(a / b) (Python semantics, rounds toward -inf); int: floordiv by 0 -> 0

@@ -24,22 +24,13 @@ move inside it reads data on the host and is refused with cn.CaptureError.
 
 import warnings
 
-from ..backend import Backend, PRIMITIVES, numel
+from ..backend import Backend, PRIMITIVES, join_call, numel, split_call
 from ..errors import ArgumentError, ArgumentTypeError
 from ..profile import ACTIVE as _PROFILING, record as _profile_event
 from ..tensor import Tensor
 
 # The primitives whose first argument names an op of the op table (its `unsupported_ops` key).
 _OP_PRIMITIVES = ("unary", "binary", "reduce")
-# Arguments of each primitive that are handles (position in the call, after `op` if any).
-_HANDLE_ARGS = {
-    "unary": (0,), "binary": (0, 1), "reduce": (0,), "where": (0, 1, 2), "cast": (0,),
-    "matmul": (0, 1), "reshape": (0,), "permute": (0,), "expand": (0,), "slice": (0,),
-    "cat": ("list",), "pad": (0,), "gather": (0, 2), "scatter_add": (0, 2, 3),
-    "unfold2d": (0,), "fold2d": (0,),
-}
-
-
 class Router(Backend):
     """Several backends behind one: tensors live on one member (`device(i)`); see the module
     docstring."""
@@ -68,8 +59,8 @@ class Router(Backend):
         for name in _OP_PRIMITIVES:
             if any(op in gaps for op in _op_names(name)):
                 setattr(self, name, self._op_with_fallback(name, gaps))
-        for name in _HANDLE_ARGS:
-            if name in gaps:
+        for name in PRIMITIVES:
+            if name in gaps and name != "to_flat":
                 setattr(self, name, self._with_fallback(name, name))
 
     def device(self, index):
@@ -137,18 +128,12 @@ class Router(Backend):
         """primitive(*args) run on the next member that supports `op` (named by the warning), its
         handles moved there and the result moved back."""
         source = self._member
-        positions = _HANDLE_ARGS[primitive]
-        offset = 1 if primitive in _OP_PRIMITIVES else 0
 
-        def run(*args):
+        def run(*call):
             target = self._helper_for(op)
-            args = list(args)
-            for p in positions:
-                if p == "list":
-                    args[0] = [self._move(h, source, target) for h in args[0]]
-                else:
-                    args[p + offset] = self._move(args[p + offset], source, target)
-            out = getattr(target, primitive)(*args)
+            handles, args = split_call(primitive, call)
+            moved = [self._move(h, source, target) for h in handles]
+            out = getattr(target, primitive)(*join_call(primitive, moved, args))
             return self._move(out, target, source)
         return run
 
