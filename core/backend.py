@@ -198,6 +198,7 @@ class Backend:
 
     name = "backend"
     unsupported_ops = {}  # {op name: why this backend has no kernel for it} (see above)
+    capture_refused = None  # why cn.capture must refuse fn on this backend (None: it may run)
 
     def device(self, index):
         """This backend placed on its device `index` (one device: only 0). cn.Router has several."""

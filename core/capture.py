@@ -28,7 +28,8 @@ Guards, because a replay cannot run fn's Python:
   * reading a value inside fn (item(), tolist(), numpy()) raises CaptureError with the line;
   * random ops draw seeds from cn.random's counter as they would uncaptured: a replay patches
     the seeds of its random kernels and advances the counter (same numbers as uncaptured runs).
-On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simply calls fn.
+On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simply calls fn;
+a backend that declares `capture_refused` (a reason: cn.Remote) makes it raise CaptureError.
 """
 
 import linecache
@@ -205,6 +206,9 @@ class Captured:
         tensors = [v for v in leaves if isinstance(v, Tensor)]
         top = tensors[0].backend if tensors else self.backend
         base = _chain(top)[-1] if top is not None else None
+        if base is not None and base.capture_refused:
+            raise CaptureError("cn.capture: fn computes on %r, which cannot be captured: %s"
+                               % (base, base.capture_refused))
         if base is None or not getattr(base, "capturable", False):
             return self.fn(*args, **kwargs)
         # Inputs as contiguous buffers of the base backend: what a replay binds.

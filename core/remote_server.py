@@ -53,8 +53,6 @@ class Session:
         self.peak = max(self.peak, self.bytes)
 
     def free(self, ids):
-        if not isinstance(ids, list):
-            raise WireError("free is a list of handle ids")
         for i in ids:
             value = self.values.pop(i, None) if isinstance(i, int) else None
             if value is not None:
@@ -64,11 +62,14 @@ class Session:
         """Run one frame's ops; returns the reply frames (one per read)."""
         ops = header.get("ops")
         if not isinstance(ops, list):
-            raise WireError("a frame after hello carries {\"ops\": [...], \"free\": [...]}")
+            raise WireError("a frame after hello carries {\"ops\": [...]}")
         replies, offset = [], 0
         for op in ops:
             if not isinstance(op, dict) or not isinstance(op.get("in", []), list):
                 raise WireError("an op is {\"op\", \"out\", \"in\", \"args\"}")
+            if op.get("op") == "free":
+                self.free(op["in"])
+                continue
             inputs = []
             for i in op.get("in", []):
                 if not isinstance(i, int) or i not in self.values:
@@ -86,7 +87,6 @@ class Session:
             offset += size
             self._store(op.get("out"), self._run(op.get("op"), op.get("args"), inputs, buffer))
             self.ops += 1
-        self.free(header.get("free", []))
         return replies
 
     def _run(self, primitive, args, inputs, buffer):

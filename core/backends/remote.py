@@ -49,6 +49,8 @@ class Remote(Backend):
     timeout: seconds to wait for the connection and for each read."""
 
     name = "remote"
+    capture_refused = ("its ops run on a server, one message per batch; a recording replays GPU "
+                       "kernel launches, and the server's are not recorded from here (run fn uncaptured)")
 
     def __init__(self, url, token=None, timeout=30.0):
         from websockets.sync.client import connect
@@ -102,14 +104,21 @@ class Remote(Backend):
         header["data"] = data
         return header
 
-    def _flush(self):
-        """Send the queued ops and the ids dropped meanwhile (caller holds the lock)."""
+    def _queue_frees(self):
+        """Queue a free of the handles dropped so far, here in the op stream: no later op can
+        read them, and the server gets their memory back before running the next ones."""
         freed = []
-        while self._freed:  # popleft is atomic: a handle dropped meanwhile is sent next time
+        while self._freed:  # popleft is atomic: a handle dropped meanwhile goes next time
             freed.append(self._freed.popleft())
-        if not self._ops and not freed:
+        if freed:
+            self._ops.append({"op": "free", "in": freed})
+
+    def _flush(self):
+        """Send the queued ops (caller holds the lock)."""
+        self._queue_frees()
+        if not self._ops:
             return
-        frame = pack({"ops": self._ops, "free": freed}, self._buffers)
+        frame = pack({"ops": self._ops}, self._buffers)
         self._ops, self._buffers, self._buffered = [], [], 0
         try:
             self._ws.send(frame)
@@ -123,6 +132,7 @@ class Remote(Backend):
             raise SizeLimitError("cn.Remote %s: a result of shape %s has more than the %d elements %s "
                                  "allows per tensor" % (primitive, shape, self.limits["max_elements"], self.url))
         with self._lock:
+            self._queue_frees()
             self._next_id += 1
             op = {"op": primitive, "out": self._next_id, "in": [h.id for h in handles],
                   "args": to_json(primitive, args)}

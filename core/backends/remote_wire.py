@@ -7,9 +7,10 @@ Every WebSocket message is one binary frame:
 
 Client -> server
     {"hello": 1, "token": T}                      first frame; anything else closes the socket
-    {"ops": [op, ...], "free": [id, ...]}         a batch of primitive ops, in order; then frees
+    {"ops": [op, ...]}                            a batch of primitive ops, run in order
         op = {"op": PRIMITIVE, "out": ID, "in": [ID, ...], "args": [...], "nbytes": N}
-        PRIMITIVE is a name of core/backend.py's PRIMITIVES (to_flat excepted) or "read";
+        PRIMITIVE is a name of core/backend.py's PRIMITIVES (to_flat excepted), "read", or
+        "free" ({"op": "free", "in": [ID, ...]}: handles the client dropped);
         "args" are that primitive's non-handle arguments as JSON (dtypes by name, see ARGS);
         "nbytes" only for from_flat, whose values come as a buffer (float32 '<f4', int32 '<i4',
         bool one byte each). A read {"op": "read", "in": [ID]} asks for a reply.
@@ -190,7 +191,8 @@ def result_meta(primitive, args, metas):
         return (x[:axis] + ((1,) if keepdim else ()) + x[axis + 1:]), ops.result_dtype(op, dtype)
     if primitive == "matmul":
         a, b = shapes
-        need(len(a) == len(b) >= 2 and a[-1] == b[-2] and dtype is dtypes.float32, "not a matmul")
+        need(len(a) == len(b) >= 2 and a[-1] == b[-2] and dtype is metas[1][1] is dtypes.float32,
+             "not a float32 matmul")
         batch = broadcast_shape(a[:-2], b[:-2]) if len(a) > 2 else ()
         return tuple(batch) + (a[-2], b[-1]), dtype
     if primitive == "reshape":
