@@ -88,6 +88,18 @@ def test_the_devices_of_a_router():
     assert_same_training(train(data, devices), train(data))
 
 
+def test_a_remote_device_trains_like_a_local_one():
+    from remote_support import start_server, url_of
+    server, token = start_server(cn.Python())
+    try:
+        devices = [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Remote(url_of(server), token=token))]
+        data = batches(3, 8)
+        assert_same_training(train(data, devices), train(data))
+        assert next(iter(server.sessions)).ops > 100  # the second shard really ran there
+    finally:
+        server.stop()
+
+
 def test_devices_must_record_gradients():
     with pytest.raises(cn.ArgumentTypeError, match="does not record gradients"):
         DataParallel(Net().to(HOME), [cn.NumPy()])
