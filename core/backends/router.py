@@ -24,13 +24,18 @@ move inside it reads data on the host and is refused with cn.CaptureError.
 
 import warnings
 
-from ..backend import Backend, PRIMITIVES, join_call, numel, split_call
+from ..backend import (Backend, BINARY_OPS, PRIMITIVES, REDUCE_OPS, UNARY_OPS, join_call, numel,
+                       split_call)
 from ..errors import ArgumentError, ArgumentTypeError
 from ..profile import ACTIVE as _PROFILING, record as _profile_event
 from ..tensor import Tensor
 
 # The primitives whose first argument names an op of the op table (its `unsupported_ops` key).
-_OP_PRIMITIVES = ("unary", "binary", "reduce")
+_OP_PRIMITIVES = {"unary": UNARY_OPS, "binary": BINARY_OPS, "reduce": REDUCE_OPS}
+# A member's optional extras that take its handles as they are (core/backend.py).
+_EXTRAS = ("to_numpy", "to_flat_async", "memory_stats", "empty_cache", "fused_adam", "element_bytes")
+
+
 class Router(Backend):
     """Several backends behind one: tensors live on one member (`device(i)`); see the module
     docstring."""
@@ -55,9 +60,9 @@ class Router(Backend):
         for name in PRIMITIVES + ("shape", "dtype", "custom", "synchronize", "assign"):
             setattr(self, name, getattr(member, name))
         # Only what this member cannot run is wrapped: every other primitive is its own method.
-        gaps = getattr(member, "unsupported_ops", {})
-        for name in _OP_PRIMITIVES:
-            if any(op in gaps for op in _op_names(name)):
+        gaps = member.unsupported_ops
+        for name, names in _OP_PRIMITIVES.items():
+            if any(op in gaps for op in names):
                 setattr(self, name, self._op_with_fallback(name, gaps))
         for name in PRIMITIVES:
             if name in gaps and name != "to_flat":
@@ -96,7 +101,7 @@ class Router(Backend):
     @property
     def unsupported_ops(self):
         """What no member can run (the rest falls back to a member that can)."""
-        gaps = [getattr(m, "unsupported_ops", {}) for m in self.members]
+        gaps = [m.unsupported_ops for m in self.members]
         return {op: why for op, why in gaps[0].items() if all(op in g for g in gaps[1:])}
 
     def device_key(self):
@@ -107,10 +112,9 @@ class Router(Backend):
         return head if self.index == 0 else "%s.device(%d)" % (head, self.index)
 
     def __getattr__(self, name):
-        # The member's optional extras (to_numpy, to_flat_async, memory_stats, fused_adam...).
-        if name.startswith("_") or name in ("members", "index"):
-            raise AttributeError(name)
-        return getattr(self._member, name)
+        if name in _EXTRAS:  # the member's optional extras, where it has them
+            return getattr(self._member, name)
+        raise AttributeError(name)
 
     # -- fallback -----------------------------------------------------------------------------
 
@@ -141,7 +145,7 @@ class Router(Backend):
         n = len(self.members)
         for step in range(1, n):
             j = (self.index + step) % n
-            if op not in getattr(self.members[j], "unsupported_ops", {}):
+            if op not in self.members[j].unsupported_ops:
                 key = (self.index, op)
                 if key not in self._warned:
                     self._warned.add(key)
@@ -156,10 +160,5 @@ class Router(Backend):
         shape, dtype = source.shape(h), source.dtype(h)
         if _PROFILING:
             _profile_event(self, {"kind": "move", "name": "move", "source": repr(source),
-                                  "target": repr(target), "bytes": 4 * numel(shape)})
+                                  "target": repr(target), "bytes": dtype.itemsize * numel(shape)})
         return target.from_flat(source.to_flat(h), shape, dtype)
-
-
-def _op_names(primitive):
-    from .. import backend
-    return {"unary": backend.UNARY_OPS, "binary": backend.BINARY_OPS, "reduce": backend.REDUCE_OPS}[primitive]
