@@ -59,3 +59,12 @@ class FirmwareSourcesMissing(FirmwareError):
 class BoardError(CindersError, RuntimeError):
     """A board that cannot be reached or used over its serial port: no device, no MicroPython
     answering, a bundle too large for its flash, an error raised on the board."""
+
+
+class RemoteError(CindersError, RuntimeError):
+    """A backend server (cn.Remote) refused the connection, closed it, or could not compute a
+    value (the message says which and why)."""
+
+
+class WireError(CindersError, ValueError):
+    """A cn.Remote frame that does not follow the wire format (the server closes that connection)."""

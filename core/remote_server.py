@@ -20,9 +20,9 @@ import threading
 import time
 
 from .backend import SIGNATURES, join_call
-from .backends.remote_wire import (RemoteError, WireError, decode_values, encode_values, from_json,
-                                   nbytes, pack, result_meta, unpack)
-from .errors import ArgumentError, SizeLimitError
+from .backends.remote_wire import (decode_values, encode_values, from_json, nbytes, pack, result_meta,
+                                   unpack)
+from .errors import ArgumentError, RemoteError, SizeLimitError, WireError
 
 DEFAULT_MAX_ELEMENTS = 1 << 26     # 256 MiB of float32 per tensor
 DEFAULT_MAX_BYTES = 1 << 30        # held per client

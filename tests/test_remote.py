@@ -19,7 +19,7 @@ import pytest
 from websockets.sync.client import connect
 
 import cinders as cn
-from cinders.backends.remote_wire import RemoteError, pack, unpack
+from cinders.backends.remote_wire import pack, unpack
 from cinders.models.mnist import MnistCNN
 from cinders.remote_server import BackendServer
 from remote_support import start_server, url_of
@@ -90,9 +90,18 @@ def test_ops_are_pipelined_until_a_value_is_read(served):
     assert session.ops >= 120 and session.reads == 1
 
 
+def test_two_connections_are_two_devices(served):
+    server, token, _ = served
+    a, b = cn.Remote(url_of(server), token=token), cn.Remote(url_of(server), token=token)
+    x, y = cn.ones(2, backend=a), cn.ones(2, backend=b)
+    with pytest.raises(cn.DeviceError, match="cn.Remote"):
+        x + y  # each connection's handles are its own on the server
+    assert (x + y.to(a)).tolist() == [2.0, 2.0]
+
+
 def test_tokens_are_required_and_compared(served, monkeypatch):
     server, token, lines = served
-    with pytest.raises(RemoteError, match="wrong token"):
+    with pytest.raises(cn.RemoteError, match="wrong token"):
         cn.Remote(url_of(server), token="not-the-token")
     monkeypatch.delenv("CINDERS_REMOTE_TOKEN", raising=False)
     with pytest.raises(cn.ArgumentError, match="token"):

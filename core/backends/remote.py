@@ -16,18 +16,20 @@ recording replays GPU launches, and a Remote has none here to record.
 """
 
 import collections
+import itertools
 import os
 import threading
 import weakref
 
 from .. import dtypes
 from ..backend import Backend, SIGNATURES, split_call
-from ..errors import ArgumentError, SizeLimitError
-from .remote_wire import (ERRORS, RemoteError, encode_values, decode_values, nbytes, pack, unpack,
+from ..errors import ArgumentError, RemoteError, SizeLimitError
+from .remote_wire import (ERRORS, encode_values, decode_values, nbytes, pack, unpack,
                           result_meta, to_json)
 
 BATCH_OPS = 256            # queued ops sent in one frame at the latest
 BATCH_BYTES = 4 << 20      # ... or once their buffers reach this size
+_connections = itertools.count()  # each Remote is its own session: its handles are its own
 
 
 class RemoteHandle:
@@ -39,7 +41,7 @@ class RemoteHandle:
         self.id, self.shape, self.dtype, self._freed = id, shape, dtype, freed
 
     def __del__(self):
-        self._freed.append(self.id)  # list.append is atomic: safe from any thread or the GC
+        self._freed.append(self.id)  # deque.append is atomic: safe from any thread or the GC
 
 
 class Remote(Backend):
@@ -58,6 +60,7 @@ class Remote(Backend):
         if not token:
             raise ArgumentError("cn.Remote(%r): give the server's token (token= or CINDERS_REMOTE_TOKEN)" % (url,))
         self.url, self.timeout = url, timeout
+        self._key = ("Remote", url, next(_connections))
         try:
             self._ws = connect(url, compression=None, max_size=None, open_timeout=timeout, legacy=True)
         except Exception as e:  # noqa: BLE001  (OSError, and websockets' handshake errors)
@@ -74,7 +77,7 @@ class Remote(Backend):
         weakref.finalize(self, self._ws.close)
 
     def device_key(self):
-        return ("Remote", self.url)
+        return self._key
 
     def __repr__(self):
         return "cn.Remote(%r)" % (self.url,)

@@ -33,22 +33,13 @@ import sys
 
 from .. import dtypes, ops
 from ..backend import HANDLE_KINDS, SIGNATURES, broadcast_shape, unfold2d_output_size
-from ..errors import (ArgumentError, CindersError, IndexingError, ShapeError, DTypeError,
-                      SizeLimitError)
+from ..errors import ArgumentError, IndexingError, ShapeError, DTypeError, SizeLimitError, WireError
 
 VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 _CODES = {dtypes.float32: "<f4", dtypes.int32: "<i4", dtypes.bool_: "u1"}
 # The errors a server may name; anything else arrives as a RemoteError.
 ERRORS = {cls.__name__: cls for cls in (ArgumentError, IndexingError, ShapeError, DTypeError, SizeLimitError)}
-
-
-class RemoteError(CindersError, RuntimeError):
-    """The server refused a connection or a message, or failed to compute a value."""
-
-
-class WireError(CindersError, ValueError):
-    """A frame that does not follow the wire format (the server closes that connection)."""
 
 
 def pack(header, buffers=()):
