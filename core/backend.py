@@ -198,7 +198,9 @@ class Backend:
 
     name = "backend"
     unsupported_ops = {}  # {op name: why this backend has no kernel for it} (see above)
-    capture_refused = None  # why cn.capture must refuse fn on this backend (None: it may run)
+    # True when cn.capture records this backend's own op stream (start_recording,
+    # stop_recording, compare_recordings, define_program, replay: cn.Remote) instead of kernels.
+    records_ops = False
 
     def device(self, index):
         """This backend placed on its device `index` (one device: only 0). cn.Router has several."""

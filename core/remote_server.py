@@ -27,6 +27,8 @@ from .errors import ArgumentError, RemoteError, SizeLimitError, WireError
 DEFAULT_MAX_ELEMENTS = 1 << 26     # 256 MiB of float32 per tensor
 DEFAULT_MAX_BYTES = 1 << 30        # held per client
 HELLO_TIMEOUT = 10.0
+MAX_PROGRAMS = 64          # captured programs one client may define
+MAX_PROGRAM_OPS = 1 << 16
 
 
 class _Value:
@@ -42,6 +44,7 @@ class Session:
     def __init__(self, server, peer):
         self.server, self.peer = server, peer
         self.values = {}
+        self.programs = {}  # id -> (steps, output references, number of inputs)
         self.bytes = self.peak = 0
         self.ops = self.reads = 0
 
@@ -70,6 +73,12 @@ class Session:
             if op.get("op") == "free":
                 self.free(op["in"])
                 continue
+            if op.get("op") == "program":
+                offset = self._define(op, data, offset)
+                continue
+            if op.get("op") == "replay":
+                self._replay(op)
+                continue
             inputs = []
             for i in op.get("in", []):
                 if not isinstance(i, int) or i not in self.values:
@@ -88,6 +97,66 @@ class Session:
             self._store(op.get("out"), self._run(op.get("op"), op.get("args"), inputs, buffer))
             self.ops += 1
         return replies
+
+    # -- programs (cn.capture): a recorded op stream, run again for new inputs -----------------
+
+    def _define(self, op, data, offset):
+        """Store a program: its ops (references instead of ids: ("w", k) the result of its op
+        k, ("i", k) input k, ("s", id) a tensor this client holds) and their buffers."""
+        pid, ops, outputs = op.get("program"), op.get("ops"), op.get("outputs")
+        if not isinstance(pid, int) or pid in self.programs or len(self.programs) >= MAX_PROGRAMS:
+            raise WireError("program id %r is not new (or more than %d programs)" % (pid, MAX_PROGRAMS))
+        if not isinstance(ops, list) or not isinstance(outputs, list) or len(ops) > MAX_PROGRAM_OPS:
+            raise WireError("a program is {\"ops\": [...], \"outputs\": [...]}, at most %d ops" % MAX_PROGRAM_OPS)
+        steps, inputs = [], 0
+        for k, entry in enumerate(ops + [{"op": "outputs", "in": outputs}]):
+            if not isinstance(entry, dict) or not isinstance(entry.get("in"), list):
+                raise WireError("program op #%d is not {\"op\", \"in\", \"args\"}" % k)
+            for ref in entry["in"]:
+                if not (isinstance(ref, list) and len(ref) == 2 and ref[0] in ("w", "i", "s")
+                        and isinstance(ref[1], int) and not isinstance(ref[1], bool)
+                        and (0 <= ref[1] < k if ref[0] == "w" else 0 <= ref[1] < 1024 if ref[0] == "i"
+                             else ref[1] in self.values)):
+                    raise WireError("program op #%d reads %r, which is not an earlier op, an input or "
+                                    "a tensor this client holds" % (k, ref))
+                if ref[0] == "i":
+                    inputs = max(inputs, ref[1] + 1)
+            size = entry.get("nbytes", 0)
+            if not isinstance(size, int) or size < 0 or offset + size > len(data):
+                raise WireError("program op #%d: nbytes %r overruns the frame's buffers" % (k, size))
+            steps.append((entry.get("op"), entry.get("args"), entry["in"], bytes(data[offset:offset + size])))
+            offset += size
+        self.programs[pid] = (steps[:-1], outputs, inputs)
+        self.bytes += sum(len(step[3]) for step in steps)
+        return offset
+
+    def _replay(self, op):
+        program = self.programs.get(op.get("program"))
+        ins, outs = op.get("in"), op.get("outs")
+        if program is None or not isinstance(ins, list) or not isinstance(outs, list):
+            raise WireError("replay names no program of this client")
+        steps, outputs, inputs = program
+        if len(ins) < inputs or len(outs) != len(outputs) or any(i not in self.values for i in ins):
+            raise WireError("replay: %d inputs held, %d outputs (the program takes %d and makes %d)"
+                            % (len(ins), len(outs), inputs, len(outputs)))
+        made = []
+        missing = _Value(None, (), None, 0, ("ArgumentError", "replay: a tensor the program reads was freed"))
+
+        def value(ref):
+            kind, k = ref
+            return made[k] if kind == "w" else self.values[ins[k]] if kind == "i" else self.values.get(k, missing)
+
+        try:
+            for primitive, args, refs, buffer in steps:
+                made.append(self._run(primitive, args, [value(r) for r in refs], memoryview(buffer)))
+                self.bytes += made[-1].nbytes
+                self.peak = max(self.peak, self.bytes)
+            self.ops += len(steps)
+        finally:
+            self.bytes -= sum(v.nbytes for v in made)
+        for ref, out in zip(outputs, outs):
+            v = value(ref)
+            self._store(out, _Value(v.handle, v.shape, v.dtype, v.nbytes, v.error))
 
     def _run(self, primitive, args, inputs, buffer):
         """The value of one op, or an error value (never raises for a bad argument)."""
@@ -225,6 +294,7 @@ class BackendServer:
             with self._sessions_lock:
                 self.sessions.discard(session)
             session.values.clear()
+            session.programs.clear()
             self.log("serve-backend: %s: %d ops, %d reads, peak %d bytes, %.1f s, %s"
                      % (peer, session.ops, session.reads, session.peak, time.time() - started, why))
 

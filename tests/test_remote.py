@@ -207,6 +207,12 @@ def _fuzz_frames(rng, ids):
         lambda: pack({"ops": [{"op": "from_flat", "out": 8, "in": [], "args": [[4], "float32"], "nbytes": 999}]}),
         lambda: pack({"ops": [{"op": "read", "in": [4242]}]}),
         lambda: pack({"ops": [{"op": "free", "in": "x"}]}),
+        lambda: pack({"ops": [{"op": "program", "program": 1, "ops": "x", "outputs": []}]}),
+        lambda: pack({"ops": [{"op": "program", "program": 2, "ops": [{"op": "unary", "in": [["s", 999999]],
+                                                                       "args": ["exp"]}], "outputs": []}]}),
+        lambda: pack({"ops": [{"op": "program", "program": 3, "ops": [{"op": "unary", "in": [["w", 0]],
+                                                                       "args": ["exp"]}], "outputs": []}]}),
+        lambda: pack({"ops": [{"op": "replay", "program": 77, "in": [1], "outs": [5]}]}),
         lambda: "text, not binary",
     ]
     # Well-formed frames with wrong arguments: error values, the connection stays.
@@ -262,13 +268,64 @@ def test_fuzzed_frames_close_only_their_connection(served):
     assert sum("malformed frame" in line for line in lines) == closed
 
 
-def test_capture_of_a_remote_forward_is_refused(served):
+def test_a_captured_forward_replays_on_the_server_in_one_message(served):
     server, token, _ = served
     remote = cn.Remote(url_of(server), token=token)
-    model = cn.nn.Linear(4, 2).to(remote)
-    x = cn.ones(3, 4, backend=remote)
-    with pytest.raises(cn.CaptureError, match="cannot be captured: its ops run on a server"):
-        cn.capture(model)(x)
+    cn.manual_seed(0)
+    model = MnistCNN().to(remote).eval()
+    fast = cn.capture(model)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        x = cn.tensor(rng.random((2, 1, 28, 28), dtype=np.float32), backend=remote)
+        np.testing.assert_allclose(fast(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-7)
+    assert (fast.captures, fast.replays) == (1, 2)
+    session = next(iter(server.sessions))
+    x.tolist()
+    before = session.ops
+    with cn.profile(remote) as p:
+        y = fast(x)
+    assert y.backend is remote and y.shape == (2, 10)
+    assert [e["kind"] for e in p.events] == ["replay"] and p.kernel_launches > 20
+    np.testing.assert_allclose(y.numpy(), fast(x).numpy(), rtol=0, atol=0)
+    # The server ran the program's ops for each replay; the client sent one op per call.
+    assert session.ops - before == 2 * p.kernel_launches
+
+
+def test_capture_guards_on_a_remote(served):
+    server, token, _ = served
+    remote = cn.Remote(url_of(server), token=token)
+    x = cn.tensor([0.5, -1.0], backend=remote)
+    calls = [0]
+
+    def branches(t):
+        calls[0] += 1
+        return t.exp() if calls[0] % 2 else t.tanh()
+
+    def reads(t):
+        return t * float((t * 2.0).sum().item())
+
+    def draws(t):
+        return t + cn.random((2,), backend=remote)
+
+    state = {"w": cn.tensor([1.0, 2.0], backend=remote)}
+
+    def replaces(t):
+        out = t * state["w"]
+        state["w"] = state["w"] + 1.0  # a new tensor: the replay would read the old one
+        return out
+
+    for fn, message in ((branches, "other ops than the first"), (reads, "reads a tensor's value"),
+                        (draws, "draws random numbers"), (replaces, "replaced between calls")):
+        fast = cn.capture(fn)
+        with pytest.raises(cn.CaptureError, match=message):
+            for _ in range(3):
+                fast(x)
+    # A guarded call still returned its result (the Learner falls back on it).
+    fast = cn.capture(branches)
+    fast(x), fast(x)
+    with pytest.raises(cn.CaptureError) as e:
+        fast(x)
+    assert e.value.result.shape == (2,)
 
 
 def test_the_cli_serves_on_127_0_0_1_and_insists_on_a_token():

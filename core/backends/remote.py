@@ -11,8 +11,9 @@ and user kernels (their reference in primitives) run here and send primitives. O
 pipelined: each returns a handle at once (the client knows its shape and dtype), and queued ops
 go out in batches when a value is read, `synchronize()` is called, or the batch is large.
 Handles the client drops are freed on the server with the next batch; a disconnect frees
-everything the client held. `cn.capture` of a Remote forward is refused (CaptureError): a
-recording replays GPU launches, and a Remote has none here to record.
+everything the client held. `cn.capture(fn)` records the ops fn sends and, once two calls
+sent the same ones, defines them as a program on the server: a replay is one message (the
+server runs the ops, checked like any others), with no Python per op here.
 """
 
 import collections
@@ -51,8 +52,7 @@ class Remote(Backend):
     timeout: seconds to wait for the connection and for each read."""
 
     name = "remote"
-    capture_refused = ("its ops run on a server, one message per batch; a recording replays GPU "
-                       "kernel launches, and the server's are not recorded from here (run fn uncaptured)")
+    records_ops = True  # cn.capture records the op stream and replays it on the server
 
     def __init__(self, url, token=None, timeout=30.0):
         from websockets.sync.client import connect
@@ -74,6 +74,8 @@ class Remote(Backend):
         self._next_id = 0
         self._ops, self._buffers, self._buffered = [], [], 0
         self._freed = collections.deque()  # ids of dropped handles, freed with the next batch
+        self._recording = None             # cn.capture: [(op, buffer, input handles)] being recorded
+        self._programs = itertools.count(1)
         weakref.finalize(self, self._ws.close)
 
     def device_key(self):
@@ -144,6 +146,8 @@ class Remote(Backend):
                 self._buffers.append(buffer)
                 self._buffered += len(buffer)
             self._ops.append(op)
+            if self._recording is not None:
+                self._recording.append((op, buffer, handles))
             handle = RemoteHandle(self._next_id, tuple(shape), dtype, self._freed)
             if len(self._ops) >= BATCH_OPS or self._buffered >= BATCH_BYTES:
                 self._flush()
@@ -160,6 +164,9 @@ class Remote(Backend):
         return self._op("from_flat", [], [tuple(shape), dtype], encode_values(values, dtype))
 
     def to_flat(self, h):
+        if self._recording is not None:
+            from ..capture import reading_while_recording
+            raise reading_while_recording()
         with self._lock:
             self._ops.append({"op": "read", "in": [h.id]})
             self._flush()
@@ -169,6 +176,112 @@ class Remote(Backend):
         if "error" in reply:
             raise ERRORS.get(reply.get("type"), RemoteError)(reply["error"])
         return decode_values(reply["data"], dtypes.from_name(reply["dtype"]))
+
+
+    # -- cn.capture: a recorded op stream becomes a program the server replays --------------------
+
+    def start_recording(self, inputs):
+        self._recording = []
+        self._recording_inputs = [h.id for h in inputs]
+
+    def stop_recording(self):
+        recording = _Recording(self._recording, self._recording_inputs)
+        self._recording = None
+        return recording
+
+    def compare_recordings(self, first, second):
+        """CaptureError at the first difference between two recordings of one signature."""
+        from ..capture import CaptureError
+        a, b = first.canonical(), second.canonical()
+        if any(x["op"] == "random" for x, _ in b):
+            raise CaptureError("cn.capture: fn draws random numbers on %r; a replay on the server would "
+                               "draw the same ones every call" % (self,))
+        for k, ((x, xb), (y, yb)) in enumerate(zip(a, b)):
+            if x == y and xb == yb:
+                continue
+            if x["op"] == y["op"] and x["args"] == y["args"] and [r[0] for r in x["in"]] == [r[0] for r in y["in"]] \
+                    and "s" in [r[0] for r in x["in"]] and x["in"] != y["in"]:
+                raise CaptureError("cn.capture: op #%d (%s) reads a tensor that fn replaced between calls "
+                                   "(a replay would keep reading the old one)" % (k, x["op"]))
+            what = "%s, was %s" % (y["op"], x["op"]) if x["op"] != y["op"] else "%s with other arguments" % y["op"]
+            raise CaptureError("cn.capture: the second call of fn sent other ops than the first: op #%d is "
+                               "%s (fn's Python must run the same ops with the same constants every call)"
+                               % (k, what))
+        if len(a) != len(b):
+            raise CaptureError("cn.capture: the second call of fn sent other ops than the first: %d ops, "
+                               "then %d" % (len(a), len(b)))
+
+    def define_program(self, recording, inputs, outputs):
+        """Send the recording as a program (its ops, with the tensors it reads from before the
+        call kept alive here) and return what `replay` takes."""
+        ops = recording.canonical()
+        refs = recording.refs()
+        program = RemoteProgram(next(self._programs), len(ops), [(h.shape, h.dtype) for h in outputs],
+                                recording.state_handles())
+        with self._lock:
+            self._queue_frees()
+            self._ops.append({"op": "program", "program": program.id, "ops": [op for op, _ in ops],
+                              "outputs": [refs(h.id) for h in outputs]})
+            for _, buffer in ops:
+                if buffer:
+                    self._buffers.append(buffer)
+            self._flush()
+        return program
+
+    def replay(self, program, inputs):
+        """The program run on the server for these inputs: handles of its outputs (not waited for)."""
+        with self._lock:
+            self._queue_frees()
+            outs = []
+            for shape, dtype in program.outputs:
+                self._next_id += 1
+                outs.append(RemoteHandle(self._next_id, shape, dtype, self._freed))
+            self._ops.append({"op": "replay", "program": program.id, "in": [h.id for h in inputs],
+                              "outs": [h.id for h in outs]})
+            if len(self._ops) >= BATCH_OPS:
+                self._flush()
+        return outs
+
+
+class RemoteProgram:
+    """A program on the server: its id, op count, outputs' (shape, dtype), and the handles it
+    reads that existed before the recorded call (kept alive, so never freed under it). It lives
+    as long as the connection."""
+
+    def __init__(self, id, ops, outputs, state):
+        self.id, self.ops, self.outputs, self.state = id, ops, outputs, state
+
+
+class _Recording:
+    """The ops one call of fn sent, seen as a program: each handle it reads is ("w", k) the
+    result of its own op k, ("i", k) fn's tensor argument k, or ("s", id) a tensor made before."""
+
+    def __init__(self, entries, inputs):
+        self.entries = [e for e in entries if e[0]["op"] != "free"]
+        self.inputs = {id: k for k, id in enumerate(inputs)}
+        self.made = {op["out"]: k for k, (op, _, _) in enumerate(self.entries)}
+
+    def refs(self):
+        def ref(id):
+            if id in self.made:
+                return ["w", self.made[id]]
+            return ["i", self.inputs[id]] if id in self.inputs else ["s", id]
+        return ref
+
+    def canonical(self):
+        """[(op with references in place of ids, buffer)]: equal for two calls that did the same."""
+        ref = self.refs()
+        out = []
+        for op, buffer, _ in self.entries:
+            entry = {"op": op["op"], "in": [ref(i) for i in op["in"]], "args": op["args"]}
+            if buffer is not None:
+                entry["nbytes"] = len(buffer)
+            out.append((entry, buffer))
+        return out
+
+    def state_handles(self):
+        return [h for _, _, handles in self.entries for h in handles
+                if h.id not in self.made and h.id not in self.inputs]
 
 
 def _primitive(name):

@@ -9,8 +9,10 @@ Client -> server
     {"hello": 1, "token": T}                      first frame; anything else closes the socket
     {"ops": [op, ...]}                            a batch of primitive ops, run in order
         op = {"op": PRIMITIVE, "out": ID, "in": [ID, ...], "args": [...], "nbytes": N}
-        PRIMITIVE is a name of core/backend.py's PRIMITIVES (to_flat excepted), "read", or
-        "free" ({"op": "free", "in": [ID, ...]}: handles the client dropped);
+        PRIMITIVE is a name of core/backend.py's PRIMITIVES (to_flat excepted), "read",
+        "free" ({"op": "free", "in": [ID, ...]}: handles the client dropped), or for cn.capture
+        "program" ({"program": P, "ops": [op with references for ids], "outputs": [ref]}, see
+        remote_server.Session._define) and "replay" ({"program": P, "in": [ID], "outs": [ID]});
         "args" are that primitive's non-handle arguments as JSON (dtypes by name, see ARGS);
         "nbytes" only for from_flat, whose values come as a buffer (float32 '<f4', int32 '<i4',
         bool one byte each). A read {"op": "read", "in": [ID]} asks for a reply.
