@@ -19,12 +19,14 @@ server runs the ops, checked like any others), with no Python per op here.
 import collections
 import itertools
 import os
+import sys
 import threading
 import weakref
 
 from .. import dtypes
 from ..backend import Backend, SIGNATURES, split_call
 from ..errors import ArgumentError, RemoteError, SizeLimitError
+from .remote_socket import BrowserSocket, DesktopSocket
 from .remote_wire import (ERRORS, encode_values, decode_values, nbytes, pack, unpack,
                           result_meta, to_json)
 
@@ -55,28 +57,44 @@ class Remote(Backend):
     records_ops = True  # cn.capture records the op stream and replays it on the server
 
     def __init__(self, url, token=None, timeout=30.0):
-        from websockets.sync.client import connect
+        if sys.platform == "emscripten":
+            raise RemoteError("cn.Remote in the browser: `remote = await cn.Remote.open(url, token=...)` "
+                              "(the page's WebSocket opens asynchronously)")
+        self._start(url, token, timeout, DesktopSocket(url, timeout))
+        self._accept(self._receive())
+
+    @classmethod
+    async def open(cls, url, token=None, timeout=30.0):
+        """cn.Remote(url, token=) where connecting is awaited: in the browser (Pyodide, on the
+        page's own WebSocket; read values with `await t.to_data_async()`); elsewhere the same
+        as the constructor."""
+        if sys.platform != "emscripten":
+            return cls(url, token, timeout)
+        remote = cls.__new__(cls)
+        remote._start(url, token, timeout, await BrowserSocket.open(url, timeout))
+        remote._accept(await remote._receive_async())
+        return remote
+
+    def _start(self, url, token, timeout, socket):
         token = token if token is not None else os.environ.get("CINDERS_REMOTE_TOKEN")
         if not token:
+            socket.close()
             raise ArgumentError("cn.Remote(%r): give the server's token (token= or CINDERS_REMOTE_TOKEN)" % (url,))
-        self.url, self.timeout = url, timeout
+        self.url, self.timeout, self._socket = url, timeout, socket
         self._key = ("Remote", url, next(_connections))
-        try:
-            self._ws = connect(url, compression=None, max_size=None, open_timeout=timeout, legacy=True)
-        except Exception as e:  # noqa: BLE001  (OSError, and websockets' handshake errors)
-            raise RemoteError("cn.Remote: cannot connect to %s: %s" % (url, e)) from None
-        self._ws.send(pack({"hello": 1, "token": token}))
-        reply = self._receive()
-        if "limits" not in reply:
-            raise RemoteError("cn.Remote: %s refused the connection: %s" % (url, reply.get("fatal", reply)))
-        self.limits = reply["limits"]
         self._lock = threading.Lock()
         self._next_id = 0
         self._ops, self._buffers, self._buffered = [], [], 0
         self._freed = collections.deque()  # ids of dropped handles, freed with the next batch
         self._recording = None             # cn.capture: [(op, buffer, input handles)] being recorded
         self._programs = itertools.count(1)
-        weakref.finalize(self, self._ws.close)
+        weakref.finalize(self, socket.close)
+        socket.send(pack({"hello": 1, "token": token}))
+
+    def _accept(self, reply):
+        if "limits" not in reply:
+            raise RemoteError("cn.Remote: %s refused the connection: %s" % (self.url, reply))
+        self.limits = reply["limits"]
 
     def device_key(self):
         return self._key
@@ -92,17 +110,17 @@ class Remote(Backend):
 
     def close(self):
         """Disconnect (the server frees everything this client held)."""
-        self._ws.close()
+        self._socket.close()
 
     # -- the wire ------------------------------------------------------------------------------
 
     def _receive(self):
-        try:
-            frame = self._ws.recv(timeout=self.timeout)
-        except TimeoutError:
-            raise RemoteError("cn.Remote: %s did not answer within %s s" % (self.url, self.timeout)) from None
-        except Exception as e:  # noqa: BLE001  (closed connections)
-            raise RemoteError("cn.Remote: the connection to %s is closed: %s" % (self.url, e)) from None
+        return self._header(self._socket.receive(self.timeout))
+
+    async def _receive_async(self):
+        return self._header(await self._socket.receive_async(self.timeout))
+
+    def _header(self, frame):
         header, data = unpack(frame)
         if "fatal" in header:
             raise RemoteError("cn.Remote: %s closed the connection: %s" % (self.url, header["fatal"]))
@@ -125,10 +143,7 @@ class Remote(Backend):
             return
         frame = pack({"ops": self._ops}, self._buffers)
         self._ops, self._buffers, self._buffered = [], [], 0
-        try:
-            self._ws.send(frame)
-        except Exception as e:  # noqa: BLE001
-            raise RemoteError("cn.Remote: the connection to %s is closed: %s" % (self.url, e)) from None
+        self._socket.send(frame)
 
     def _op(self, primitive, handles, args, buffer=None):
         shape, dtype = result_meta(primitive, args, [(h.shape, h.dtype) for h in handles])
@@ -164,19 +179,36 @@ class Remote(Backend):
         return self._op("from_flat", [], [tuple(shape), dtype], encode_values(values, dtype))
 
     def to_flat(self, h):
+        if self._socket.awaits:
+            raise RemoteError("cn.Remote in the browser: read with `await t.to_data_async()` (a page "
+                              "cannot wait for the network without awaiting)")
+        with self._lock:  # one read in flight per thread at a time: its reply is the next frame
+            self._send_read(h)
+            return self._values(h, self._receive())
+
+    async def to_flat_async(self, h):
+        """to_flat, awaiting the reply (the browser's way: `await t.to_data_async()`)."""
+        if not self._socket.awaits:
+            return self.to_flat(h)
+        with self._lock:
+            self._send_read(h)
+        # Replies come in the order of the reads, and awaiting readers get them in that order.
+        return self._values(h, await self._receive_async())
+
+    def _send_read(self, h):
+        """Queue a read of h and send the batch (caller holds the lock)."""
         if self._recording is not None:
             from ..capture import reading_while_recording
             raise reading_while_recording()
-        with self._lock:
-            self._ops.append({"op": "read", "in": [h.id]})
-            self._flush()
-            reply = self._receive()
+        self._ops.append({"op": "read", "in": [h.id]})
+        self._flush()
+
+    def _values(self, h, reply):
         if reply.get("read") != h.id:
             raise RemoteError("cn.Remote: %s answered %r to a read of tensor %d" % (self.url, reply, h.id))
         if "error" in reply:
             raise ERRORS.get(reply.get("type"), RemoteError)(reply["error"])
         return decode_values(reply["data"], dtypes.from_name(reply["dtype"]))
-
 
     # -- cn.capture: a recorded op stream becomes a program the server replays --------------------
 
