@@ -247,7 +247,6 @@ class Captured:
         # The outputs live in the program's workspace, which the next replay overwrites.
         return entry.program.hand_out(out)
 
-
     def _call_op_stream(self, base, leaves, tensors, args, kwargs):
         """The same three calls for a backend that records its own op stream and replays it
         where the ops run (cn.Remote: on the server, one message per call). Its recordings
