@@ -195,9 +195,12 @@ class Session:
         if value.error is not None:
             kind, message = value.error
             return pack({"read": id, "error": message, "type": kind})
-        with self.server.lock:
-            flat = self.server.backend.to_flat(value.handle)
-        raw = encode_values(flat, value.dtype)
+        try:
+            with self.server.lock:
+                flat = self.server.backend.to_flat(value.handle)
+            raw = encode_values(flat, value.dtype)
+        except Exception as e:  # noqa: BLE001  (a device error: this value's, not the server's)
+            return pack({"read": id, "error": str(e), "type": type(e).__name__})
         return pack({"read": id, "shape": list(value.shape), "dtype": value.dtype.name, "nbytes": len(raw)}, [raw])
 
 

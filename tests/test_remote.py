@@ -200,6 +200,7 @@ def _fuzz_frames(rng, ids):
         lambda: bytes(rng.randrange(256) for _ in range(rng.randrange(12))),
         lambda: struct.pack("<I", rng.randrange(1 << 32)) + b"{}",
         lambda: struct.pack("<I", 5) + b"{nope",
+        lambda: struct.pack("<I", 100000) + b"[" * 100000,  # nested past the parser's recursion limit
         lambda: pack([1, 2, 3]),
         lambda: pack({"ops": "all"}),
         lambda: pack({"ops": [good, dict(good)]}),  # one id twice
@@ -222,6 +223,7 @@ def _fuzz_frames(rng, ids):
         {"op": "full", "args": [[2], "x", "float32"]},
         {"op": "reshape", "in": ids[:1], "args": [[7, 7]]},
         {"op": "unary", "in": ids[:1], "args": ["__import__"]},
+        {"op": "unary", "in": ids[1:2], "args": ["exp"]},  # exp of int32: the tensor layer casts first
         {"op": "exec", "args": ["print(1)"]},
         {"op": "matmul", "in": ids[:2], "args": []},  # float32 @ int32
         {"op": "unfold2d", "in": ids[:1], "args": [[0, 0], [0, 0], [0, 0], [0, 0], 0]},

@@ -59,8 +59,8 @@ def unpack(frame):
         raise WireError("header length %d does not fit the frame of %d bytes" % (n, len(frame)))
     try:
         header = json.loads(bytes(frame[4:4 + n]).decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WireError("the header is not UTF-8 JSON: %s" % (e,)) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise WireError("the header is not UTF-8 JSON: %s" % (type(e).__name__,)) from None
     if not isinstance(header, dict):
         raise WireError("the header is a JSON object, got %s" % type(header).__name__)
     return header, memoryview(frame)[4 + n:]
@@ -163,6 +163,8 @@ def result_meta(primitive, args, metas):
     if primitive in ("from_flat", "full", "random"):
         return tuple(args[0]), args[-1]
     x, dtype = (shapes[0], metas[0][1]) if metas else (None, None)
+    if primitive in ("unary", "binary", "reduce"):  # operands come cast as the tensor layer casts them
+        need(ops.input_dtype(args[0], dtype) is dtype, "%s does not take %s operands" % (args[0], dtype.name))
     if primitive == "unary":
         need(ops.OPS[args[0]].kind == "unary", "not a unary op")
         return x, ops.result_dtype(args[0], dtype)
