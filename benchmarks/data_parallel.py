@@ -3,6 +3,7 @@ model and data, one run. JSON lines (and --out FILE).
 
     .venv/bin/python benchmarks/data_parallel.py [--backend numpy|python|wgpu] [--model cnn|mlp]
         [--batch 128] [--steps 20] [--adapters 0,1] [--devices 2] [--out results.jsonl]
+    models: cnn, mlp (MNIST-sized images), transformer (a 2-layer encoder on 32-token sequences)
 
 --backend wgpu trains on cn.Autodiff(cn.Wgpu(adapter=A)) per adapter of --adapters (on a
 machine with two GPUs: `--adapters 0,1`; the indices are wgpu's enumerate_adapters order, or a
@@ -27,6 +28,40 @@ from cinders.nn import functional as F
 from cinders.train.data_parallel import DataParallel
 
 
+class TinyTransformer(cn.nn.Module):
+    """A small transformer classifier: token embedding, two encoder layers (d 64, 4 heads, no
+    dropout: the runs must match), mean over the sequence, a linear head."""
+
+    def __init__(self, vocab=64, d_model=64, classes=10):
+        super().__init__()
+        self.embed = cn.nn.Embedding(vocab, d_model)
+        self.layers = [cn.nn.TransformerEncoderLayer(d_model, 4, 128, dropout=0.0, batch_first=True)
+                       for _ in range(2)]
+        self.head = cn.nn.Linear(d_model, classes)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(axis=1))
+
+
+MODELS = {"cnn": MnistCNN, "mlp": MnistMLP, "transformer": TinyTransformer}
+
+
+def make_batches(args):
+    """Seeded random data: 28x28 images for the MNIST models, 32-token sequences otherwise."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(args.steps + 2):
+        if args.model == "transformer":
+            x = rng.integers(0, 64, (args.batch, 32)).astype(np.int32)
+        else:
+            x = rng.random((args.batch, 1, 28, 28), dtype=np.float32)
+        batches.append((x, rng.integers(0, 10, args.batch).astype(np.int32)))
+    return batches
+
+
 def emit(row, out):
     line = json.dumps(row, sort_keys=True)
     print(line, flush=True)
@@ -47,7 +82,7 @@ def device_list(args):
 def run(devices, args, batches):
     home = devices[0]
     cn.manual_seed(0)
-    model = {"cnn": MnistCNN, "mlp": MnistMLP}[args.model]().to(home)
+    model = MODELS[args.model]().to(home)
     opt = cn.optim.Adam(1e-3)
     step = DataParallel(model, devices)
     times, losses = [], []
@@ -64,16 +99,14 @@ def run(devices, args, batches):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="numpy", choices=["numpy", "python", "wgpu"])
-    parser.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
+    parser.add_argument("--model", default="cnn", choices=sorted(MODELS))
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--devices", type=int, default=2, help="copies of a CPU backend")
     parser.add_argument("--adapters", default="0,1", help="wgpu adapters, comma-separated")
     parser.add_argument("--out")
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    batches = [(rng.random((args.batch, 1, 28, 28), dtype=np.float32),
-                rng.integers(0, 10, args.batch).astype(np.int32)) for _ in range(args.steps + 2)]
+    batches = make_batches(args)
     devices = device_list(args)
     results = {}
     for count in (1, len(devices)):
