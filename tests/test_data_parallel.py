@@ -68,7 +68,8 @@ def test_shard_sizes_cover_the_batch_evenly():
     lambda: [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.NumPy())],
     lambda: [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Python())],
     lambda: [cn.Autodiff(cn.Python()), cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.NumPy())],
-], ids=["numpy+numpy", "numpy+python", "python+numpy+numpy"])
+    lambda: [cn.Autodiff(cn.Python()), cn.Autodiff(cn.Python())],  # the model's own device computes nothing
+], ids=["numpy+numpy", "numpy+python", "python+numpy+numpy", "python+python"])
 def test_two_devices_train_like_one(devices):
     data = batches(6, 16)
     assert_same_training(train(data, devices()), train(data))
