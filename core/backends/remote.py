@@ -4,6 +4,7 @@
     x = cn.tensor(data, backend=remote)
     y = (x @ x.T).softmax(axis=-1)        # sent, not waited for
     y.tolist()                            # the one round trip
+    # in a page (Pyodide): remote = await cn.Remote.open(url, token=...); await y.to_data_async()
 
 Only the backend protocol's primitives cross the wire, as data (core/backends/remote_wire.py:
 JSON headers, raw little-endian buffers): composites, Autodiff (`cn.Autodiff(cn.Remote(...))`)
