@@ -351,3 +351,15 @@ def test_the_cli_serves_on_127_0_0_1_and_insists_on_a_token():
     server.stdout.close()
     server.stderr.close()
     assert re.search(r"serve-backend: 127\.0\.0\.1:\d+: \d+ ops, 1 reads", log), log
+
+
+def test_a_stopped_server_is_a_clear_error_on_the_client():
+    server, token = start_server(cn.NumPy())
+    remote = cn.Remote(url_of(server), token=token)
+    x = cn.ones(3, backend=remote)
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    server.stop()
+    with pytest.raises(cn.RemoteError, match="closed"):
+        (x + 1.0).tolist()
+    with pytest.raises(cn.RemoteError, match="cannot connect"):
+        cn.Remote(url_of(server), token=token, timeout=5)
