@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bool, like torch.bool)
 from .errors import (CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError,
-                     ArgumentError, ArgumentTypeError, IndexingError, SizeLimitError, InputError)
+                     ArgumentError, ArgumentTypeError, IndexingError, SizeLimitError, InputError, RemoteError)
 from . import limits
 from .backend import Backend
 from .tensor import (
@@ -36,6 +36,8 @@ _LAZY_BACKENDS = {
     "Python": ".backends.python_backend",
     "Wgpu": ".wgpu",
     "Wasm": ".wasm",
+    "Router": ".backends.router",
+    "Remote": ".backends.remote",
 }
 
 

@@ -128,6 +128,13 @@ class Gradients:
         node = handle.node if isinstance(handle, Var) else None
         return self._by_node.get(node) if node is not None else None
 
+    @classmethod
+    def of(cls, pairs):
+        """Gradients from (tensor, gradient) pairs, tensors being leaves that require grad:
+        how data-parallel training hands the averaged gradients of several backward passes to
+        an optimizer."""
+        return cls({tensor.handle.node: grad for tensor, grad in pairs})
+
     def __len__(self):
         return len(self._by_node)
 
@@ -162,6 +169,11 @@ class Autodiff(Backend):
 
     def device_key(self):
         return self._key
+
+    def device(self, index):
+        """Autodiff over the inner backend's device `index` (a cn.Router's member)."""
+        inner = self._inner.device(index)
+        return self if inner is self._inner else Autodiff(inner)
 
     @property
     def shares_constants(self):

@@ -86,6 +86,14 @@ Synchronisation
 also offer `async to_flat_async(h)` (the browser cannot block). Backends may implement
 `memory_stats()` and `synchronize()`.
 
+Declared gaps and devices
+-------------------------
+`unsupported_ops = {op: reason}` (class or instance attribute; empty by default) names the ops
+of the op table (or primitives) a backend has no kernel for, each with its reason: the tensor
+layer fails loudly on them, tests/test_op_table.py accepts the gap only with the reason, and
+cn.Router runs them on another member. `device(index)` is the backend placed on its device
+`index` (`cn.tensor(x, backend=b, device=i)`); a backend bound to one device has only device 0.
+
 Optimizer kernels
 -----------------
 The optimizers use `fused_adam(p, g, m, v, beta1, beta2, step_size, eps) -> p'` when
@@ -159,6 +167,44 @@ PRIMITIVES = (
 )
 OPTIONAL_PRIMITIVES = ("conv2d",)
 
+# Each primitive's arguments in call order: "H" a handle, "Hs" a list of handles, other kinds
+# plain values ("op" an op-table name, "shape", "ints", "pair", "pairs", "int", "bool",
+# "number", "distribution", "dtype"). What a backend that forwards calls (cn.Router's moves,
+# cn.Remote's wire format) reads instead of knowing each primitive.
+SIGNATURES = {
+    "from_flat": ("shape", "dtype"), "full": ("shape", "number", "dtype"),
+    "random": ("shape", "distribution", "int", "dtype"), "to_flat": ("H",),
+    "unary": ("op", "H"), "binary": ("op", "H", "H"), "where": ("H", "H", "H"), "cast": ("H", "dtype"),
+    "reduce": ("op", "H", "int", "bool"), "matmul": ("H", "H"),
+    "reshape": ("H", "shape"), "permute": ("H", "ints"), "expand": ("H", "shape"),
+    "slice": ("H", "ints", "ints", "ints"), "cat": ("Hs", "int"), "pad": ("H", "pairs", "number"),
+    "gather": ("H", "int", "H"), "scatter_add": ("H", "int", "H", "H"),
+    "unfold2d": ("H", "pair", "pair", "pair", "pair", "number"),
+    "fold2d": ("H", "pair", "pair", "pair", "pair", "pair"),
+}
+HANDLE_KINDS = ("H", "Hs")
+
+
+def split_call(primitive, call):
+    """(handles, other arguments) of a primitive call's arguments, each in order."""
+    handles, args = [], []
+    for kind, v in zip(SIGNATURES[primitive], call):
+        if kind == "H":
+            handles.append(v)
+        elif kind == "Hs":
+            handles.extend(v)
+        else:
+            args.append(v)
+    return handles, args
+
+
+def join_call(primitive, handles, args):
+    """A primitive's call arguments from its handles and other arguments (split_call's inverse)."""
+    handles, args = iter(handles), iter(args)
+    return [list(handles) if kind == "Hs" else next(handles) if kind == "H" else next(args)
+            for kind in SIGNATURES[primitive]]
+
+
 # Semantics that are easy to get wrong, fixed once here for every backend:
 #   div        true division (the tensor layer casts int operands to float32 first)
 #   floordiv   floor(a / b) (Python semantics, rounds toward -inf); int: floordiv by 0 -> 0
@@ -175,6 +221,18 @@ class Backend:
     """
 
     name = "backend"
+    unsupported_ops = {}  # {op name: why this backend has no kernel for it} (see above)
+    # True when cn.capture records this backend's own op stream (start_recording,
+    # stop_recording, compare_recordings, define_program, replay: cn.Remote) instead of kernels.
+    records_ops = False
+
+    def device(self, index):
+        """This backend placed on its device `index` (one device: only 0). cn.Router has several."""
+        if index != 0:
+            from .errors import ArgumentError
+            raise ArgumentError("%r has one device (0), not device %r; cn.Router(*backends) has several"
+                                % (self, index))
+        return self
 
     # Declared abilities (see "Abilities" above): read, never probed with hasattr or class names.
     differentiable = False    # records gradients: backward(), detach(), to_inner() (cn.Autodiff)

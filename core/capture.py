@@ -44,6 +44,8 @@ from `capture_recorder()` one recorder per device (cn.Wgpu: wgpu_backend/capture
                             copies)
 Everything else here (guards, comparison, rebinding inputs, seeds, host values) is shared.
 The state of a capture in progress is per thread: a data loader thread beside it is not recorded.
+A backend that declares `records_ops` (cn.Remote) records its own op stream instead, and a
+replay is one call to `base.replay` (cn.Remote: one message; the server runs the ops).
 """
 
 import linecache
@@ -227,6 +229,8 @@ class Captured:
         tensors = [v for v in leaves if isinstance(v, Tensor)]
         top = tensors[0].backend if tensors else self.backend
         base = _chain(top)[-1] if top is not None else None
+        if base is not None and base.records_ops:
+            return self._call_op_stream(base, leaves, tensors, args, kwargs)
         if base is None or not base.capturable:
             return self.fn(*args, **kwargs)
         recorder = base.capture_recorder()
@@ -265,14 +269,56 @@ class Captured:
         # The outputs live in the program's workspace, which the next replay overwrites.
         return entry.program.hand_out(out)
 
+    def _call_op_stream(self, base, leaves, tensors, args, kwargs):
+        """The same three calls for a backend that records its own op stream and replays it
+        where the ops run (cn.Remote: on the server, one message per call). Its recordings
+        compare themselves (`base.compare_recordings` raises CaptureError at the first
+        difference); reading a value inside fn raises as on a GPU."""
+        based = [_to_base(t) for t in tensors]
+        key = tuple(_signature_of(v) for v in leaves)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        if entry.program is not None:
+            self.replays += 1
+            if _PROFILING:
+                _profile_event(base, {"kind": "replay", "name": self.__name__, "kernels": entry.program.ops})
+            handles = base.replay(entry.program, [b.handle for b in based])
+            return _rebuild(entry.template, iter(_from_base(Tensor(base, h, shape, dtype), chain)
+                                              for h, (chain, shape, dtype) in zip(handles, entry.outputs)))
+        if not entry.warm:
+            entry.warm = True
+            return self.fn(*args, **kwargs)
+        base.start_recording([b.handle for b in based])
+        try:
+            out = self.fn(*args, **kwargs)
+            outputs = [(_chain(t.backend), _to_base(t)) for t in _leaves(out, []) if isinstance(t, Tensor)]
+        finally:
+            recording = base.stop_recording()
+        if entry.first is None:
+            entry.first = recording
+            return out
+        try:
+            base.compare_recordings(entry.first, recording)
+            entry.program = base.define_program(recording, [b.handle for b in based],
+                                                [b.handle for _, b in outputs])
+        except CaptureError as e:
+            e.result = out
+            raise
+        entry.first, entry.template = None, out
+        entry.outputs = [(chain, b.shape, b.dtype) for chain, b in outputs]
+        self.captures += 1
+        return out
+
 
 class _Entry:
-    __slots__ = ("warm", "first", "program")
+    __slots__ = ("warm", "first", "program", "outputs", "template")
 
     def __init__(self):
         self.warm = False
         self.first = None    # the first call's recording, kept until the second confirms it
         self.program = None
+        self.outputs = self.template = None  # op-stream programs: output (chain, shape, dtype), fn's result
 
 
 class _Recording:

@@ -587,6 +587,22 @@ def import_onnx(args):
     return 0
 
 
+# ---------------------------------------------------------------- serve-backend
+
+@command("serve-backend", "serve a backend's primitive ops to cn.Remote clients over WebSocket (token required)", [
+    arg("--backend", default="numpy", choices=["numpy", "python", "wgpu"], help="backend to serve (default: numpy)"),
+    arg("--port", type=port_number, default=8765, help="port (default 8765; 0: any free port)"),
+    arg("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"),
+    arg("--token", default=os.environ.get("CINDERS_REMOTE_TOKEN"),
+        help="the secret clients must present (default: $CINDERS_REMOTE_TOKEN; required, >= 8 characters)"),
+    arg("--max-elements", type=positive_int, default=1 << 26, help="largest tensor a client may make (elements)"),
+    arg("--max-bytes", type=positive_int, default=1 << 30, help="bytes one client may hold at once"),
+])
+def serve_backend(args):
+    from cinders.remote_server import main as serve
+    return serve(args.backend, args.port, args.token, args.host, args.max_elements, args.max_bytes)
+
+
 # ---------------------------------------------------------------- main
 
 def build_parser():

@@ -57,9 +57,12 @@ def _infer_dtype(flat):
 _NUMPY_KIND = {"b": bool_, "i": int32, "u": int32, "f": float32}
 
 
-def tensor(data, backend=None, dtype=None):
-    """A tensor from (nested lists of) Python numbers, a NumPy array, or another Tensor."""
+def tensor(data, backend=None, dtype=None, device=None):
+    """A tensor from (nested lists of) Python numbers, a NumPy array, or another Tensor.
+    device: the backend's device to place it on (`backend.device(device)`, e.g. a cn.Router's)."""
     backend = backend or default_backend()
+    if device is not None:
+        backend = backend.device(device)
     if isinstance(data, Tensor):
         out = data.to(backend)
         return out if dtype is None else out.cast(dtype)

@@ -89,3 +89,11 @@ class BoardError(CindersError, RuntimeError):
     answering, a bundle too large for its flash, an error raised on the board."""
 
     multiline = True  # the board's traceback
+
+class RemoteError(CindersError, RuntimeError):
+    """A backend server (cn.Remote) refused the connection, closed it, or could not compute a
+    value (the message says which and why)."""
+
+
+class WireError(CindersError, ValueError):
+    """A cn.Remote frame that does not follow the wire format (the server closes that connection)."""

@@ -16,6 +16,7 @@ nobody profiles. Kinds the counters understand:
     "replay"     a cn.capture replay: "kernels" launches in one submission
     "read"       the host read a tensor's values ("bytes" of them; tolist, item, numpy, to, ...):
                  on a GPU the CPU waits for the device there, and cn.capture refuses it
+    "move"       a tensor copied between devices (cn.Router's fallback); counted in `moves`
 A profiler of backend B sees the events of B and of every backend B wraps (`B.inner` chain).
 Backends may define `profile_start()` / `profile_stop()` (e.g. to turn GPU timestamps on) and
 `synchronize()`, which the profiler calls on exit so that timings are complete.
@@ -39,6 +40,7 @@ class Profile:
         self.cache_misses = 0
         self.submits = 0
         self.device_reads = 0
+        self.moves = 0
 
     @property
     def gpu_time(self):
@@ -61,6 +63,8 @@ class Profile:
             self.kernel_launches += event["kernels"]
         if kind == "read":
             self.device_reads += 1
+        if kind == "move":
+            self.moves += 1
         if kind == "compile":
             self.cache_misses += 1
         elif kind == "kernel":

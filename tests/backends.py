@@ -12,6 +12,8 @@ import os
 
 import cinders as cn
 
+import remote_support
+
 BACKENDS = {
     "python": lambda: cn.Python(),
     "numpy": lambda: cn.NumPy(),
@@ -25,6 +27,14 @@ BACKENDS = {
     # WebAssembly SIMD kernels; on the desktop they run in a Node child process
     "wasm": lambda: cn.Wasm(),
     "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm()),
+    # cn.Router: tensors on its first member, on its second, and differentiated on the second
+    "router-numpy-python": lambda: cn.Router(cn.NumPy(), cn.Python()),
+    "router-numpy-python-device1": lambda: cn.Router(cn.NumPy(), cn.Python()).device(1),
+    "autodiff-router-numpy-python-device1": lambda: cn.Autodiff(cn.Router(cn.NumPy(), cn.Python()).device(1)),
+    # cn.Remote through `cinders serve-backend`'s server, started on 127.0.0.1 by the tests
+    "remote-numpy": lambda: remote_support.remote("numpy"),
+    "remote-python": lambda: remote_support.remote("python"),
+    "autodiff-remote-numpy": lambda: cn.Autodiff(remote_support.remote("numpy")),
 }
 
 # Backends whose float kernels are less exact than float32-rounded libm (GPU exp/erf/...): the

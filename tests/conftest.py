@@ -30,3 +30,8 @@ def backend(backend_name):
     if isinstance(made, str):
         pytest.fail("backend %r could not be created:\n%s" % (backend_name, made), pytrace=False)
     return made
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import remote_support
+    remote_support.stop_all()  # the cn.Remote rows' servers (tests/backends.py)

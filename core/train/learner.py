@@ -21,6 +21,11 @@ default (`capture="auto"`): after three ordinary steps per batch shape it replay
 kernels in one submit, with no Python per kernel. The Learner says whether it does, and why not
 (grad_clip reads the gradient norm on the host; a CaptureError falls back to plain steps).
 capture=True insists (an error if the step cannot be captured), False never captures.
+
+`devices=[b1, b2, ...]` trains data-parallel (core/train/data_parallel.py): each batch is split
+over the devices, forward and backward run per device in threads, the gradients are averaged
+weighted by shard size and the optimizer steps once; the same result as one device with the
+same batch, up to float rounding. Such a step is not captured.
 """
 
 import itertools
@@ -35,6 +40,7 @@ from ..capture import CaptureError, capture as _capture
 from ..optim import clip_grad_norm
 from .checkpoint import load_checkpoint, save_checkpoint
 from .dashboard import dashboard_for
+from .data_parallel import DataParallel
 from .log import plot_curves, write_logs
 from .metrics import Accuracy, Loss
 
@@ -102,7 +108,7 @@ class _StopRequest:
 
 class Learner:
     def __init__(self, model, optimizer, loss, metrics=None, out_dir=None, early_stopping=None,
-                 grad_clip=None, dashboard="auto", title="training", capture="auto"):
+                 grad_clip=None, dashboard="auto", title="training", capture="auto", devices=None):
         self.model = model
         self.optimizer = optimizer
         self.loss = loss
@@ -117,10 +123,15 @@ class Learner:
             raise ValueError("Learner: capture must be 'auto', True or False, got %r" % (capture,))
         self.capture = capture
         self._captured = None  # the cn.capture of the step, once decided
+        self.parallel = DataParallel(model, devices) if devices is not None else None
 
     # -- the step ------------------------------------------------------------------------------
 
     def _step(self, inputs, targets):
+        if self.parallel is not None:
+            self.model, output, loss = self.parallel.step(self.model, self.optimizer, self.loss, inputs,
+                                                          targets, self.grad_clip)
+            return output, loss
         output = self.model(inputs)
         loss = self.loss(output, targets)
         grads = loss.backward()
@@ -135,7 +146,9 @@ class Learner:
         base = backend
         while base is not None and base.inner is not None:
             base = base.inner
-        if base is None or not base.capturable:
+        if self.parallel is not None:
+            why = "a data-parallel step runs on several devices, in threads"
+        elif base is None or not base.capturable:
             why = "%r launches no GPU kernels" % (base,)
         elif self.grad_clip:
             why = "grad_clip reads the gradient norm on the host every step"

@@ -1,0 +1,125 @@
+"""Data-parallel training throughput: one device against two (or more), same global batch, same
+model and data, one run. JSON lines (and --out FILE).
+
+    .venv/bin/python benchmarks/data_parallel.py [--backend numpy|python|wgpu] [--model cnn|mlp]
+        [--batch 128] [--steps 20] [--adapters 0,1] [--devices 2] [--out results.jsonl]
+    models: cnn, mlp (MNIST-sized images), transformer (a 2-layer encoder on 32-token sequences)
+
+--backend wgpu trains on cn.Autodiff(cn.Wgpu(adapter=A)) per adapter of --adapters (on a
+machine with two GPUs: `--adapters 0,1`; the indices are wgpu's enumerate_adapters order, or a
+substring of an adapter's description); CPU backends use --devices copies of the backend.
+Rows: per configuration (devices=1, devices=N) samples_per_s (median step over --steps after
+two warm-up steps) and the loss after each step; then a ratio row (N devices / 1) and the
+largest loss difference between the two runs (they train the same model on the same batches,
+so it is float rounding). Data: seeded random 28x28 images and labels (the timing does not
+depend on them).
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import cinders as cn
+from cinders.models.mnist import MnistCNN, MnistMLP
+from cinders.nn import functional as F
+from cinders.train.data_parallel import DataParallel
+
+
+class TinyTransformer(cn.nn.Module):
+    """A small transformer classifier: token embedding, two encoder layers (d 64, 4 heads, no
+    dropout: the runs must match), mean over the sequence, a linear head."""
+
+    def __init__(self, vocab=64, d_model=64, classes=10):
+        super().__init__()
+        self.embed = cn.nn.Embedding(vocab, d_model)
+        self.layers = [cn.nn.TransformerEncoderLayer(d_model, 4, 128, dropout=0.0, batch_first=True)
+                       for _ in range(2)]
+        self.head = cn.nn.Linear(d_model, classes)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(axis=1))
+
+
+MODELS = {"cnn": MnistCNN, "mlp": MnistMLP, "transformer": TinyTransformer}
+
+
+def make_batches(args):
+    """Seeded random data: 28x28 images for the MNIST models, 32-token sequences otherwise."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(args.steps + 2):
+        if args.model == "transformer":
+            x = rng.integers(0, 64, (args.batch, 32)).astype(np.int32)
+        else:
+            x = rng.random((args.batch, 1, 28, 28), dtype=np.float32)
+        batches.append((x, rng.integers(0, 10, args.batch).astype(np.int32)))
+    return batches
+
+
+def emit(row, out):
+    line = json.dumps(row, sort_keys=True)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+def device_list(args):
+    if args.backend == "wgpu":
+        from cinders.wgpu import Wgpu
+        adapters = [int(a) if a.isdigit() else a for a in args.adapters.split(",")]
+        return [cn.Autodiff(Wgpu(adapter=a)) for a in adapters]
+    make = {"numpy": cn.NumPy, "python": cn.Python}[args.backend]
+    return [cn.Autodiff(make()) for _ in range(args.devices)]
+
+
+def run(devices, args, batches):
+    home = devices[0]
+    cn.manual_seed(0)
+    model = MODELS[args.model]().to(home)
+    opt = cn.optim.Adam(1e-3)
+    step = DataParallel(model, devices)
+    times, losses = [], []
+    for i, (x, y) in enumerate(batches):
+        x, y = cn.tensor(x, backend=home), cn.tensor(y, backend=home)
+        t0 = time.perf_counter()
+        model, _, loss = step.step(model, opt, F.cross_entropy, x, y)
+        losses.append(loss.item())
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return args.batch / statistics.median(times), losses
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "python", "wgpu"])
+    parser.add_argument("--model", default="cnn", choices=sorted(MODELS))
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--devices", type=int, default=2, help="copies of a CPU backend")
+    parser.add_argument("--adapters", default="0,1", help="wgpu adapters, comma-separated")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    batches = make_batches(args)
+    devices = device_list(args)
+    results = {}
+    for count in (1, len(devices)):
+        rate, losses = run(devices[:count], args, batches)
+        results[count] = rate, losses
+        emit({"bench": "data_parallel", "backend": args.backend, "model": args.model, "batch": args.batch,
+              "devices": count, "device_list": [repr(d) for d in devices[:count]],
+              "samples_per_s": round(rate, 1), "losses": [round(v, 5) for v in losses]}, args.out)
+    (one, l1), (many, ln) = results[1], results[len(devices)]
+    emit({"bench": "data_parallel", "backend": args.backend, "model": args.model, "devices": len(devices),
+          "ratio_throughput": round(many / one, 2),
+          "max_loss_difference": float(max(abs(a - b) for a, b in zip(l1, ln)))}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Data-parallel training (Learner(devices=[...])) equals single-device training on the same
+global batches, to float tolerance: two NumPy devices, NumPy + Python, uneven shards, a Router's
+two devices, and a whole Learner.fit on real digits."""
+
+import random
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders.data import DataLoader, Subset
+from cinders.data.mnist import MnistBatcher, MnistDigits
+from cinders.models.mnist import MnistMLP
+from cinders.nn import functional as F
+from cinders.train import Accuracy, Learner, Loss
+from cinders.train.data_parallel import DataParallel, shard_sizes
+
+HOME = cn.Autodiff(cn.NumPy())
+
+
+class Net(cn.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = cn.nn.Linear(6, 8)
+        self.b = cn.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(self.a(x).gelu())
+
+
+def batches(count, rows, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((rows, 6)).astype(np.float32), rng.integers(0, 3, rows).astype(np.int32))
+            for _ in range(count)]
+
+
+def train(data, devices=None, optimizer=None):
+    cn.manual_seed(0)
+    model = Net().to(HOME)
+    opt = optimizer or cn.optim.Adam(1e-2)
+    step = DataParallel(model, devices) if devices else None
+    losses = []
+    for x, y in data:
+        x, y = cn.tensor(x, backend=HOME), cn.tensor(y, backend=HOME)
+        if step is None:
+            loss = F.cross_entropy(model(x), y)
+            model = opt.step(model, loss.backward())
+        else:
+            model, output, loss = step.step(model, opt, F.cross_entropy, x, y)
+            assert output.shape == (x.shape[0], 3) and output.backend is HOME
+        losses.append(loss.item())
+    return {k: v.numpy() for k, v in model.state_dict().items()}, losses
+
+
+def assert_same_training(got, want):
+    (gw, gl), (ww, wl) = got, want
+    np.testing.assert_allclose(gl, wl, rtol=1e-5, atol=1e-6)
+    for k in ww:
+        np.testing.assert_allclose(gw[k], ww[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert not np.allclose(gw["a.weight"], train([], None)[0]["a.weight"])  # it did train
+
+
+def test_shard_sizes_cover_the_batch_evenly():
+    assert shard_sizes(8, 2) == [4, 4] and shard_sizes(7, 3) == [3, 2, 2] and shard_sizes(1, 2) == [1, 0]
+
+
+@pytest.mark.parametrize("devices", [
+    lambda: [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.NumPy())],
+    lambda: [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Python())],
+    lambda: [cn.Autodiff(cn.Python()), cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.NumPy())],
+    lambda: [cn.Autodiff(cn.Python()), cn.Autodiff(cn.Python())],  # the model's own device computes nothing
+], ids=["numpy+numpy", "numpy+python", "python+numpy+numpy", "python+python"])
+def test_two_devices_train_like_one(devices):
+    data = batches(6, 16)
+    assert_same_training(train(data, devices()), train(data))
+
+
+def test_uneven_shards_are_weighted_by_size():
+    # 7 rows over 2 devices (4 + 3), and a last batch of 1 row (the second device idles).
+    data = batches(4, 7) + batches(1, 1, seed=5)
+    devices = [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Python())]
+    assert_same_training(train(data, devices, cn.optim.SGD(0.1)), train(data, None, cn.optim.SGD(0.1)))
+
+
+def test_the_devices_of_a_router():
+    router = cn.Router(cn.NumPy(), cn.Python())
+    devices = [cn.Autodiff(router), cn.Autodiff(router).device(1)]
+    data = batches(4, 10)
+    assert_same_training(train(data, devices), train(data))
+
+
+def test_a_remote_device_trains_like_a_local_one():
+    from remote_support import start_server, url_of
+    server, token = start_server(cn.Python())
+    try:
+        devices = [cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Remote(url_of(server), token=token))]
+        data = batches(3, 8)
+        assert_same_training(train(data, devices), train(data))
+        assert next(iter(server.sessions)).ops > 100  # the second shard really ran there
+    finally:
+        server.stop()
+
+
+def test_devices_must_record_gradients():
+    with pytest.raises(cn.ArgumentTypeError, match="does not record gradients"):
+        DataParallel(Net().to(HOME), [cn.NumPy()])
+
+
+def test_learner_fit_on_two_devices_equals_one_device():
+    digits = MnistDigits("train")
+    pick = sorted(random.Random(0).sample(range(len(digits)), 192))
+
+    def fit(devices):
+        cn.manual_seed(0)
+        model = MnistMLP(hidden=16).to(HOME)
+        loader = DataLoader(Subset(digits, pick), 48, shuffle=True, seed=0, batcher=MnistBatcher(HOME))
+        learner = Learner(model, cn.optim.Adam(3e-3), F.cross_entropy, metrics=[Accuracy(), Loss()],
+                          dashboard=None, devices=devices)
+        history = learner.fit(loader, epochs=2)
+        return history, {k: v.numpy() for k, v in learner.model.state_dict().items()}
+
+    (h1, w1), (h2, w2) = fit(None), fit([cn.Autodiff(cn.NumPy()), cn.Autodiff(cn.Python())])
+    assert h2[-1]["train_loss"] < h2[0]["train_loss"]
+    for a, b in zip(h1, h2):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["train_accuracy"] == a["train_accuracy"]
+    for k in w1:
+        np.testing.assert_allclose(w2[k], w1[k], rtol=1e-4, atol=1e-5, err_msg=k)
