@@ -50,6 +50,7 @@ replay is one call to `base.replay` (cn.Remote: one message; the server runs the
 
 import linecache
 import sys
+import gc
 import threading
 
 
@@ -347,6 +348,20 @@ class _Recording:
 
 
 def _record(fn, args, kwargs, base, recorder, inputs):
+    # Both recordings of a call must bind the same pattern of buffers, and a buffer returns to
+    # the pool when its last tensor dies: cyclic garbage (Autodiff tapes, an earlier model's
+    # leftovers) must not die at a different point of each. Collected now, none during the call.
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _record_without_gc(fn, args, kwargs, base, recorder, inputs)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _record_without_gc(fn, args, kwargs, base, recorder, inputs):
     start = _seed_counter[0]
     recorder.start()  # (work queued before the call is not part of it)
     _state.capturing.append(base)

@@ -272,3 +272,23 @@ def test_capture_state_is_per_thread():
         # calls 1-3 run step (the 2nd and 3rd recording); the 4th is a replay, no Python
         assert seen == ({"capturing": False, "values": [3.0, 6.0, 9.0]} if call < 3 else {})
     assert fast.captures == 1 and fast.replays == 1
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_a_tensor_made_from_a_list_inside_fn_keeps_its_values_in_every_replay(stack):
+    """Gather indices made with cn.tensor inside fn (as ONNX Pad's reflect mode does) are
+    uploaded once, while recording; a replay runs only the kernels. After the index tensor dies,
+    a later result of the same size must not take its buffer, or the next replay gathers with
+    that result's numbers (Silero VAD's replays drifted so)."""
+    backend = STACKS[stack]()
+    x = cn.tensor(np.arange(256, dtype=np.float32), backend=backend)
+
+    def f(x):
+        y = x[cn.tensor(list(range(255, -1, -1)), backend=backend, dtype=cn.int32)]   # 1 KB, like y
+        return (y * 2.0 + 1.0) * 3.0
+
+    want = f(x).numpy()
+    replayed = cn.capture(f)
+    for _ in range(5):
+        assert np.array_equal(replayed(x).numpy(), want)
+    assert replayed.replays == 2

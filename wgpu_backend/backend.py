@@ -163,9 +163,10 @@ class Wgpu(Backend):
         self.device.flush()
         self.device.timing -= 1
 
-    def _new(self, shape, dtype, unplaced=False):
+    def _new(self, shape, dtype, unplaced=False, fresh=False):
         """A new contiguous handle. unplaced: its buffer is chosen only when its launch is
-        settled, possibly a dead input's (pool.py, "In-place results")."""
+        settled, possibly a dead input's (pool.py, "In-place results"); fresh: a buffer no kernel
+        has used."""
         shape = tuple(shape)
         nbytes = 4 * math.prod(shape)
         pool = self._rt.pool
@@ -174,7 +175,7 @@ class Wgpu(Backend):
                 "cn.Wgpu: a %s tensor of shape %s needs %d bytes, more than this device's "
                 "maxStorageBufferBindingSize of %d bytes (%s); split it into smaller tensors"
                 % (dtype.name, shape, nbytes, pool.limit, self.device.name))
-        storage = pool.unplaced(nbytes) if unplaced else pool.allocate(nbytes)
+        storage = pool.unplaced(nbytes) if unplaced else pool.allocate(nbytes, fresh=fresh)
         return GpuArray(storage, shape, row_major_strides(shape), 0, dtype)
 
     def _pipeline(self, key, build, name):
@@ -265,9 +266,16 @@ class Wgpu(Backend):
                 data = array(code, values)
             except TypeError:
                 data = array(code, [int(v) if code == "i" else float(v) for v in values])
-        out = self._new(shape, dtype)
+        # Recording (cn.capture): a replay will not upload these values again, so they get a
+        # buffer no kernel has used and that none reuses before the program reserves it
+        # (BufferPool.pin); both recordings of a call then bind the same pattern of buffers.
+        recording = self.device.recording_here() if len(data) else None
+        out = self._new(shape, dtype, fresh=recording is not None)
         if len(data):
             self.device.write_buffer(out.storage.raw, 0, data.tobytes())
+        if recording is not None:
+            recording.uploaded.append(out.storage.raw)
+            self.pool.pin(out.storage.raw)
         return out
 
     def full(self, shape, value, dtype):

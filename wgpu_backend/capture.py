@@ -30,6 +30,7 @@ class LaunchRecorder:
         """End the calling thread's recording: (launches, allocated) with launches [Launch] and
         allocated {id(buffer): (buffer, launches before it)}."""
         recording = self.device.stop_recording()
+        self.pool.unpin(recording.uploaded)   # the program reserves those its kernels read
         return recording.launches, recording.allocated
 
     def owns(self, handle_backend):

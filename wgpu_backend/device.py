@@ -72,14 +72,16 @@ class Dispatch:
 
 
 class Recording:
-    """What one thread's capture collects: its launches, and the buffers handed out meanwhile
-    ({id(raw): (raw, how many launches preceded it)})."""
+    """What one thread's capture collects: its launches, the buffers handed out meanwhile
+    ({id(raw): (raw, how many launches preceded it)}), and the buffers the host wrote data into
+    (a replay does not write them again, so they must keep that data: see BufferPool.pin)."""
 
-    __slots__ = ("launches", "allocated")
+    __slots__ = ("launches", "allocated", "uploaded")
 
     def __init__(self):
         self.launches = []
         self.allocated = {}
+        self.uploaded = []
 
 
 class Launch:

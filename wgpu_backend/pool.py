@@ -118,6 +118,8 @@ class BufferPool:
         self._reserved_idle = {}    # id -> (raw, size class): theirs, held by no tensor
         self._unreserved = deque()  # id lists of programs that died (handed back by finalizers)
         self.reserved_bytes = 0
+        self._pinned = set()        # ids of buffers uploaded into while a thread records
+        self._pinned_idle = {}      # id -> (raw, size class): pinned ones their tensor let go of
 
     def allocate(self, nbytes, fresh=False):
         """A Storage of at least nbytes (the caller checked the device limit); fresh: a buffer
@@ -207,7 +209,26 @@ class BufferPool:
                 self.reserved_bytes += cls
                 self._reserved_idle[id(raw)] = (raw, cls)
                 continue
+            if id(raw) in self._pinned:
+                self._pinned_idle[id(raw)] = (raw, cls)
+                continue
             self._pool_buffer(raw, cls)
+
+    def pin(self, raw):
+        """Keep `raw` out of the pool until unpin: the host wrote data into it during a recording
+        (a tensor made from a list inside a captured function, e.g. gather indices). A replay
+        runs only the recorded kernels, so no later kernel of the same recording may reuse it as
+        an output after its tensor dies; kept out until the program reserves it (capture.keep)."""
+        with self.device.lock:
+            self._pinned.add(id(raw))
+
+    def unpin(self, raws):
+        with self.device.lock:
+            for raw in raws:
+                self._pinned.discard(id(raw))
+                found = self._pinned_idle.pop(id(raw), None)
+                if found is not None:
+                    self._pool_buffer(*found)
 
     def _pool_buffer(self, raw, cls):
         self.pooled_bytes += cls

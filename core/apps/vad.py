@@ -14,9 +14,8 @@ maximum duration is not offered.
 """
 
 from .. import audio
-from ..capture import CaptureError, capture
+from ..capture import capture
 from ..creation import tensor, zeros
-from ..dtypes import int32
 from ..errors import InputError
 
 SAMPLE_RATE = 16000
@@ -26,19 +25,23 @@ STATE_SHAPE = (2, 1, 128)
 
 
 class VoiceActivity:
-    """Speech probability per 512-sample chunk of 16 kHz audio, carrying the model's state."""
+    """Speech probability per 512-sample chunk of 16 kHz audio, carrying the model's state.
+    model: a silero_vad.onnx path or bytes (default: the shipped one), or a Module that
+    cinders.onnx.load made with fixed_inputs={"sr": 16000}."""
 
     def __init__(self, model=None, backend=None):
         from ..onnx import load
         from .shipped import model_path
-        if model is None or isinstance(model, str):
-            model = load(model or model_path("silero_vad.onnx"), backend=backend)
+        if model is None or isinstance(model, (str, bytes)):
+            # The sample rate is fixed: the graph's If on it is decided at import, so a call reads
+            # nothing from the device and cn.capture can replay it.
+            model = load(model or model_path("silero_vad.onnx"), backend=backend,
+                         fixed_inputs={"sr": SAMPLE_RATE})
         self.model = model
         self.backend = backend
         # Every chunk has the same shapes: from the fourth on, a GPU backend replays the recorded
         # kernels of one model call (cn.capture) instead of running Python per kernel.
         self.forward = capture(model)
-        self.rate = tensor(SAMPLE_RATE, backend=backend, dtype=int32)
         self.reset()
 
     def reset(self):
@@ -52,12 +55,7 @@ class VoiceActivity:
         if len(chunk) != CHUNK:
             raise InputError("a VAD chunk is %d samples at 16 kHz, got %d" % (CHUNK, len(chunk)))
         window = self.context + list(chunk)
-        inputs = (tensor([window], backend=self.backend), self.state, self.rate)
-        try:
-            probability, self.state = self.forward(*inputs)
-        except CaptureError:   # the graph's Python reads a value (an If on `sr`): run it uncaptured
-            self.forward = self.model
-            probability, self.state = self.model(*inputs)
+        probability, self.state = self.forward(tensor([window], backend=self.backend), self.state)
         self.context = window[-CONTEXT:]
         return probability
 

@@ -15,7 +15,6 @@ import tempfile
 import time
 
 from .. import audio
-from ..onnx import load as load_onnx
 from .vad import CHUNK, SAMPLE_RATE, VoiceActivity, speech_segments
 
 _state = {"vad": None, "pending": [], "probabilities": [], "samples": 0, "model_ms": 0.0}
@@ -29,7 +28,7 @@ def _backend():
 def load(model_bytes):
     backend = _backend()
     started = time.perf_counter()
-    _state["vad"] = VoiceActivity(model=load_onnx(bytes(model_bytes), backend=backend), backend=backend)
+    _state["vad"] = VoiceActivity(model=bytes(model_bytes), backend=backend)
     reset()
     return {"backend": repr(backend), "load_ms": (time.perf_counter() - started) * 1e3}
 

@@ -93,16 +93,16 @@ def _model(data):
     return model
 
 
-def _generate(source, class_name="Model"):
+def _generate(source, class_name="Model", fixed_inputs=None):
     data, folder, name = _read(source)
     model = _model(data)
-    src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name)
+    src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name, fixed_inputs)
     return src, constants, name
 
 
-def to_source(source, class_name="Model"):
-    """The generated Python source of an ONNX model (a path or bytes)."""
-    return _generate(source, class_name)[0]
+def to_source(source, class_name="Model", fixed_inputs=None):
+    """The generated Python source of an ONNX model (a path or bytes); fixed_inputs as in load."""
+    return _generate(source, class_name, fixed_inputs)[0]
 
 
 def _tensors(constants, backend):
@@ -116,12 +116,15 @@ def _tensors(constants, backend):
     return out
 
 
-def load(source, backend=None):
+def load(source, backend=None, fixed_inputs=None):
     """The ONNX model at `source` (a path or bytes) as a cinders.nn.Module on `backend` (default:
-    cn.default_backend()). Raises OnnxError for unreadable files and lists every unsupported op."""
+    cn.default_backend()). fixed_inputs: {input name: value} of inputs that are the same on every
+    call (a sample rate, a flag): they become constants and leave the forward's arguments, and
+    what depends only on them (an If on them, shape arithmetic) is decided at import. Raises
+    OnnxError for unreadable files and lists every unsupported op."""
     from ..tensor import default_backend
     backend = backend or default_backend()
-    src, constants, name = _generate(source)
+    src, constants, name = _generate(source, fixed_inputs=fixed_inputs)
     module = types.ModuleType("cinders_onnx_model")
     module.__file__ = "<onnx %s>" % name
     exec(compile(src, module.__file__, "exec"), module.__dict__)  # our generated source, see codegen

@@ -395,12 +395,18 @@ class _Scope:
             raise _Unsupported("If needs then_branch and else_branch graphs")
         outs = [self.values.add(o) if o else "_" for o in node.output]
         comment = "  # %s" % ascii(node.name) if node.name else ""
-        cond = _operand(node.input[0], self.values, self.attrs, self.constants, True)
-        self.read_unless_host(node, node.input[:1])
-        lines = ["if ops.truth(%s):%s" % (cond, comment)]
-        for key in ("then_branch", "else_branch"):
+        known = self.constants.get(node.input[0])
+        if known is not None:   # decided at import: only the branch taken is written
+            keys = ("then_branch" if any(known.python_values()) else "else_branch",)
+            lines = ["# %s: %s taken (its condition is a constant)" % (ascii(node.name or "If"), keys[0])]
+        else:
+            keys = ("then_branch", "else_branch")
+            cond = _operand(node.input[0], self.values, self.attrs, self.constants, True)
+            self.read_unless_host(node, node.input[:1])
+            lines = ["if ops.truth(%s):%s" % (cond, comment)]
+        for key in keys:
             graph = branches[key]
-            if key == "else_branch":
+            if key == "else_branch" and len(keys) == 2:
                 lines.append("else:")
             for init in graph.initializer:
                 type_name, shape, data = tensor_values(init, self.external)
@@ -414,14 +420,16 @@ class _Scope:
                     raise _Unsupported("%s output %s is produced by no node" % (key, ascii(vi.name)))
                 body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False,
                                                            self.host_values)))
-            lines += ["    " + line for line in body]
+            lines += ["    " + line for line in body] if len(keys) == 2 else body
         return lines
 
 
-def generate(model, external=None, class_name="Model", source_name="model.onnx"):
+def generate(model, external=None, class_name="Model", source_name="model.onnx", fixed_inputs=None):
     """(source, {attribute: Constant}, device_reads) for the ModelProto `model`; device_reads
-    names the nodes whose results depend on data, which read device values at run time. Raises
-    OnnxError listing every unsupported node at once."""
+    names the nodes whose results depend on data, which read device values at run time.
+    fixed_inputs: {input name: value (a number or nested lists)} given now for every call: those
+    inputs become constants, so what depends only on them is decided at import. Raises OnnxError
+    listing every unsupported node at once."""
     graph = model.graph
     opset = opset_of(model)
     values = _Names(_RESERVED)
@@ -432,6 +440,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
         if type_name == "string":
             raise OnnxError("initializer %s holds strings, which cinders tensors cannot" % ascii(init.name))
         constants[init.name] = Constant(type_name, shape, data)
+    constants.update(_fixed_constants(graph, fixed_inputs or {}, constants))
     if graph.sparse_initializer:
         raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
 
@@ -467,6 +476,29 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx")
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
                           lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}, \
         scope.device_reads
+
+
+def _fixed_constants(graph, fixed, constants):
+    """{input name: Constant} of the inputs `fixed` gives values for, checked against the graph."""
+    declared = {vi.name: vi for vi in graph.input if vi.name not in constants}
+    out = {}
+    for name, value in fixed.items():
+        if name not in declared:
+            raise OnnxError("fixed input %s is not an input of the graph (its inputs: %s)"
+                            % (ascii(name), ", ".join(ascii(n) for n in declared)))
+        type_name, dims = element_type(declared[name].type)
+        shape, flat = [], value
+        while isinstance(flat, (list, tuple)):
+            shape.append(len(flat))
+            flat = flat[0] if flat else None
+        flat = _flat(value)
+        if not all(isinstance(v, (int, float, bool)) for v in flat):
+            raise OnnxError("fixed input %s: %r is not a number or nested lists of numbers" % (ascii(name), value))
+        if dims is not None and (len(dims) != len(shape) or any(isinstance(d, int) and d != n
+                                                                for d, n in zip(dims, shape))):
+            raise OnnxError("fixed input %s has shape %s, the graph declares %s" % (ascii(name), shape, dims))
+        out[name] = Constant(type_name or "float32", shape, flat)
+    return out
 
 
 def _value_types(graph, constants):

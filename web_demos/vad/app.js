@@ -147,9 +147,7 @@ async function startMicrophone() {
 }
 
 try {
-  // No memory snapshot: the model's If on its sample-rate input reads one value from the device
-  // per chunk, which WebGPU can do only where Pyodide can block (JSPI).
-  const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", snapshot: false, onStatus: status });
+  const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
   $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
   status("loading the model");
