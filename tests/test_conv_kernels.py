@@ -29,13 +29,14 @@ SIZES = ((7, 9), (6, 5), (9, 8))                 # odd and even, never square
 BATCHES, BIASES = (1, 3), (True, False)
 ACTIVATIONS = (None, "relu", "relu6")
 OUT_CHANNELS = (16, 6)                           # 16: the tiled kernel (groups 1/2), 6: direct
+# C is 16 or 8: the tiled kernel steps by tap where a group has 16 channels, else over flat K
 
 
 def _grid():
     cases = []
     combos = itertools.product(STRIDES, DILATIONS, GROUPS, PADDINGS)
     for i, (stride, dilation, groups, padding) in enumerate(combos):
-        c = 8
+        c = (16, 8, 8)[i % 3]
         o = 2 * c if groups == "dw" else OUT_CHANNELS[i % 2]
         g = c if groups == "dw" else groups
         cases.append(dict(n=BATCHES[i % 2], c=c, hw=SIZES[i % 3], o=o, kernel=(3, 2 + i % 2),
@@ -132,7 +133,7 @@ def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
 
 
 def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
-    """The tiled kernel and the direct one each run in the grid, as one launch with bias and
+    """The tiled kernel (both ways of staging K) and the direct one each run in the grid, as one launch with bias and
     activation inside, and no unfold2d or matmul kernel is launched."""
     seen = set()
     for case in GRID:
@@ -143,7 +144,7 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
         assert convs[0].endswith("_" + case["activation"]) if case["activation"] else \
             not convs[0].endswith("relu") and not convs[0].endswith("relu6")
         seen.add(convs[0].split("_")[1])
-    assert seen == {"gemm", "direct"}
+    assert seen == {"gemm", "taps", "direct"}
 
 
 def test_strided_views_and_nan(gpu, wasm):

@@ -97,17 +97,78 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 """ % (WG, WG, _lets(), _store(has_bias, activation))
 
 
-def gemm_wgsl(has_bias, activation):
+_STAGE_FLAT = """
+  for (var k0 = 0u; k0 < K; k0 = k0 + %(bk)du) {
+    for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
+      let k = k0 + e / %(bm)du;
+      var v = 0.0;
+      if (a_in && k < K) {
+        let c = k / khw; let rr = k %% khw;
+        v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr %% kw) * ws3];
+      }
+      As[e] = v;
+    }
+    for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
+      let k = k0 + e / %(bn)du;
+      var v = 0.0;
+      if (p_in && k < K) {
+        let c = k / khw; let rr = k %% khw;
+        let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr %% kw) * dw);
+        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
+          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
+        }
+      }
+      Bs[e] = v;
+    }
+%(step)s
+  }
+"""
+
+_STAGE_TAPS = """
+  for (var tap = 0u; tap < khw; tap = tap + 1u) {
+    let ky = tap / kw; let kx = tap %% kw;
+    let iy = iy0 + i32(ky * dh); let ix = ix0 + i32(kx * dw);
+    let x_in = p_in && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W);
+    let xtap = xb + select(0u, u32(iy) * xs2 + u32(ix) * xs3, x_in);
+    let wtap = wb + ky * ws2 + kx * ws3;
+    for (var c0 = 0u; c0 < cg; c0 = c0 + %(bk)du) {
+      for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
+        let c = c0 + e / %(bm)du;
+        var v = 0.0;
+        if (a_in && c < cg) { v = Wt[wtap + c * ws1]; }
+        As[e] = v;
+      }
+      for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
+        let c = c0 + e / %(bn)du;
+        var v = 0.0;
+        if (x_in && c < cg) { v = X[xtap + c * xs1]; }
+        Bs[e] = v;
+      }
+%(step)s
+    }
+  }
+"""
+
+
+def gemm_wgsl(has_bias, activation, by_tap):
     """The implicit-GEMM tile kernel (see the module docstring). Grid: x * (z / groups) counts
-    pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group."""
+    pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group.
+    K is staged BK entries at a time: by_tap, one kernel tap (ky, kx) and BK input channels
+    per step, so staging needs no division and each thread tests its pixel's bounds once per
+    tap (for groups with at least BK channels); else BK entries of the flattened (c, ky, kx)."""
     wx, wy = BN // TN, BM // TM
     shared = "var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<f32, %d>;" % (
         BK * BM, BK * BN)
-    compute = ["      let b%d = Bs[kk * %du + %du + tx];" % (c, BN, c * wx) for c in range(TN)]
+    step = ["    workgroupBarrier();",
+            "    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % BK]
+    step += ["      let b%d = Bs[kk * %du + %du + tx];" % (c, BN, c * wx) for c in range(TN)]
     for r in range(TM):
-        compute.append("      let a%d = As[kk * %du + %du + ty];" % (r, BM, r * wy))
-        compute += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * TN + c, r, c, r * TN + c)
-                    for c in range(TN)]
+        step.append("      let a%d = As[kk * %du + %du + ty];" % (r, BM, r * wy))
+        step += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * TN + c, r, c, r * TN + c)
+                 for c in range(TN)]
+    step += ["    }", "    workgroupBarrier();"]
+    sizes = dict(bn=BN, bm=BM, bk=BK, a_size=BK * BM, b_size=BK * BN, threads=THREADS)
+    stage = (_STAGE_TAPS if by_tap else _STAGE_FLAT) % dict(sizes, step="\n".join(step))
     stores = []
     for r in range(TM):
         for c in range(TN):
@@ -132,44 +193,20 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   let am = m0 + t %% %(bm)du; let a_in = am < og;
   let wb = w_off + (g * og + am) * ws0;
   var acc: array<f32, %(acc)d>;
-  for (var k0 = 0u; k0 < K; k0 = k0 + %(bk)du) {
-    for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
-      let k = k0 + e / %(bm)du;
-      var v = 0.0;
-      if (a_in && k < K) {
-        let c = k / khw; let rr = k %% khw;
-        v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr %% kw) * ws3];
-      }
-      As[e] = v;
-    }
-    for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
-      let k = k0 + e / %(bn)du;
-      var v = 0.0;
-      if (p_in && k < K) {
-        let c = k / khw; let rr = k %% khw;
-        let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr %% kw) * dw);
-        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
-          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
-        }
-      }
-      Bs[e] = v;
-    }
-    workgroupBarrier();
-    for (var kk = 0u; kk < %(bk)du; kk = kk + 1u) {
-%(compute)s
-    }
-    workgroupBarrier();
-  }
+%(stage)s
 %(stores)s
 }
-""" % dict(wx=wx, wy=wy, lets=_lets(), bn=BN, bm=BM, bk=BK, acc=TM * TN, a_size=BK * BM,
-           b_size=BK * BN, threads=THREADS, compute="\n".join(compute), stores="\n".join(stores))
+""" % dict(sizes, wx=wx, wy=wy, lets=_lets(), acc=TM * TN, stage=stage,
+           stores="\n".join(stores))
 
 
-def use_gemm(og, k):
-    """The tiled kernel pays off once a tile has enough output channels and reduction depth to
-    reuse what it stages; depthwise and tiny convolutions run direct."""
-    return og >= 8 and k >= 16
+def kernel_kind(og, cg, k):
+    """"taps" or "gemm" (the tiled kernel, by tap where a group has BK channels or more) once a
+    tile has enough output channels and reduction depth to reuse what it stages; "direct" for
+    depthwise and tiny convolutions."""
+    if og < 8 or k < 16:
+        return "direct"
+    return "taps" if cg >= BK else "gemm"
 
 
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
@@ -185,10 +222,10 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     if total == 0:
         return out
     og, k, cols = o // groups, cg * kh * kw, n * oh * ow
-    gemm = use_gemm(og, k)
+    kind = kernel_kind(og, cg, k)
     tiles = -(-cols // BN)
     tiles_x = min(tiles, MAX_GROUPS)
-    if gemm:
+    if kind != "direct":
         grid = (tiles_x, -(-og // BM), groups * -(-tiles // tiles_x))
         if max(grid) > MAX_GROUPS:
             from .backend import DeviceLimitError  # (backend.py imports this module)
@@ -203,11 +240,13 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
         ws=w.strides, b_off=0 if bias is None else bias.offset,
         b_stride=0 if bias is None else bias.strides[0])
     has_bias = bias is not None
-    kind = "gemm" if gemm else "direct"
-    build = (gemm_wgsl if gemm else direct_wgsl)
     handles = [x, w] + ([bias] if has_bias else []) + [out]
     name = "conv2d_%s%s" % (kind, "_" + activation if activation else "")
-    backend.run_kernel(("conv2d", kind, has_bias, activation),
-                       lambda: build(has_bias, activation), handles, params, grid, name,
+
+    def build():
+        if kind == "direct":
+            return direct_wgsl(has_bias, activation)
+        return gemm_wgsl(has_bias, activation, kind == "taps")
+    backend.run_kernel(("conv2d", kind, has_bias, activation), build, handles, params, grid, name,
                        4 * (x.size + w.size + (o if has_bias else 0)), 4 * total)
     return out
