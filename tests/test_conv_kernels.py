@@ -147,6 +147,23 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
     assert seen == {"gemm", "taps", "direct"}
 
 
+@pytest.mark.parametrize("tile", ["t64", "t128"])
+def test_both_tiles(gpu, tile, monkeypatch):
+    """Both tile shapes of the tiled kernel (the large one is chosen only for layers bigger than
+    lavapipe can run quickly, so it is forced here) on the grid's tiled cases."""
+    from cinders.wgpu import conv as wgpu_conv
+    monkeypatch.setattr(wgpu_conv, "tile_for", lambda og, cols, groups: tile)
+    ran = set()
+    for case in GRID[::3]:
+        x, w, b = _arrays(case)
+        names = _kernels(gpu, lambda: _cn_conv(gpu, x, w, b, case))
+        ran.update(n.split("_")[1] for n in names if "_t" in n)
+        assert all(tile in n for n in names if "_t" in n), names
+        np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), _expected(x, w, b, case),
+                                   rtol=1e-4, atol=1e-4, err_msg=_case_id(case))
+    assert ran == {"gemm", "taps"}
+
+
 def test_strided_views_and_nan(gpu, wasm):
     """Inputs that are views (a permuted image, a sliced weight) are read right (Wgpu through
     their strides); NaN propagates through the relu epilogue like torch's relu."""

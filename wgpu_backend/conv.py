@@ -4,9 +4,9 @@ Two WGSL templates, one parameter layout:
 
 * implicit GEMM (`gemm_wgsl`): per group g, Out[o, p] = sum_k W[o, k] * X_col[k, p] with
   o over the group's output channels, p over batch x output pixels and k over (c, ky, kx) of
-  the group's input channels. A workgroup computes a 64 x 64 tile of (o, p); each K step stages
-  16 rows of W and 16 rows of the *virtual* im2col matrix in workgroup memory, gathering the
-  column entries straight from the image (zero outside it). No intermediate tensor exists, so
+  the group's input channels. A workgroup computes a tile of (o, p) (64 x 64, or 128 x 128 for
+  large layers: TILES); each K step stages a few rows of W and of the *virtual* im2col matrix
+  in workgroup memory, gathering the column entries straight from the image (zero outside it). No intermediate tensor exists, so
   nothing but the input, weight and output has to fit the device's binding limit
   (maxStorageBufferBindingSize) -- and those are tensors, which the backend already keeps
   within it.
@@ -21,6 +21,8 @@ weight, shift on the bias), so it costs nothing here. Padding may be asymmetric
 ((top, bottom), (left, right)): the kernels need only top and left; bottom and right decide OH, OW.
 """
 
+from collections import namedtuple
+
 from .codegen import MAX_GROUPS, WG, ParamLayout, groups_for
 
 ACTIVATIONS = {
@@ -29,11 +31,23 @@ ACTIVATIONS = {
     "relu6": "select(select(v, 0.0, v <= 0.0), 6.0, v >= 6.0)",
 }
 
-# The implicit-GEMM tile: BM output channels x BN output pixels per workgroup of 16 x 16
-# threads (TM x TN each), K in BK-deep steps. BM and BN divide the thread count, so the image
-# column (and weight row) a thread stages is the same at every K step.
-BM, BN, BK, TM, TN = 64, 64, 16, 4, 4
-THREADS = (BN // TN) * (BM // TM)
+
+class Tile(namedtuple("Tile", "bm bn bk tm tn")):
+    """An implicit-GEMM tile: bm output channels x bn output pixels per workgroup of
+    (bn/tn) x (bm/tm) threads, each a tm x tn block of registers; K in bk-deep steps. bm and bn
+    divide the thread count, so the image column (and weight row) a thread stages is the same
+    at every K step."""
+
+    @property
+    def threads(self):
+        return (self.bn // self.tn) * (self.bm // self.tm)
+
+
+TILES = {
+    "t64": Tile(64, 64, 16, 4, 4),      # more workgroups: small and mid layers
+    "t128": Tile(128, 128, 8, 8, 8),    # 4 FMAs per shared read: large layers
+}
+BK = TILES["t64"].bk  # groups with at least this many channels are staged by tap (kernel_kind)
 
 PARAMS = ParamLayout("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw",
                      "pt", "pl", "dh", "dw", "groups", "cg", "og", "K", "cols",
@@ -150,32 +164,33 @@ _STAGE_TAPS = """
 """
 
 
-def gemm_wgsl(has_bias, activation, by_tap):
-    """The implicit-GEMM tile kernel (see the module docstring). Grid: x * (z / groups) counts
-    pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group.
-    K is staged BK entries at a time: by_tap, one kernel tap (ky, kx) and BK input channels
+def gemm_wgsl(has_bias, activation, by_tap, tile):
+    """The implicit-GEMM kernel of one Tile (see the module docstring). Grid: x * (z / groups)
+    counts pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group.
+    K is staged bk entries at a time: by_tap, one kernel tap (ky, kx) and bk input channels
     per step, so staging needs no division and each thread tests its pixel's bounds once per
-    tap (for groups with at least BK channels); else BK entries of the flattened (c, ky, kx)."""
-    wx, wy = BN // TN, BM // TM
+    tap (for groups with at least BK channels); else bk entries of the flattened (c, ky, kx)."""
+    bm, bn, bk, tm, tn = tile
+    wx, wy = bn // tn, bm // tm
     shared = "var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<f32, %d>;" % (
-        BK * BM, BK * BN)
+        bk * bm, bk * bn)
     step = ["    workgroupBarrier();",
-            "    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % BK]
-    step += ["      let b%d = Bs[kk * %du + %du + tx];" % (c, BN, c * wx) for c in range(TN)]
-    for r in range(TM):
-        step.append("      let a%d = As[kk * %du + %du + ty];" % (r, BM, r * wy))
-        step += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * TN + c, r, c, r * TN + c)
-                 for c in range(TN)]
+            "    for (var kk = 0u; kk < %du; kk = kk + 1u) {" % bk]
+    step += ["      let b%d = Bs[kk * %du + %du + tx];" % (c, bn, c * wx) for c in range(tn)]
+    for r in range(tm):
+        step.append("      let a%d = As[kk * %du + %du + ty];" % (r, bm, r * wy))
+        step += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c)
+                 for c in range(tn)]
     step += ["    }", "    workgroupBarrier();"]
-    sizes = dict(bn=BN, bm=BM, bk=BK, a_size=BK * BM, b_size=BK * BN, threads=THREADS)
+    sizes = dict(bn=bn, bm=bm, bk=bk, a_size=bk * bm, b_size=bk * bn, threads=tile.threads)
     stage = (_STAGE_TAPS if by_tap else _STAGE_FLAT) % dict(sizes, step="\n".join(step))
     stores = []
-    for r in range(TM):
-        for c in range(TN):
+    for r in range(tm):
+        for c in range(tn):
             stores.append("  { let m = m0 + %du + ty; let p = n0 + %du + tx;\n"
                           "    if (m < og && p < cols) { let o = g * og + m; let b = p / (OH * OW); "
                           "let pix = p %% (OH * OW); let acc = acc[%d]; %s } }"
-                          % (r * wy, c * wx, r * TN + c, _store(has_bias, activation)))
+                          % (r * wy, c * wx, r * tn + c, _store(has_bias, activation)))
     return _header(has_bias, shared) + """
 @compute @workgroup_size(%(wx)d, %(wy)d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
@@ -196,7 +211,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 %(stage)s
 %(stores)s
 }
-""" % dict(sizes, wx=wx, wy=wy, lets=_lets(), acc=TM * TN, stage=stage,
+""" % dict(sizes, wx=wx, wy=wy, lets=_lets(), acc=tm * tn, stage=stage,
            stores="\n".join(stores))
 
 
@@ -207,6 +222,11 @@ def kernel_kind(og, cg, k):
     if og < 8 or k < 16:
         return "direct"
     return "taps" if cg >= BK else "gemm"
+
+
+def tile_for(og, cols, groups):
+    """t128 once its tiles still give a GPU two waves of workgroups (~264 on an H100), else t64."""
+    return "t128" if -(-og // 128) * -(-cols // 128) * groups >= 264 else "t64"
 
 
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
@@ -223,10 +243,12 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
         return out
     og, k, cols = o // groups, cg * kh * kw, n * oh * ow
     kind = kernel_kind(og, cg, k)
-    tiles = -(-cols // BN)
-    tiles_x = min(tiles, MAX_GROUPS)
+    tile_name = tile_for(og, cols, groups)
+    tile = TILES[tile_name]
     if kind != "direct":
-        grid = (tiles_x, -(-og // BM), groups * -(-tiles // tiles_x))
+        tiles = -(-cols // tile.bn)
+        tiles_x = min(tiles, MAX_GROUPS)
+        grid = (tiles_x, -(-og // tile.bm), groups * -(-tiles // tiles_x))
         if max(grid) > MAX_GROUPS:
             from .backend import DeviceLimitError  # (backend.py imports this module)
             raise DeviceLimitError("cn.Wgpu conv2d: %s * %s needs %r workgroups, more than the "
@@ -241,12 +263,14 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
         b_stride=0 if bias is None else bias.strides[0])
     has_bias = bias is not None
     handles = [x, w] + ([bias] if has_bias else []) + [out]
+    if kind != "direct":
+        kind += "_" + tile_name
     name = "conv2d_%s%s" % (kind, "_" + activation if activation else "")
 
     def build():
         if kind == "direct":
             return direct_wgsl(has_bias, activation)
-        return gemm_wgsl(has_bias, activation, kind == "taps")
+        return gemm_wgsl(has_bias, activation, kind.startswith("taps"), tile)
     backend.run_kernel(("conv2d", kind, has_bias, activation), build, handles, params, grid, name,
                        4 * (x.size + w.size + (o if has_bias else 0)), 4 * total)
     return out
