@@ -4,21 +4,22 @@ Two WGSL templates, one parameter layout:
 
 * implicit GEMM (`gemm_wgsl`): per group g, Out[o, p] = sum_k W[o, k] * X_col[k, p] with
   o over the group's output channels, p over batch x output pixels and k over (c, ky, kx) of
-  the group's input channels. A workgroup computes a tile of (o, p) (64 x 64, or 128 x 128 for
-  large layers: TILES); each K step stages a few rows of W and of the *virtual* im2col matrix
-  in workgroup memory, gathering the column entries straight from the image (zero outside it). No intermediate tensor exists, so
-  nothing but the input, weight and output has to fit the device's binding limit
-  (maxStorageBufferBindingSize) -- and those are tensors, which the backend already keeps
-  within it.
+  the group's input channels. A workgroup computes a tile of (o, p) (64 x 64, or 128 x 128
+  for large layers: TILES); each K step stages a few rows of W and of the *virtual* im2col
+  matrix in workgroup memory, gathering the column entries straight from the image (zero
+  outside it). No intermediate tensor exists, so nothing but the input, weight and output has
+  to fit the device's binding limit (maxStorageBufferBindingSize) -- and those are tensors,
+  which the backend already keeps within it.
 * direct (`direct_wgsl`): one thread per output element looping over its window; for
   depthwise convolutions (one input channel per group) and other products too small to tile.
 
 Both read x, the weight and the bias through strides (views cost no copy), write the output
 (N, O, OH, OW) contiguous, and apply the epilogue at the store: + bias[o], then the activation
-(none / relu / relu6, NaN propagating like the composed where()). A batch-norm that follows a
-conv at inference is folded into weight and bias by the caller (per output channel scale on the
-weight, shift on the bias), so it costs nothing here. Padding may be asymmetric
-((top, bottom), (left, right)): the kernels need only top and left; bottom and right decide OH, OW.
+(none / relu / relu6, NaN propagating like the composed where()). A batch-norm at inference
+folds into weight and bias (a scale per output channel on the weight, a shift on the bias;
+PyTorch's ONNX export already does so), so the epilogue needs nothing more. Padding may be
+asymmetric ((top, bottom), (left, right)): the kernels need only top and left; bottom and
+right decide OH, OW.
 """
 
 from collections import namedtuple
@@ -53,9 +54,7 @@ PARAMS = ParamLayout("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "
                      "pt", "pl", "dh", "dw", "groups", "cg", "og", "K", "cols",
                      "x_off", ("xs", 4), "w_off", ("ws", 4), "b_off", "b_stride")
 
-_FIELDS = ("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw", "pt", "pl",
-           "dh", "dw", "groups", "cg", "og", "K", "cols", "x_off", "w_off", "b_off",
-           "b_stride")
+_SCALARS = [name for name, _, count in PARAMS.fields if count is None]
 
 
 def _header(has_bias, shared=""):
@@ -71,7 +70,7 @@ def _header(has_bias, shared=""):
 
 def _lets():
     """Every scalar parameter as a WGSL `let` of its own name, and the strides as xs0.. ws3."""
-    lines = ["  let %s = %s;" % (name, PARAMS[name]) for name in _FIELDS]
+    lines = ["  let %s = %s;" % (name, PARAMS[name]) for name in _SCALARS]
     lines += ["  let %s%d = %s;" % (arr, i, PARAMS[arr, i]) for arr in ("xs", "ws") for i in range(4)]
     return "\n".join(lines) + "\n"
 
