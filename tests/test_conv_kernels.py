@@ -1,6 +1,6 @@
 """conv2d without im2col: cn.Wgpu()'s implicit-GEMM and direct kernels (wgpu_backend/conv.py)
-and cn.Wasm()'s direct one (wasm_backend/runtime.h) against torch, the optional conv2d primitive's dispatch and gradient, and a convolution whose
-unfolded matrix would not fit one binding.
+and cn.Wasm()'s kernel (wasm_backend/runtime.h) against torch, the optional conv2d primitive's
+dispatch and gradient, and a convolution whose unfolded matrix would not fit one binding.
 
 torch (CPU, float64 from the same float32 data) is the oracle; cn.NumPy() and cn.Python() run
 the composed reference (unfold2d + matmul) through the same grid. Shapes are small: lavapipe
@@ -20,9 +20,9 @@ from cinders.wgpu import DeviceLimitError
 
 RNG = np.random.default_rng(21)
 
-# (stride, dilation, groups, padding) covered in full (unequal pairs catch a swapped axis); the rest of a case (batch, sizes,
-# channels, bias, activation) cycles through the lists below so every value meets several
-# combinations. groups "dw" is depthwise (groups == C, channel multiplier 2).
+# (stride, dilation, groups, padding) covered in full (unequal pairs catch a swapped axis); the
+# rest of a case (batch, sizes, channels, bias, activation) cycles through the lists below so
+# every value meets several combinations. groups "dw" is depthwise (groups == C, channel multiplier 2).
 STRIDES, DILATIONS, GROUPS = (1, 2, (2, 1)), (1, (1, 2)), (1, 2, "dw")
 PADDINGS = (0, (1, 2), ((2, 0), (1, 3)))        # none, symmetric (ph, pw), asymmetric
 SIZES = ((7, 9), (6, 5), (9, 8))                 # odd and even, never square
@@ -133,8 +133,8 @@ def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
 
 
 def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
-    """The tiled kernel (both ways of staging K) and the direct one each run in the grid, as one launch with bias and
-    activation inside, and no unfold2d or matmul kernel is launched."""
+    """The tiled kernel (both ways of staging K) and the direct one each run in the grid, as one
+    launch with bias and activation inside, and no unfold2d or matmul kernel is launched."""
     seen = set()
     for case in GRID:
         x, w, b = _arrays(case)

@@ -101,7 +101,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
       for (var kx = 0u; kx < kw; kx = kx + 1u) {
         let ix = ix0 + i32(kx * dw);
         if (ix < 0i || ix >= i32(W)) { continue; }
-        acc = fma(X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3], Wt[wb + c * ws1 + ky * ws2 + kx * ws3], acc);
+        acc = fma(X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3],
+                  Wt[wb + c * ws1 + ky * ws2 + kx * ws3], acc);
       }
     }
   }
