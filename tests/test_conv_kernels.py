@@ -1,6 +1,6 @@
 """conv2d without im2col: cn.Wgpu()'s implicit-GEMM and direct kernels (wgpu_backend/conv.py)
-and cn.Wasm()'s direct one (wasm_backend/runtime.h) against torch, the optional conv2d primitive's dispatch and gradient, and a convolution whose
-unfolded matrix would not fit one binding.
+and cn.Wasm()'s kernel (wasm_backend/runtime.h) against torch, the optional conv2d primitive's
+dispatch and gradient, and a convolution whose unfolded matrix would not fit one binding.
 
 torch (CPU, float64 from the same float32 data) is the oracle; cn.NumPy() and cn.Python() run
 the composed reference (unfold2d + matmul) through the same grid. Shapes are small: lavapipe
@@ -20,22 +20,23 @@ from cinders.wgpu import DeviceLimitError
 
 RNG = np.random.default_rng(21)
 
-# (stride, dilation, groups, padding) covered in full (unequal pairs catch a swapped axis); the rest of a case (batch, sizes,
-# channels, bias, activation) cycles through the lists below so every value meets several
-# combinations. groups "dw" is depthwise (groups == C, channel multiplier 2).
+# (stride, dilation, groups, padding) covered in full (unequal pairs catch a swapped axis); the
+# rest of a case (batch, sizes, channels, bias, activation) cycles through the lists below so
+# every value meets several combinations. groups "dw" is depthwise (groups == C, channel multiplier 2).
 STRIDES, DILATIONS, GROUPS = (1, 2, (2, 1)), (1, (1, 2)), (1, 2, "dw")
 PADDINGS = (0, (1, 2), ((2, 0), (1, 3)))        # none, symmetric (ph, pw), asymmetric
 SIZES = ((7, 9), (6, 5), (9, 8))                 # odd and even, never square
 BATCHES, BIASES = (1, 3), (True, False)
 ACTIVATIONS = (None, "relu", "relu6")
 OUT_CHANNELS = (16, 6)                           # 16: the tiled kernel (groups 1/2), 6: direct
+# C is 16 or 8: the tiled kernel steps by tap where a group has 16 channels, else over flat K
 
 
 def _grid():
     cases = []
     combos = itertools.product(STRIDES, DILATIONS, GROUPS, PADDINGS)
     for i, (stride, dilation, groups, padding) in enumerate(combos):
-        c = 8
+        c = (16, 8, 8)[i % 3]
         o = 2 * c if groups == "dw" else OUT_CHANNELS[i % 2]
         g = c if groups == "dw" else groups
         cases.append(dict(n=BATCHES[i % 2], c=c, hw=SIZES[i % 3], o=o, kernel=(3, 2 + i % 2),
@@ -132,8 +133,8 @@ def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
 
 
 def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
-    """The tiled kernel and the direct one each run in the grid, as one launch with bias and
-    activation inside, and no unfold2d or matmul kernel is launched."""
+    """The tiled kernel (both ways of staging K) and the direct one each run in the grid, as one
+    launch with bias and activation inside, and no unfold2d or matmul kernel is launched."""
     seen = set()
     for case in GRID:
         x, w, b = _arrays(case)
@@ -143,7 +144,24 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
         assert convs[0].endswith("_" + case["activation"]) if case["activation"] else \
             not convs[0].endswith("relu") and not convs[0].endswith("relu6")
         seen.add(convs[0].split("_")[1])
-    assert seen == {"gemm", "direct"}
+    assert seen == {"gemm", "taps", "direct"}
+
+
+@pytest.mark.parametrize("tile", ["t64", "t128"])
+def test_both_tiles(gpu, tile, monkeypatch):
+    """Both tile shapes of the tiled kernel (the large one is chosen only for layers bigger than
+    lavapipe can run quickly, so it is forced here) on the grid's tiled cases."""
+    from cinders.wgpu import conv as wgpu_conv
+    monkeypatch.setattr(wgpu_conv, "tile_for", lambda og, cols, groups: tile)
+    ran = set()
+    for case in GRID[::3]:
+        x, w, b = _arrays(case)
+        names = _kernels(gpu, lambda: _cn_conv(gpu, x, w, b, case))
+        ran.update(n.split("_")[1] for n in names if "_t" in n)
+        assert all(tile in n for n in names if "_t" in n), names
+        np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), _expected(x, w, b, case),
+                                   rtol=1e-4, atol=1e-4, err_msg=_case_id(case))
+    assert ran == {"gemm", "taps"}
 
 
 def test_strided_views_and_nan(gpu, wasm):
