@@ -62,7 +62,8 @@ class _Runtime:
     def __init__(self, device):
         self.device = device
         self.pool = BufferPool(device)
-        self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
+        self.kernels = {}  # kernel key -> pipeline, without regenerating WGSL
+        self.in_place_sources = {}  # in-place variant key -> WGSL, until it is first compiled
         self.recorder = None  # cn.capture's LaunchRecorder for this device (capture.py)
         self.tuner = Tuner(device.name, device.limits.get("max_compute_workgroup_storage_size",
                                                            16384))
@@ -222,13 +223,16 @@ class Wgpu(Backend):
         buffers = [h.storage.raw for h in inputs]
         placement = None
         if donors:
-            # The in-place kernels' sources are written now, where still missing: a closure over
+            # The in-place kernels' sources are written now, once per key: a closure over
             # `build` would keep the inputs, the very buffers to donate, alive.
-            sources = {i: build(i) for i in donors if key + (i,) not in self._rt.kernels}
+            kernels, sources = self._rt.kernels, self._rt.in_place_sources
+            for i in donors:
+                if key + (i,) not in kernels and key + (i,) not in sources:
+                    sources[key + (i,)] = build(i)
             placement = Placement(
                 self._rt.pool, outs[0].storage,
                 [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
-                lambda i: self._pipeline(key + (i,), lambda: sources[i], name))
+                lambda i: self._pipeline(key + (i,), lambda: sources.pop(key + (i,)), name))
             buffers.append(None)
         else:
             buffers += [h.storage.raw for h in outs]

@@ -19,6 +19,16 @@ from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, ro
 from .codegen.matmul import matmul_param_count
 
 
+_LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
+
+
+def _field_names(j, _names=[]):
+    """("l{j}_off", "l{j}_strides") of leaf j's fields in a flat layout (formatted once)."""
+    while len(_names) <= j:
+        _names.append(("l%d_off" % len(_names), "l%d_strides" % len(_names)))
+    return _names[j]
+
+
 def leaf(h):
     """A Program leaf holding the backend handle h."""
     return Expr(LEAF, None, None, (), tuple(h.shape), tuple(h.shape), h.dtype, h)
@@ -58,38 +68,43 @@ class ProgramRunner:
                            for o in program.outputs]
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
-        slots, binding_of, handles = [], [], []
+        slots, binding_of, handles = {}, [], []
         for e in program.leaves:
-            key = (id(e.value.storage), e.dtype)
-            if key not in slots:
-                slots.append(key)
+            slot = slots.setdefault((id(e.value.storage), e.dtype), len(slots))
+            if slot == len(handles):
                 handles.append(e.value)
-            binding_of.append(slots.index(key))
+            binding_of.append(slot)
+        slots = list(slots)
         slot_types = tuple(dt.wgsl for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
         specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         donors = ()
         if flat:
-            layouts = tuple("c" if v[0] == shape and e.value.is_contiguous() else "s"
-                            for v, e in zip(views, program.leaves))
+            n = items
+            # "c": contiguous in the frame shape (read at offset + i); "s": through strides.
+            layouts = tuple("c" if e.shape == shape and e.value.is_contiguous() else "s"
+                            for e in program.leaves)
             out_layouts = tuple("c" if o.is_contiguous() else "s" for o in out) if out else \
                 ("c",) * len(program.outputs)
-            n = math.prod(shape)
             # Contiguous everywhere and 16-byte aligned: each invocation moves vec4s.
-            width = 4 if (n % 4 == 0 and "s" not in layouts + out_layouts
-                          and all(v[2] % 4 == 0 for v in views)
-                          and all(o.offset % 4 == 0 for o in out or ())) else 1
+            width = 4 if (n % 4 == 0 and "s" not in layouts and "s" not in out_layouts
+                          and not any(v[2] % 4 for v in views)
+                          and not any(o.offset % 4 for o in out or ())) else 1
             key = ("flat", program.key, tuple(binding_of), slot_types, layouts, out_layouts, width)
             values = {"n": n // width, "shape": shape, "consts": consts}
             for j, (_, strides, offset) in enumerate(views):
-                values["l%d_off" % j], values["l%d_strides" % j] = offset // width, strides
+                names = _field_names(j)
+                values[names[0]], values[names[1]] = offset // width, strides
             for j, o in enumerate(out or ()):
                 values["o%d_off" % j] = o.offset // width
                 if out_layouts[j] == "s":
                     values["o%d_strides" % j] = o.strides
             if not out:
                 values.update(("o%d_off" % j, 0) for j in range(len(program.outputs)))
-            params = flat_layout(program, out_layouts).pack(**values)
+            layout = _LAYOUTS.get(key)
+            if layout is None:
+                layout = _LAYOUTS[key] = flat_layout(program, out_layouts)
+            params = layout.pack(**values)
             groups = groups_for(n // width, WG)
 
             def build(inplace=None):
@@ -111,7 +126,10 @@ class ProgramRunner:
                 values["l%d_axis" % j] = strides[axis]
             cs = row_major_strides(shape)
             values["o_outer"], values["o_axis"] = [cs[d] for d in outer], cs[axis]
-            params = rows_layout(program).pack(**values)
+            layout = _LAYOUTS.get(key)
+            if layout is None:
+                layout = _LAYOUTS[key] = rows_layout(program)
+            params = layout.pack(**values)
             groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
             build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
         return backend.launch(key, build, handles, out or specs, params, groups, program.name,
