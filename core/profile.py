@@ -65,8 +65,7 @@ class Profile:
 
     def __enter__(self):
         for b in self.chain:
-            if hasattr(b, "profile_start"):
-                b.profile_start()
+            b.profile_start()
         ACTIVE.append(self)
         return self
 
@@ -77,8 +76,7 @@ class Profile:
         finally:
             ACTIVE.remove(self)
             for b in self.chain:
-                if hasattr(b, "profile_stop"):
-                    b.profile_stop()
+                b.profile_stop()
         return False
 
     def __repr__(self):
