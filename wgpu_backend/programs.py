@@ -194,7 +194,7 @@ class ProgramRunner:
         """(shape, strides, offset) of leaf h in frame coordinates: a leaf that lost the
         reduced axis gets it back with size 1; broadcast dims read with stride 0."""
         vshape, strides = h.shape, h.strides
-        if len(vshape) == len(shape) - 1:
+        if axis is not None and len(vshape) == len(shape) - 1:
             vshape = vshape[:axis] + (1,) + vshape[axis:]
             strides = strides[:axis] + (0,) + strides[axis:]
         strides = tuple(0 if n == 1 else s for n, s in zip(vshape, strides))

@@ -73,16 +73,15 @@ class ParamLayout:
     def pack(self, **values):
         out = []
         for name, _, count in self.fields:
-            value = values.pop(name)
+            value = values[name]
             if count is None:
                 out.append(int(value))
             else:
-                value = [int(v) for v in value]
                 if len(value) != count:
                     raise ValueError("parameter %r takes %d values, got %d" % (name, count, len(value)))
-                out += value
-        if values:
-            raise TypeError("unknown kernel parameters %s" % sorted(values))
+                out += map(int, value)
+        if len(values) != len(self.fields):
+            raise TypeError("unknown kernel parameters %s" % sorted(set(values) - set(self._at)))
         return out
 
 
