@@ -21,7 +21,8 @@ from cinders.errors import CindersError
 from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
-from .codegen import images, matmul as matmul_templates
+from .codegen import images
+from .codegen.matmul import matmul_direct_wgsl, matmul_params, matmul_regtile_wgsl, matmul_wgsl
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -368,7 +369,7 @@ class Wgpu(Backend):
         return run(variant)
 
     def matmul_epilogue(self, a, b, epilogue):
-        """C = A @ B with `epilogue` (see matmul_templates.matmul_wgsl) applied at C's store, in the matmul
+        """C = A @ B with `epilogue` (codegen/matmul.py) applied at C's store, in the matmul
         kernel itself: cn.Fusion's bias + activation after a Linear or conv. Returns False
         (nothing launched) where the chosen variant splits K, or the product is empty."""
         *abatch, m, k = a.shape
@@ -406,7 +407,7 @@ class Wgpu(Backend):
         a_bstrides = [a.strides[d] if a.shape[d] > 1 else 0 for d in range(nbd)]
         b_bstrides = [b.strides[d] if b.shape[d] > 1 else 0 for d in range(nbd)]
         a_sm, a_sk, b_sk, b_sn = a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1]
-        params = matmul_templates.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
+        params = matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
                                        batch, a_bstrides, b_bstrides)
         if epilogue is None:
             out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
@@ -426,11 +427,11 @@ class Wgpu(Backend):
 
         def build():
             if lanes_x:
-                return matmul_templates.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
-                                                   vec_a, vec_b, exact, epilogue)
+                return matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a, vec_b,
+                                           exact, epilogue)
             if bk:
-                return matmul_templates.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
-            return matmul_templates.matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
+                return matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
+            return matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
         self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact,
                       None if epilogue is None else epilogue.key), build,
                      [a.storage.raw, b.storage.raw] + outputs, params, groups, name,
