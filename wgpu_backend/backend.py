@@ -26,7 +26,7 @@ from .codegen.matmul import matmul_direct_wgsl, matmul_params, matmul_regtile_wg
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
-from .programs import ProgramRunner, one_node
+from .programs import ProgramRunner
 
 
 class DeviceLimitError(CindersError, MemoryError):
@@ -254,7 +254,7 @@ class Wgpu(Backend):
     def custom(self, op, handles, shape):
         """A user kernel (cinders.fusion.custom_op): one generated elementwise kernel around its
         WGSL function, a Program of one node."""
-        return self._programs.run(one_node("custom", op, handles, shape, dtypes.float32))[0]
+        return self._programs.run_op("custom", op, handles, shape, dtypes.float32)[0]
 
     # ---- creation and reading -------------------------------------------------------------
     def from_flat(self, values, shape, dtype):
@@ -323,8 +323,8 @@ class Wgpu(Backend):
         results); without one, the result may later take the buffer of an input that died
         meanwhile (pool.py, "In-place results")."""
         shape = broadcast_shape(*[h.shape for h in inputs])
-        program = one_node(op, None, inputs, shape, out_dtype)
-        return self._programs.run(program, None if out is None else [out])[0]
+        return self._programs.run_op(op, None, inputs, shape, out_dtype,
+                                     out=None if out is None else [out])[0]
 
     def _materialize(self, h):
         return self._elementwise("copy", [h], h.dtype)
@@ -346,8 +346,8 @@ class Wgpu(Backend):
     def reduce(self, op, x, axis, keepdim):
         frame = (tuple(x.shape), axis)
         shape = row_shape(frame) if keepdim else squeezed_row_shape(frame)
-        program = one_node("reduce_" + op, None, [x], shape, result_dtype(op, x.dtype), frame)
-        return self._programs.run(program)[0]
+        return self._programs.run_op("reduce_" + op, None, [x], shape, result_dtype(op, x.dtype),
+                                     frame)[0]
 
     # ---- matmul ---------------------------------------------------------------------------
     def matmul(self, a, b):

@@ -20,13 +20,8 @@ from .codegen.matmul import matmul_param_count
 
 
 _LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
-
-
-def _field_names(j, _names=[]):
-    """("l{j}_off", "l{j}_strides") of leaf j's fields in a flat layout (formatted once)."""
-    while len(_names) <= j:
-        _names.append(("l%d_off" % len(_names), "l%d_strides" % len(_names)))
-    return _names[j]
+_SOURCES = {}  # kernel key -> {None or in-place slot: WGSL} of the plans kept by run_op
+MAX_PLANS = 4096
 
 
 def leaf(h):
@@ -49,6 +44,7 @@ class ProgramRunner:
 
     def __init__(self, backend, max_buffers=None):
         self.backend = backend
+        self._plans = {}  # plain op signature -> Plan (run_op)
         limit = backend.device.limits["max_storage_buffers_per_shader_stage"]
         self.max_buffers = min(limit, max_buffers) if max_buffers else limit
 
@@ -59,25 +55,48 @@ class ProgramRunner:
     def run(self, program, out=None):
         """Launch `program`; returns [handle per output]. out: destination views, one per
         output, to write into instead of new buffers (copies into a region of a cat or pad)."""
+        plan = self._plan(program, out)
+        return self._execute(plan, [e.value for e in program.leaves], out)
+
+    def run_op(self, op, arg, handles, shape, dtype, frame=None, out=None):
+        """A plain op of the backend (see `one_node`), launched like `run(one_node(...))`. Its
+        plan is kept per structure (op, shapes, strides, dtypes, alignment, which handles share
+        a buffer), so the Program is built only the first time: a plain op is called often."""
+        signature = (op, arg.key if op == "custom" else None, dtype, shape, frame and frame[1],
+                     tuple((h.dtype, h.shape, h.strides, h.offset % 4, h.offset == 0)
+                           for h in handles),
+                     tuple(next(k for k, g in enumerate(handles) if g.storage is h.storage)
+                           for h in handles) if len(handles) > 1 else (),
+                     out and tuple((o.shape, o.strides, o.offset % 4) for o in out))
+        plan = self._plans.get(signature)
+        if plan is None:
+            program = one_node(op, arg, handles, shape, dtype, frame)
+            plan = self._plan(program, out)
+            plan.keep_sources()
+            if len(self._plans) >= MAX_PLANS:  # many shapes (varying inputs): start afresh
+                self._plans.clear()
+            self._plans[signature] = plan
+        return self._execute(plan, handles, out)
+
+    def _plan(self, program, out):
+        """How to launch `program` (a Plan; its key is None where nothing is to compute)."""
         shape, axis = program.shape, program.axis
-        backend = self.backend
         flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
         items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
+        specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         if items == 0:
-            return out or [backend.empty(program.exprs[o].shape, program.exprs[o].dtype)
-                           for o in program.outputs]
+            return Plan(None, None, None, (), None, None, specs, (), program.name, ())
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
-        slots, binding_of, handles = {}, [], []
-        for e in program.leaves:
+        slots, binding_of, slot_leaf = {}, [], []
+        for j, e in enumerate(program.leaves):
             slot = slots.setdefault((id(e.value.storage), e.dtype), len(slots))
-            if slot == len(handles):
-                handles.append(e.value)
+            if slot == len(slot_leaf):
+                slot_leaf.append(j)
             binding_of.append(slot)
         slots = list(slots)
         slot_types = tuple(dt.wgsl for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
-        specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         donors = ()
         if flat:
             n = items
@@ -93,8 +112,7 @@ class ProgramRunner:
             key = ("flat", program.key, tuple(binding_of), slot_types, layouts, out_layouts, width)
             values = {"n": n // width, "shape": shape, "consts": consts}
             for j, (_, strides, offset) in enumerate(views):
-                names = _field_names(j)
-                values[names[0]], values[names[1]] = offset // width, strides
+                values["l%d_off" % j], values["l%d_strides" % j] = offset // width, strides
             for j, o in enumerate(out or ()):
                 values["o%d_off" % j] = o.offset // width
                 if out_layouts[j] == "s":
@@ -104,7 +122,6 @@ class ProgramRunner:
             layout = _LAYOUTS.get(key)
             if layout is None:
                 layout = _LAYOUTS[key] = flat_layout(program, out_layouts)
-            params = layout.pack(**values)
             groups = groups_for(n // width, WG)
 
             def build(inplace=None):
@@ -113,8 +130,9 @@ class ProgramRunner:
 
             if not out and len(program.outputs) == 1:
                 donors = self._donors(program, slots, binding_of, layouts, views)
+            out_fields = [("o%d_off" % j, j, width) for j in range(len(out or ()))]
         else:
-            length = shape[axis]
+            width, length = 1, shape[axis]
             threads = row_threads(length)
             key = ("rows", program.key, tuple(binding_of), slot_types, threads)
             outer = [d for d in range(len(shape)) if d != axis]
@@ -129,12 +147,28 @@ class ProgramRunner:
             layout = _LAYOUTS.get(key)
             if layout is None:
                 layout = _LAYOUTS[key] = rows_layout(program)
-            params = layout.pack(**values)
             groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
-            build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
-        return backend.launch(key, build, handles, out or specs, params, groups, program.name,
-                              4 * sum(e.value.size for e in program.leaves),
-                              4 * sum(math.prod(s) for s, _ in specs), donors=donors)
+            build = lambda inplace=None: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
+            out_fields = []
+        # Where the per-call values (the offsets of leaves and destinations) sit in P.
+        offsets = [(layout.position("l%d_off" % j), j, width) for j in range(len(views))]
+        out_offsets = [(layout.position(name), j, w) for name, j, w in out_fields]
+        return Plan(key, build, layout.pack(**values), offsets, groups, slot_leaf, specs,
+                    donors, program.name, out_offsets)
+
+    def _execute(self, plan, leaf_handles, out):
+        backend = self.backend
+        if plan.key is None:
+            return out or [backend.empty(s, dt) for s, dt in plan.specs]
+        params = list(plan.params)
+        for position, j, width in plan.offsets:
+            params[position] = leaf_handles[j].offset // width
+        for position, j, width in plan.out_offsets:
+            params[position] = out[j].offset // width
+        return backend.launch(plan.key, plan.build, [leaf_handles[j] for j in plan.slot_leaf],
+                              out or plan.specs, params, plan.groups, plan.name,
+                              4 * sum(h.size for h in leaf_handles),
+                              4 * sum(math.prod(s) for s, _ in plan.specs), donors=plan.donors)
 
     @staticmethod
     def _donors(program, slots, binding_of, layouts, views):
@@ -199,6 +233,32 @@ class ProgramRunner:
             strides = strides[:axis] + (0,) + strides[axis:]
         strides = tuple(0 if n == 1 else s for n, s in zip(vshape, strides))
         return vshape, strides, h.offset
+
+
+class Plan:
+    """How to launch a Program: its kernel key and source builder, the parameter block with the
+    positions of the per-call offsets, grid, bindings (the leaf bound in each slot), outputs."""
+
+    __slots__ = ("key", "build", "params", "offsets", "groups", "slot_leaf", "specs", "donors",
+                 "name", "out_offsets")
+
+    def __init__(self, key, build, params, offsets, groups, slot_leaf, specs, donors, name,
+                 out_offsets):
+        self.key, self.build, self.params, self.offsets = key, build, params, offsets
+        self.groups, self.slot_leaf, self.specs, self.donors = groups, slot_leaf, specs, donors
+        self.name, self.out_offsets = name, out_offsets
+
+    def keep_sources(self):
+        """Let the plan outlive its Program, whose leaves hold the first call's buffers: the
+        kernel sources (the usual one and the in-place variants) are generated now, once per
+        kernel, and the plan's builder reads them."""
+        if self.key is None:
+            return
+        sources = _SOURCES.setdefault(self.key, {})
+        for inplace in (None,) + tuple(self.donors):
+            if inplace not in sources:
+                sources[inplace] = self.build(inplace)
+        self.build = lambda inplace=None: sources[inplace]
 
 
 class MatmulEpilogue:

@@ -66,6 +66,13 @@ class ParamLayout:
             raise KeyError("parameter %r has %s elements, asked for %r" % (name, count, i))
         return _p(start if i is None else start + i)
 
+    def position(self, name):
+        """Where scalar field `name` sits in the packed list."""
+        start, count = self._at[name]
+        if count is not None:
+            raise KeyError("parameter %r is an array" % name)
+        return start - (self.size - self.own)
+
     def array(self, name):
         """The WGSL expressions of every element of array field `name`."""
         return [self[name, i] for i in range(self._at[name][1])]
