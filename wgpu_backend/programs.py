@@ -6,6 +6,12 @@ chooses its shape (flat or rows, vec4 or not, threads per row) and launches it t
 backend's public compile-and-launch interface (`Wgpu.empty`, `Wgpu.launch`). It is what
 `Wgpu.fusion_compiler()` returns to cn.Fusion (the interface described in core/fusion/backend.py:
 `max_buffers`, `binding_key`, `run`, `run_matmul`).
+
+Planning a Program (bindings, layouts, parameter block, grid) is the runner's Python cost per
+launch. A plain op's plan depends only on its structure (op, shapes, strides, dtypes, alignment,
+shared buffers), so `run_op` keeps it per structure and later calls only patch the operands'
+offsets into the parameter block: a plain op costs no more host time than a hand-written kernel
+call would (benchmarks/wgpu_dispatch.py).
 """
 
 import math
