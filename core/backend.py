@@ -272,6 +272,12 @@ class Backend:
     def synchronize(self):
         """Wait for queued work. CPU backends compute eagerly, so there is nothing to wait for."""
 
+    def profile_start(self):
+        """cn.profile begins: a backend that measures more (GPU time) starts here."""
+
+    def profile_stop(self):
+        """cn.profile ends (after synchronize)."""
+
     def assign(self, target, new):
         """The handle `target` holds after `target[key] = value` computed `new` (a Tensor of the
         same shape and dtype). Tensors are values, so this is new's handle; a decorator that

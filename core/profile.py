@@ -75,8 +75,7 @@ class Profile:
 
     def __enter__(self):
         for b in self.chain:
-            if hasattr(b, "profile_start"):
-                b.profile_start()
+            b.profile_start()
         ACTIVE.append(self)
         return self
 
@@ -87,8 +86,7 @@ class Profile:
         finally:
             ACTIVE.remove(self)
             for b in self.chain:
-                if hasattr(b, "profile_stop"):
-                    b.profile_stop()
+                b.profile_stop()
         return False
 
     def __repr__(self):

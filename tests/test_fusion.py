@@ -352,3 +352,27 @@ def test_random_op_graphs_match_numpy_under_a_tight_buffer_limit(wgpu):
         for k in order[:4]:
             np.testing.assert_allclose(pools[fused][k].numpy(), pools[reference][k].numpy(),
                                        rtol=1e-4, atol=1e-4, err_msg="trial %d tensor %d" % (trial, k))
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.exp(),                      # elementwise
+    lambda x: x.sum(1),                     # reduction (a rows kernel)
+    lambda x: x.max(1, keepdim=True),
+])
+def test_plain_and_fused_ops_share_one_generator(wgpu, fused, make):
+    """cn.Wgpu's own op is a one-node Program: the same op as a one-op fused group is the very
+    same kernel (a pipeline cache hit), so the two generators cannot drift apart."""
+    xn = data(3 * 200).reshape(3, 200)
+    plain = make(cn.tensor(xn, backend=wgpu)).numpy()
+    with cn.profile(fused) as p:
+        got = make(cn.tensor(xn, backend=fused)).numpy()
+    assert p.kernel_launches == 1 and p.cache_misses == 0 and p.cache_hits >= 1
+    np.testing.assert_array_equal(got, plain)
+
+
+def test_math_helpers_bring_what_they_call():
+    from cinders.wgpu.codegen.mathlib import helpers_for
+    src = helpers_for("let y = asin_f(x) + fmax_f(x, y);")
+    names = [line.split("(")[0][3:] for line in src.splitlines() if line.startswith("fn ")]
+    assert names == ["atan_f", "asin_f", "isnan_f", "fmax_f"]  # callees first, each once
+    assert helpers_for("let y = x + 1.0;") == ""

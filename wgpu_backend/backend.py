@@ -22,11 +22,12 @@ from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
 from . import conv
-from .codegen import images, matmul as matmul_templates
+from .codegen import images
+from .codegen.matmul import matmul_direct_wgsl, matmul_params, matmul_regtile_wgsl, matmul_wgsl
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
-from .programs import ProgramRunner, one_node
+from .programs import ProgramRunner
 
 
 class DeviceLimitError(CindersError, MemoryError):
@@ -63,7 +64,8 @@ class _Runtime:
     def __init__(self, device):
         self.device = device
         self.pool = BufferPool(device)
-        self.kernels = {}  # kernel key -> (pipeline, wgsl) without regenerating WGSL
+        self.kernels = {}  # kernel key -> pipeline, without regenerating WGSL
+        self.in_place_sources = {}  # in-place variant key -> WGSL, until it is first compiled
         self.recorder = None  # cn.capture's LaunchRecorder for this device (capture.py)
         self.tuner = Tuner(device.name, device.limits.get("max_compute_workgroup_storage_size",
                                                            16384))
@@ -227,13 +229,16 @@ class Wgpu(Backend):
         buffers = [h.storage.raw for h in inputs]
         placement = None
         if donors:
-            # The in-place kernels' sources are written now, where still missing: a closure over
+            # The in-place kernels' sources are written now, once per key: a closure over
             # `build` would keep the inputs, the very buffers to donate, alive.
-            sources = {i: build(i) for i in donors if key + (i,) not in self._rt.kernels}
+            kernels, sources = self._rt.kernels, self._rt.in_place_sources
+            for i in donors:
+                if key + (i,) not in kernels and key + (i,) not in sources:
+                    sources[key + (i,)] = build(i)
             placement = Placement(
                 self._rt.pool, outs[0].storage,
                 [(i, buffers[i], inputs[i].storage.nbytes) for i in donors],
-                lambda i: self._pipeline(key + (i,), lambda: sources[i], name))
+                lambda i: self._pipeline(key + (i,), lambda: sources.pop(key + (i,)), name))
             buffers.append(None)
         else:
             buffers += [h.storage.raw for h in outs]
@@ -254,7 +259,7 @@ class Wgpu(Backend):
     def custom(self, op, handles, shape):
         """A user kernel (cinders.fusion.custom_op): one generated elementwise kernel around its
         WGSL function, a Program of one node."""
-        return self._programs.run(one_node("custom", op, handles, shape, dtypes.float32))[0]
+        return self._programs.run_op("custom", op, handles, shape, dtypes.float32)[0]
 
     # ---- creation and reading -------------------------------------------------------------
     def from_flat(self, values, shape, dtype):
@@ -330,8 +335,8 @@ class Wgpu(Backend):
         results); without one, the result may later take the buffer of an input that died
         meanwhile (pool.py, "In-place results")."""
         shape = broadcast_shape(*[h.shape for h in inputs])
-        program = one_node(op, None, inputs, shape, out_dtype)
-        return self._programs.run(program, None if out is None else [out])[0]
+        return self._programs.run_op(op, None, inputs, shape, out_dtype,
+                                     out=None if out is None else [out])[0]
 
     def _materialize(self, h):
         return self._elementwise("copy", [h], h.dtype)
@@ -353,8 +358,8 @@ class Wgpu(Backend):
     def reduce(self, op, x, axis, keepdim):
         frame = (tuple(x.shape), axis)
         shape = row_shape(frame) if keepdim else squeezed_row_shape(frame)
-        program = one_node("reduce_" + op, None, [x], shape, result_dtype(op, x.dtype), frame)
-        return self._programs.run(program)[0]
+        return self._programs.run_op("reduce_" + op, None, [x], shape, result_dtype(op, x.dtype),
+                                     frame)[0]
 
     # ---- matmul ---------------------------------------------------------------------------
     def matmul(self, a, b):
@@ -376,7 +381,7 @@ class Wgpu(Backend):
         return run(variant)
 
     def matmul_epilogue(self, a, b, epilogue):
-        """C = A @ B with `epilogue` (see matmul_templates.matmul_wgsl) applied at C's store, in the matmul
+        """C = A @ B with `epilogue` (codegen/matmul.py) applied at C's store, in the matmul
         kernel itself: cn.Fusion's bias + activation after a Linear or conv. Returns False
         (nothing launched) where the chosen variant splits K, or the product is empty."""
         *abatch, m, k = a.shape
@@ -414,7 +419,7 @@ class Wgpu(Backend):
         a_bstrides = [a.strides[d] if a.shape[d] > 1 else 0 for d in range(nbd)]
         b_bstrides = [b.strides[d] if b.shape[d] > 1 else 0 for d in range(nbd)]
         a_sm, a_sk, b_sk, b_sn = a.strides[-2], a.strides[-1], b.strides[-2], b.strides[-1]
-        params = matmul_templates.matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
+        params = matmul_params(m, n, k, kchunk, a.offset, b.offset, a_sm, a_sk, b_sk, b_sn,
                                        batch, a_bstrides, b_bstrides)
         if epilogue is None:
             out = self._new((splits,) + batch + (m, n) if splits > 1 else batch + (m, n),
@@ -434,11 +439,11 @@ class Wgpu(Backend):
 
         def build():
             if lanes_x:
-                return matmul_templates.matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a,
-                                                   vec_a, vec_b, exact, epilogue)
+                return matmul_regtile_wgsl(nbd, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a, vec_b,
+                                           exact, epilogue)
             if bk:
-                return matmul_templates.matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
-            return matmul_templates.matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
+                return matmul_wgsl(nbd, bm, bn, bk, tm, tn, vec_a, vec_b, exact, epilogue)
+            return matmul_direct_wgsl(nbd, bm, bn, tm, tn, epilogue)
         self._launch(("matmul", nbd, tiling, vec_a, vec_b, exact,
                       None if epilogue is None else epilogue.key), build,
                      [a.storage.raw, b.storage.raw] + outputs, params, groups, name,

@@ -6,6 +6,12 @@ chooses its shape (flat or rows, vec4 or not, threads per row) and launches it t
 backend's public compile-and-launch interface (`Wgpu.empty`, `Wgpu.launch`). It is what
 `Wgpu.fusion_compiler()` returns to cn.Fusion (the interface described in core/fusion/backend.py:
 `max_buffers`, `binding_key`, `run`, `run_matmul`).
+
+Planning a Program (bindings, layouts, parameter block, grid) is the runner's Python cost per
+launch. A plain op's plan depends only on its structure (op, shapes, strides, dtypes, alignment,
+shared buffers), so `run_op` keeps it per structure and later calls only patch the operands'
+offsets into the parameter block: a plain op costs no more host time than a hand-written kernel
+call would (benchmarks/wgpu_dispatch.py).
 """
 
 import math
@@ -17,6 +23,11 @@ from .codegen.prelude import WG, bits, groups_for
 from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, row_threads,
                               epilogue_layout, epilogue_wgsl, buffers, ROW_THREADS)
 from .codegen.matmul import matmul_param_count
+
+
+_LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
+_SOURCES = {}  # kernel key -> {None or in-place slot: WGSL} of the plans kept by run_op
+MAX_PLANS = 4096
 
 
 def leaf(h):
@@ -39,6 +50,7 @@ class ProgramRunner:
 
     def __init__(self, backend, max_buffers=None):
         self.backend = backend
+        self._plans = {}  # plain op signature -> Plan (run_op)
         limit = backend.device.limits["max_storage_buffers_per_shader_stage"]
         self.max_buffers = min(limit, max_buffers) if max_buffers else limit
 
@@ -49,36 +61,60 @@ class ProgramRunner:
     def run(self, program, out=None):
         """Launch `program`; returns [handle per output]. out: destination views, one per
         output, to write into instead of new buffers (copies into a region of a cat or pad)."""
+        plan = self._plan(program, out)
+        return self._execute(plan, [e.value for e in program.leaves], out)
+
+    def run_op(self, op, arg, handles, shape, dtype, frame=None, out=None):
+        """A plain op of the backend (see `one_node`), launched like `run(one_node(...))`. Its
+        plan is kept per structure (op, shapes, strides, dtypes, alignment, which handles share
+        a buffer), so the Program is built only the first time: a plain op is called often."""
+        signature = (op, arg.key if op == "custom" else None, dtype, shape, frame and frame[1],
+                     tuple((h.dtype, h.shape, h.strides, h.offset % 4, h.offset == 0)
+                           for h in handles),
+                     tuple(next(k for k, g in enumerate(handles) if g.storage is h.storage)
+                           for h in handles) if len(handles) > 1 else (),
+                     out and tuple((o.shape, o.strides, o.offset % 4) for o in out))
+        plan = self._plans.get(signature)
+        if plan is None:
+            program = one_node(op, arg, handles, shape, dtype, frame)
+            plan = self._plan(program, out)
+            plan.keep_sources()
+            if len(self._plans) >= MAX_PLANS:  # many shapes (varying inputs): start afresh
+                self._plans.clear()
+            self._plans[signature] = plan
+        return self._execute(plan, handles, out)
+
+    def _plan(self, program, out):
+        """How to launch `program` (a Plan; its key is None where nothing is to compute)."""
         shape, axis = program.shape, program.axis
-        backend = self.backend
         flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
         items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
+        specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         if items == 0:
-            return out or [backend.empty(program.exprs[o].shape, program.exprs[o].dtype)
-                           for o in program.outputs]
+            return Plan(None, None, None, (), None, None, specs, (), program.name, ())
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
-        slots, binding_of, handles = [], [], []
-        for e in program.leaves:
-            key = (id(e.value.storage), e.dtype)
-            if key not in slots:
-                slots.append(key)
-                handles.append(e.value)
-            binding_of.append(slots.index(key))
+        slots, binding_of, slot_leaf = {}, [], []
+        for j, e in enumerate(program.leaves):
+            slot = slots.setdefault((id(e.value.storage), e.dtype), len(slots))
+            if slot == len(slot_leaf):
+                slot_leaf.append(j)
+            binding_of.append(slot)
+        slots = list(slots)
         slot_types = tuple(dt.wgsl for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
-        specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         donors = ()
         if flat:
-            layouts = tuple("c" if v[0] == shape and e.value.is_contiguous() else "s"
-                            for v, e in zip(views, program.leaves))
+            n = items
+            # "c": contiguous in the frame shape (read at offset + i); "s": through strides.
+            layouts = tuple("c" if e.shape == shape and e.value.is_contiguous() else "s"
+                            for e in program.leaves)
             out_layouts = tuple("c" if o.is_contiguous() else "s" for o in out) if out else \
                 ("c",) * len(program.outputs)
-            n = math.prod(shape)
             # Contiguous everywhere and 16-byte aligned: each invocation moves vec4s.
-            width = 4 if (n % 4 == 0 and "s" not in layouts + out_layouts
-                          and all(v[2] % 4 == 0 for v in views)
-                          and all(o.offset % 4 == 0 for o in out or ())) else 1
+            width = 4 if (n % 4 == 0 and "s" not in layouts and "s" not in out_layouts
+                          and not any(v[2] % 4 for v in views)
+                          and not any(o.offset % 4 for o in out or ())) else 1
             key = ("flat", program.key, tuple(binding_of), slot_types, layouts, out_layouts, width)
             values = {"n": n // width, "shape": shape, "consts": consts}
             for j, (_, strides, offset) in enumerate(views):
@@ -89,7 +125,9 @@ class ProgramRunner:
                     values["o%d_strides" % j] = o.strides
             if not out:
                 values.update(("o%d_off" % j, 0) for j in range(len(program.outputs)))
-            params = flat_layout(program, out_layouts).pack(**values)
+            layout = _LAYOUTS.get(key)
+            if layout is None:
+                layout = _LAYOUTS[key] = flat_layout(program, out_layouts)
             groups = groups_for(n // width, WG)
 
             def build(inplace=None):
@@ -98,8 +136,9 @@ class ProgramRunner:
 
             if not out and len(program.outputs) == 1:
                 donors = self._donors(program, slots, binding_of, layouts, views)
+            out_fields = [("o%d_off" % j, j, width) for j in range(len(out or ()))]
         else:
-            length = shape[axis]
+            width, length = 1, shape[axis]
             threads = row_threads(length)
             key = ("rows", program.key, tuple(binding_of), slot_types, threads)
             outer = [d for d in range(len(shape)) if d != axis]
@@ -111,12 +150,31 @@ class ProgramRunner:
                 values["l%d_axis" % j] = strides[axis]
             cs = row_major_strides(shape)
             values["o_outer"], values["o_axis"] = [cs[d] for d in outer], cs[axis]
-            params = rows_layout(program).pack(**values)
+            layout = _LAYOUTS.get(key)
+            if layout is None:
+                layout = _LAYOUTS[key] = rows_layout(program)
             groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
-            build = lambda: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
-        return backend.launch(key, build, handles, out or specs, params, groups, program.name,
-                              4 * sum(e.value.size for e in program.leaves),
-                              4 * sum(math.prod(s) for s, _ in specs), donors=donors)
+            build = lambda inplace=None: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
+            out_fields = []
+        # Where the per-call values (the offsets of leaves and destinations) sit in P.
+        offsets = [(layout.position("l%d_off" % j), j, width) for j in range(len(views))]
+        out_offsets = [(layout.position(name), j, w) for name, j, w in out_fields]
+        return Plan(key, build, layout.pack(**values), offsets, groups, slot_leaf, specs,
+                    donors, program.name, out_offsets)
+
+    def _execute(self, plan, leaf_handles, out):
+        backend = self.backend
+        if plan.key is None:
+            return out or [backend.empty(s, dt) for s, dt in plan.specs]
+        params = list(plan.params)
+        for position, j, width in plan.offsets:
+            params[position] = leaf_handles[j].offset // width
+        for position, j, width in plan.out_offsets:
+            params[position] = out[j].offset // width
+        return backend.launch(plan.key, plan.build, [leaf_handles[j] for j in plan.slot_leaf],
+                              out or plan.specs, params, plan.groups, plan.name,
+                              4 * sum(h.size for h in leaf_handles),
+                              4 * sum(math.prod(s) for s, _ in plan.specs), donors=plan.donors)
 
     @staticmethod
     def _donors(program, slots, binding_of, layouts, views):
@@ -176,11 +234,37 @@ class ProgramRunner:
         """(shape, strides, offset) of leaf h in frame coordinates: a leaf that lost the
         reduced axis gets it back with size 1; broadcast dims read with stride 0."""
         vshape, strides = h.shape, h.strides
-        if len(vshape) == len(shape) - 1:
+        if axis is not None and len(vshape) == len(shape) - 1:
             vshape = vshape[:axis] + (1,) + vshape[axis:]
             strides = strides[:axis] + (0,) + strides[axis:]
         strides = tuple(0 if n == 1 else s for n, s in zip(vshape, strides))
         return vshape, strides, h.offset
+
+
+class Plan:
+    """How to launch a Program: its kernel key and source builder, the parameter block with the
+    positions of the per-call offsets, grid, bindings (the leaf bound in each slot), outputs."""
+
+    __slots__ = ("key", "build", "params", "offsets", "groups", "slot_leaf", "specs", "donors",
+                 "name", "out_offsets")
+
+    def __init__(self, key, build, params, offsets, groups, slot_leaf, specs, donors, name,
+                 out_offsets):
+        self.key, self.build, self.params, self.offsets = key, build, params, offsets
+        self.groups, self.slot_leaf, self.specs, self.donors = groups, slot_leaf, specs, donors
+        self.name, self.out_offsets = name, out_offsets
+
+    def keep_sources(self):
+        """Let the plan outlive its Program, whose leaves hold the first call's buffers: the
+        kernel sources (the usual one and the in-place variants) are generated now, once per
+        kernel, and the plan's builder reads them."""
+        if self.key is None:
+            return
+        sources = _SOURCES.setdefault(self.key, {})
+        for inplace in (None,) + tuple(self.donors):
+            if inplace not in sources:
+                sources[inplace] = self.build(inplace)
+        self.build = lambda inplace=None: sources[inplace]
 
 
 class MatmulEpilogue:

@@ -178,7 +178,8 @@ class Program:
         self.leaves, self.consts, self.nodes = [], [], []
         self.exprs = nodes
         index = {id(e): i for i, e in enumerate(nodes)}
-        leaf_index, const_index = {}, {}
+        leaf_index, const_index, structure = {}, {}, []
+        self.has_reduce = False
         for e in nodes:
             refs = []
             for x in e.inputs:
@@ -195,14 +196,15 @@ class Program:
                     if j == len(self.leaves):
                         self.leaves.append(x)
                     refs.append(("l", j))
-            role = "row" if is_row(e.fshape, frame) else "full"
-            self.nodes.append((e.op, e.arg, tuple(refs), role, e.dtype))
+            refs = tuple(refs)
+            role = "row" if axis is not None and is_row(e.fshape, frame) else "full"
+            op = e.op
+            self.nodes.append((op, e.arg, refs, role, e.dtype))
+            structure.append((op, e.arg.key if op == "custom" else None, refs, role, e.dtype))
+            self.has_reduce = self.has_reduce or op.startswith("reduce_")
         self.outputs = [index[id(e)] for e in outputs]
-        self.has_reduce = any(op.startswith("reduce_") for op, *_ in self.nodes)
-        self.key = (len(shape), axis is not None,
-                    tuple((op, getattr(arg, "key", None) if op == "custom" else None, refs, role,
-                           dtype.name) for op, arg, refs, role, dtype in self.nodes),
-                    tuple(x.dtype.name for x in self.consts), tuple(self.outputs))
+        self.key = (len(shape), axis is not None, tuple(structure),
+                    tuple(x.dtype for x in self.consts), tuple(self.outputs))
 
     @property
     def name(self):

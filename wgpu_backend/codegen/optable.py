@@ -5,7 +5,11 @@ these entries alone (program.py), so a new op is one line here.
 Operand kinds are `DType.kind`: f (f32), i (i32), b (bool held in a u32 as 0/1).
 """
 
+from cinders.dtypes import COMPUTE_DTYPES
+
 from .prelude import zero
+
+_DTYPE_OF_KIND = {d.kind: d for d in COMPUTE_DTYPES}  # cast_<kind> names its target by kind
 
 # {a} {b} {c} are the operand values; kinds f (f32), i (i32), b (u32 bool).
 _ARITH = {
@@ -61,15 +65,12 @@ def op_expression(op, operand_dtypes):
     raise KeyError(op)
 
 
-_WGSL_OF_KIND = {"f": "f32", "i": "i32", "b": "u32"}
-
-
 def _cast(src, dst_kind):
     if src.kind == dst_kind:
         return "{a}"
     if dst_kind == "b":
         return "u32(!({a} == %s))" % zero(src.wgsl)  # NaN -> True
-    return "%s({a})" % _WGSL_OF_KIND[dst_kind]  # f32(i32), i32(f32) truncates toward zero...
+    return "%s({a})" % _DTYPE_OF_KIND[dst_kind].wgsl  # f32(i32); i32(f32) truncates toward 0
 
 
 # ---- reductions ----------------------------------------------------------------------------

@@ -66,6 +66,13 @@ class ParamLayout:
             raise KeyError("parameter %r has %s elements, asked for %r" % (name, count, i))
         return _p(start if i is None else start + i)
 
+    def position(self, name):
+        """Where scalar field `name` sits in the packed list."""
+        start, count = self._at[name]
+        if count is not None:
+            raise KeyError("parameter %r is an array" % name)
+        return start - (self.size - self.own)
+
     def array(self, name):
         """The WGSL expressions of every element of array field `name`."""
         return [self[name, i] for i in range(self._at[name][1])]
@@ -73,16 +80,15 @@ class ParamLayout:
     def pack(self, **values):
         out = []
         for name, _, count in self.fields:
-            value = values.pop(name)
+            value = values[name]
             if count is None:
                 out.append(int(value))
             else:
-                value = [int(v) for v in value]
                 if len(value) != count:
                     raise ValueError("parameter %r takes %d values, got %d" % (name, count, len(value)))
-                out += value
-        if values:
-            raise TypeError("unknown kernel parameters %s" % sorted(values))
+                out += map(int, value)
+        if len(values) != len(self.fields):
+            raise TypeError("unknown kernel parameters %s" % sorted(set(values) - set(self._at)))
         return out
 
 
