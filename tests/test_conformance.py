@@ -8,10 +8,12 @@ a reduction; PyTorch in float64 is the oracle, and the entry's exactness class i
     ACCUMULATED  rtol 1e-5 (float32 sums in the backend's order)
 
 The hand-written rows below test what the table does not say: composites, scalars and dtype
-promotion, broadcasting shapes, movement, indexing, images, the protocol's x // 0. Each row: a name, the op written with cinders (`fn(*tensors)`), the same op written with NumPy
-(`ref(*arrays)`, float inputs promoted to float64 and ints to int64), and the input arrays. The
-expected dtype follows the reference's kind (float -> cn.float32, int -> cn.int32, bool -> cn.bool)
-unless the row says otherwise; the reference is rounded to that dtype before comparing.
+promotion, broadcasting shapes, movement, indexing, images, the protocol's x // 0. Each row: a
+name, the op written with cinders (`fn(*tensors)`), the same op written with NumPy (`ref(*arrays)`,
+float inputs promoted to float64 and ints to int64), and the input arrays. The expected dtype
+follows the reference's kind (float -> cn.float32, int -> cn.int32, bool -> cn.bool) unless the
+row says otherwise; the reference is rounded to that dtype before comparing. (The browser suites
+replay these rows: e2e/primitive_trace.py.)
 """
 
 import math
