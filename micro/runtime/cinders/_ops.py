@@ -156,8 +156,8 @@ def _strides(shape):
     return out
 
 
-# NaN propagates through every op, like the desktop: the tests are written so that NaN, which
-# fails every comparison, takes the computing branch.
+# NaN propagates through every op, like the desktop: the comparisons are written so that NaN,
+# which fails every one, takes the branch that computes.
 
 def _sigmoid(v):
     return 0.0 if v <= -80.0 else 1.0 / (1.0 + math.exp(-v))
