@@ -36,11 +36,13 @@ _ERF_LARGE = (0.99997790868946, 0.0001392527908787302, -0.0004177003607232283, 0
               -0.0010450971170379512, 0.0010163322020352674, -0.00073494032001357,
               0.0003914576360154836, -0.00014119153195342926, 1.2318377505001385e-05,
               2.214484271926646e-05, -9.620902801543707e-06)
-_ERF_BLOCK = 1 << 16  # float64 temporaries of 512 KB: the Horner steps stay in the cache
+# Blocks of 2^17 floats: the float64 temporaries (1 MB each, allocated once per call: fresh
+# ones per block cost more in page faults than the arithmetic) stay in the cache.
+_ERF_BLOCK = 1 << 17
 
 
-def _horner(coefficients, t):
-    out = t * coefficients[-1]
+def _horner(coefficients, t, out=None):
+    out = np.multiply(t, coefficients[-1], out=out)
     for c in coefficients[-2:0:-1]:
         out += c
         out *= t
@@ -48,23 +50,23 @@ def _horner(coefficients, t):
     return out
 
 
-def _erf_block(x, out):
-    a = np.abs(x, dtype=np.float64)
-    value = _horner(_ERF_SMALL, a * a)  # meaningless for |x| >= 2: replaced below
-    value *= a
-    large = np.flatnonzero(a >= 2.0)  # NaN is not: it stays NaN from S
-    if large.size:
-        b = a[large]
-        value[large] = np.where(b < 4.0, _horner(_ERF_LARGE, np.minimum(b, 4.0) - 3.0), 1.0)
-    np.copysign(value, x, out=out, casting="same_kind")
-
-
 def _erf(x):
     flat = x.reshape(-1)
-    out = np.empty(flat.shape, x.dtype)
+    result = np.empty(flat.shape, x.dtype)
+    a, t, value = (np.empty(min(flat.size, _ERF_BLOCK)) for _ in range(3))
     for start in range(0, flat.size, _ERF_BLOCK):
-        _erf_block(flat[start:start + _ERF_BLOCK], out[start:start + _ERF_BLOCK])
-    return out.reshape(x.shape)
+        block = flat[start:start + _ERF_BLOCK]
+        k = block.size
+        np.abs(block, out=a[:k])
+        np.multiply(a[:k], a[:k], out=t[:k])
+        _horner(_ERF_SMALL, t[:k], value[:k])  # meaningless for |x| >= 2: replaced below
+        value[:k] *= a[:k]
+        large = np.flatnonzero(a[:k] >= 2.0)  # NaN is not: it stays NaN from S
+        if large.size:
+            b = a[large]
+            value[large] = np.where(b < 4.0, _horner(_ERF_LARGE, np.minimum(b, 4.0) - 3.0), 1.0)
+        np.copysign(value[:k], block, out=result[start:start + k], casting="same_kind")
+    return result.reshape(x.shape)
 
 
 def _floordiv(a, b):
