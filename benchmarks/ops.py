@@ -2,6 +2,9 @@
 
 Prints one JSON line per (bench, size):
     {"bench", "size", "cinders_us", "numpy_us", "overhead_us", "ratio"}
+and the cost of erf on cn.NumPy() (its own vectorised kernel: NumPy has no erf) against tanh's,
+per million floats, with the per-element math.erf it replaced:
+    {"bench": "erf_vs_tanh", "size", "erf_us", "tanh_us", "ratio", "math_erf_us"}
 Timings are best-of-R per-call means over blocks of n calls, with the cinders and raw NumPy
 blocks interleaved so both see the same machine load.
 
@@ -10,6 +13,7 @@ blocks interleaved so both see the same machine load.
 
 import argparse
 import json
+import math
 import time
 
 import numpy as np
@@ -61,6 +65,16 @@ def cases(quick):
         yield "matmul", size, (lambda: ta @ tb), (lambda: a @ b)
 
 
+def erf_vs_tanh(repeat):
+    x = cn.tensor(np.random.default_rng(0).standard_normal(1_000_000).astype(np.float32), backend=cn.NumPy())
+    erf_us, tanh_us = side_by_side(lambda: x.erf(), lambda: x.tanh(), repeat)
+    per_element = np.vectorize(math.erf, otypes=[np.float64])
+    values = x.numpy()
+    math_erf_us, _ = side_by_side(lambda: per_element(values).astype(np.float32), lambda: None, 1)
+    return {"bench": "erf_vs_tanh", "size": x.shape[0], "erf_us": round(erf_us, 1), "tanh_us": round(tanh_us, 1),
+            "ratio": round(erf_us / tanh_us, 2), "math_erf_us": round(math_erf_us, 1)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=7, help="blocks per side; the best counts")
@@ -70,6 +84,7 @@ def main():
         c, n = side_by_side(cinders_fn, numpy_fn, args.repeat)
         print(json.dumps({"bench": bench, "size": size, "cinders_us": round(c, 2), "numpy_us": round(n, 2),
                           "overhead_us": round(c - n, 2), "ratio": round(c / n, 3)}), flush=True)
+    print(json.dumps(erf_vs_tanh(args.repeat)), flush=True)
 
 
 if __name__ == "__main__":

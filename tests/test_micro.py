@@ -27,6 +27,8 @@ from cinders.micro import export, quantize
 from cinders.models.mnist import MnistCNN, MnistMLP
 
 import firmware_support as fs
+import op_cases
+from cinders import ops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -224,6 +226,50 @@ def test_every_layer_matches_numpy(micropython, digits, tmp_path):
         got = _run(micropython, bundle, ESP32_HEAP, inp)
         want = _desktop_logits(model, pixels)
         np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-5)
+
+
+# The board's own op tables (micro/runtime/cinders/_ops.py), keyed by the desktop table's names.
+_BOARD_OPS = """
+import sys
+sys.path.insert(0, %r)
+from cinders import _ops, tensor
+nan, inf = float("nan"), float("inf")
+TABLES = {"unary": _ops.UNARY, "binary": _ops.BINARY, "reduce": _ops.METHODS}
+for label, name, kind, inputs, axis in %r:
+    if name not in TABLES[kind]:
+        print(label, "|", "missing")
+        continue
+    xs = [tensor(x) for x in inputs]
+    out = (_ops.unary(name, xs[0]) if kind == "unary" else _ops.binary(name, xs[0], xs[1])
+           if kind == "binary" else TABLES[kind][name](xs[0], axis))
+    print(label, "|", out.tolist())
+"""
+
+
+def test_board_ops_match_the_desktop_on_the_tables_rows(micropython, tmp_path):
+    # Every op of the desktop table the board has, on the generated float rows (domain samples,
+    # every pair of edge values: inf, NaN, signed zeros, halves), against cn.NumPy().
+    rows = [r for r in op_cases.conformance_rows() if r.inputs[0].dtype == np.float32]
+    cases = [(r.label, r.name, ops.OPS[r.name].kind, [x.astype(float).tolist() for x in r.inputs], r.axis)
+             for r in rows]
+    script = tmp_path / "ops.py"
+    script.write_text(_BOARD_OPS % (os.path.join(REPO, "micro", "runtime"), cases))
+    run = subprocess.run([micropython, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    answers = dict(line.split(" | ") for line in run.stdout.splitlines())
+    checked = set()
+    for row in rows:
+        if answers[row.label] == "missing":
+            continue
+        checked.add(row.name)
+        got = np.array(json.loads(answers[row.label].replace("nan", "NaN").replace("inf", "Infinity")))
+        want = op_cases.apply_method(row.name, [cn.tensor(x, backend=cn.NumPy()) for x in row.inputs], row.axis)
+        want = want.numpy().astype(np.float64)
+        if ops.OPS[row.name].exactness == ops.EXACT:
+            np.testing.assert_array_equal(got, want, err_msg=row.label)
+        else:  # the board's libm in double vs NumPy's float32 kernels; A&S erf where math has none
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=row.label)
+    assert {"exp", "tanh", "erf", "maximum", "minimum", "pow", "max", "argmax"} <= checked, checked
 
 
 def _board(micropython, bundle, code, heap="160K"):

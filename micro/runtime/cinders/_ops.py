@@ -156,12 +156,15 @@ def _strides(shape):
     return out
 
 
+# NaN propagates through every op, like the desktop: the comparisons are written so that NaN,
+# which fails every one, takes the branch that computes.
+
 def _sigmoid(v):
-    return 1.0 / (1.0 + math.exp(-v)) if v > -80.0 else 0.0
+    return 0.0 if v <= -80.0 else 1.0 / (1.0 + math.exp(-v))
 
 
 def _relu(v):
-    return v if v > 0.0 else 0.0
+    return 0.0 if v <= 0.0 else v
 
 
 def _gelu(v):
@@ -183,19 +186,27 @@ def _sqrt(v):
 
 
 def _exp(v):
-    return math.exp(v) if v < 88.7 else _INF  # float32 overflows past 88.72
+    return _INF if v >= 88.7 else math.exp(v)  # float32 overflows past 88.72
 
 
-def _round(v):  # half to even, like the desktop (and Python's round)
-    return float(round(v))
+def _whole(f):
+    # floor/ceil/round of inf and NaN are themselves (math raises: they have no int)
+    return lambda v: float(f(v)) if v - v == 0.0 else v
+
+
+_round = _whole(round)  # half to even, like the desktop (and Python's round)
+
+
+def _periodic(f):
+    return lambda v: f(v) if v - v == 0.0 else _NAN  # sin(inf) is NaN (math raises)
 
 
 # Keyed by the desktop op table's names (core/ops.py), so the methods are the same.
 UNARY = {"relu": _relu, "sigmoid": _sigmoid, "tanh": math.tanh, "exp": _exp, "erf": _erf,
          "round": _round,
          "log": _log, "sqrt": _sqrt, "abs": abs, "neg": lambda v: -v,
-         "gelu": _gelu, "sin": math.sin, "cos": math.cos,
-         "floor": lambda v: float(math.floor(v)), "ceil": lambda v: float(math.ceil(v))}
+         "gelu": _gelu, "sin": _periodic(math.sin), "cos": _periodic(math.cos),
+         "floor": _whole(math.floor), "ceil": _whole(math.ceil)}
 
 
 def unary(name, t):
@@ -241,18 +252,25 @@ def _div(x, y):
 
 
 def _pow(x, y):
-    if x < 0.0 and y % 1.0 != 0.0:
-        return _NAN  # not a complex number, as MicroPython would give
+    if x < 0.0 and x - x == 0.0 and y - y == 0.0 and y % 1.0 != 0.0:
+        return _NAN  # a finite negative base to a finite fraction: NaN, not a complex number
     try:
-        return x ** y
-    except (OverflowError, ZeroDivisionError):
-        return _INF
+        return math.pow(x, y)  # IEEE's cases of inf and NaN operands, unlike x ** y
+    except (ValueError, OverflowError):  # an infinite result: 0 to a negative power, overflow
+        negative = y % 2.0 == 1.0 and math.copysign(1.0, x) < 0.0  # odd powers keep the sign
+        return -_INF if negative else _INF
+
+
+def _maximum(x, y):
+    return x if x > y or x != x else y  # a NaN on either side is the result
+
+
+def _minimum(x, y):
+    return x if x < y or x != x else y
 
 
 BINARY = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
-          "div": _div,
-          "pow": _pow, "maximum": lambda x, y: x if x > y else y,
-          "minimum": lambda x, y: x if x < y else y}
+          "div": _div, "pow": _pow, "maximum": _maximum, "minimum": _minimum}
 
 
 def _operand(x):

@@ -137,7 +137,8 @@ def reduce(name, t, axis=None, keepdim=False):
                 acc += x
                 product *= x
                 if (name == "max" or name == "argmax") and x > best or \
-                        (name == "min" or name == "argmin") and x < best:
+                        (name == "min" or name == "argmin") and x < best or \
+                        x != x and best == best:  # the first NaN wins, like the desktop
                     best = x
                     at = s
             out[o * inner + i] = {"sum": acc, "prod": product, "mean": acc / size if size else _NAN,
