@@ -82,6 +82,14 @@ def host_value(compute, backend):
     return _from_base(Tensor(base, h, (), dtypes.float32), chain)
 
 
+def hold(value):
+    """Keep value alive until the recording of the call in progress ends: a buffer uploaded
+    during a recording keeps its values for every replay only if no kernel of the call takes it
+    over once its tensor dies (wgpu_backend's from_flat holds its uploads so)."""
+    if _HOST:
+        _HOST[-1]["held"].append(value)
+
+
 def on_replay(callback):
     """Run callback() at every replay of the call being recorded, after the host values are
     computed: how Python-side state that fn advances (step counters) keeps counting."""

@@ -348,32 +348,67 @@ def _decoder(optimum):
     return (Optimum() if optimum else Plain()).eval()
 
 
+def _hf_gpt2_with_cache():
+    """transformers' GPT-2 (random weights) behind a wrapper whose past keys/values are inputs
+    and present ones outputs (what optimum exports), with attention_mask and position_ids."""
+    import torch
+    onnx_models._torchvision_models()
+    import transformers as tf
+    torch.manual_seed(0)
+    inner = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50, n_embd=HEADS * HEAD_DIM, n_layer=LAYERS, n_head=HEADS,
+                                             n_positions=64, initializer_range=0.2)).eval()
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, attention_mask, position_ids, *past):
+            cache = tf.DynamicCache()
+            for i in range(LAYERS):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.inner(input_ids=ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True)
+            layers = out.past_key_values.layers
+            return (out.logits,) + tuple(t for layer in layers for t in (layer.keys, layer.values))
+    return WithCache()
+
+
 @pytest.fixture(scope="session")
 def decoder_path(tmp_path_factory):
-    """decoder_path(optimum) -> the exported decoder (TorchScript exporter), once per session."""
+    """decoder_path(kind) -> the exported decoder, once per session: "plain" and "optimum" (the
+    decoder above, TorchScript exporter), "gpt2" (transformers' GPT-2, dynamo exporter)."""
     import torch
     folder, paths = tmp_path_factory.mktemp("decoder"), {}
 
-    def get(optimum):
-        if optimum not in paths:
-            path = str(folder / ("decoder-%s.onnx" % ("optimum" if optimum else "plain")))
+    def get(kind):
+        if kind not in paths:
+            path = str(folder / ("decoder-%s.onnx" % kind))
             presents = [n.replace("past_key_values", "present") for n in PASTS]
-            extra = ["attention_mask", "position_ids"] if optimum else []
-            dims = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
-                    "attention_mask": {0: "batch", 1: "total"}, "position_ids": {0: "batch", 1: "seq"}}
-            dims.update({n: {0: "batch", 2: "past"} for n in PASTS})
-            dims.update({n: {0: "batch", 2: "total"} for n in presents})
+            extra = [] if kind == "plain" else ["attention_mask", "position_ids"]
             example = (torch.randint(0, 50, (2, 3)),) + \
-                ((torch.ones(2, 7, dtype=torch.int64), torch.arange(4, 7).repeat(2, 1)) if optimum else ()) + \
+                ((torch.ones(2, 7, dtype=torch.int64), torch.arange(4, 7).repeat(2, 1)) if extra else ()) + \
                 tuple(torch.randn(2, HEADS, 4, HEAD_DIM) for _ in PASTS)
+            names = dict(input_names=["input_ids"] + extra + PASTS, output_names=["logits"] + presents)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                torch.onnx.export(_decoder(optimum), example, path, dynamo=False,
-                                  input_names=["input_ids"] + extra + PASTS, output_names=["logits"] + presents,
-                                  dynamic_axes={n: dims[n] for n in ["input_ids", "logits"] + extra + PASTS + presents},
-                                  opset_version=17)
-            paths[optimum] = path
-        return paths[optimum]
+                if kind == "gpt2":
+                    dim = torch.export.Dim
+                    batch, seq = dim("batch", min=1, max=8), dim("seq", min=1, max=32)
+                    shapes = ({0: batch, 1: seq}, {0: batch, 1: dim("total", min=1, max=64)}, {0: batch, 1: seq},
+                              tuple({0: batch, 2: dim("past", min=0, max=32)} for _ in PASTS))
+                    torch.onnx.export(_hf_gpt2_with_cache(), example, dynamo=True, dynamic_shapes=shapes,
+                                      **names).save(path)
+                else:
+                    dims = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
+                            "attention_mask": {0: "batch", 1: "total"}, "position_ids": {0: "batch", 1: "seq"}}
+                    dims.update({n: {0: "batch", 2: "past"} for n in PASTS})
+                    dims.update({n: {0: "batch", 2: "total"} for n in presents})
+                    torch.onnx.export(_decoder(kind == "optimum"), example, path, dynamo=False, opset_version=17,
+                                      dynamic_axes={n: dims[n] for n in ["input_ids", "logits"] + extra + PASTS +
+                                                    presents}, **names)
+            paths[kind] = path
+        return paths[kind]
     return get
 
 
@@ -396,17 +431,17 @@ def _ort_greedy(path, prompt, steps):
     return rows
 
 
-@pytest.mark.parametrize("optimum", [False, True], ids=["growing", "window"])
+@pytest.mark.parametrize("kind", ["plain", "optimum", "gpt2"])
 @pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu"])
-def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name, optimum):
+def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name, kind):
     """Greedy decoding with the KV cache fed back: the same tokens as a greedy loop on onnxruntime,
     whether the pasts grow (plain graph) or keep a fixed, masked length (optimum-style inputs)."""
     from cinders.onnx import generate
     backend = {"numpy": cn.NumPy, "python": cn.Python, "wgpu": lambda: cn.Wgpu(autotune=False)}[backend_name]()
-    model = load(decoder_path(optimum), backend=backend)
+    model = load(decoder_path(kind), backend=backend)
     assert model.device_reads == []
     prompt = [[5, 7, 9, 11], [1, 2, 3, 4]]
-    assert generate(model, prompt, 12) == _ort_greedy(decoder_path(optimum), prompt, 12)
+    assert generate(model, prompt, 12) == _ort_greedy(decoder_path(kind), prompt, 12)
 
 
 def test_window_decode_steps_replay_without_device_reads(decoder_path):
@@ -415,7 +450,7 @@ def test_window_decode_steps_replay_without_device_reads(decoder_path):
     the device until the tokens are returned."""
     from cinders.onnx import generate
     backend = cn.Wgpu(autotune=False)
-    model = load(decoder_path(True), backend=backend)
+    model = load(decoder_path("optimum"), backend=backend)
     prompt = [[5, 7, 9, 11]]
     with cn.profile(backend) as p:
         tokens = generate(model, prompt, 10)
@@ -424,13 +459,13 @@ def test_window_decode_steps_replay_without_device_reads(decoder_path):
     # of their own; decode steps 2-4 run (warm, recorded twice), steps 5-9 replay
     assert len(replays) == 5
     assert p.device_reads == 10     # the ten picked tokens, read once at the end
-    assert tokens == _ort_greedy(decoder_path(True), prompt, 10)
+    assert tokens == _ort_greedy(decoder_path("optimum"), prompt, 10)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder_path):
     from cinders.onnx import generate
-    for optimum in (False, True):
-        model = load(decoder_path(optimum), backend=cn.NumPy())
+    for kind in ("plain", "optimum"):
+        model = load(decoder_path(kind), backend=cn.NumPy())
         prompt = [[5, 7, 9]]
         first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
         assert first == generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)

@@ -236,7 +236,15 @@ class Wgpu(Backend):
                 data = array(code, values)
             except TypeError:
                 data = array(code, [int(v) if code == "i" else float(v) for v in values])
-        out = self._new(shape, dtype)
+        if len(data) and self.device.recording_here() is not None:
+            # cn.capture records this call and a replay uploads nothing: the values get a buffer
+            # no kernel has used, kept alive to the end of the call (no kernel takes it over).
+            from cinders.capture import hold
+            out = GpuArray(self._rt.pool.allocate(4 * len(data), fresh=True), tuple(shape),
+                           row_major_strides(tuple(shape)), 0, dtype)
+            hold(out)
+        else:
+            out = self._new(shape, dtype)
         if len(data):
             self.device.write_buffer(out.storage.raw, 0, data.tobytes())
         return out
