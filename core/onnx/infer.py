@@ -318,6 +318,8 @@ def _reduce(x, inputs, attrs):
     if axes is None and len(inputs) > 1 and inputs[1] is not None:
         return None
     rank = len(x.shape)
+    if not axes and attrs.get("noop_with_empty_axes"):
+        return Info(x.shape)
     drop = set(range(rank)) if not axes else {_axis(a, rank) for a in axes}
     if attrs.get("keepdims", 1):
         return Info([1 if i in drop else d for i, d in enumerate(x.shape)])

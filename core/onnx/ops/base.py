@@ -116,10 +116,18 @@ _HOST = []
 
 
 def host_backend():
-    """cn.Python(): where shape arithmetic runs (see codegen.HOST_OPS)."""
+    """A cn.Python() of its own device ("host"): where shape arithmetic runs (see codegen.HOST_OPS).
+    Being another device, its values never mix unconverted with a cn.Python() model's, and
+    cn.profile of that model does not count their reads as the model's."""
     if not _HOST:
         from ...backends.python_backend import Python
-        _HOST.append(Python())
+
+        class Host(Python):
+            name = "host"
+
+            def device_key(self):
+                return ("Python", "host")
+        _HOST.append(Host())
     return _HOST[0]
 
 
