@@ -140,14 +140,18 @@ def _assert_close(got, expected, what):
 @pytest.mark.parametrize("backend_name", ["numpy", "python"])
 @pytest.mark.parametrize("name", MODELS)
 def test_transformer_matches_onnxruntime(exported, name, backend_name):
-    """Batch 1 and 3 (and another sequence length) through one import, against onnxruntime."""
+    """Batch 1 and 3 (and another sequence length) through one import, against onnxruntime;
+    the forward reads no value of the model's backend."""
     path = exported(name)
     backend = cn.NumPy() if backend_name == "numpy" else cn.Python()
     model = load(path, backend=backend)
     assert model.device_reads == []
     for batch, seed in ((1, 0), (3, 1)):
         inputs = _inputs(name, batch, seed)
-        _assert_close(model(*_tensors(inputs, backend)).numpy(), _ort(path, inputs), (name, batch))
+        with cn.profile(backend) as p:   # (the shape values' own reads are the host's, not counted)
+            out = model(*_tensors(inputs, backend))
+        assert p.device_reads == 0
+        _assert_close(out.numpy(), _ort(path, inputs), (name, batch))
 
 
 @pytest.mark.parametrize("name, exporter", [(n, "torchscript") for n in MODELS] + [(n, "dynamo") for n in DYNAMO])
@@ -288,11 +292,13 @@ def test_data_dependent_nodes_are_listed(tmp_path):
 # -- text generation with a KV cache (cinders.onnx.generate) ----------------------------------------
 
 HEADS, HEAD_DIM, LAYERS = 4, 8, 2
+PASTS = ["past_key_values.%d.%s" % (i, kv) for i in range(LAYERS) for kv in ("key", "value")]
 
 
-def _decoder():
-    """A GPT-style decoder whose past keys/values are inputs and present ones outputs; positions
-    and the causal mask come from the past length (Shape -> Range -> LessOrEqual in the graph)."""
+def _decoder(optimum):
+    """A GPT-style decoder whose past keys/values are inputs and present ones outputs. Plain:
+    positions and the causal mask come from the past length (Shape -> Range -> LessOrEqual in the
+    graph); optimum-style: from the attention_mask and position_ids inputs."""
     import math
     import torch
     torch.manual_seed(0)
@@ -323,69 +329,151 @@ def _decoder():
             self.blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS))
             self.ln, self.head = torch.nn.LayerNorm(width), torch.nn.Linear(width, vocab, bias=False)
 
-        def forward(self, ids, *past):
-            t, p = ids.shape[1], past[0].shape[2]
-            pos = torch.arange(p, p + t).unsqueeze(0)
-            mask = torch.arange(p + t).unsqueeze(0) <= pos.transpose(0, 1)
+        def run(self, ids, pos, mask, past):
             x = self.tokens(ids) + self.positions(pos)
             present = []
             for i, block in enumerate(self.blocks):
                 x, k, v = block(x, past[2 * i], past[2 * i + 1], mask)
                 present += [k, v]
             return (self.head(self.ln(x)), *present)
-    return Decoder().eval()
+
+    class Plain(Decoder):
+        def forward(self, ids, *past):
+            t, p = ids.shape[1], past[0].shape[2]
+            pos = torch.arange(p, p + t).unsqueeze(0)
+            return self.run(ids, pos, torch.arange(p + t).unsqueeze(0) <= pos.transpose(0, 1), past)
+
+    class Optimum(Decoder):
+        def forward(self, ids, attention_mask, position_ids, *past):
+            t, total = ids.shape[1], attention_mask.shape[1]
+            causal = torch.arange(total).unsqueeze(0) <= torch.arange(total - t, total).unsqueeze(1)
+            mask = causal.unsqueeze(0).unsqueeze(0) & attention_mask.bool()[:, None, None, :]
+            return self.run(ids, position_ids, mask, past)
+    return (Optimum() if optimum else Plain()).eval()
+
+
+def _hf_gpt2_with_cache():
+    """transformers' GPT-2 (random weights) behind a wrapper whose past keys/values are inputs
+    and present ones outputs (what optimum exports), with attention_mask and position_ids."""
+    import torch
+    onnx_models._torchvision_models()
+    import transformers as tf
+    torch.manual_seed(0)
+    inner = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50, n_embd=HEADS * HEAD_DIM, n_layer=LAYERS, n_head=HEADS,
+                                             n_positions=64, initializer_range=0.2)).eval()
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, attention_mask, position_ids, *past):
+            cache = tf.DynamicCache()
+            for i in range(LAYERS):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.inner(input_ids=ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True)
+            layers = out.past_key_values.layers
+            return (out.logits,) + tuple(t for layer in layers for t in (layer.keys, layer.values))
+    return WithCache()
 
 
 @pytest.fixture(scope="session")
 def decoder_path(tmp_path_factory):
+    """decoder_path(kind) -> the exported decoder, once per session: "plain" and "optimum" (the
+    decoder above, TorchScript exporter), "gpt2" (transformers' GPT-2, dynamo exporter)."""
     import torch
-    path = str(tmp_path_factory.mktemp("decoder") / "decoder.onnx")
-    pasts = ["past_key_values.%d.%s" % (i, kv) for i in range(LAYERS) for kv in ("key", "value")]
-    presents = [n.replace("past_key_values", "present") for n in pasts]
-    dims = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-    dims.update({n: {0: "batch", 2: "past"} for n in pasts})
-    dims.update({n: {0: "batch", 2: "total"} for n in presents})
-    example = (torch.randint(0, 50, (2, 3)),) + tuple(torch.randn(2, HEADS, 4, HEAD_DIM) for _ in pasts)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(_decoder(), example, path, dynamo=False, input_names=["input_ids"] + pasts,
-                          output_names=["logits"] + presents, dynamic_axes=dims, opset_version=17)
-    return path
+    folder, paths = tmp_path_factory.mktemp("decoder"), {}
+
+    def get(kind):
+        if kind not in paths:
+            path = str(folder / ("decoder-%s.onnx" % kind))
+            presents = [n.replace("past_key_values", "present") for n in PASTS]
+            extra = [] if kind == "plain" else ["attention_mask", "position_ids"]
+            example = (torch.randint(0, 50, (2, 3)),) + \
+                ((torch.ones(2, 7, dtype=torch.int64), torch.arange(4, 7).repeat(2, 1)) if extra else ()) + \
+                tuple(torch.randn(2, HEADS, 4, HEAD_DIM) for _ in PASTS)
+            names = dict(input_names=["input_ids"] + extra + PASTS, output_names=["logits"] + presents)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if kind == "gpt2":
+                    dim = torch.export.Dim
+                    batch, seq = dim("batch", min=1, max=8), dim("seq", min=1, max=32)
+                    shapes = ({0: batch, 1: seq}, {0: batch, 1: dim("total", min=1, max=64)}, {0: batch, 1: seq},
+                              tuple({0: batch, 2: dim("past", min=0, max=32)} for _ in PASTS))
+                    torch.onnx.export(_hf_gpt2_with_cache(), example, dynamo=True, dynamic_shapes=shapes,
+                                      **names).save(path)
+                else:
+                    dims = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
+                            "attention_mask": {0: "batch", 1: "total"}, "position_ids": {0: "batch", 1: "seq"}}
+                    dims.update({n: {0: "batch", 2: "past"} for n in PASTS})
+                    dims.update({n: {0: "batch", 2: "total"} for n in presents})
+                    torch.onnx.export(_decoder(kind == "optimum"), example, path, dynamo=False, opset_version=17,
+                                      dynamic_axes={n: dims[n] for n in ["input_ids", "logits"] + extra + PASTS +
+                                                    presents}, **names)
+            paths[kind] = path
+        return paths[kind]
+    return get
 
 
 def _ort_greedy(path, prompt, steps):
+    """The reference: a greedy loop on onnxruntime, the pasts growing from empty."""
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     rows = [list(r) for r in prompt]
-    feed_ids = np.array(prompt, np.int64)
-    past = [np.zeros((len(prompt), HEADS, 0, HEAD_DIM), np.float32) for _ in names[1:]]
+    ids, filled = np.array(prompt, np.int64), 0
+    past = {n: np.zeros((len(prompt), HEADS, 0, HEAD_DIM), np.float32) for n in PASTS}
     for _ in range(steps):
-        logits, *past = session.run(None, dict(zip(names, [feed_ids] + past)))
-        picked = logits[:, -1].argmax(-1)
-        for r, t in zip(rows, picked):
+        new = ids.shape[1]
+        feed = dict(past, input_ids=ids, attention_mask=np.ones((len(prompt), filled + new), np.int64),
+                    position_ids=np.tile(np.arange(filled, filled + new), (len(prompt), 1)))
+        logits, *presents = session.run(None, {n: feed[n] for n in names})
+        past, filled = dict(zip(PASTS, presents)), filled + new
+        ids = logits[:, -1].argmax(-1).reshape(-1, 1).astype(np.int64)
+        for r, (t,) in zip(rows, ids):
             r.append(int(t))
-        feed_ids = picked.reshape(-1, 1).astype(np.int64)
     return rows
 
 
+@pytest.mark.parametrize("kind", ["plain", "optimum", "gpt2"])
 @pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu"])
-def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name):
-    """Greedy decoding with the KV cache fed back: the same tokens as a greedy loop on onnxruntime."""
+def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name, kind):
+    """Greedy decoding with the KV cache fed back: the same tokens as a greedy loop on onnxruntime,
+    whether the pasts grow (plain graph) or keep a fixed, masked length (optimum-style inputs)."""
     from cinders.onnx import generate
     backend = {"numpy": cn.NumPy, "python": cn.Python, "wgpu": lambda: cn.Wgpu(autotune=False)}[backend_name]()
-    model = load(decoder_path, backend=backend)
+    model = load(decoder_path(kind), backend=backend)
     assert model.device_reads == []
     prompt = [[5, 7, 9, 11], [1, 2, 3, 4]]
-    assert generate(model, prompt, 12) == _ort_greedy(decoder_path, prompt, 12)
+    assert generate(model, prompt, 12) == _ort_greedy(decoder_path(kind), prompt, 12)
+
+
+def test_window_decode_steps_replay_without_device_reads(decoder_path):
+    """With a fixed-length masked cache every decode step has the same shapes: on cn.Wgpu() the
+    steps after the first three replay one captured program, and greedy steps read nothing from
+    the device until the tokens are returned."""
+    from cinders.onnx import generate
+    backend = cn.Wgpu(autotune=False)
+    model = load(decoder_path("optimum"), backend=backend)
+    prompt = [[5, 7, 9, 11]]
+    with cn.profile(backend) as p:
+        tokens = generate(model, prompt, 10)
+    replays = [e for e in p.events if e["kind"] == "replay"]
+    # the prompt step and the first decode step (presents of prompt + window slots) have shapes
+    # of their own; decode steps 2-4 run (warm, recorded twice), steps 5-9 replay
+    assert len(replays) == 5
+    assert p.device_reads == 10     # the ten picked tokens, read once at the end
+    assert tokens == _ort_greedy(decoder_path("optimum"), prompt, 10)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder_path):
     from cinders.onnx import generate
-    model = load(decoder_path, backend=cn.NumPy())
-    prompt = [[5, 7, 9]]
-    first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
-    assert first == generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
-    assert all(0 <= t < 50 for t in first[0]) and len(first[0]) == 11
-    assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
+    for kind in ("plain", "optimum"):
+        model = load(decoder_path(kind), backend=cn.NumPy())
+        prompt = [[5, 7, 9]]
+        first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
+        assert first == generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
+        assert all(0 <= t < 50 for t in first[0]) and len(first[0]) == 11
+        assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
     with pytest.raises(OnnxError, match="temperature"):
         generate(model, prompt, 3, temperature=-1.0)

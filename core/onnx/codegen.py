@@ -628,7 +628,8 @@ def _flat(nested):
 
 
 def _node_attributes(node, fn):
-    """{name: Python value} of a node's attributes, checked against its op function."""
+    """{name: Python value} of a node's attributes; the node's attributes and inputs are checked
+    against its op function."""
     params = fn.params
     attributes = {}
     # keywords the importer passes itself; com.microsoft ops (QLinearSoftmax) state their opset
@@ -648,12 +649,6 @@ def _node_attributes(node, fn):
             if value is None:
                 raise _Unsupported("tensor attribute %s larger than %d elements" % (ascii(a.name), LITERAL_LIMIT))
         attributes[a.name] = value
-    return attributes
-
-
-def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_values=(), host_node=False,
-                    types=None):
-    params = fn.params
     if len(node.input) > len(fn.inputs):
         raise _Unsupported("%d inputs (at most %d)" % (len(node.input), len(fn.inputs)))
     required = [n for n in fn.inputs[:fn.required] if n not in attributes]
@@ -661,6 +656,12 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
         raise OnnxError("node %s (%s) lacks required inputs: it has %s, %s needs %s"
                         % (ascii(node.name), node.op_type, [ascii(n) for n in node.input], node.op_type,
                            ", ".join(required)))
+    return attributes
+
+
+def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_values=(), host_node=False,
+                    types=None):
+    params = fn.params
     args = [_operand(name, values, attrs, constants, fn.inputs[i] in fn.host, host_values, host_node)
             for i, name in enumerate(node.input)]
     while args and args[-1] == "None":

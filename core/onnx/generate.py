@@ -1,20 +1,30 @@
 """Text generation with an imported decoder that carries its KV cache as inputs and outputs.
 
-    model = cinders.onnx.load("decoder.onnx", backend=cn.NumPy())
+    model = cinders.onnx.load("decoder.onnx", backend=cn.Wgpu())
     tokens = cinders.onnx.generate(model, [[5, 7, 9]], max_new_tokens=20)              # greedy
     tokens = cinders.onnx.generate(model, [[5, 7, 9]], 20, temperature=0.8, top_k=40, seed=1)
 
-The model's first input is the token ids (batch, seq); every other input is a past key or value
-(batch, heads, past, head_dim), except `attention_mask` (batch, past + seq) and `position_ids`
-(batch, seq), which are made here when the graph has them (optimum's names). Its first output is
-the logits (batch, seq, vocab); the others are the present keys and values, in the order of the
-past inputs, fed back at the next step. The first step runs the prompt with empty pasts.
+The model's first input is the token ids (batch, seq); the others are past keys and values
+(batch, heads, past, head_dim) and, optionally, `attention_mask` (batch, past + seq) and
+`position_ids` (batch, seq) (optimum's names). Its first output is the logits (batch, seq, vocab);
+the others are the present keys and values, in the order of the past inputs.
+
+Two ways to run the steps, chosen by the model's inputs:
+  window   with attention_mask and position_ids: the pasts have a fixed length (the prompt plus
+           max_new_tokens), filled from the right and masked where empty; each step drops the
+           oldest (empty) slots of the presents it is given. Every decode step after the first
+           then has the same shapes, so one cn.capture program replays them (no Python per
+           kernel on a GPU), and greedy steps feed their argmax straight back, reading nothing
+           until the end.
+  growing  otherwise: the pasts start empty and grow by one position per step (each step a new
+           shape: not captured).
 """
 
 import math
 import random
 
-from ..creation import ones, tensor, zeros
+from ..capture import capture
+from ..creation import tensor, zeros
 from ..dtypes import int32
 from ..tensor import Tensor
 from .ops import backend_of
@@ -24,7 +34,7 @@ _MADE_HERE = ("attention_mask", "position_ids")
 
 
 def _pasts(model):
-    """The names and empty shapes (past length 0) of the model's past inputs, by position."""
+    """[(name, past axis, declared dims)] of the model's past inputs, in input order."""
     pasts = []
     for name, dims in zip(model.input_names[1:], model.input_shapes[1:]):
         if name in _MADE_HERE:
@@ -34,23 +44,25 @@ def _pasts(model):
             raise OnnxError("generate: input %s %s is not a past key/value (batch, heads, past, head_dim: "
                             "one symbolic length past the batch)" % (ascii(name), dims))
         pasts.append((name, symbolic[0], dims))
-    if len(model.output_names) != 1 + len(pasts):
-        raise OnnxError("generate: the model has %d past inputs but %d outputs (logits and one present "
-                        "per past)" % (len(pasts), len(model.output_names)))
+    if not pasts or len(model.output_names) != 1 + len(pasts):
+        raise OnnxError("generate: the model has %d past inputs and %d outputs; it needs past keys/values "
+                        "and, as outputs, the logits and one present per past" % (len(pasts), len(model.output_names)))
     return pasts
 
 
 def _pick(row, temperature, top_k, rng):
-    """The next token from one row of logits: argmax, or a sample of softmax(row / temperature)
-    over the top_k largest."""
-    order = sorted(range(len(row)), key=lambda i: -row[i])
-    if top_k:
-        order = order[:top_k]
-    if not temperature:
-        return order[0]
+    """The next token from one row of logits: a sample of softmax(row / temperature) over the
+    top_k largest (all when top_k is None)."""
+    order = sorted(range(len(row)), key=lambda i: -row[i])[:top_k]
     top = row[order[0]] / temperature
     weights = [math.exp(row[i] / temperature - top) for i in order]
     return rng.choices(order, weights=weights)[0]
+
+
+def _keep_last(t, axis, n):
+    key = [slice(None)] * t.ndim
+    key[axis] = slice(t.shape[axis] - n, None)
+    return t[tuple(key)]
 
 
 def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed=None):
@@ -63,27 +75,40 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed
     if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 0:
         raise OnnxError("generate: temperature >= 0, top_k >= 1 and max_new_tokens >= 0 are required")
     backend = backend_of(model)
-    batch, rng = len(rows), random.Random(seed)
     pasts = _pasts(model)
-    state = {name: zeros(*[batch if i == 0 else 0 if i == axis else d for i, d in enumerate(dims)], backend=backend)
-             for name, axis, dims in pasts}
-    out, step, done = [list(r) for r in rows], rows, 0
-    while done < max_new_tokens:
-        length = next(iter(state.values())).shape[pasts[0][1]] if pasts else 0
-        feed = {model.input_names[0]: tensor(step, backend=backend, dtype=int32),
-                "attention_mask": ones(batch, length + len(step[0]), backend=backend, dtype=int32),
-                "position_ids": tensor([list(range(length, length + len(step[0])))] * batch, backend=backend,
-                                       dtype=int32)}
-        feed.update(state)
+    batch, prompt = len(rows), len(rows[0])
+    window = set(_MADE_HERE) <= set(model.input_names)
+    size = prompt + max_new_tokens if window else 0   # past slots (window: fixed; growing: start)
+    state = [zeros(*[batch if i == 0 else size if i == axis else d for i, d in enumerate(dims)], backend=backend)
+             for _, axis, dims in pasts]
+    rng = random.Random(seed)
+
+    def step(ids, mask, positions, *past):
+        """One forward: (next ids (batch, 1) if greedy, else the last logits rows; presents)."""
+        if window:   # the last `size` slots: the oldest (empty) ones are dropped, the length kept
+            past = [_keep_last(p, axis, size) for p, (_, axis, _) in zip(past, pasts)]
+        feed = dict(zip([n for n, _, _ in pasts], past), attention_mask=mask, position_ids=positions)
+        feed[model.input_names[0]] = ids
         results = model(*[feed[n] for n in model.input_names])
-        logits, presents = results[0], results[1:]
-        last = logits[:, -1, :]
-        if not temperature:
-            picked = last.argmax(-1).tolist()   # (a few ints read, not the vocabulary)
-        else:
-            picked = [_pick(row, temperature, top_k, rng) for row in last.tolist()]
-        for r, token in zip(out, picked):
+        last = results[0][:, -1, :]
+        # (the presents are returned whole: a captured program's inputs are whole buffers)
+        return (last.argmax(-1).reshape(batch, 1) if not temperature else last,) + tuple(results[1:])
+
+    run = capture(step, backend) if window else step
+    ids, tokens, filled = tensor(rows, backend=backend, dtype=int32), [], 0
+    for _ in range(max_new_tokens):
+        new = ids.shape[1]
+        mask = tensor([[0] * (size - filled) + [1] * (filled + new)] * batch, backend=backend, dtype=int32)
+        positions = tensor([list(range(filled, filled + new))] * batch, backend=backend, dtype=int32)
+        picked, *state = run(ids, mask, positions, *state)
+        filled += new
+        if temperature:
+            picked = tensor([[_pick(row, temperature, top_k, rng)] for row in picked.tolist()], backend=backend,
+                            dtype=int32)
+        tokens.append(picked)
+        ids = picked
+    out = [list(r) for r in rows]
+    for picked in tokens:   # read at the end: greedy steps never wait for the device
+        for r, (token,) in zip(out, picked.tolist()):
             r.append(int(token))
-        state = {name: t for (name, _, _), t in zip(pasts, presents)}
-        step, done = [[int(t)] for t in picked], done + 1
     return out

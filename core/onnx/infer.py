@@ -105,9 +105,11 @@ def infer(op_type, inputs, attrs, n_outputs):
         if out is not None:
             return out if isinstance(out, list) else [out] + [UNKNOWN] * (n_outputs - 1)
     if op_type in _SAME_SHAPE:
-        value = first.value if op_type in ("Identity", "Cast") and first.value is not None else None
-        if op_type == "Cast" and attrs.get("to") not in ("int32", "int64") and value is not None:
-            value = None   # shape arithmetic is int; other casts are followed by folding only
+        value = first.value if op_type in ("Identity", "Cast") else None
+        if op_type == "Cast" and value is not None and not (
+                attrs.get("to") == "int64" or attrs.get("to") == "int32" and
+                all(not isinstance(v, int) or -2 ** 31 <= v < 2 ** 31 for v in value)):
+            value = None   # shape arithmetic is int; other casts (and wrapping ones) are folded only
         return [Info(first.shape, value)] + [UNKNOWN] * (n_outputs - 1)
     if op_type in _BROADCAST:
         return [Info(broadcast([i.shape if i is not None else None for i in inputs]))] + \
@@ -316,6 +318,8 @@ def _reduce(x, inputs, attrs):
     if axes is None and len(inputs) > 1 and inputs[1] is not None:
         return None
     rank = len(x.shape)
+    if not axes and attrs.get("noop_with_empty_axes"):
+        return Info(x.shape)
     drop = set(range(rank)) if not axes else {_axis(a, rank) for a in axes}
     if attrs.get("keepdims", 1):
         return Info([1 if i in drop else d for i, d in enumerate(x.shape)])

@@ -2,7 +2,6 @@
 pads read as Python numbers), the host backend where shape arithmetic runs, dtype names."""
 
 import inspect
-from collections import OrderedDict
 
 import cinders as cn
 from ...dtypes import float32, int32, bool_
@@ -123,10 +122,18 @@ _HOST = []
 
 
 def host_backend():
-    """cn.Python(): where shape arithmetic runs (see codegen.HOST_OPS)."""
+    """A cn.Python() of its own device ("host"): where shape arithmetic runs (see codegen.HOST_OPS).
+    Being another device, its values never mix unconverted with a cn.Python() model's, and
+    cn.profile of that model does not count their reads as the model's."""
     if not _HOST:
         from ...backends.python_backend import Python
-        _HOST.append(Python())
+
+        class Host(Python):
+            name = "host"
+
+            def device_key(self):
+                return ("Python", "host")
+        _HOST.append(Host())
     return _HOST[0]
 
 
@@ -134,30 +141,9 @@ def host_tensor(value, dtype):
     return cn.tensor(value, backend=host_backend(), dtype=_DTYPES[dtype])
 
 
-# Host values uploaded to a device, kept per (backend, dtype, shape, values): a value that depends
-# only on input shapes is uploaded once per signature, and since the tensor stays alive its
-# buffer is never reused by a later kernel, so a cn.capture replay (which uploads nothing) finds
-# it intact.
-_UPLOADED = OrderedDict()
-_UPLOAD_LIMIT = 256
-
-
 def to_device(t, backend):
-    """A host-side shape value moved onto the model's backend, where device math needs it (made
-    once per value and then reused, see _UPLOADED)."""
-    if t.backend is backend:
-        return t
-    nested = t.tolist()
-    key = (id(backend), t.dtype.name, t.shape, repr(nested))
-    found = _UPLOADED.get(key)
-    if found is None:
-        # the backend is kept with it, so that its id stays unique while the entry exists
-        found = _UPLOADED[key] = (backend, cn.tensor(nested, backend=backend, dtype=t.dtype))
-        if len(_UPLOADED) > _UPLOAD_LIMIT:
-            _UPLOADED.popitem(last=False)
-    else:
-        _UPLOADED.move_to_end(key)
-    return found[1]
+    """A host-side shape value moved onto the model's backend, where device math needs it."""
+    return t if t.backend is backend else t.to(backend)
 
 
 def expect_shape(x, dims, name):

@@ -9,7 +9,7 @@ from ...functional import stack
 from ...indexing import _take
 from ...limits import LIST_ELEMENT_BYTES, check_elements, check_shape
 from ..proto import OnnxError
-from .base import _axis, _const, _slice_axis, dtype_of, host, host_backend, ints, op, scalar, to_device
+from .base import _axis, _const, _slice_axis, dtype_of, host, host_backend, ints, op, scalar
 
 
 def _reverse(x, axis):
@@ -238,8 +238,7 @@ def Range(start, limit, delta, backend=None):
     dtype = int32 if is_int else float32
     if not n:
         return cn.zeros(0, backend=backend, dtype=dtype)
-    # made on the host and uploaded once per value: a replay of a captured model reuses it
-    return to_device(cn.tensor([start + i * delta for i in range(n)], backend=host_backend(), dtype=dtype), backend)
+    return cn.tensor([start + i * delta for i in range(n)], backend=backend, dtype=dtype)
 
 
 @op()
