@@ -34,7 +34,7 @@ def write(case, path, nbytes):
         np_dtype = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "external": np.float32,
                     "bfloat16": np.uint16}[kind]
         n = nbytes // np.dtype(np_dtype).itemsize
-        values = (np.arange(n) * 7919 % 1000003).astype(np_dtype)
+        values = (np.arange(n) * 7919 % 30011).astype(np_dtype)  # fits float16; ints beyond the small-int cache
         if kind == "bfloat16":
             init = helper.make_tensor("w", TensorProto.BFLOAT16, [n], values.tobytes(), raw=True)
         else:

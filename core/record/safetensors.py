@@ -83,7 +83,7 @@ def f16_bits_to_float(h):
     return -v if h & 0x8000 else v
 
 
-_CHUNK = 1 << 16  # elements widened at a time: a tuple of Python floats per chunk, not per tensor
+_CHUNK = 1 << 14  # elements widened at a time: a tuple of Python floats per chunk, not per tensor
 
 
 def f16_to_float32(data):
