@@ -15,7 +15,7 @@ import sys
 from array import array
 
 from ..errors import CindersError
-from ..record.safetensors import bf16_to_float32, f16_to_float32
+from ..record.halves import bf16_to_float32, f16_to_float32
 
 
 class OnnxError(CindersError, ValueError):

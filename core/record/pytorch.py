@@ -32,7 +32,7 @@ from ..errors import RecordError
 from ..files import open_regular
 from ..tensor import Tensor
 from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
-from .safetensors import bf16_to_float32, f16_to_float32
+from .halves import bf16_to_float32, f16_to_float32
 
 try:
     import numpy as _np

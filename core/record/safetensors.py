@@ -83,38 +83,10 @@ def f16_bits_to_float(h):
     return -v if h & 0x8000 else v
 
 
-_CHUNK = 1 << 14  # elements widened at a time: a tuple of Python floats per chunk, not per tensor
-
-
-def f16_to_float32(data):
-    """Little-endian float16 bytes -> array('f') (CPython, Pyodide), widened a chunk at a time so
-    the transient Python floats stay bounded: a half tensor costs 2x its bytes, not 20x."""
-    n = len(data) // 2
-    out = array("f")
-    for start in range(0, n, _CHUNK):
-        count = min(_CHUNK, n - start)
-        out.extend(struct.unpack_from("<%de" % count, data, 2 * start))
-    return out
-
-
-def bf16_to_float32(data):
-    """Little-endian bfloat16 bytes -> array('f'): each value is the high half of a float32, so
-    the bytes are placed, not computed (no Python number per element)."""
-    n = len(data) // 2
-    data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-    wide = bytearray(4 * n)
-    wide[2::4] = data[0::2]
-    wide[3::4] = data[1::2]
-    out = array("f")
-    out.frombytes(wide)
-    if not _LITTLE:
-        out.byteswap()
-    return out
-
-
 def _decode_f16(data):
     n = len(data) // 2
-    if _STRUCT_F16:
+    if _STRUCT_F16:  # CPython, Pyodide: widened in chunks (halves.py is not on the board)
+        from .halves import f16_to_float32
         return f16_to_float32(data)
     out = [0.0] * n
     for i in range(n):
@@ -172,17 +144,6 @@ class TensorInfo:
                                                      self.begin, self.end)
 
 
-MAX_NDIM = 64
-_SHORT = 80
-
-
-def _short(value):
-    """repr(value) cut to _SHORT characters: a message quoting a 9-million-entry shape or a
-    megabyte name stays one short line (MicroPython too, which has no cinders.errors)."""
-    text = repr(value)
-    return text if len(text) <= _SHORT else text[:_SHORT] + "..."
-
-
 def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -191,7 +152,7 @@ def _no_duplicates(pairs):
     seen = {}
     for k, v in pairs:
         if k in seen:
-            raise RecordError("corrupt header: key %s appears twice" % (_short(k),))
+            raise RecordError("corrupt header: key %r appears twice" % (k,))
         seen[k] = v
     return seen
 
@@ -230,49 +191,51 @@ def parse_header(header_bytes, buffer_size):
         raise RecordError("corrupt header: __metadata__ is not an object")
     for k in metadata:
         if not isinstance(metadata[k], str):
-            raise RecordError("corrupt header: __metadata__[%s] is not a string" % (_short(k),))
+            raise RecordError("corrupt header: __metadata__[%r] is not a string" % (k,))
     infos = []
     for name in obj:
         entry = obj[name]
         if not isinstance(entry, dict):
-            raise RecordError("corrupt header: entry %s is not an object" % (_short(name),))
+            raise RecordError("corrupt header: entry %r is not an object" % (name,))
         if sorted(entry.keys()) != ["data_offsets", "dtype", "shape"]:
-            raise RecordError("corrupt header: entry %s must have exactly dtype, shape, "
-                              "data_offsets (has %s)" % (_short(name), _short(sorted(entry.keys()))))
+            raise RecordError("corrupt header: entry %r must have exactly dtype, shape, "
+                              "data_offsets (has %s)" % (name, ", ".join(sorted(entry.keys()))))
         dtype = entry["dtype"]
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise RecordError("tensor %s: dtype %s is not supported (supported: %s)"
-                              % (_short(name), _short(dtype), _known()))
+            raise RecordError("tensor %r: dtype %r is not supported (supported: %s)"
+                              % (name, dtype, _known()))
         shape = entry["shape"]
-        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(d) and d >= 0 for d in shape):
-            raise RecordError("tensor %s: shape %s is not a list of at most %d non-negative integers"
-                              % (_short(name), _short(shape), MAX_NDIM))
+        if isinstance(shape, list) and len(shape) > 64:  # quoting it would make a message the header's size
+            raise RecordError("tensor %r: shape of %d dims (at most 64)" % (name[:80], len(shape)))
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise RecordError("tensor %r: shape %r is not a list of non-negative integers"
+                              % (name, shape))
         offsets = entry["data_offsets"]
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) and o >= 0 for o in offsets)):
-            raise RecordError("tensor %s: data_offsets %s is not [begin, end]" % (_short(name), _short(offsets)))
+            raise RecordError("tensor %r: data_offsets %r is not [begin, end]" % (name, offsets))
         begin, end = offsets
         if end < begin:
-            raise RecordError("tensor %s: data_offsets [%d, %d] end before begin"
-                              % (_short(name), begin, end))
+            raise RecordError("tensor %r: data_offsets [%d, %d] end before begin"
+                              % (name, begin, end))
         want = numel(shape) * DTYPES[dtype][0]
         if end - begin != want:
-            raise RecordError("tensor %s: shape %s of %s needs %d bytes but data_offsets "
-                              "[%d, %d] span %d" % (_short(name), _short(shape), dtype, want, begin, end,
+            raise RecordError("tensor %r: shape %r of %s needs %d bytes but data_offsets "
+                              "[%d, %d] span %d" % (name, shape, dtype, want, begin, end,
                                                     end - begin))
         if end > buffer_size:
-            raise RecordError("tensor %s: data_offsets [%d, %d] run past the end of the data "
-                              "(%d bytes; file truncated?)" % (_short(name), begin, end, buffer_size))
+            raise RecordError("tensor %r: data_offsets [%d, %d] run past the end of the data "
+                              "(%d bytes; file truncated?)" % (name, begin, end, buffer_size))
         infos.append(TensorInfo(name, dtype, tuple(shape), begin, end))
     infos.sort(key=lambda t: (t.begin, t.end))
     pos = 0
     for t in infos:
         if t.begin < pos:
-            raise RecordError("tensor %s: data_offsets [%d, %d] overlap the previous tensor "
-                              "(which ends at %d)" % (_short(t.name), t.begin, t.end, pos))
+            raise RecordError("tensor %r: data_offsets [%d, %d] overlap the previous tensor "
+                              "(which ends at %d)" % (t.name, t.begin, t.end, pos))
         if t.begin > pos:
-            raise RecordError("tensor %s: data_offsets [%d, %d] leave a hole at [%d, %d)"
-                              % (_short(t.name), t.begin, t.end, pos, t.begin))
+            raise RecordError("tensor %r: data_offsets [%d, %d] leave a hole at [%d, %d)"
+                              % (t.name, t.begin, t.end, pos, t.begin))
         pos = t.end
     if pos != buffer_size:
         raise RecordError("the tensors cover %d bytes of data but the file holds %d after the "
@@ -328,8 +291,8 @@ class Reader:
         try:
             return self.infos[name]
         except KeyError:
-            raise RecordError("no tensor %s in the record (it has: %s)"
-                              % (_short(name), _short(", ".join(self.order[:20]))))
+            raise RecordError("no tensor %r in the record (it has: %s)"
+                              % (name, ", ".join(self.order)))
 
     def read_bytes(self, name):
         t = self.info(name)
