@@ -14,7 +14,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import reader_memory  # noqa: E402
 
 FACTORS = {"onnx_float32": 4, "onnx_float16": 6, "onnx_bfloat16": 7, "onnx_int64": 9, "onnx_external": 4,
-           "safetensors_float32": 3, "safetensors_float16": 5, "pytorch_zip": 2, "pytorch_legacy": 2}
+           "safetensors_float32": 3, "safetensors_float16": 5, "pytorch_zip": 2, "pytorch_legacy": 2,
+           "pytorch_plain": 3}
 
 
 def test_every_reader_has_a_factor():
