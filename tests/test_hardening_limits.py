@@ -343,3 +343,14 @@ def test_a_huge_safetensors_shape_gives_a_short_message(tmp_path, deadline):
         with open(path, "rb") as f:
             st.Reader(f)
     assert len(str(e.value)) < 300 and "at most 64" in str(e.value)
+
+
+def test_load_pytorch_checks_cn_limits_before_reading_storages():
+    data = _state_zip(1, 1000)
+    old = cn.limits.set_max_elements(100)
+    try:
+        with pytest.raises(SizeLimitError, match="load_pytorch"):
+            load_pytorch(data, backend=cn.NumPy())
+    finally:
+        cn.limits.set_max_elements(old)
+    assert load_pytorch(data, backend=cn.NumPy())["w0"].shape == (1000,)

@@ -30,6 +30,7 @@ from .. import dtypes
 from ..backend import is_row_major, numel
 from ..errors import RecordError
 from ..files import open_regular
+from ..limits import check_elements, element_bytes
 from ..tensor import Tensor
 from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
 from .halves import bf16_to_float32, f16_to_float32
@@ -707,6 +708,7 @@ def _materialise(refs, backend, big_endian):
     if wanted > 2 * total + VIEW_SLACK:
         raise RecordError("checkpoint: its tensors would hold %d elements from %d stored ones (views repeat "
                           "data more than 2x)" % (wanted, total))
+    check_elements("load_pytorch", wanted, element_bytes=element_bytes(_innermost(backend)))
     users = {}
     for name, ref in refs.items():
         users.setdefault(id(ref.storage), []).append(name)
