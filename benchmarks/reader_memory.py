@@ -20,7 +20,7 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 
 # case: (what writes the file, what loads it)
 CASES = ("onnx_float32", "onnx_float16", "onnx_bfloat16", "onnx_int64", "onnx_external",
-         "safetensors_float32", "safetensors_float16", "pytorch_zip", "pytorch_legacy")
+         "safetensors_float32", "safetensors_float16", "pytorch_zip", "pytorch_legacy", "pytorch_plain")
 
 
 def write(case, path, nbytes):
@@ -34,7 +34,7 @@ def write(case, path, nbytes):
         np_dtype = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "external": np.float32,
                     "bfloat16": np.uint16}[kind]
         n = nbytes // np.dtype(np_dtype).itemsize
-        values = (np.arange(n) * 7919 % 1000003).astype(np_dtype)
+        values = (np.arange(n) * 7919 % 30011).astype(np_dtype)  # fits float16; ints beyond the small-int cache
         if kind == "bfloat16":
             init = helper.make_tensor("w", TensorProto.BFLOAT16, [n], values.tobytes(), raw=True)
         else:
@@ -55,9 +55,14 @@ def write(case, path, nbytes):
         record.save_tensors(path, {"w": t}, {"format": record.FORMAT}, dtype=case[len("safetensors_"):])
         return path
     if case.startswith("pytorch_"):
+        import pickle
         import torch
-        torch.save({"w": torch.arange(nbytes // 4, dtype=torch.float32)}, path,
-                   _use_new_zipfile_serialization=case == "pytorch_zip")
+        state = {"w": torch.arange(nbytes // 4, dtype=torch.float32)}
+        if case == "pytorch_plain":  # pickle.dump: the storage is a _load_from_bytes blob
+            with open(path, "wb") as f:
+                pickle.dump(state, f)
+        else:
+            torch.save(state, path, _use_new_zipfile_serialization=case == "pytorch_zip")
         return path
     raise SystemExit("unknown case %r" % case)
 

@@ -15,6 +15,7 @@ import os
 from array import array
 
 from ..errors import RecordError
+from ..files import check_writable_target
 from ..record import safetensors, safetensors_write, validate
 
 SCHEME = validate.QUANTIZED_SCHEME
@@ -66,6 +67,7 @@ def quantize_file(src, dst):
                 entries.append((name, "F32", info.shape, safetensors_write.encode(values, "F32", name)))
     meta["quantization"] = SCHEME
     meta["dtype"] = "float32"
+    check_writable_target(dst, RecordError)
     tmp = "%s.tmp-%d" % (dst, os.getpid())
     try:
         with open(tmp, "wb") as f:

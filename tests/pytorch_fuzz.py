@@ -34,7 +34,7 @@ def _alarm(signum, frame):
 
 def mutate(data, rng):
     data = bytearray(data)
-    kind = rng.choice(["flip", "flip", "truncate", "insert", "delete", "overwrite", "duplicate"])
+    kind = rng.choice(["flip", "flip", "truncate", "insert", "delete", "overwrite", "duplicate", "repeat"])
     if not data:
         return bytes(data), kind
     at = rng.randrange(len(data))
@@ -50,9 +50,12 @@ def mutate(data, rng):
     elif kind == "overwrite":
         n = rng.randint(1, 16)
         data[at:at + n] = bytes(rng.choice([0, 255, rng.randrange(256)]) for _ in range(n))
-    else:
+    elif kind == "duplicate":
         n = rng.randint(1, 32)
         data[at:at] = data[at:at + n]
+    else:  # one region named many times: memo reads, views and storages shared by many tensors
+        n = rng.randint(1, 32)
+        data[at:at] = data[at:at + n] * rng.choice([10, 100, 1000])
     return bytes(data), kind
 
 

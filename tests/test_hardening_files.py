@@ -191,3 +191,15 @@ def test_export_web_model_source_must_be_a_python_file(tmp_path):
     for path in (tmp_path / "model.txt", tmp_path / "bin.py", tmp_path):
         with pytest.raises(CindersError):
             model_class_in(str(path), "M")
+
+
+def test_quantize_out_never_replaces_a_symlink(tmp_path):
+    from cinders.micro import quantize
+    from cinders.models.mnist import MnistMLP
+    cn.manual_seed(0)
+    MnistMLP(hidden=4).save(str(tmp_path / "m.safetensors"))
+    (tmp_path / "victim").write_text("keep")
+    os.symlink(tmp_path / "victim", tmp_path / "q.safetensors")
+    with pytest.raises(RecordError, match="symlink"):
+        quantize.quantize_file(str(tmp_path / "m.safetensors"), str(tmp_path / "q.safetensors"))
+    assert (tmp_path / "victim").read_text() == "keep"

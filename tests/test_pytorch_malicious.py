@@ -187,8 +187,10 @@ def test_deep_nesting():
     _refused(deep, "holds list of 1 items, not a dict")
     nested_tuple = P2 + b")" + b"\x85" * 50000 + b"."         # ((((),),),) 50,000 deep
     _refused(nested_tuple, "holds tuple of 1 items, not a dict")
-    as_key = P2 + b"}" + b")" + b"\x85" * 200000 + b"Ns."     # hashing it overflows CPython's C stack
+    as_key = P2 + b"}" + b")" + b"\x85" * 50000 + b"Ns."      # hashing it would overflow CPython's C stack
     _refused(as_key, "a tuple as a dict key")
+    # 200,000 one-byte TUPLE1s build 9.6 MB of tuples from 200 KB: over the memory budget first
+    _refused(P2 + b"}" + b")" + b"\x85" * 200000 + b"Ns.", "would cost more than 32 times")
 
 
 def _zip_bytes(entries, compression=zipfile.ZIP_STORED):

@@ -11,6 +11,8 @@ Python source (`codegen`) whose statements call Tensor methods and the op functi
 and `load` executes that source. No `onnx` package needed, so it runs in Pyodide too.
 """
 
+import functools
+import inspect
 import os
 import types
 
@@ -69,6 +71,13 @@ def _external_reader(folder):
 GENERATED_KEYWORDS = ("opset", "outputs", "backend")  # passed by the generated calls, never inputs
 
 
+@functools.lru_cache(maxsize=None)
+def _required_attributes(fn):
+    """The keyword-only parameters of an op function without a default: attributes ONNX requires."""
+    return tuple(p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind == p.KEYWORD_ONLY and p.default is p.empty)
+
+
 def check_inputs(graph, where="graph"):
     """OnnxError for a node of a registered op given more inputs than the op takes: the extra
     ones would land on parameters that are attributes (Softmax's axis) and fail with a TypeError
@@ -77,6 +86,11 @@ def check_inputs(graph, where="graph"):
     for i, node in enumerate(graph.node):
         fn = REGISTRY.get(("", node.op_type)) if node.domain in ("", "ai.onnx") else None
         if fn is not None:
+            given = {a.name for a in node.attribute}
+            missing = [n for n in _required_attributes(fn) if n not in given]
+            if missing:
+                raise OnnxError("%s node %d (%s %s): attribute %s is required"
+                                % (where, i, ascii(node.op_type), ascii(node.name), missing[0]))
             bound = fn.inputs[:len(node.input)]
             taken = set(bound) & ({a.name for a in node.attribute} | set(GENERATED_KEYWORDS))
             if len(node.input) > len(fn.inputs) or taken:

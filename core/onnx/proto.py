@@ -15,7 +15,7 @@ import sys
 from array import array
 
 from ..errors import CindersError
-from ..record.safetensors import bf16_to_float32, f16_to_float32
+from ..record.halves import bf16_to_float32, f16_to_float32
 
 
 class OnnxError(CindersError, ValueError):
@@ -312,8 +312,11 @@ def _untyped_holds(attr, expected):
     the way the importer infers it: lists first, then a string, a tensor, then a number."""
     if expected == 7:
         return bool(attr.ints)
-    if expected in (1, 2):
-        return not (attr.ints or attr.floats or attr.s or attr.t is not None)
+    others = attr.ints or attr.floats or attr.s or attr.t is not None
+    if expected == 2:  # an untyped 0 reads as the float 0.0
+        return bool(attr.i) and not others
+    if expected == 1:
+        return not others
     if expected == 3:
         return bool(attr.s) and not (attr.ints or attr.floats)
     return False

@@ -16,7 +16,8 @@ whole machinery, so what a file can make happen is what is written here:
   `pickle_build(state)` (their own class says what state means).
 * BINPERSID hands the persistent id to the caller's `persistent_load`.
 * Caps: memo entries, stack and mark depth, LONG sizes; every length is checked against the
-  bytes actually present before anything is sliced.
+  bytes actually present before anything is sliced; the objects built together may cost at
+  most MEMORY_FACTOR times the pickle's bytes (plus MEMORY_SLACK), charged per opcode.
 
 Any failure is a RecordError naming what was refused and the byte offset.
 """
@@ -29,6 +30,14 @@ MAX_MEMO = 1000000        # memo entries (a checkpoint with 10k tensors uses ~10
 MAX_STACK = 1000000       # values on the stack at once
 MAX_MARKS = 1000          # open MARKs: containers being built inside one another
 MAX_LONG_BYTES = 64       # LONG1/LONG4 payload: 512-bit ints are plenty for sizes and ids
+MEMORY_FACTOR = 32        # Python objects built may cost this many times the pickle's bytes ...
+MEMORY_SLACK = 1 << 20    # ... plus this: a 4 MB pickle of EMPTY_SET opcodes cost 943 MB before
+# What building a value costs (bytes, CPython 64-bit, rounded up): charged per opcode against the
+# budget above, so the cost of what a file builds is bounded by its size whatever the opcodes.
+_COSTS = {b")": 40, b"]": 56, b"}": 64, b"\x8f": 216, b"\x91": 216, b"t": 56, b"\x85": 48, b"\x86": 56,
+          b"\x87": 64, b"a": 8, b"e": 8, b"s": 48, b"u": 48, b"\x90": 48, b"X": 56, b"\x8c": 56,
+          b"\x8d": 56, b"T": 56, b"U": 56, b"B": 40, b"C": 40, b"\x8e": 40, b"\x96": 64, b"G": 24,
+          b"J": 32, b"\x8a": 40, b"\x8b": 40, b"M": 32, b"K": 32, b"R": 64, b"\x81": 64}
 
 
 class Allowed:
@@ -115,7 +124,8 @@ class Unpickler:
 
     def load(self):
         self.stack, self.marks, self.memo = [], [], {}
-        stack, data, end, handlers = self.stack, self.data, self.end, _BY_BYTE
+        stack, data, end, handlers, costs = self.stack, self.data, self.end, _BY_BYTE, _COST_BY_BYTE
+        budget = MEMORY_FACTOR * (end - self.pos) + MEMORY_SLACK
         while True:
             at = self.pos
             if at >= end:
@@ -125,6 +135,10 @@ class Unpickler:
             handler = handlers[code]
             if handler is None:
                 self._refuse(bytes((code,)), at)
+            budget -= costs[code]
+            if budget < 0:
+                raise RecordError("%s: the values it builds would cost more than %d times its %d bytes "
+                                  "(offset %d)" % (self.what, MEMORY_FACTOR, end, at))
             try:
                 if handler(self):
                     break
@@ -401,3 +415,4 @@ _HANDLERS = {
 }
 
 _BY_BYTE = [_HANDLERS.get(bytes((i,))) for i in range(256)]
+_COST_BY_BYTE = [_COSTS.get(bytes((i,)), 0) for i in range(256)]

@@ -30,9 +30,10 @@ from .. import dtypes
 from ..backend import is_row_major, numel
 from ..errors import RecordError
 from ..files import open_regular
+from ..limits import check_elements, element_bytes
 from ..tensor import Tensor
 from .pickle_vm import Allowed, TruncatedPickle, Unpickler, hashable
-from .safetensors import bf16_to_float32, f16_to_float32
+from .halves import bf16_to_float32, f16_to_float32
 
 try:
     import numpy as _np
@@ -339,6 +340,7 @@ class _ZipArchive:
     def __init__(self, f, size, checks):
         _zip_limits(f, size)
         self.f, self.size, self.checks = f, size, checks
+        self.unread = size  # archive bytes not yet handed out: entries pointing at one region are read once
         try:
             self.zip = zipfile.ZipFile(f)
             infos = self.zip.infolist()
@@ -373,6 +375,12 @@ class _ZipArchive:
         if info.file_size > expected_max:
             raise RecordError("checkpoint: entry %r is %d bytes (at most %d expected)"
                               % (name, info.file_size, expected_max))
+        if info.flag_bits & 0x1:
+            raise RecordError("checkpoint: entry %r is encrypted (torch.save never encrypts)" % (name,))
+        if info.compress_size > self.unread:
+            raise RecordError("checkpoint: entry %r (%d bytes) and the entries read before it need more bytes "
+                              "than the %d-byte archive holds: entries share data" % (name, info.compress_size, self.size))
+        self.unread -= info.compress_size
         if info.compress_type == zipfile.ZIP_STORED:
             return self._stored(info, defer_crc)
         if info.file_size > MAX_INFLATE_RATIO * info.compress_size + (1 << 20):
@@ -517,16 +525,19 @@ def _magic_end(data):
 
 def _load_pickle(data):
     """A plain pickle (pickle.dump of tensors): storages arrive as nested legacy streams."""
-    endian = []
+    endian, loaded = [], {}
 
     def load_from_bytes(blob):
         if not isinstance(blob, (bytes, bytearray)):
             raise RecordError("checkpoint: _load_from_bytes(%s) refused" % (_describe(blob),))
+        if id(blob) in loaded:  # one bytes object (a memo entry) named again: the same storage
+            return loaded[id(blob)][1]
         pos = _magic_end(blob)
         if pos is None:
             raise RecordError("checkpoint: _load_from_bytes holds no legacy torch stream")
         storage, big = _load_legacy(_Bytes(data=blob), pos, nested=True)
         endian.append(big)
+        loaded[id(blob)] = (blob, storage)  # the blob is kept so its id stays its own
         return storage
 
     obj = Unpickler(data, _allowlist(load_from_bytes), what="pickle").load()
@@ -697,6 +708,7 @@ def _materialise(refs, backend, big_endian):
     if wanted > 2 * total + VIEW_SLACK:
         raise RecordError("checkpoint: its tensors would hold %d elements from %d stored ones (views repeat "
                           "data more than 2x)" % (wanted, total))
+    check_elements("load_pytorch", wanted, element_bytes=element_bytes(_innermost(backend)))
     users = {}
     for name, ref in refs.items():
         users.setdefault(id(ref.storage), []).append(name)

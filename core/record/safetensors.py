@@ -83,38 +83,10 @@ def f16_bits_to_float(h):
     return -v if h & 0x8000 else v
 
 
-_CHUNK = 1 << 16  # elements widened at a time: a tuple of Python floats per chunk, not per tensor
-
-
-def f16_to_float32(data):
-    """Little-endian float16 bytes -> array('f') (CPython, Pyodide), widened a chunk at a time so
-    the transient Python floats stay bounded: a half tensor costs 2x its bytes, not 20x."""
-    n = len(data) // 2
-    out = array("f")
-    for start in range(0, n, _CHUNK):
-        count = min(_CHUNK, n - start)
-        out.extend(struct.unpack_from("<%de" % count, data, 2 * start))
-    return out
-
-
-def bf16_to_float32(data):
-    """Little-endian bfloat16 bytes -> array('f'): each value is the high half of a float32, so
-    the bytes are placed, not computed (no Python number per element)."""
-    n = len(data) // 2
-    data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-    wide = bytearray(4 * n)
-    wide[2::4] = data[0::2]
-    wide[3::4] = data[1::2]
-    out = array("f")
-    out.frombytes(wide)
-    if not _LITTLE:
-        out.byteswap()
-    return out
-
-
 def _decode_f16(data):
     n = len(data) // 2
-    if _STRUCT_F16:
+    if _STRUCT_F16:  # CPython, Pyodide: widened in chunks (halves.py is not on the board)
+        from .halves import f16_to_float32
         return f16_to_float32(data)
     out = [0.0] * n
     for i in range(n):
@@ -233,6 +205,8 @@ def parse_header(header_bytes, buffer_size):
             raise RecordError("tensor %r: dtype %r is not supported (supported: %s)"
                               % (name, dtype, _known()))
         shape = entry["shape"]
+        if isinstance(shape, list) and len(shape) > 64:  # quoting it would make a message the header's size
+            raise RecordError("tensor %r: shape of %d dims (at most 64)" % (name[:80], len(shape)))
         if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
             raise RecordError("tensor %r: shape %r is not a list of non-negative integers"
                               % (name, shape))

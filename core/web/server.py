@@ -97,8 +97,6 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
     mounts = ()       # set per server
     allowed_hosts = frozenset()  # set per server: the Host values naming it
-    server_version = "Cinders"   # the Server header: no Python or library versions
-    sys_version = ""
     quiet = True
     timeout = 30      # seconds a connection may stay idle (socket timeout of each request's reads)
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
@@ -188,6 +186,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         self.end_headers()
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = method_not_allowed
+
+    def version_string(self):
+        return "Cinders"  # the Server header: no Python or library versions
 
     def end_headers(self):
         # Served files change while developing; the browser revalidates instead of using stale copies.

@@ -273,6 +273,8 @@ def OneHot(indices, depth, values, axis=-1):
 @op(host=("axis",))
 def CumSum(x, axis, exclusive=0, reverse=0):
     a = _axis(int(scalar(axis)), x.ndim)
+    if not 0 <= a < x.ndim:
+        raise OnnxError("CumSum: axis %d of a tensor of rank %d" % (int(scalar(axis)), x.ndim))
     n = x.shape[a]
     check_elements("CumSum", n * n, (n, n))  # the triangular matrix it multiplies by
     rows = cn.arange(n, backend=x.backend).reshape(n, 1)
@@ -290,6 +292,8 @@ def CumSum(x, axis, exclusive=0, reverse=0):
 def TopK(X, K, axis=-1, largest=1, sorted=1, outputs=2):  # noqa: A002
     k = int(scalar(K))
     a = _axis(axis, X.ndim)
+    if not 0 <= a < X.ndim:
+        raise OnnxError("TopK: axis %d of a tensor of rank %d" % (axis, X.ndim))
     if not 0 <= k <= X.shape[a]:
         raise OnnxError("TopK: k = %d on an axis of %d elements" % (k, X.shape[a]))
     check_elements("TopK", k * numel(X.shape))  # k passes over the input
