@@ -1,0 +1,167 @@
+"""ONNX names in the code generator: every value, initializer, node and subgraph local gets its
+own Python identifier, whatever it is called (builtins, keywords, the generator's own names,
+Module attributes, names reused across scopes). Each model here passes onnx.checker (full check)
+and the answer is onnxruntime's."""
+
+import random
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import cinders as cn
+from cinders.onnx import load
+
+FLOAT = TensorProto.FLOAT
+
+
+def model_of(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def check(model, feeds, tmp_path=None):
+    """cinders (cn.NumPy()) gives onnxruntime's outputs; the loaded model saves."""
+    data = model.SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    got = load(data, backend=cn.NumPy())(*[cn.tensor(v, backend=cn.NumPy()) for v in feeds.values()])
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        g = np.asarray(g.tolist(), dtype=e.dtype).reshape(e.shape) if g.shape == e.shape else g.tolist()
+        assert np.allclose(g, e, atol=1e-5), (g, e)
+    if tmp_path is not None:
+        load(data, backend=cn.NumPy()).save(str(tmp_path / "m.safetensors"))
+
+
+def value(name, shape=(2, 3), elem=FLOAT):
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def init(name, array):
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def branch(name, out, weight):
+    """A subgraph that returns x + its own initializer `w` (of value `weight`)."""
+    return helper.make_graph([helper.make_node("Add", ["x", "w"], [out])], name, [], [value(out)],
+                             [init("w", np.full((2, 3), weight))])
+
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+
+
+def test_if_branches_keep_their_own_initializers():
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "t", 10.0),
+                              else_branch=branch("else", "e", -10.0))]
+    model = model_of(nodes, [value("x")], [value("y")], [init("zero", 0.0)])
+    check(model, {"x": X})
+    check(model, {"x": -X - 5})
+
+
+def test_layer_named_like_another_nodes_output():
+    w1, w2 = np.ones((3, 4), np.float32) / 3, np.arange(8, dtype=np.float32).reshape(4, 2)
+    nodes = [helper.make_node("Gemm", ["x", "w1"], ["fc"]),
+             helper.make_node("Relu", ["fc"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2"], ["y"], name="fc")]
+    check(model_of(nodes, [value("x")], [value("y", (2, 2))], [init("w1", w1), init("w2", w2)]), {"x": X})
+
+
+def scan_model(local):
+    """Scan over x's rows, summing them; the body names a value `local`."""
+    body = helper.make_graph([helper.make_node("Add", ["acc", "row"], [local]),
+                              helper.make_node("Identity", [local], ["acc_out"]),
+                              helper.make_node("Identity", [local], ["each"])], "body",
+                             [value("acc", (3,)), value("row", (3,))], [value("acc_out", (3,)), value("each", (3,))])
+    nodes = [helper.make_node("Scan", ["zero", "x"], ["total", "steps"], body=body, num_scan_inputs=1)]
+    return model_of(nodes, [value("x")], [value("total", (3,)), value("steps")], [init("zero", np.zeros(3))])
+
+
+def test_value_named_like_the_scan_counter():
+    check(scan_model("scan_step"), {"x": X})
+    model = scan_model("s")   # an outer value named scan_step, read after the Scan
+    model.graph.node.insert(0, helper.make_node("Neg", ["x"], ["scan_step"]))
+    model.graph.output.append(value("scan_step"))
+    onnx.checker.check_model(model, full_check=True)
+    check(model, {"x": X})
+
+
+def loop(outer_names, body_nodes_extra=()):
+    """A Loop of 2 trips whose body adds 1 to the carried value and also emits it as a scan output."""
+    it, cond, carried = outer_names
+    body = helper.make_graph([helper.make_node("Add", [carried, "one"], ["next"]),
+                              helper.make_node("Identity", [cond], ["cond_out"]),
+                              helper.make_node("Identity", ["next"], ["emit"])] + list(body_nodes_extra),
+                             "body", [value(it, (), TensorProto.INT64), value(cond, (), TensorProto.BOOL),
+                                      value(carried)],
+                             [value("cond_out", (), TensorProto.BOOL), value("next"), value("emit")],
+                             [init("one", np.ones((2, 3)))])
+    return body
+
+
+def test_nested_unnamed_loops_keep_their_own_scan_lists():
+    inner = loop(("j", "c2", "v"))
+    outer = helper.make_graph([helper.make_node("Loop", ["n", "", "v"], ["v_after", "inner_scan"], body=inner),
+                               helper.make_node("Identity", ["c1"], ["c1_out"])], "outer",
+                              [value("i", (), TensorProto.INT64), value("c1", (), TensorProto.BOOL), value("v")],
+                              [value("c1_out", (), TensorProto.BOOL), value("v_after"),
+                               value("inner_scan", (3, 2, 3))])
+    nodes = [helper.make_node("Loop", ["n", "", "v"], ["y", "scanned"], body=outer)]
+    model = model_of(nodes, [value("v")], [value("y"), value("scanned", (3, 3, 2, 3))],
+                     [numpy_helper.from_array(np.array(3, np.int64), "n")])
+    check(model, {"v": X})
+
+
+def test_loop_body_input_shadows_an_outer_value():
+    body = loop(("i", "cond", "x"))
+    nodes = [helper.make_node("Loop", ["n", "", "x"], ["y", "scanned"], body=body),
+             helper.make_node("Add", ["y", "x"], ["z"])]   # the outer x, untouched by the body
+    model = model_of(nodes, [value("x")], [value("z"), value("scanned", (2, 2, 3))],
+                     [numpy_helper.from_array(np.array(2, np.int64), "n")])
+    check(model, {"x": X})
+
+
+def test_constant_of_shape_0_3_keeps_its_shape():
+    empty = numpy_helper.from_array(np.zeros((0, 3), np.float32), "empty")
+    nodes = [helper.make_node("Concat", ["empty", "x"], ["y"], axis=0)]
+    check(model_of(nodes, [value("x")], [value("y")], [empty]), {"x": X})
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    nodes = [helper.make_node("ReduceSum", ["empty", "axes"], ["zeros"], keepdims=1),   # folded at import
+             helper.make_node("Concat", ["x", "zeros"], ["y"], axis=0)]
+    check(model_of(nodes, [value("x")], [value("y", (3, 3))], [empty, axes]), {"x": X})
+    nodes = [helper.make_node("Constant", [], ["k"], value=empty),
+             helper.make_node("Shape", ["k"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=FLOAT),
+             helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
+             helper.make_node("Add", ["sf", "t"], ["y"])]
+    check(model_of(nodes, [value("x")], [value("y", (2,))]), {"x": X})
+
+
+def test_top_level_control_flow_with_one_rank_2_float_input():
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "t", 1.0),
+                              else_branch=branch("else", "e", 2.0))]
+    check(model_of(nodes, [value("x")], [value("y")], [init("zero", 0.0)]), {"x": X})
+    check(scan_model("sum"), {"x": X})
+
+
+def test_values_named_like_builtins_the_code_calls(tmp_path):
+    nodes = [helper.make_node("Relu", ["range"], ["float"]),
+             helper.make_node("Add", ["float", "len"], ["int"])]
+    check(model_of(nodes, [value("range")], [value("int")], [init("len", np.ones((2, 3)))]), {"range": X})
+    check(scan_model("range"), {"x": X})
+
+
+def test_initializers_named_like_module_attributes(tmp_path):
+    nodes = [helper.make_node("Mul", ["x", "source"], ["a"]),
+             helper.make_node("Add", ["a", "unrecorded_args"], ["y"])]
+    model = model_of(nodes, [value("x")], [value("y")],
+                     [init("source", np.full((2, 3), 2.0)), init("unrecorded_args", np.full((2, 3), 0.5))])
+    check(model, {"x": X}, tmp_path)
