@@ -165,3 +165,134 @@ def test_initializers_named_like_module_attributes(tmp_path):
     model = model_of(nodes, [value("x")], [value("y")],
                      [init("source", np.full((2, 3), 2.0)), init("unrecorded_args", np.full((2, 3), 0.5))])
     check(model, {"x": X}, tmp_path)
+
+
+# -- random graphs with hostile names ----------------------------------------------------------------
+
+HOSTILE = ["range", "float", "len", "int", "print", "list", "class", "def", "lambda", "None", "True", "import",
+           "self", "cn", "nn", "ops", "backend", "Model", "_", "x", "v", "v_2", "w", "w_2", "scan_step",
+           "scan_scan_0", "loop_scan_0", "loop_step", "source", "unrecorded_args", "forward", "state_dict",
+           "training", "input_names", "buffers", "parameters", "a.b", "a/b", "a_b", "1x", "__init__",
+           "ñ", "值", "x\u200b", "a" * 200, "a" * 200 + "b", "fc", "fc_output_0", "layer", "t"]
+
+
+class RandomGraph:
+    """Builds a random valid graph of (2, 3) float values whose names come from HOSTILE: node
+    outputs are unique over the whole model (ONNX's SSA rule); initializers reuse names across
+    scopes and subgraph inputs shadow enclosing values."""
+
+    def __init__(self, rng):
+        self.rng, self.outputs, self.count, self.initializers, self.nodes = rng, set(), 0, [], set()
+
+    def name(self, avoid=()):
+        for _ in range(6):
+            n = self.rng.choice(HOSTILE)
+            if n not in self.outputs and n not in avoid:
+                return n
+        self.count += 1
+        return "n%d" % self.count
+
+    def output(self, avoid=()):
+        n = self.name(avoid)
+        self.outputs.add(n)
+        return n
+
+    def node_name(self):
+        """No name or a hostile one (node names are unique; they may equal value names)."""
+        n = self.rng.choice(HOSTILE + [""] * 20)
+        if n in self.nodes:
+            return ""
+        self.nodes.add(n)
+        return n
+
+    def local(self, values, avoid=()):
+        """The name of a subgraph input: often an enclosing value's (shadowing it)."""
+        shadowed = [v for v in values if v not in avoid]
+        return self.rng.choice(shadowed) if shadowed and self.rng.random() < 0.5 else self.output(avoid)
+
+    def body(self, values, depth, nodes, inits, steps):
+        """Appends `steps` random nodes reading `values` (a list, extended in place)."""
+        rng = self.rng
+        for _ in range(steps):
+            kind = rng.choice(["unary", "binary", "const"] + (["if", "loop", "scan"] if depth > 0 else []))
+            a = rng.choice(values)
+            if kind == "unary":
+                out = self.output(values)
+                nodes.append(helper.make_node(rng.choice(["Relu", "Neg", "Abs", "Sigmoid"]), [a], [out],
+                                              name=self.node_name()))
+            elif kind in ("binary", "const"):
+                if kind == "const":
+                    reused = [n for n in self.initializers if n not in values and n not in {i.name for i in inits}]
+                    b = self.rng.choice(reused) if reused and rng.random() < 0.5 else self.output(values)
+                    self.initializers.append(b)
+                    inits.append(init(b, np.round(np.asarray([rng.uniform(-2, 2) for _ in range(6)]), 2)
+                                      .reshape(2, 3)))
+                else:
+                    b = rng.choice(values)
+                out = self.output(values)
+                nodes.append(helper.make_node(rng.choice(["Add", "Mul", "Sub"]), [a, b], [out],
+                                              name=self.node_name()))
+            elif kind == "if":
+                s, c = self.output(values), self.output(values)
+                nodes += [helper.make_node("ReduceSum", [a], [s], keepdims=0),
+                          helper.make_node("Greater", [s, self.zero], [c])]
+                out = self.output(values)
+                branches = {}
+                for key in ("then_branch", "else_branch"):
+                    sub_nodes, sub_inits, sub_values = [], [], list(values)
+                    self.body(sub_values, depth - 1, sub_nodes, sub_inits, rng.randint(1, 3))
+                    result = self.output(values)
+                    sub_nodes.append(helper.make_node("Identity", [sub_values[-1]], [result]))
+                    branches[key] = helper.make_graph(sub_nodes, key, [], [value(result)], sub_inits)
+                nodes.append(helper.make_node("If", [c], [out], name=self.node_name(), **branches))
+            elif kind == "loop":
+                carried = self.local(values)
+                it = self.local(values, (carried,))
+                cond = self.local(values, (carried, it))
+                sub_nodes, sub_inits, sub_values = [], [], [v for v in values if v not in (it, cond)] + [carried]
+                self.body(sub_values, depth - 1, sub_nodes, sub_inits, rng.randint(1, 3))
+                cond_out, next_value, emitted = self.output(), self.output(), self.output()
+                sub_nodes += [helper.make_node("Identity", [cond], [cond_out]),
+                              helper.make_node("Identity", [sub_values[-1]], [next_value]),
+                              helper.make_node("Identity", [carried], [emitted])]
+                body = helper.make_graph(sub_nodes, "body", [value(it, (), TensorProto.INT64),
+                                                             value(cond, (), TensorProto.BOOL), value(carried)],
+                                         [value(cond_out, (), TensorProto.BOOL), value(next_value),
+                                          value(emitted)], sub_inits)
+                out, stacked, total = self.output(values), self.output(values), self.output(values)
+                nodes += [helper.make_node("Loop", [self.trips, "", a], [out, stacked], body=body,
+                                           name=self.node_name()),
+                          helper.make_node("ReduceSum", [stacked, self.axis0], [total], keepdims=0)]
+                values.append(out)
+                out = total
+            else:   # Scan over the rows of a, summing them into a state
+                state = self.local([])
+                row = self.local([], (state,))
+                state_out, each = self.output(), self.output()
+                body = helper.make_graph([helper.make_node("Add", [state, row], [state_out]),
+                                          helper.make_node(rng.choice(["Relu", "Neg"]), [row], [each])], "scan",
+                                         [value(state, (3,)), value(row, (3,))], [value(state_out, (3,)),
+                                                                                   value(each, (3,))])
+                final, rows, out = self.output(values), self.output(values), self.output(values)
+                nodes += [helper.make_node("Scan", [self.row_zero, a], [final, rows], body=body, num_scan_inputs=1,
+                                           name=self.node_name()),
+                          helper.make_node("Add", [rows, final], [out])]
+            values.append(out)
+
+    def model(self):
+        rng = self.rng
+        x = self.output()
+        self.zero, self.trips, self.axis0, self.row_zero = (self.output() for _ in range(4))
+        inits = [init(self.zero, 0.0), numpy_helper.from_array(np.array(2, np.int64), self.trips),
+                 numpy_helper.from_array(np.array([0], np.int64), self.axis0), init(self.row_zero, np.zeros(3))]
+        nodes, values = [], [x]
+        self.body(values, 2, nodes, inits, rng.randint(2, 5))
+        outs = rng.sample(values[1:], min(len(values) - 1, 2))
+        return model_of(nodes, [value(x)], [value(o) for o in outs], inits), x
+
+
+def test_random_graphs_with_hostile_names_match_onnxruntime():
+    rng = random.Random(26)
+    for _ in range(150):
+        model, x = RandomGraph(rng).model()
+        check(model, {x: np.asarray([[rng.uniform(-3, 3) for _ in range(3)] for _ in range(2)], np.float32)})

@@ -37,11 +37,8 @@ DOCS = "docs/onnx-ops.md"
 _RESERVED = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cn", "nn", "ops", "backend", "Model", "_"}
 # Attribute names of the generated Module: nn.Module's own, those the generated class and `load`
 # set, and those a layer-style module reads.
-_MODULE_NAMES = set(dir(Module)) | {
-    "forward", "load", "save", "to", "train", "eval", "training", "buffers", "config", "parameters",
-    "named_parameters", "named_buffers", "state_dict", "modules", "load_state_dict", "replace_tensors",
-    "update_parameters", "num_params", "input_names", "output_names", "input_shapes", "input_types",
-    "input_shape", "device_reads", "opset", "extra_repr", "source", "unrecorded_args"}
+_MODULE_NAMES = set(dir(Module)) | {"training", "input_names", "output_names", "input_shapes", "input_types",
+                                    "input_shape", "device_reads", "opset", "source"}
 
 # Ops written as plain Tensor expressions (same semantics as ONNX for the dtypes ONNX allows).
 _INLINE = {
