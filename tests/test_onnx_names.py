@@ -3,6 +3,7 @@ own Python identifier, whatever it is called (builtins, keywords, the generator'
 Module attributes, names reused across scopes). Each model here passes onnx.checker (full check)
 and the answer is onnxruntime's."""
 
+import collections
 import random
 
 import numpy as np
@@ -291,8 +292,22 @@ class RandomGraph:
         return model_of(nodes, [value(x)], [value(o) for o in outs], inits), x
 
 
+def control_flow(graph, depth=0):
+    """(op type, nesting depth) of every If / Loop / Scan in graph and its subgraphs."""
+    found = []
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found += [(node.op_type, depth)] * (attr.name != "else_branch") + control_flow(attr.g, depth + 1)
+    return found
+
+
 def test_random_graphs_with_hostile_names_match_onnxruntime():
     rng = random.Random(26)
+    seen = collections.Counter()
     for _ in range(150):
         model, x = RandomGraph(rng).model()
+        seen.update(control_flow(model.graph))
         check(model, {x: np.asarray([[rng.uniform(-3, 3) for _ in range(3)] for _ in range(2)], np.float32)})
+    # the graphs hold each kind of subgraph, at the top and nested
+    assert all(seen[(op, depth)] >= 5 for op in ("If", "Loop", "Scan") for depth in (0, 1)), seen
