@@ -7,11 +7,14 @@ node names, producer) appears only as an ascii() literal: in comments (ascii() h
 breaks) or as string constants. Numbers are emitted by repr() of Python ints/floats we decoded.
 """
 
+import builtins
 import collections
+import copy
 import keyword
 import math
 import re
 
+from ..nn.module import Module
 from . import infer
 from . import ops as onnx_ops
 from .ops import cinders_dtype_name
@@ -29,11 +32,13 @@ PRODUCTS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"
 SUPPORTED_DOMAINS = ("", "ai.onnx")
 DOCS = "docs/onnx-ops.md"
 
-_RESERVED = set(keyword.kwlist) | {"self", "cn", "ops", "backend", "Model", "None", "True", "False"}
-_MODULE_NAMES = {"forward", "load", "save", "to", "train", "eval", "training", "buffers", "config",
-                 "parameters", "named_parameters", "named_buffers", "state_dict", "modules",
-                 "load_state_dict", "replace_tensors", "update_parameters", "num_params",
-                 "input_names", "output_names", "opset", "extra_repr"}
+# Identifiers an ONNX name never becomes: keywords, builtins (the code calls range, float ...) and
+# the names the generated module itself uses.
+_RESERVED = set(keyword.kwlist) | set(dir(builtins)) | {"self", "cn", "nn", "ops", "backend", "Model", "_"}
+# Attribute names of the generated Module: nn.Module's own, those the generated class and `load`
+# set, and those a layer-style module reads.
+_MODULE_NAMES = set(dir(Module)) | {"training", "input_names", "output_names", "input_shapes", "input_types",
+                                    "input_shape", "device_reads", "opset", "source"}
 
 # Ops written as plain Tensor expressions (same semantics as ONNX for the dtypes ONNX allows).
 _INLINE = {
@@ -45,15 +50,24 @@ _INLINE = {
 
 
 class _Names:
-    def __init__(self, reserved):
-        self.taken = set(reserved)
-        self.of = {}
+    """ONNX names -> Python identifiers: the one place names are made. An identifier is derived
+    from the ONNX name where safe and never equals a reserved name (keywords, builtins the
+    generated code calls, the generator's own names) or an identifier given before. A subgraph
+    gets a child scope: its names shadow the enclosing ones and reads fall back to them (ONNX
+    scoping), while all scopes share one set of identifiers in use, because the generated
+    forward() is one Python namespace."""
 
-    def add(self, onnx_name, prefix="v"):
-        if onnx_name in self.of:
-            return self.of[onnx_name]
+    def __init__(self, reserved, parent=None):
+        self.taken = parent.taken if parent is not None else set(reserved)
+        self.of = parent.of.new_child() if parent is not None else collections.ChainMap()
+
+    def child(self):
+        return _Names((), self)
+
+    def fresh(self, text, prefix="v"):
+        """A new identifier made from `text` (for the generator's own variables and attributes)."""
         # PyTorch names values "/layer1/conv1/Conv_output_0": the suffix says nothing
-        base = re.sub(r"[^0-9A-Za-z_]", "_", re.sub(r"_output_0$", "", onnx_name)).strip("_")
+        base = re.sub(r"[^0-9A-Za-z_]", "_", re.sub(r"_output_0$", "", text)).strip("_")
         base = re.sub(r"_+", "_", base)[:60] or prefix
         if base[0].isdigit():
             base = prefix + "_" + base
@@ -62,8 +76,32 @@ class _Names:
             i += 1
             name = "%s_%d" % (base, i)
         self.taken.add(name)
-        self.of[onnx_name] = name
         return name
+
+    def define(self, onnx_name, prefix="v"):
+        """A new identifier for onnx_name in this scope (shadowing an enclosing one)."""
+        self.of[onnx_name] = self.fresh(onnx_name, prefix)
+        return self.of[onnx_name]
+
+    def add(self, onnx_name, prefix="v"):
+        """The identifier of onnx_name defined in this scope, defined now if new here."""
+        if onnx_name in self.of.maps[0]:
+            return self.of.maps[0][onnx_name]
+        return self.define(onnx_name, prefix)
+
+
+class _Known(set):
+    """ONNX names defined in one scope; `in` also sees the enclosing scopes."""
+
+    def __init__(self, names=(), parent=None):
+        super().__init__(names)
+        self.parent = parent
+
+    def __contains__(self, name):
+        return set.__contains__(self, name) or (self.parent is not None and name in self.parent)
+
+    def here(self, name):
+        return set.__contains__(self, name)
 
 
 def _sample_shape(inputs):
@@ -98,7 +136,8 @@ def literal(value):
 
 
 def nest(flat, shape):
-    """Flat values -> nested lists of `shape` (a scalar for shape ())."""
+    """Flat values -> nested lists of `shape` (a scalar for shape ()). A shape with a 0 nests as
+    lists that do not say it (both (0, 3) and (0,) give []): tensors made from them are reshaped."""
     flat = list(flat)
     if not shape:
         return flat[0]
@@ -203,16 +242,44 @@ def opset_of(model):
 
 
 class _Scope:
-    """Writes the statements of a graph's nodes; If nodes recurse into their branches, whose
-    nodes read the enclosing graph's values (ONNX scoping) and write the If's outputs."""
+    """Writes the statements of a graph's nodes; If / Loop / Scan recurse into their subgraphs,
+    each in a child scope (child()): its values, initializers and constants are its own and shadow
+    the enclosing graph's, which it reads (ONNX scoping)."""
 
     def __init__(self, opset, values, attrs, constants, known, problems, external):
         self.opset, self.values, self.attrs, self.constants = opset, values, attrs, constants
         self.known, self.problems, self.external = known, problems, external
         self.host_values = set()
-        self.infos = {}         # value name -> infer.Info (what is known at import)
+        self.infos = collections.ChainMap()   # value name -> infer.Info (what is known at import)
         self.device_reads = []  # nodes that read a device value: their result depends on data
-        self.types = {}         # ONNX element type of each value the graph types (int8 vs uint8)
+        self.types = collections.ChainMap()   # ONNX element type of each typed value (int8 vs uint8)
+        self.every_constants = [constants]     # the constants of every scope (their stored weights)
+
+    def child(self, graph):
+        """The scope of subgraph `graph`, holding its initializers."""
+        sub = copy.copy(self)
+        sub.values = self.values.child()
+        sub.constants = self.constants.new_child()
+        sub.known = _Known(parent=self.known)
+        sub.host_values = set(self.host_values)
+        sub.infos, sub.types = self.infos.new_child(), self.types.new_child()
+        self.every_constants.append(sub.constants.maps[0])
+        for init in graph.initializer:
+            type_name, shape, data = tensor_values(init, self.external)
+            sub.define(init.name)
+            sub.constants[init.name] = Constant(type_name, shape, data)
+        return sub
+
+    def define(self, name, python_name=False):
+        """Note ONNX value `name` as defined in this scope (shadowing an enclosing one); with
+        python_name, give it a new identifier here and return it."""
+        self.known.add(name)
+        self.host_values.discard(name)
+        self.constants.maps[0].pop(name, None)
+        for facts, unknown in ((self.infos, infer.UNKNOWN), (self.types, None)):
+            if name in facts.parents:   # what the enclosing graph knew of its own value of that name
+                facts[name] = unknown
+        return self.values.define(name) if python_name else None
 
     def info(self, name):
         if not name:
@@ -235,14 +302,14 @@ class _Scope:
                 if not any(node.output):
                     raise OnnxError("%s has no outputs (not a valid ONNX node)" % where)
                 for o in node.output:
-                    if o and o in self.known:
+                    if o and self.known.here(o):
                         raise OnnxError("%s writes %s, which is already defined (ONNX values are "
                                         "assigned once)" % (where, ascii(o)))
                 if node.op_type == "Constant" and not domain:
                     if len(node.output) != 1:
                         raise _Unsupported("Constant with %d outputs" % len(node.output))
+                    self.define(node.output[0])
                     self.constants[node.output[0]] = _constant_node(node, self.opset)
-                    self.known.add(node.output[0])
                     continue
                 fn = registry.get((domain, node.op_type))
                 if fn is None and (domain or node.op_type not in ("If", "Loop", "Scan")):
@@ -251,6 +318,9 @@ class _Scope:
                     if name and name not in self.known:
                         raise OnnxError("%s reads %s, which no earlier node produces (the graph is "
                                         "not in topological order or is incomplete)" % (where, ascii(name)))
+                for o in node.output:
+                    if o:
+                        self.define(o)
                 if node.op_type == "If":
                     lines += self.emit_if(node)
                 elif node.op_type == "Loop":
@@ -297,6 +367,14 @@ class _Scope:
         if any(n and n not in self.constants and n not in self.host_values for n in names):
             self.device_reads.append("%s %s" % (node.op_type, ascii(node.name)))
 
+    def outputs(self, graph, where):
+        """The operands of subgraph `graph`'s outputs, read in this (its) scope."""
+        for vi in graph.output:
+            if vi.name not in self.known:
+                raise _Unsupported("%s output %s is produced by no node" % (where, ascii(vi.name)))
+        return [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
+                for vi in graph.output]
+
     def emit_loop(self, node):
         """Loop as a Python while loop: the body graph's inputs (iteration number, condition,
         loop-carried values) are assigned before each pass, its outputs carried to the next;
@@ -310,28 +388,23 @@ class _Scope:
             raise _Unsupported("Loop body with %d inputs / %d outputs for %d carried values"
                                % (len(body.input), len(body.output), len(carried)))
         comment = "  # %s" % ascii(node.name) if node.name else ""
-        step, cond_in = (self.values.add(vi.name) for vi in body.input[:2])
-        state = [self.values.add(vi.name) for vi in body.input[2:]]
-        self.known.update(vi.name for vi in body.input)
-        self.host_values.add(body.input[0].name)
         self.read_unless_host(node, node.input[:2])
         trips = _operand(node.input[0], self.values, self.attrs, self.constants, True) if node.input[0] else "None"
         cond = _operand(node.input[1], self.values, self.attrs, self.constants, True) \
             if len(node.input) > 1 and node.input[1] else "True"
-        scans = [self.values.add("%s_scan_%d" % (node.name or "loop", k)) for k in range(n_scan)]
-        lines = ["%s = %s%s" % (v, _operand(i, self.values, self.attrs, self.constants, False, self.host_values), comment)
-                 for v, i in zip(state, carried)]
+        sources = [_operand(i, self.values, self.attrs, self.constants, False, self.host_values) for i in carried]
+        scans = [self.values.fresh("%s_scan_%d" % (node.name or "loop", k)) for k in range(n_scan)]
+        inside = self.child(body)
+        step, cond_in = (inside.define(vi.name, True) for vi in body.input[:2])
+        state = [inside.define(vi.name, True) for vi in body.input[2:]]
+        inside.host_values.add(body.input[0].name)
+        lines = ["%s = %s%s" % (v, src, comment) for v, src in zip(state, sources)]
         lines += ["%s = []" % v for v in scans]
         lines += ["%s = ops.truth(%s)" % (cond_in, cond) if cond != "True" else "%s = True" % cond_in,
                   "for %s in ops.trips(%s):" % (step, trips),
                   "    if not ops.truth(%s):" % cond_in, "        break"]
-        for init in body.initializer:
-            type_name, shape, data = tensor_values(init, self.external)
-            self.constants[init.name] = Constant(type_name, shape, data)
-            self.known.add(init.name)
-        inner = self.emit(body.node)
-        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
-                for vi in body.output]
+        inner = inside.emit(body.node)
+        outs = inside.outputs(body, "body")
         inner.append("%s = %s" % (cond_in, outs[0]))
         if state:
             inner.append("%s = %s" % (", ".join(state), ", ".join(outs[1:1 + len(state)])))
@@ -361,24 +434,19 @@ class _Scope:
         if n_state < 0 or n_scan_out < 0 or len(body.input) != len(node.input):
             raise _Unsupported("Scan body does not fit its inputs")
         comment = "  # %s" % ascii(node.name) if node.name else ""
-        state = [self.values.add(vi.name) for vi in body.input[:n_state]]
-        elems = [self.values.add(vi.name) for vi in body.input[n_state:]]
-        self.known.update(vi.name for vi in body.input)
         sources = [_operand(i, self.values, self.attrs, self.constants, False, self.host_values) for i in node.input]
-        step = self.values.add("%s_step" % (node.name or "scan"))
-        scans = [self.values.add("%s_scan_%d" % (node.name or "scan", k)) for k in range(n_scan_out)]
+        step = self.values.fresh("%s_step" % (node.name or "scan"))
+        scans = [self.values.fresh("%s_scan_%d" % (node.name or "scan", k)) for k in range(n_scan_out)]
+        inside = self.child(body)
+        state = [inside.define(vi.name, True) for vi in body.input[:n_state]]
+        elems = [inside.define(vi.name, True) for vi in body.input[n_state:]]
         lines = ["%s = %s%s" % (v, src, comment) for v, src in zip(state, sources[:n_state])]
         lines += ["%s = []" % v for v in scans]
         lines.append("for %s in range(%s.shape[%d]):" % (step, sources[n_state], in_axes[0]))
         inner = ["%s = ops.scan_slice(%s, %d, %s, %d)" % (e, src, ax, step, d)
                  for e, src, ax, d in zip(elems, sources[n_state:], in_axes, in_dirs)]
-        for init in body.initializer:
-            type_name, shape, data = tensor_values(init, self.external)
-            self.constants[init.name] = Constant(type_name, shape, data)
-            self.known.add(init.name)
-        inner += self.emit(body.node)
-        outs = [_operand(vi.name, self.values, self.attrs, self.constants, False, self.host_values)
-                for vi in body.output]
+        inner += inside.emit(body.node)
+        outs = inside.outputs(body, "body")
         if state:
             inner.append("%s = %s" % (", ".join(state), ", ".join(outs[:n_state])))
         inner += ["%s.append(%s)" % (v, o) for v, o in zip(scans, outs[n_state:])]
@@ -408,18 +476,11 @@ class _Scope:
             graph = branches[key]
             if key == "else_branch" and len(keys) == 2:
                 lines.append("else:")
-            for init in graph.initializer:
-                type_name, shape, data = tensor_values(init, self.external)
-                self.constants[init.name] = Constant(type_name, shape, data)
-                self.known.add(init.name)
-            body = self.emit(graph.node)
+            inside = self.child(graph)
+            body = inside.emit(graph.node)
             if len(graph.output) != len(outs):
                 raise _Unsupported("%s has %d outputs, the If %d" % (key, len(graph.output), len(outs)))
-            for target, vi in zip(outs, graph.output):
-                if vi.name not in self.known:
-                    raise _Unsupported("%s output %s is produced by no node" % (key, ascii(vi.name)))
-                body.append("%s = %s" % (target, _operand(vi.name, self.values, self.attrs, self.constants, False,
-                                                           self.host_values)))
+            body += ["%s = %s" % (target, out) for target, out in zip(outs, inside.outputs(graph, key))]
             lines += ["    " + line for line in body] if len(keys) == 2 else body
         return lines
 
@@ -434,7 +495,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     opset = opset_of(model)
     values = _Names(_RESERVED)
     attrs = _Names(_RESERVED | _MODULE_NAMES)
-    constants = {}
+    constants = collections.ChainMap()
     for init in graph.initializer:
         type_name, shape, data = tensor_values(init, external)
         if type_name == "string":
@@ -450,7 +511,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     if len({vi.name for vi in inputs}) != len(inputs) or not all(vi.name for vi in inputs):
         raise OnnxError("graph inputs %s are not distinct non-empty names" % [ascii(vi.name) for vi in inputs])
     input_vars = [values.add(vi.name, "x") for vi in inputs]
-    known = set(vi.name for vi in inputs) | set(constants)
+    known = _Known(set(vi.name for vi in inputs) | set(constants))
 
     problems = []
     scope = _Scope(opset, values, attrs, constants, known, problems, external)
@@ -473,9 +534,9 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
         if vi.name not in known:
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
         outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
+    stored = list({c.attr: c for every in scope.every_constants for c in every.values() if c.attr}.values())
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
-                          lines, constants, scope.device_reads), {c.attr: c for c in constants.values() if c.attr}, \
-        scope.device_reads
+                          lines, stored, scope.device_reads), {c.attr: c for c in stored}, scope.device_reads
 
 
 def _fixed_constants(graph, fixed, constants):
@@ -531,9 +592,10 @@ def _operand(name, values, attrs, constants, host, host_values=(), host_node=Fal
     if host and n <= LITERAL_LIMIT:
         return literal(nest(const.python_values(), const.shape))
     if host_node:
-        return "ops.host_tensor(%s, %s)" % (literal(nest(const.python_values(), const.shape)), ascii(const.dtype))
+        source = "ops.host_tensor(%s, %s)" % (literal(nest(const.python_values(), const.shape)), ascii(const.dtype))
+        return source + (".reshape(%s)" % literal(const.shape) if 0 in const.shape else "")
     if const.attr is None:
-        const.attr = attrs.add(name, "w")
+        const.attr = attrs.fresh(name, "w")
     return "self." + const.attr
 
 
@@ -598,7 +660,10 @@ def _fold(node, fn, attributes, opset, constants, infos):
     for i, name in enumerate(node.input):
         const = constants.get(name)
         value = None if const is None else nest(const.python_values(), const.shape)
-        args.append(value if const is None or fn.inputs[i] in fn.host else onnx_ops.host_tensor(value, const.dtype))
+        if const is not None and fn.inputs[i] not in fn.host:
+            value = onnx_ops.host_tensor(value, const.dtype)
+            value = value.reshape(const.shape) if 0 in const.shape else value
+        args.append(value)
     keywords = dict(attributes)
     if "opset" in fn.params:
         keywords["opset"] = opset
@@ -695,7 +760,7 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
     return "%s = %s%s" % (target, expr, comment)
 
 
-def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, constants,
+def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, stored,
                    device_reads):
     header = [
         "# Generated by cinders from %s: do not expect it to match the file byte for byte," % ascii(source_name),
@@ -707,7 +772,6 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
         "",
         "class %s(cn.nn.Module):" % class_name,
     ]
-    stored = [c for c in constants.values() if c.attr]
     buffers = [c.attr for c in stored if c.dtype != "float32"]
     body = [
         "input_names = %s" % literal([vi.name for vi in inputs]),
@@ -763,6 +827,8 @@ def _pads_symmetric(attrs, nd=2):
 def _layer_for(node, constants):
     """(constructor source, {state suffix: Constant}) for one node, or None when it is not a
     plain layer. Identity-like nodes give ("", {})."""
+    if any(a.type in (5, 10) for a in node.attribute):   # subgraphs (If, Loop, Scan) are no layer
+        return None
     a = _attrs(node)
     op_type = node.op_type
     const = [constants.get(n) for n in node.input]
@@ -844,7 +910,7 @@ def _layer_source(model, class_name, source_name, opset, inputs, input_vars, con
         if not ctor:
             forward.append("%s = %s%s" % (target, source, comment))
             continue
-        attr = names.add(node.name or node.output[0], "layer")
+        attr = names.fresh(node.name or node.output[0], "layer")
         init_lines.append("    self.%s = %s%s" % (attr, ctor, comment))
         forward.append("%s = self.%s(%s)%s" % (target, attr, source, comment))
         for suffix, const in params.items():
