@@ -4,7 +4,8 @@ Layers, top to bottom: backend.py (the protocol's primitives, strided views, the
 queue of kernel calls) -> engines (how Python reaches the module: engine_browser.py in Pyodide
 through JS; engines.NodeEngine on the desktop, a Node child process running node_engine.mjs)
 -> the module, whose C source kernels.py generates from its op tables around runtime.h, and
-build.py compiles with clang -msimd128. The board runtime's MicroPython-WebAssembly engine
+build.py compiles with clang -msimd128. capture.py records the queued kernel
+calls for cn.capture and replays them as one run_commands call. The board runtime's MicroPython-WebAssembly engine
 (micro/runtime/cinders/_wasm.py) uses the same module through wasm/micro_kernels.mjs.
 """
 
