@@ -5,7 +5,7 @@ buffer there: reshape of contiguous data, permute, expand and slice make views a
 bytes; every kernel that reads elementwise reads strided operands directly (broadcasting is a
 stride of 0), and the few that need contiguous input (matmul's left operand, reductions,
 unfold2d) get a copy only when the view is not contiguous. This module only decides layouts
-and calls kernels; the engine (engine_browser.py, engine_node.py) is how Python reaches them.
+and calls kernels; the engine (engine_browser.py, engines.py) is how Python reaches them.
 """
 import struct
 from array import array
@@ -191,8 +191,8 @@ class Wasm(Backend):
     """The backend protocol on WebAssembly SIMD128 kernels.
 
     In Pyodide the kernels are the module the page loaded (`await cinders.wasm.load()` or
-    wasm/cinders.js does it); on the desktop they run in a Node child process (the tests'
-    way of running the very same module). `engine=` takes any object with the engine
+    wasm/cinders.js does it); on the desktop the very same module runs in this process in
+    Wasmtime (engines.py; a Node child process where the `wasmtime` package is missing). `engine=` takes any object with the engine
     interface (call, write, read, memory_grown)."""
 
     name = "wasm"
