@@ -488,10 +488,10 @@ class Wasm(Backend):
         `target` (0 or 1) is addressed by the index along axis, so its stride there is 0."""
         if numel(index.shape) == 0:
             return out
-        self._recorder.refuse_host_checked(kernel)
         strides = [list(out.strides), list(data.strides), list(index.strides)]
         strides[target][axis] = 0
         desc = self._descriptor(index.shape, strides)
+        self._recorder.host_checked(kernel, (desc, out, data, index, size, axis_stride))
         bad = self._call_now(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
         if bad >= 0:
             raise self._index_error(op, self._contiguous(index), bad, axis, size)

@@ -11,16 +11,19 @@ copy commands appended to the same call. Workspace and state stay alive because 
 holds their Buffers (core/capture.py `_Program._kept`); the descriptors it reads are pinned in
 the backend's constant cache (`Wasm._constant` never releases a pinned block).
 
-Not recordable: gather and scatter_add check their indices on the host (the kernel returns the
-bad position), which a replay cannot do: recording them raises CaptureError instead of
-replaying an unchecked index. Reading a value inside fn raises as on a GPU.
+gather and scatter_add are called by the host, not queued: they return the first bad index for
+the host to raise on. A program keeps them in place, and a replay runs the commands before
+each, calls it, raises IndexingError on a bad index, and runs on: one call more per such
+kernel (an embedding, cross_entropy), never an unchecked index. Reading a value inside fn
+raises CaptureError as on a GPU.
 """
 import struct
 import threading
 import weakref
 from array import array
 
-from ..capture import CaptureError, reading_while_recording
+from ..capture import reading_while_recording
+from ..errors import IndexingError
 
 
 class Launch:
@@ -28,10 +31,11 @@ class Launch:
     (the Commands' own name string, so `is` compares kernels), `buffers` its Buffer operands,
     `params` its int arguments in order then each buffer operand's byte offset in its Buffer
     (random_f32's key is params[1], where core/capture.py patches seeds), `groups` unused."""
-    __slots__ = ("pipeline", "buffers", "params", "groups", "name", "seed", "layout")
+    __slots__ = ("pipeline", "buffers", "params", "groups", "name", "seed", "layout", "checked")
 
-    def __init__(self, name, args):
+    def __init__(self, name, args, checked=False):
         self.pipeline = self.name = name
+        self.checked = checked  # called by the host (it returns a bad index), not queued
         self.buffers, ints, offsets, layout = [], [], [], []
         for a in args:
             if a.__class__ is int:
@@ -57,9 +61,9 @@ class _Recording:
         self.launches = []
         self.allocated = {}
 
-    def __call__(self, name, args):
+    def __call__(self, name, args, checked=False):
         if threading.get_ident() == self.thread:
-            self.launches.append(Launch(self.names[name], args))
+            self.launches.append(Launch(self.names[name], args, checked))
 
     def allocated_buffer(self, buf):
         if threading.get_ident() == self.thread:
@@ -77,8 +81,11 @@ class Program:
     def __init__(self, backend, launches):
         ids = backend.commands.ids
         ints, self.slots, offsets = array("i"), [], []
+        self.checked = []  # (position of a host-called kernel's id, its name, argument count)
         for launch in launches:
-            ints.append(ids[launch.name])
+            if launch.checked:
+                self.checked.append((len(ints), launch.name, len(launch.layout)))
+            ints.append(-1 if launch.checked else ids[launch.name])
             values = iter(launch.params)
             byte_offsets = launch.params[len(launch.params) - len(launch.buffers):]
             addresses, int_positions = [], []
@@ -143,12 +150,12 @@ class CommandRecorder:
         if self.recording_here():
             raise reading_while_recording()
 
-    def refuse_host_checked(self, kernel):
-        """gather/scatter_add return the first bad index for the host to raise on, which a
-        replay cannot do: refused while recording rather than replayed unchecked."""
+    def host_checked(self, kernel, args):
+        """Record a kernel the host calls directly because it answers (gather/scatter_add
+        return the first bad index): a replay calls it between runs of the queued commands
+        and raises on a bad index as an uncaptured call does."""
         if self.recording_here():
-            raise CaptureError("cn.capture: cn.Wasm() cannot replay %s (it checks its indices on "
-                               "the host): keep it outside the captured function" % kernel)
+            self.recording(self.names.setdefault(kernel, kernel), args, checked=True)
 
     def owns(self, handle_backend):
         return handle_backend.capturable and handle_backend.capture_recorder() is self
@@ -218,7 +225,17 @@ class CommandRecorder:
             backend.engine.write(block.ptr, ints.tobytes())
             if program is not None:
                 program.written = ints
-        backend.engine.call("run_commands", block.ptr, len(ints))
+        call, start = backend.engine.call, 0
+        for position, name, count in (() if program is None else program.checked):
+            if position > start:
+                call("run_commands", block.ptr + 4 * start, position - start)
+            args = ints[position + 1:position + 1 + count]
+            bad = call(name, *args)
+            if bad >= 0:
+                raise IndexingError("%s: an index is out of bounds (position %d of its index "
+                                    "tensor) in a cn.capture replay" % (name.rsplit("_", 1)[0], bad))
+            start = position + 1 + count
+        call("run_commands", block.ptr + 4 * start, len(ints) - start)
 
 
 def _nbytes(h):
