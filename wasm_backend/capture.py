@@ -196,8 +196,8 @@ class CommandRecorder:
         return program, program.offsets
 
     def replay(self, program, rebinds, patches, copies):
-        """One run_commands call: the program with inputs rebound and seeds patched, then the
-        output copies. program None: only the copies (queued like any kernel)."""
+        """One run_commands call (one more per host-checked kernel): the program with inputs
+        rebound and seeds patched, then the output copies. program None: only the copies."""
         backend = self.backend
         tail = array("i")
         for src, src_off, dst, dst_off, nbytes in copies:
