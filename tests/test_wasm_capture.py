@@ -172,3 +172,29 @@ def test_training_step_replays_match_uncaptured_steps(optimizer):
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(model.layers[0].weight.numpy(), plain.layers[0].weight.numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_learner_captures_the_step_on_wasm(capsys):
+    from cinders.train import Learner
+
+    def fit(capture):
+        cn.manual_seed(0)
+        backend = cn.Autodiff(cn.Wasm())
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(backend)
+        rng = np.random.default_rng(5)
+        batches = [(cn.tensor(rng.standard_normal((8, 6)).astype(np.float32), backend=backend),
+                    cn.tensor(rng.integers(0, 3, 8).astype(np.int32), backend=backend))
+                   for _ in range(5)]
+        learner = Learner(model, cn.optim.SGD(lr=0.1, momentum=0.9), F.cross_entropy,
+                          dashboard="plain", capture=capture)
+        history = learner.fit(batches, epochs=2)
+        return history, learner, model
+
+    want, _, plain = fit(False)
+    assert "captured" not in capsys.readouterr().out
+    got, learner, model = fit("auto")
+    assert "training step captured" in capsys.readouterr().out
+    assert learner._captured.replays == 7  # 10 steps: 3 run as they are, then replays
+    assert got[-1]["train_loss"] == pytest.approx(want[-1]["train_loss"], rel=1e-5)
+    np.testing.assert_allclose(model[0].weight.numpy(), plain[0].weight.numpy(), rtol=1e-5,
+                               atol=1e-6)
