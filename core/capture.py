@@ -28,10 +28,11 @@ Guards, because a replay cannot run fn's Python:
   * reading a value inside fn (item(), tolist(), numpy()) raises CaptureError with the line;
   * random ops draw seeds from cn.random's counter as they would uncaptured: a replay patches
     the seeds of its random kernels and advances the counter (same numbers as uncaptured runs).
-On backends without kernels to record (Python, NumPy, Wasm) cn.capture(fn) simply calls fn.
+On backends without kernels to record (Python, NumPy) cn.capture(fn) simply calls fn.
 
 The backend's side. A base backend declaring `capturable` (core/backend.py, "Abilities") returns
-from `capture_recorder()` one recorder per device (cn.Wgpu: wgpu_backend/capture.py) with
+from `capture_recorder()` one recorder per device (cn.Wgpu: wgpu_backend/capture.py; cn.Wasm:
+wasm_backend/capture.py) with
     start() / stop() -> (launches, allocated)   record the calling thread's launches (each with
                             pipeline, buffers, params, groups, name, seed) and the buffers handed
                             out meanwhile ({id(buffer): (buffer, launches before it)})

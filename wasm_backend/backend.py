@@ -5,7 +5,7 @@ buffer there: reshape of contiguous data, permute, expand and slice make views a
 bytes; every kernel that reads elementwise reads strided operands directly (broadcasting is a
 stride of 0), and the few that need contiguous input (matmul's left operand, reductions,
 unfold2d) get a copy only when the view is not contiguous. This module only decides layouts
-and calls kernels; the engine (engine_browser.py, engine_node.py) is how Python reaches them.
+and calls kernels; the engine (engine_browser.py, engines.py) is how Python reaches them.
 """
 import struct
 from array import array
@@ -52,6 +52,8 @@ class Heap:
         self.free = {}
         self.in_use = 0
         self.classes = {}  # nbytes -> size class (a model allocates the same sizes every run)
+        self.watch = None  # capture.py's hook while cn.capture records (else None)
+        self.recorder = None  # capture.py's CommandRecorder, one per engine
 
     @staticmethod
     def size_class(nbytes):
@@ -105,12 +107,17 @@ class Commands:
         self.ptr = heap.alloc(4 * self.CAPACITY)[0]
         self.ints = array("i")
         self.launches = 0
+        self.recording = None  # capture.py's hook while cn.capture records (else None)
 
     def add(self, name, *args):
+        """Queue kernel `name`; args are ints and WasmArrays (passed as their addresses, and
+        named as buffers to a capture recording in progress: capture.py)."""
         ints = self.ints
         ints.append(self.ids[name])
-        ints.extend(args)
+        ints.extend([a if a.__class__ is int else a.ptr for a in args])
         self.launches += 1
+        if self.recording is not None:
+            self.recording(name, args)
         if len(ints) > self.CAPACITY - 64:
             self.flush()
 
@@ -130,6 +137,8 @@ class Buffer:
     def __init__(self, heap, nbytes):
         self.heap = heap
         self.ptr, self.size = heap.alloc(nbytes)
+        if heap.watch is not None:  # capture.py: buffers allocated while recording
+            heap.watch(self)
 
     def __del__(self):
         heap = self.heap
@@ -182,14 +191,16 @@ class Wasm(Backend):
     """The backend protocol on WebAssembly SIMD128 kernels.
 
     In Pyodide the kernels are the module the page loaded (`await cinders.wasm.load()` or
-    wasm/cinders.js does it); on the desktop they run in a Node child process (the tests'
-    way of running the very same module). `engine=` takes any object with the engine
+    wasm/cinders.js does it); on the desktop the very same module runs in this process in
+    Wasmtime (engines.py; a Node child process where the `wasmtime` package is missing). `engine=` takes any object with the engine
     interface (call, write, read, memory_grown)."""
 
     name = "wasm"
 
     # The optional conv2d primitive (core/backend.py) is one kernel here (runtime.h conv2d_f32).
     conv2d_kernel = True
+    # cn.capture records the queued kernel calls and replays them as one call (capture.py).
+    capturable = True
 
     def __init__(self, engine=None):
         if engine is None:
@@ -201,10 +212,29 @@ class Wasm(Backend):
             heap = engine.heap = Heap(engine)
             engine.constants = {}  # descriptor (or its operands' layout) -> its address
             engine.constant_blocks = []
+            engine.pinned_constants = {}  # block address -> captured programs reading it
             engine.commands = Commands(engine, heap)
         self.heap = heap
         self.commands = engine.commands
+        if heap.recorder is None:
+            from .capture import CommandRecorder  # (imports cinders.capture: not at load time)
+            heap.recorder = CommandRecorder(self)
+        self._recorder = heap.recorder
         self._run = self.commands.add
+
+    @property
+    def shares_constants(self):
+        """Not while cn.capture records this thread: a scalar the tensor layer caches would be
+        filled in one recording and found in the next, and a changed Python number would be
+        baked in unseen; uncached, every scalar is a fill whose value the recordings compare."""
+        return not self._recorder.recording_here()
+
+    def capture_recorder(self):
+        return self._recorder
+
+    def copy_into(self, dst, src):
+        """Copy src's values into dst's own buffer (same shape and dtype), in place."""
+        self._map("copy_%s" % _CODE[dst.dtype], dst, [src])
 
     def synchronize(self):
         self.commands.flush()
@@ -236,10 +266,15 @@ class Wasm(Backend):
         if ptr is None:
             blocks = self.engine.constant_blocks
             if len(blocks) >= 1024:
+                # (a captured program's descriptors stay: capture.py pins them)
+                pinned = self.engine.pinned_constants
                 for block in blocks:
-                    self.heap.release(*block)
-                blocks.clear()
+                    if block[0] not in pinned:
+                        self.heap.release(*block)
+                blocks[:] = [block for block in blocks if block[0] in pinned]
+                kept = {key: ptr for key, ptr in constants.items() if ptr in pinned}
                 constants.clear()
+                constants.update(kept)
             block = self.heap.alloc(4 * len(ints))
             blocks.append(block)
             self._write(block[0], array("i", ints).tobytes())
@@ -263,7 +298,7 @@ class Wasm(Backend):
             strides = [list(out.strides)] + [_broadcast_strides(h, out.shape) for h in operands]
             desc = self._descriptor(out.shape, strides)
             self.engine.constants[layout] = desc
-        self._run(kernel, desc, out.ptr, *[h.ptr for h in operands])
+        self._run(kernel, desc, out, *operands)
         return out
 
     def _contiguous(self, h):
@@ -292,10 +327,10 @@ class Wasm(Backend):
         n = numel(out.shape)
         if n:
             if dtype is dtypes.bool_:
-                self._run("fill_8", out.ptr, n, 1 if value else 0)
+                self._run("fill_8", out, n, 1 if value else 0)
             else:
                 bits = _f32_bits(value) if dtype is dtypes.float32 else int(value)
-                self._run("fill_32", out.ptr, n, bits)
+                self._run("fill_32", out, n, bits)
         return out
 
     def random(self, shape, distribution, seed, dtype):
@@ -305,8 +340,10 @@ class Wasm(Backend):
         n = numel(out.shape)
         if n:
             key = _hash32(seed)
-            self._run("random_f32", out.ptr, n, key - (1 << 32) if key >= 1 << 31 else key,
+            self._run("random_f32", out, n, key - (1 << 32) if key >= 1 << 31 else key,
                       int(distribution == "normal"))
+            if self.commands.recording is not None:
+                self.commands.recording.seeded(seed)
         return out if dtype is dtypes.float32 else self.cast(out, dtype)
 
     def to_flat(self, h):
@@ -314,6 +351,7 @@ class Wasm(Backend):
         n = numel(h.shape)
         values = array(_ARRAY[h.dtype])
         if n:
+            self._recorder.check_read()
             self.commands.flush()
             values.frombytes(self.engine.read(h.ptr, n * _SIZE[h.dtype]))
         if h.dtype is dtypes.bool_:
@@ -366,7 +404,7 @@ class Wasm(Backend):
             return self.reduce(op, self.cast(x, dtypes.int32), axis, keepdim)
         out = self._new(shape, dtype)
         if outer * inner:
-            self._run(kernel, out.ptr, x.ptr, outer, n, inner)
+            self._run(kernel, out, x, outer, n, inner)
         return out
 
     # -- matmul ------------------------------------------------------------------------------------
@@ -395,7 +433,7 @@ class Wasm(Backend):
         b = bt if transposed else self._contiguous(b)
         a, a_stride = self._batched(a, batch_shape, m * k)
         b, b_stride = self._batched(b, batch_shape, k * n)
-        self._run("matmul_f32", out.ptr, a.ptr, b.ptr, batch, m, k, n, a_stride, b_stride,
+        self._run("matmul_f32", out, a, b, batch, m, k, n, a_stride, b_stride,
                          int(transposed))
         return out
 
@@ -453,6 +491,7 @@ class Wasm(Backend):
         strides = [list(out.strides), list(data.strides), list(index.strides)]
         strides[target][axis] = 0
         desc = self._descriptor(index.shape, strides)
+        self._recorder.host_checked(kernel, (desc, out, data, index, size, axis_stride))
         bad = self._call_now(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
         if bad >= 0:
             raise self._index_error(op, self._contiguous(index), bad, axis, size)
@@ -481,7 +520,7 @@ class Wasm(Backend):
         g, oh, ow = self._geometry(n, c, h, w, kernel, stride, padding, dilation)
         out = self._new((n, c * kernel[0] * kernel[1], oh * ow), dtypes.float32)
         if numel(out.shape):
-            self._run("unfold2d_f32", out.ptr, x.ptr, g, _f32_bits(pad_value))
+            self._run("unfold2d_f32", out, x, g, _f32_bits(pad_value))
         return out
 
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
@@ -499,7 +538,7 @@ class Wasm(Backend):
             g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups,
                                 int(bias is not None), _ACTIVATION_CODES[activation], panel))
             b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)
-            self._run("conv2d_f32", out.ptr, x.ptr, w.ptr, b.ptr, scratch.ptr, g)
+            self._run("conv2d_f32", out, x, w, b, scratch, g)
         return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
@@ -508,5 +547,5 @@ class Wasm(Backend):
         g, _, _ = self._geometry(n, c, size[0], size[1], kernel, stride, padding, dilation)
         out = self._new((n, c) + tuple(size), dtypes.float32)
         if numel(out.shape):
-            self._run("fold2d_f32", out.ptr, cols.ptr, g)
+            self._run("fold2d_f32", out, cols, g)
         return out

@@ -7,9 +7,17 @@ An engine has `kernels` (the module's export names) and
     memory_grown()                       the memory grew (views of it must be renewed)
 
 Engines: BrowserEngine (Pyodide: the module instantiated by the page, called through JS;
-engine_browser.py) and NodeEngine (the desktop: the same module in a Node child process,
-which is how the test suites run cn.Wasm()).
+engine_browser.py), WasmtimeEngine (the desktop: the same module in-process, in Wasmtime) and
+NodeEngine (the desktop without the `wasmtime` package: a Node child process).
+
+Why Wasmtime on the desktop: it is the reference WebAssembly runtime (Bytecode Alliance, the
+SIMD128 proposal the kernels need is on by default), its PyPI wheel bundles the runtime for
+Linux, macOS and Windows (no compiler, no Node), and it runs the module in this process: a
+kernel call is a native call instead of a JSON line to a child process and back, and tensor
+bytes are copied straight into the module's linear memory (`pip install cinders[wasm]`).
+wasmer's Python package lags CPython releases; wasm3 and pywasm interpret (no SIMD JIT).
 """
+import ctypes
 import atexit
 import base64
 import json
@@ -74,13 +82,64 @@ class NodeEngine:
             self.proc.wait(timeout=10)
 
 
+class WasmtimeEngine:
+    """The module instantiated in this process by Wasmtime. Reads and writes copy between
+    Python bytes and the linear memory directly (bounds-checked here: an address out of the
+    memory is a WasmEngineError, never a stray host access)."""
+
+    def __init__(self, module_path=None):
+        import wasmtime
+        from . import build
+        self._trap = (wasmtime.Trap, wasmtime.WasmtimeError)
+        engine = wasmtime.Engine()
+        self.store = wasmtime.Store(engine)
+        module = wasmtime.Module.from_file(engine, module_path or build.module_path())
+        exports = wasmtime.Instance(self.store, module, []).exports(self.store)
+        self.memory = exports["memory"]
+        self.functions = {name: exports[name] for name in (e.name for e in module.exports)
+                          if isinstance(exports[name], wasmtime.Func)}
+        self.kernels = frozenset(self.functions)
+        self.memory_grown()
+
+    def call(self, name, *args):
+        try:
+            return self.functions[name](self.store, *args)
+        except self._trap as e:
+            # (the last line of Wasmtime's report is the trap's reason)
+            reason = str(e).strip().splitlines()[-1].strip()
+            raise WasmEngineError("cn.Wasm() kernel %s failed: %s" % (name, reason)) from None
+
+    def _address(self, ptr, nbytes):
+        if ptr < 0 or nbytes < 0 or ptr + nbytes > self.size:
+            raise WasmEngineError("cn.Wasm(): bytes [%d, %d) are outside the module's memory (%d "
+                                  "bytes)" % (ptr, ptr + nbytes, self.size))
+        return self.base + ptr
+
+    def write(self, ptr, data):
+        ctypes.memmove(self._address(ptr, len(data)), data, len(data))
+
+    def read(self, ptr, nbytes):
+        return ctypes.string_at(self._address(ptr, nbytes), nbytes)
+
+    def memory_grown(self):
+        # growing may move the memory: its base address and size are read again
+        self.base = ctypes.addressof(self.memory.data_ptr(self.store).contents)
+        self.size = self.memory.data_len(self.store)
+
+
 def default_engine():
-    """Pyodide: the module the page loaded (cinders.wasm.load); elsewhere one Node process."""
+    """Pyodide: the module the page loaded (cinders.wasm.load); elsewhere the module in this
+    process through Wasmtime (the `wasm` extra), or in one Node process without it."""
     global _default
     if _default is None:
         if sys.platform == "emscripten":
             from . import engine_browser
             _default = engine_browser.loaded_engine()
         else:
-            _default = NodeEngine()
+            try:
+                import wasmtime  # noqa: F401  (an optional dependency: the `wasm` extra)
+            except ImportError:
+                _default = NodeEngine()
+            else:
+                _default = WasmtimeEngine()
     return _default
