@@ -1,12 +1,13 @@
-"""What a bundle's predict.py runs: load the record, read the input, print one JSON line.
-Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny.
-
-The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
-input shape (the record's `input_shape`, written by `cinders export-micro`, or
-`--input-shape 1,28,28`) or a batch of them. Output, like `cinders predict` on the desktop:
-a classifier (one vector per sample) gives {"class": k, "logits": [...]} (lists of them for a
-batch); any other model {"output": nested lists}.
-"""
+# What a bundle's predict.py runs: load the record, read the input, print one JSON line.
+# Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny.
+# Comments, not docstrings: the compiler holds a docstring's text, a 64 KB heap feels it.
+#
+# The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
+# input shape (the record's `input_shape`, written by `cinders export-micro`, or
+# `--input-shape 1,28,28`) or a batch of them (neither: cinders.nested). Output, like
+# `cinders predict` on the desktop: a classifier (one vector per sample) gives
+# {"class": k, "logits": [...]} (lists of them for a batch); any other model
+# {"output": nested lists}.
 import gc
 import json
 
@@ -29,8 +30,9 @@ def _scan(path, out):
             for p in parts:
                 p = p.strip()
                 if p:
+                    v = float(p)  # raises on anything but a number: read_input names the file
                     if out is not None:
-                        out[k] = float(p)
+                        out[k] = v
                     k += 1
             if not chunk:
                 break
@@ -44,7 +46,10 @@ def read_input(path, shape, buf=None):
         n = n * d if type(d) is int and d > 0 else 0
     if not 0 < n <= 1 << 24:
         raise ValueError("input_shape %r: not positive ints of at most 2**24 elements" % (shape,))
-    k = _scan(path, None)
+    try:
+        k = _scan(path, None)
+    except ValueError:
+        raise ValueError("%s is not a JSON list of numbers" % path)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
                          "multiple of it (a batch)" % (path, k, n, shape))
@@ -71,10 +76,9 @@ def result(y):
     return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
 
 
-def predict(net, values, shape=(1, 1, 28, 28)):
-    """(class, logits) of one sample given as flat floats (a 28x28 image by default)."""
-    r = result(net(Tensor(cinders.engine.from_flat(values, shape), shape)))
-    return r["class"], r["logits"]
+def as_input(values, full):
+    """The model's input tensor of flat floats holding a batch of shape `full`."""
+    return Tensor(cinders.engine.from_flat(values, full), full)
 
 
 def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
@@ -90,12 +94,13 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
         with open(record_path, "rb") as f:
             shape = json.loads(Reader(f).metadata.get("input_shape") or "[]")
     if not shape:
-        raise ValueError("%s has no input_shape: pass --input-shape A,B,..." % record_path)
+        from cinders.nested import file_shape  # only here: each compiled module costs heap
+        shape = file_shape(argv[1])
     gc.collect()
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
     net = record.load_model(record_path, model_module)
-    x = Tensor(cinders.engine.from_flat(values, full), full)
+    x = as_input(values, full)
     gc.collect()  # the loader's garbage, before the first layer asks for its buffers
     out = result(net(x))
     out["engine"] = cinders.ENGINE
