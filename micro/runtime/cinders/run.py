@@ -1,13 +1,12 @@
-# What a bundle's predict.py runs: load the record, read the input, print one JSON line.
-# Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny.
-# Comments, not docstrings: the compiler holds a docstring's text, a 64 KB heap feels it.
-#
-# The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
-# input shape (the record's `input_shape`, written by `cinders export-micro`, or
-# `--input-shape 1,28,28`) or a batch of them (neither: cinders.nested). Output, like
-# `cinders predict` on the desktop: a classifier (one vector per sample) gives
-# {"class": k, "logits": [...]} (lists of them for a batch); any other model
-# {"output": nested lists}.
+"""What a bundle's predict.py runs: load the record, read the input, print one JSON line.
+Kept in lib (compiled with the runtime) so the script the board compiles from source is tiny.
+
+The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
+input shape (the record's `input_shape`, written by `cinders export-micro`, or
+`--input-shape 1,28,28`) or a batch of them (neither: cinders.nested). Output, like `cinders
+predict` on the desktop: a classifier (one vector per sample) gives {"class": k, "logits":
+[...]} (lists of them for a batch); any other model {"output": nested lists}.
+"""
 import gc
 import json
 
@@ -76,9 +75,10 @@ def result(y):
     return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
 
 
-def as_input(values, full):
-    """The model's input tensor of flat floats holding a batch of shape `full`."""
-    return Tensor(cinders.engine.from_flat(values, full), full)
+def predict(net, values, shape=(1, 1, 28, 28)):
+    """(class, logits) of one sample given as flat floats (a 28x28 image by default)."""
+    r = result(net(Tensor(cinders.engine.from_flat(values, shape), shape)))
+    return r["class"], r["logits"]
 
 
 def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
@@ -100,7 +100,7 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
     net = record.load_model(record_path, model_module)
-    x = as_input(values, full)
+    x = Tensor(cinders.engine.from_flat(values, full), full)
     gc.collect()  # the loader's garbage, before the first layer asks for its buffers
     out = result(net(x))
     out["engine"] = cinders.ENGINE
