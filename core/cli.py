@@ -278,15 +278,35 @@ def load_model_for_cli(path, backend, model_source=None, allow=()):
     return model, meta
 
 
-def input_shape_of(model, meta, given=None):
-    """One sample's shape: --input-shape, else the record's, else the class's input_shape."""
+def model_class_arg(name, model_source=None):
+    """--model-class NAME: a class --model-source FILE defines (by its name), else NAME as given
+    (a cinders.models class path, checked where it is loaded)."""
+    if not model_source:
+        return name
+    if not name:
+        raise ValueError("--model-source needs --model-class (the name of the class to load into)")
+    classes = {cls.__name__: cls for cls in allowed_classes(model_source)}
+    if name.rpartition(".")[2] in classes:
+        return classes[name.rpartition(".")[2]]
+    if name.startswith("cinders.models."):
+        return name
+    raise ValueError("--model-class %s: %s defines no such cinders.nn.Module class (it defines: %s)"
+                     % (name, model_source, ", ".join(sorted(classes)) or "none"))
+
+
+def input_shape_of(model, meta, given=None, count=None):
+    """One sample's shape: --input-shape, else the record's, else the class's input_shape, else
+    what the first layer takes (a conv's spatial size from the `count` numbers of one input)."""
     if given:
         return tuple(given)
     if meta.get("input_shape"):
         from cinders.record.validate import input_shape
         return input_shape(meta["input_shape"], "record")
     shape = getattr(type(model), "input_shape", None)
-    return tuple(shape) if shape else None
+    if shape:
+        return tuple(shape)
+    from cinders.nn import inferred_input_shape
+    return inferred_input_shape(model, count)
 
 
 def read_json_file(path):
@@ -362,11 +382,12 @@ def predict(args):
     from cinders.autodiff import no_grad
     backend = make_backend(args.backend)
     model, meta = load_model_for_cli(args.record, backend, args.model_source, args.allow)
-    shape = input_shape_of(model, meta, args.input_shape)
+    numbers = flat_numbers(read_json_file(args.input), args.input)
+    shape = input_shape_of(model, meta, args.input_shape, len(numbers))
     if shape is None:
         raise ValueError("%s records no input shape (it was saved before the model ever ran): pass "
                          "--input-shape A,B,... (one sample, e.g. 1,28,28)" % args.record)
-    values, full = input_batch(flat_numbers(read_json_file(args.input), args.input), shape, args.input, model)
+    values, full = input_batch(numbers, shape, args.input, model)
     with no_grad():
         output = model(cn.tensor(values, backend=backend).reshape(*full))
     print(result_json(output, full[0] == 1), flush=True)
@@ -520,9 +541,11 @@ def serve(args):
                       "(default: found automatically)"),
     arg("--remap", nargs="*", default=[], metavar="REGEX=REPL",
         help="rename keys: each rule is re.sub(REGEX, REPL, key), applied in order; split at the last '='"),
-    arg("--model-class", help="load into this cinders.models class (e.g. cinders.models.vision.ResNet) and "
-                              "write a cinders record that cn.load_model / export-micro rebuild"),
+    arg("--model-class", help="load into this cinders.models class (e.g. cinders.models.vision.ResNet), or a "
+                              "class --model-source defines (its name), and write a cinders record that "
+                              "cn.load_model / export-micro rebuild"),
     arg("--model-config", default="{}", help="JSON constructor arguments for --model-class"),
+    MODEL_SOURCE_ARG,
 ])
 def convert(args):
     from cinders.record.pytorch import convert_pytorch
@@ -539,7 +562,7 @@ def convert(args):
     if not isinstance(config, dict):
         raise ValueError("--model-config must be a JSON object, got %r" % (args.model_config,))
     state = convert_pytorch(args.checkpoint, args.out, top_level_key=args.key, remap=rules,
-                            model_class=args.model_class, model_config=config,
+                            model_class=model_class_arg(args.model_class, args.model_source), model_config=config,
                             progress=lambda text: print(text, flush=True))
     grouped = {}  # "int64 stored, loaded as int32 (range checked)" -> [tensor names]
     for note in state.notes:

@@ -96,6 +96,31 @@ def test_predict_and_eval_a_user_model_from_its_folder(user_folder):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_convert_into_a_user_model_class_from_its_source(tmp_path):
+    """`convert --model-class NAME --model-source FILE`: a torch checkpoint loaded into the user's
+    class, predicted with the same source, gives torch's logits (was: only cinders.models)."""
+    import torch
+    (tmp_path / "spiral_model.py").write_text(SPIRAL)
+    torch.manual_seed(0)
+    net = torch.nn.Module()
+    net.layers = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    torch.save({"model": net.state_dict()}, str(tmp_path / "spiral.pt"))
+    x, _ = spiral_data(seed=2)
+    (tmp_path / "one.json").write_text(json.dumps(x[0].tolist()))
+    r = cinders("convert", "spiral.pt", "--out", "spiral.safetensors", "--model-class", "SpiralMLP",
+                "--model-config", '{"hidden": 8}', "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cinders("predict", "spiral.safetensors", "one.json", "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():
+        want = net.layers(torch.from_numpy(x[:1])).numpy()[0]
+    np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)
+    r = cinders("convert", "spiral.pt", "--out", "x.safetensors", "--model-class", "Nope",
+                "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 1 and "Nope" in r.stderr and "SpiralMLP" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_extract_model_from_a_learner_checkpoint(user_folder):
     from cinders.data import DataLoader, ListDataset, Batcher
     from cinders.train import Learner

@@ -802,7 +802,8 @@ def _model_class(name):
 def convert_pytorch(src, out, *, top_level_key=None, remap=(), model_class=None, model_config=None,
                     progress=None):
     """Write the state dict of a torch.save file as a safetensors file (the official `safetensors`
-    library reads it). With `model_class` (a cinders.models class path) the tensors are loaded
+    library reads it). With `model_class` (a cinders.models class path, or a Module class the
+    caller already holds: the user's, from `--model-source`) the tensors are loaded
     into that model first (strict: every key and shape must match, after `remap`) and the file
     is a cinders record that cn.load_model and `cinders export-micro` rebuild. Returns the
     PyTorchState that was read (its notes say what changed)."""
@@ -822,7 +823,8 @@ def convert_pytorch(src, out, *, top_level_key=None, remap=(), model_class=None,
     if model_class is None:
         save_tensors(out, tensors, {"source": os.path.basename(str(src)), "converted_by": "cinders convert"})
     else:
-        model = _model_class(model_class)(**(model_config or {}))
+        cls = model_class if isinstance(model_class, type) else _model_class(model_class)
+        model = cls(**(model_config or {}))
         model.to(backend).load_state_dict(tensors)
         model.save(out, metadata={"source": os.path.basename(str(src))})
     say("wrote %s" % out)
