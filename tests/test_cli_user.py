@@ -235,3 +235,60 @@ def test_hostile_inputs_get_one_line_errors(tmp_path):
         r = cinders("predict", "lin.safetensors", name, cwd=tmp_path)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and expect in lines[0], (name, r.stderr)
+
+
+SHIPPED = '''
+from cinders import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class TinyConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.flat = nn.Flatten()
+
+    def forward(self, x):
+        return self.flat(self.conv(x))
+'''
+
+
+def test_a_model_saved_before_it_ran_takes_its_shape_from_the_first_layer(tmp_path, monkeypatch):
+    """No recorded input shape: Linear(3, 2) takes 3 numbers, Conv2d(2, ...) takes 2 x 4 x 4 from
+    the 32 numbers of the input file (was: "pass --input-shape")."""
+    (tmp_path / "shipped.py").write_text(SHIPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("shipped", None)
+    import shipped
+    rng = np.random.default_rng(0)
+    for cls, sample in ((shipped.Tiny, (3,)), (shipped.TinyConv, (2, 4, 4))):
+        cn.manual_seed(0)
+        model = cls().to(cn.NumPy())
+        model.save(str(tmp_path / "m.safetensors"))
+        x = rng.standard_normal(sample).astype(np.float32)
+        (tmp_path / "x.json").write_text(json.dumps(x.reshape(-1).tolist()))
+        r = cinders("predict", "m.safetensors", "x.json", "--model-source", "shipped.py", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        want = model(cn.tensor(x[None], backend=cn.NumPy())).numpy()[0]
+        np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)
+    sys.modules.pop("shipped", None)
+
+
+@pytest.mark.parametrize("layer, x_shape, words", [
+    (lambda: cn.nn.Conv1d(3, 4, 3), (1, 2, 10), ["Conv1d", "3-D", "C = 3", "(1, 2, 10)"]),
+    (lambda: cn.nn.Conv1d(3, 4, 3), (1, 3, 2, 10), ["Conv1d", "3-D", "(1, 3, 2, 10)"]),
+    (lambda: cn.nn.Conv2d(3, 4, 3), (1, 5, 8, 8), ["Conv2d", "4-D", "C = 3", "(1, 5, 8, 8)"]),
+])
+def test_conv_layers_report_their_own_name_and_rank(layer, x_shape, words):
+    x = cn.tensor(np.zeros(x_shape, np.float32), backend=cn.NumPy())
+    with pytest.raises(cn.ShapeError) as e:
+        layer().to(cn.NumPy())(x)
+    assert all(w in str(e.value) for w in words) and "conv2d" not in str(e.value), str(e.value)
