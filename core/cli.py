@@ -584,11 +584,20 @@ from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
 
 # ---------------------------------------------------------------- import-onnx
 
+def counted_ops(nodes):
+    """"Shape x12, Gather x3" for ["OP NAME", ...]: one short line however many nodes there are."""
+    counts = {}
+    for node in nodes:
+        op = node.partition(" ")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join("%s x%d" % (op, n) if n > 1 else op for op, n in counts.items())
+
+
 @command("import-onnx", "turn an ONNX model into readable cinders Python (DIR/NAME.py + DIR/NAME.safetensors)", [
     arg("model", help="the .onnx file (external data files next to it are read too)"),
     arg("--out", required=True, help="folder to write NAME.py and NAME.safetensors into"),
     arg("--name", default=None, help="module name (default: from the file name)"),
-    arg("--verbose", action="store_true", help="name every unsupported node (the error counts them by op type)"),
+    arg("--verbose", action="store_true", help="name every unsupported or device-reading node (otherwise counted by op type)"),
 ])
 def import_onnx(args):
     from cinders.onnx import import_onnx as write
@@ -604,7 +613,9 @@ def import_onnx(args):
     print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
     if device_reads:   # everything else is decided at import or on the host
         print("%d node(s) depend on data and read device values when run (a GPU waits there; "
-              "cn.capture refuses them): %s" % (len(device_reads), ", ".join(device_reads)))
+              "cn.capture refuses them): %s" % (len(device_reads), counted_ops(device_reads)))
+        if args.verbose:
+            print("\n".join(device_reads))
     print("use it: cd %s && python -c \"from %s import Model; m = Model.load('%s.safetensors')\""
           % (args.out, name, name))
     return 0

@@ -292,3 +292,25 @@ def test_conv_layers_report_their_own_name_and_rank(layer, x_shape, words):
     with pytest.raises(cn.ShapeError) as e:
         layer().to(cn.NumPy())(x)
     assert all(w in str(e.value) for w in words) and "conv2d" not in str(e.value), str(e.value)
+
+
+def test_import_onnx_counts_device_reads_by_op_and_export_micro_points_to_import_onnx(tmp_path):
+    """Many data-dependent nodes are one short line (names only with --verbose); export-micro of an
+    .onnx file says to import it first (was: "corrupt header: declared header size ...")."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Reshape", ["x" if i == 0 else "r%d" % (i - 1), "s"], ["r%d" % i], name="reshape_%d" % i)
+             for i in range(30)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+                                           helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("r29", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    r = cinders("import-onnx", "m.onnx", "--out", "imported", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    reads = [line for line in r.stdout.splitlines() if "device values" in line]
+    assert len(reads) == 1 and reads[0].startswith("30 node(s)") and reads[0].endswith(": Reshape x30"), r.stdout
+    r = cinders("import-onnx", "m.onnx", "--out", "imported", "--verbose", cwd=tmp_path)
+    assert r.returncode == 0 and "Reshape 'reshape_29'" in r.stdout.splitlines(), r.stdout
+    r = cinders("export-micro", "m.onnx", "--out", "bundle", cwd=tmp_path)
+    assert r.returncode == 1 and "import-onnx m.onnx" in r.stderr and "header" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
