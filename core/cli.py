@@ -584,8 +584,11 @@ from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
 
 # ---------------------------------------------------------------- import-onnx
 
-def counted_ops(nodes):
-    """"Shape x12, Gather x3" for ["OP NAME", ...]: one short line however many nodes there are."""
+def named_or_counted(nodes, most_named=5):
+    """The nodes ["OP NAME", ...] by name when few, else "Shape x12, Gather x3": one short line
+    however many nodes there are."""
+    if len(nodes) <= most_named:
+        return ", ".join(nodes)
     counts = {}
     for node in nodes:
         op = node.partition(" ")[0]
@@ -613,7 +616,7 @@ def import_onnx(args):
     print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
     if device_reads:   # everything else is decided at import or on the host
         print("%d node(s) depend on data and read device values when run (a GPU waits there; "
-              "cn.capture refuses them): %s" % (len(device_reads), counted_ops(device_reads)))
+              "cn.capture refuses them): %s" % (len(device_reads), named_or_counted(device_reads)))
         if args.verbose:
             print("\n".join(device_reads))
     print("use it: cd %s && python -c \"from %s import Model; m = Model.load('%s.safetensors')\""
