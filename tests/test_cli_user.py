@@ -314,3 +314,17 @@ def test_import_onnx_counts_device_reads_by_op_and_export_micro_points_to_import
     r = cinders("export-micro", "m.onnx", "--out", "bundle", cwd=tmp_path)
     assert r.returncode == 1 and "import-onnx m.onnx" in r.stderr and "header" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_optimizer_state_counts_the_tensors_it_holds_deeper(tmp_path):
+    """An optimizer's state dict keeps its tensors a level down: the refusal counts them
+    (was: "state: dict with 4 entries (0 tensors)")."""
+    import torch
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), str(tmp_path / "opt.pt"))
+    r = cinders("convert", "opt.pt", "--out", "x.safetensors", cwd=tmp_path)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "state: dict with 4 entries (0 tensors; 12 more nested deeper)" in r.stderr, r.stderr

@@ -584,8 +584,10 @@ def _describe(value):
     if isinstance(value, str):
         return "str %r" % (value[:40] + ("..." if len(value) > 40 else ""))
     if isinstance(value, dict):
-        tensors = sum(1 for v in value.values() if isinstance(v, TensorRef))
-        return "dict with %d entries (%d tensors)" % (len(value), tensors)
+        tensors = _tensor_count(value)
+        deeper = _nested_tensor_count(value) - tensors
+        return "dict with %d entries (%d tensors%s)" % (len(value), tensors,
+                                                        "; %d more nested deeper" % deeper if deeper else "")
     if isinstance(value, (list, tuple, set, frozenset)):
         return "%s of %d items" % (type(value).__name__, len(value))
     return type(value).__name__
@@ -593,6 +595,23 @@ def _describe(value):
 
 def _tensor_count(value):
     return sum(1 for v in value.values() if isinstance(v, TensorRef)) if isinstance(value, dict) else 0
+
+
+def _nested_tensor_count(value, depth=0, budget=None):
+    """Tensors in `value` and the dicts, lists and tuples below it (an optimizer state keeps its
+    tensors a level or two down), bounded in depth and in values visited (a pickle may be cyclic)."""
+    budget = budget if budget is not None else [100000]
+    if isinstance(value, TensorRef):
+        return 1
+    if depth >= MAX_NESTING or not isinstance(value, (dict, list, tuple)):
+        return 0
+    count = 0
+    for v in (value.values() if isinstance(value, dict) else value):
+        budget[0] -= 1
+        if budget[0] < 0:
+            break
+        count += _nested_tensor_count(v, depth + 1, budget)
+    return count
 
 
 def _choose_state(obj, top_level_key):
