@@ -328,3 +328,36 @@ def test_an_optimizer_state_counts_the_tensors_it_holds_deeper(tmp_path):
     r = cinders("convert", "opt.pt", "--out", "x.safetensors", cwd=tmp_path)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "state: dict with 4 entries (0 tensors; 12 more nested deeper)" in r.stderr, r.stderr
+
+
+def test_an_imported_model_with_an_inf_constant_loads_with_the_line_import_onnx_prints(tmp_path):
+    """A legitimate -inf constant is declared in the record's metadata, so the printed
+    `Model.load(...)` takes it (was: refused by the non-finite check); other tensors stay checked."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    floor = numpy_helper.from_array(np.array([-np.inf, 0.0, -np.inf], np.float32), "floor")
+    scale = numpy_helper.from_array(np.array([2.0, 2.0, 2.0], np.float32), "scale")
+    graph = helper.make_graph([helper.make_node("Max", ["x", "floor"], ["m"]), helper.make_node("Mul", ["m", "scale"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [floor, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "masked.onnx"))
+    r = cinders("import-onnx", "masked.onnx", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = [s for s in r.stdout.splitlines() if s.startswith("use it: ")][0]
+    command = line[len("use it: "):].split("python -c ")[1].strip('"')
+    x = np.array([-1.0, -1.0, 3.0], np.float32)
+    code = command + "; import cinders as cn, json; print(json.dumps(m(cn.tensor(%r)).numpy().tolist()))" % (x.tolist(),)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "out", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(json.loads(done.stdout), want)
+    # a record that declares nothing is still refused on a non-finite weight
+    from cinders.record import read_metadata, read_tensors, save_tensors
+    meta, tensors = read_tensors(str(tmp_path / "out" / "masked.safetensors"), cn.NumPy())
+    assert json.loads(meta["nonfinite"]) == [n for n, t in tensors.items() if not np.isfinite(t.numpy()).all()]
+    save_tensors(str(tmp_path / "bare.safetensors"), tensors, {k: v for k, v in meta.items() if k != "nonfinite"})
+    with pytest.raises(cn.RecordError, match="allow_nonfinite"):
+        read_tensors(str(tmp_path / "bare.safetensors"), cn.NumPy())
+    assert "nonfinite" not in read_metadata(str(tmp_path / "bare.safetensors"))
