@@ -87,8 +87,8 @@ def shape_arg(text):
     return shape
 
 
-BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
-                  help="compute backend (default: numpy)")
+BACKEND_ARG = arg("--backend", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
+                  help="compute backend (default: numpy when it is installed, else python)")
 
 
 THREADS_ARG = arg("--threads", type=positive_int, default=1,
@@ -108,6 +108,11 @@ INPUT_SHAPE_ARG = arg("--input-shape", metavar="A,B,...", type=shape_arg,
 
 def make_backend(name):
     import cinders as cn
+    if name is None:  # NumPy is an extra (cinders[numpy]): a plain install computes in pure Python
+        try:
+            return cn.NumPy()
+        except ImportError:
+            return cn.Python()
     if name == "numpy":
         return cn.NumPy()
     if name == "python":

@@ -361,3 +361,30 @@ def test_an_imported_model_with_an_inf_constant_loads_with_the_line_import_onnx_
     with pytest.raises(cn.RecordError, match="allow_nonfinite"):
         read_tensors(str(tmp_path / "bare.safetensors"), cn.NumPy())
     assert "nonfinite" not in read_metadata(str(tmp_path / "bare.safetensors"))
+
+
+def test_predict_without_numpy_defaults_to_the_python_backend(tmp_path, monkeypatch):
+    """A plain install has no NumPy: `cinders predict` computes in pure Python (was: a raw
+    ModuleNotFoundError). NumPy is hidden from the child by a finder that refuses it."""
+    (tmp_path / "shipped.py").write_text(SHIPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("shipped", None)
+    import shipped
+    cn.manual_seed(0)
+    model = shipped.Tiny().to(cn.NumPy())
+    sys.modules.pop("shipped", None)
+    x = np.array([[0.5, -1.0, 2.0]], np.float32)
+    want = model(cn.tensor(x, backend=cn.NumPy())).numpy()[0]
+    model.save(str(tmp_path / "m.safetensors"))
+    (tmp_path / "x.json").write_text(json.dumps(x[0].tolist()))
+    no_numpy = ("import sys\n"
+                "class NoNumPy:\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name.partition('.')[0] == 'numpy':\n"
+                "            raise ModuleNotFoundError(\"No module named 'numpy'\")\n"
+                "sys.meta_path.insert(0, NoNumPy())\n"
+                "from cinders.cli import main\n"
+                "sys.exit(main(['predict', 'm.safetensors', 'x.json', '--model-source', 'shipped.py']))\n")
+    r = subprocess.run([sys.executable, "-c", no_numpy], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)
