@@ -82,3 +82,14 @@ def test_the_page_loads_with_no_404(new_page, demo_server, path):
     page.wait_for_timeout(1000)  # the favicon is asked for after the load event
     assert missing == [], missing
     assert page.evaluate("() => document.querySelector('link[rel=icon]')?.getAttribute('href')") == "data:,"
+
+
+def test_a_bad_file_is_one_readable_line_with_the_traceback_folded(new_page):
+    page = wait_ready(new_page("/onnx/?backend=cpu"))
+    page.set_input_files("#file", files=[{"name": "broken.onnx", "mimeType": "application/octet-stream",
+                                          "buffer": b"\x08\x07not an onnx model at all"}])
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('error')")
+    status = page.text_content("#status")
+    assert "Traceback" not in status and "\n" not in status and "Error" in status, status
+    assert page.evaluate("() => document.querySelector('#error').open") is False  # details folded
+    assert "Traceback" in page.text_content("#error-details")
