@@ -87,8 +87,8 @@ def shape_arg(text):
     return shape
 
 
-BACKEND_ARG = arg("--backend", default="numpy", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
-                  help="compute backend (default: numpy)")
+BACKEND_ARG = arg("--backend", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
+                  help="compute backend (default: numpy when it is installed, else python)")
 
 
 THREADS_ARG = arg("--threads", type=positive_int, default=1,
@@ -108,6 +108,11 @@ INPUT_SHAPE_ARG = arg("--input-shape", metavar="A,B,...", type=shape_arg,
 
 def make_backend(name):
     import cinders as cn
+    if name is None:  # NumPy is an extra (cinders[numpy]): a plain install computes in pure Python
+        try:
+            return cn.NumPy()
+        except ImportError:
+            return cn.Python()
     if name == "numpy":
         return cn.NumPy()
     if name == "python":
@@ -278,15 +283,35 @@ def load_model_for_cli(path, backend, model_source=None, allow=()):
     return model, meta
 
 
-def input_shape_of(model, meta, given=None):
-    """One sample's shape: --input-shape, else the record's, else the class's input_shape."""
+def model_class_arg(name, model_source=None):
+    """--model-class NAME: a class --model-source FILE defines (by its name), else NAME as given
+    (a cinders.models class path, checked where it is loaded)."""
+    if not model_source:
+        return name
+    if not name:
+        raise ValueError("--model-source needs --model-class (the name of the class to load into)")
+    classes = {cls.__name__: cls for cls in allowed_classes(model_source)}
+    if name.rpartition(".")[2] in classes:
+        return classes[name.rpartition(".")[2]]
+    if name.startswith("cinders.models."):
+        return name
+    raise ValueError("--model-class %s: %s defines no such cinders.nn.Module class (it defines: %s)"
+                     % (name, model_source, ", ".join(sorted(classes)) or "none"))
+
+
+def input_shape_of(model, meta, given=None, count=None):
+    """One sample's shape: --input-shape, else the record's, else the class's input_shape, else
+    what the first layer takes (a conv's spatial size from the `count` numbers of one input)."""
     if given:
         return tuple(given)
     if meta.get("input_shape"):
         from cinders.record.validate import input_shape
         return input_shape(meta["input_shape"], "record")
     shape = getattr(type(model), "input_shape", None)
-    return tuple(shape) if shape else None
+    if shape:
+        return tuple(shape)
+    from cinders.nn import inferred_input_shape
+    return inferred_input_shape(model, count)
 
 
 def read_json_file(path):
@@ -362,11 +387,12 @@ def predict(args):
     from cinders.autodiff import no_grad
     backend = make_backend(args.backend)
     model, meta = load_model_for_cli(args.record, backend, args.model_source, args.allow)
-    shape = input_shape_of(model, meta, args.input_shape)
+    numbers = flat_numbers(read_json_file(args.input), args.input)
+    shape = input_shape_of(model, meta, args.input_shape, len(numbers))
     if shape is None:
         raise ValueError("%s records no input shape (it was saved before the model ever ran): pass "
                          "--input-shape A,B,... (one sample, e.g. 1,28,28)" % args.record)
-    values, full = input_batch(flat_numbers(read_json_file(args.input), args.input), shape, args.input, model)
+    values, full = input_batch(numbers, shape, args.input, model)
     with no_grad():
         output = model(cn.tensor(values, backend=backend).reshape(*full))
     print(result_json(output, full[0] == 1), flush=True)
@@ -520,9 +546,11 @@ def serve(args):
                       "(default: found automatically)"),
     arg("--remap", nargs="*", default=[], metavar="REGEX=REPL",
         help="rename keys: each rule is re.sub(REGEX, REPL, key), applied in order; split at the last '='"),
-    arg("--model-class", help="load into this cinders.models class (e.g. cinders.models.vision.ResNet) and "
-                              "write a cinders record that cn.load_model / export-micro rebuild"),
+    arg("--model-class", help="load into this cinders.models class (e.g. cinders.models.vision.ResNet), or a "
+                              "class --model-source defines (its name), and write a cinders record that "
+                              "cn.load_model / export-micro rebuild"),
     arg("--model-config", default="{}", help="JSON constructor arguments for --model-class"),
+    MODEL_SOURCE_ARG,
 ])
 def convert(args):
     from cinders.record.pytorch import convert_pytorch
@@ -539,7 +567,7 @@ def convert(args):
     if not isinstance(config, dict):
         raise ValueError("--model-config must be a JSON object, got %r" % (args.model_config,))
     state = convert_pytorch(args.checkpoint, args.out, top_level_key=args.key, remap=rules,
-                            model_class=args.model_class, model_config=config,
+                            model_class=model_class_arg(args.model_class, args.model_source), model_config=config,
                             progress=lambda text: print(text, flush=True))
     grouped = {}  # "int64 stored, loaded as int32 (range checked)" -> [tensor names]
     for note in state.notes:
@@ -561,11 +589,23 @@ from .apps import commands as _app_commands  # noqa: E402,F401  (vad, ocr)
 
 # ---------------------------------------------------------------- import-onnx
 
+def named_or_counted(nodes, most_named=5):
+    """The nodes ["OP NAME", ...] by name when few, else "Shape x12, Gather x3": one short line
+    however many nodes there are."""
+    if len(nodes) <= most_named:
+        return ", ".join(nodes)
+    counts = {}
+    for node in nodes:
+        op = node.partition(" ")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join("%s x%d" % (op, n) if n > 1 else op for op, n in counts.items())
+
+
 @command("import-onnx", "turn an ONNX model into readable cinders Python (DIR/NAME.py + DIR/NAME.safetensors)", [
     arg("model", help="the .onnx file (external data files next to it are read too)"),
     arg("--out", required=True, help="folder to write NAME.py and NAME.safetensors into"),
     arg("--name", default=None, help="module name (default: from the file name)"),
-    arg("--verbose", action="store_true", help="name every unsupported node (the error counts them by op type)"),
+    arg("--verbose", action="store_true", help="name every unsupported or device-reading node (otherwise counted by op type)"),
 ])
 def import_onnx(args):
     from cinders.onnx import import_onnx as write
@@ -581,7 +621,9 @@ def import_onnx(args):
     print("wrote %s and %s in %.2f s" % (py_path, record_path, time.perf_counter() - started))
     if device_reads:   # everything else is decided at import or on the host
         print("%d node(s) depend on data and read device values when run (a GPU waits there; "
-              "cn.capture refuses them): %s" % (len(device_reads), ", ".join(device_reads)))
+              "cn.capture refuses them): %s" % (len(device_reads), named_or_counted(device_reads)))
+        if args.verbose:
+            print("\n".join(device_reads))
     print("use it: cd %s && python -c \"from %s import Model; m = Model.load('%s.safetensors')\""
           % (args.out, name, name))
     return 0

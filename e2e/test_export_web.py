@@ -100,3 +100,28 @@ def test_exported_site_runs_a_user_model_like_the_desktop(browser, served_site):
     finally:
         context.close()
     assert seen == [], "requests left the site's server: %s" % seen
+
+
+def test_exported_site_without_webgpu_runs_on_its_own_wasm_kernels(launch_browser, served_site):
+    """The site carries cn.Wasm()'s kernels (was: a 404 for /wasm-kernels/ and pure Python)."""
+    from browser_env import QUIET_FLAGS
+    url, x, want = served_site
+    browser = launch_browser(args=QUIET_FLAGS)  # no --enable-unsafe-webgpu: no adapter
+    try:
+        context = browser.new_context()
+        seen = guard(context, url)
+        page = context.new_page()
+        missing = []
+        page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+        page.goto(url)
+        wait_ready(page)
+        assert page.text_content("#backend") == "wasm"
+        page.fill("#input", json.dumps(x.tolist()))
+        page.click("#run")
+        page.wait_for_function("() => document.querySelector('#output').textContent !== '' || "
+                               "document.querySelector('#status').textContent.startsWith('error')",
+                               timeout=60_000)
+        np.testing.assert_allclose(np.asarray(json.loads(page.text_content("#output"))), want, rtol=1e-4, atol=1e-4)
+        assert missing == [] and seen == [], (missing, seen)
+    finally:
+        browser.close()

@@ -67,3 +67,29 @@ def test_without_webgpu_the_page_imports_and_runs_on_wasm(new_page, no_webgpu_br
     x = cn.random((1, 3, 64, 64), backend=cn.NumPy(), distribution="normal", seed=0).numpy()
     expected = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
     assert np.abs(got - expected).max() <= 1e-4 * max(1.0, float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("path", ["/onnx/", "/mnist-micro/"])
+def test_the_page_loads_with_no_404(new_page, demo_server, path):
+    """Nothing the page asks for is missing, and it declares its icon inline (`<link rel="icon"
+    href="data:,">`): headless Chromium never asks for /favicon.ico, a visitor's browser does."""
+    first = new_page("/onnx/style.css")  # a guarded context; the page itself is watched from its first request
+    page = first.context.new_page()
+    missing = []
+    page.on("response", lambda r: missing.append(r.url) if r.status == 404 else None)
+    page.goto(demo_server.url + path.lstrip("/"))
+    wait_ready(page)
+    page.wait_for_timeout(1000)  # the favicon is asked for after the load event
+    assert missing == [], missing
+    assert page.evaluate("() => document.querySelector('link[rel=icon]')?.getAttribute('href')") == "data:,"
+
+
+def test_a_bad_file_is_one_readable_line_with_the_traceback_folded(new_page):
+    page = wait_ready(new_page("/onnx/?backend=cpu"))
+    page.set_input_files("#file", files=[{"name": "broken.onnx", "mimeType": "application/octet-stream",
+                                          "buffer": b"\x08\x07not an onnx model at all"}])
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('error')")
+    status = page.text_content("#status")
+    assert "Traceback" not in status and "\n" not in status and "Error" in status, status
+    assert page.evaluate("() => document.querySelector('#error').open") is False  # details folded
+    assert "Traceback" in page.text_content("#error-details")

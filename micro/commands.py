@@ -33,6 +33,9 @@ def quantize(args):
 def export_micro(args):
     import json
     from .export import export_micro as export
+    if args.record.lower().endswith(".onnx"):
+        raise ValueError("%s is an ONNX model, not a Cinders record: run `cinders import-onnx %s --out DIR` "
+                         "first, then export-micro the DIR/NAME.safetensors it writes" % (args.record, args.record))
     try:
         config = json.loads(args.model_config)
     except ValueError as e:

@@ -96,6 +96,31 @@ def test_predict_and_eval_a_user_model_from_its_folder(user_folder):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_convert_into_a_user_model_class_from_its_source(tmp_path):
+    """`convert --model-class NAME --model-source FILE`: a torch checkpoint loaded into the user's
+    class, predicted with the same source, gives torch's logits (was: only cinders.models)."""
+    import torch
+    (tmp_path / "spiral_model.py").write_text(SPIRAL)
+    torch.manual_seed(0)
+    net = torch.nn.Module()
+    net.layers = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    torch.save({"model": net.state_dict()}, str(tmp_path / "spiral.pt"))
+    x, _ = spiral_data(seed=2)
+    (tmp_path / "one.json").write_text(json.dumps(x[0].tolist()))
+    r = cinders("convert", "spiral.pt", "--out", "spiral.safetensors", "--model-class", "SpiralMLP",
+                "--model-config", '{"hidden": 8}', "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cinders("predict", "spiral.safetensors", "one.json", "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    with torch.no_grad():
+        want = net.layers(torch.from_numpy(x[:1])).numpy()[0]
+    np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)
+    r = cinders("convert", "spiral.pt", "--out", "x.safetensors", "--model-class", "Nope",
+                "--model-source", "spiral_model.py", cwd=tmp_path)
+    assert r.returncode == 1 and "Nope" in r.stderr and "SpiralMLP" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_extract_model_from_a_learner_checkpoint(user_folder):
     from cinders.data import DataLoader, ListDataset, Batcher
     from cinders.train import Learner
@@ -210,3 +235,156 @@ def test_hostile_inputs_get_one_line_errors(tmp_path):
         r = cinders("predict", "lin.safetensors", name, cwd=tmp_path)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1 and expect in lines[0], (name, r.stderr)
+
+
+SHIPPED = '''
+from cinders import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class TinyConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.flat = nn.Flatten()
+
+    def forward(self, x):
+        return self.flat(self.conv(x))
+'''
+
+
+def test_a_model_saved_before_it_ran_takes_its_shape_from_the_first_layer(tmp_path, monkeypatch):
+    """No recorded input shape: Linear(3, 2) takes 3 numbers, Conv2d(2, ...) takes 2 x 4 x 4 from
+    the 32 numbers of the input file (was: "pass --input-shape")."""
+    (tmp_path / "shipped.py").write_text(SHIPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("shipped", None)
+    import shipped
+    rng = np.random.default_rng(0)
+    for cls, sample in ((shipped.Tiny, (3,)), (shipped.TinyConv, (2, 4, 4))):
+        cn.manual_seed(0)
+        model = cls().to(cn.NumPy())
+        model.save(str(tmp_path / "m.safetensors"))
+        x = rng.standard_normal(sample).astype(np.float32)
+        (tmp_path / "x.json").write_text(json.dumps(x.reshape(-1).tolist()))
+        r = cinders("predict", "m.safetensors", "x.json", "--model-source", "shipped.py", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        want = model(cn.tensor(x[None], backend=cn.NumPy())).numpy()[0]
+        np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)
+    sys.modules.pop("shipped", None)
+
+
+@pytest.mark.parametrize("layer, x_shape, words", [
+    (lambda: cn.nn.Conv1d(3, 4, 3), (1, 2, 10), ["Conv1d", "3-D", "C = 3", "(1, 2, 10)"]),
+    (lambda: cn.nn.Conv1d(3, 4, 3), (1, 3, 2, 10), ["Conv1d", "3-D", "(1, 3, 2, 10)"]),
+    (lambda: cn.nn.Conv2d(3, 4, 3), (1, 5, 8, 8), ["Conv2d", "4-D", "C = 3", "(1, 5, 8, 8)"]),
+])
+def test_conv_layers_report_their_own_name_and_rank(layer, x_shape, words):
+    x = cn.tensor(np.zeros(x_shape, np.float32), backend=cn.NumPy())
+    with pytest.raises(cn.ShapeError) as e:
+        layer().to(cn.NumPy())(x)
+    assert all(w in str(e.value) for w in words) and "conv2d" not in str(e.value), str(e.value)
+
+
+def test_import_onnx_counts_device_reads_by_op_and_export_micro_points_to_import_onnx(tmp_path):
+    """Many data-dependent nodes are one short line (names only with --verbose); export-micro of an
+    .onnx file says to import it first (was: "corrupt header: declared header size ...")."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Reshape", ["x" if i == 0 else "r%d" % (i - 1), "s"], ["r%d" % i], name="reshape_%d" % i)
+             for i in range(30)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+                                           helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("r29", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    r = cinders("import-onnx", "m.onnx", "--out", "imported", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    reads = [line for line in r.stdout.splitlines() if "device values" in line]
+    assert len(reads) == 1 and reads[0].startswith("30 node(s)") and reads[0].endswith(": Reshape x30"), r.stdout
+    r = cinders("import-onnx", "m.onnx", "--out", "imported", "--verbose", cwd=tmp_path)
+    assert r.returncode == 0 and "Reshape 'reshape_29'" in r.stdout.splitlines(), r.stdout
+    r = cinders("export-micro", "m.onnx", "--out", "bundle", cwd=tmp_path)
+    assert r.returncode == 1 and "import-onnx m.onnx" in r.stderr and "header" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_optimizer_state_counts_the_tensors_it_holds_deeper(tmp_path):
+    """An optimizer's state dict keeps its tensors a level down: the refusal counts them
+    (was: "state: dict with 4 entries (0 tensors)")."""
+    import torch
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), str(tmp_path / "opt.pt"))
+    r = cinders("convert", "opt.pt", "--out", "x.safetensors", cwd=tmp_path)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "state: dict with 4 entries (0 tensors; 12 more nested deeper)" in r.stderr, r.stderr
+
+
+def test_an_imported_model_with_an_inf_constant_loads_with_the_line_import_onnx_prints(tmp_path):
+    """A legitimate -inf constant is declared in the record's metadata, so the printed
+    `Model.load(...)` takes it (was: refused by the non-finite check); other tensors stay checked."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    floor = numpy_helper.from_array(np.array([-np.inf, 0.0, -np.inf], np.float32), "floor")
+    scale = numpy_helper.from_array(np.array([2.0, 2.0, 2.0], np.float32), "scale")
+    graph = helper.make_graph([helper.make_node("Max", ["x", "floor"], ["m"]), helper.make_node("Mul", ["m", "scale"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [floor, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "masked.onnx"))
+    r = cinders("import-onnx", "masked.onnx", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = [s for s in r.stdout.splitlines() if s.startswith("use it: ")][0]
+    command = line[len("use it: "):].split("python -c ")[1].strip('"')
+    x = np.array([-1.0, -1.0, 3.0], np.float32)
+    code = command + "; import cinders as cn, json; print(json.dumps(m(cn.tensor(%r)).numpy().tolist()))" % (x.tolist(),)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "out", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(json.loads(done.stdout), want)
+    # a record that declares nothing is still refused on a non-finite weight
+    from cinders.record import read_metadata, read_tensors, save_tensors
+    meta, tensors = read_tensors(str(tmp_path / "out" / "masked.safetensors"), cn.NumPy())
+    assert json.loads(meta["nonfinite"]) == [n for n, t in tensors.items() if not np.isfinite(t.numpy()).all()]
+    save_tensors(str(tmp_path / "bare.safetensors"), tensors, {k: v for k, v in meta.items() if k != "nonfinite"})
+    with pytest.raises(cn.RecordError, match="allow_nonfinite"):
+        read_tensors(str(tmp_path / "bare.safetensors"), cn.NumPy())
+    assert "nonfinite" not in read_metadata(str(tmp_path / "bare.safetensors"))
+
+
+def test_predict_without_numpy_defaults_to_the_python_backend(tmp_path, monkeypatch):
+    """A plain install has no NumPy: `cinders predict` computes in pure Python (was: a raw
+    ModuleNotFoundError). NumPy is hidden from the child by a finder that refuses it."""
+    (tmp_path / "shipped.py").write_text(SHIPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("shipped", None)
+    import shipped
+    cn.manual_seed(0)
+    model = shipped.Tiny().to(cn.NumPy())
+    sys.modules.pop("shipped", None)
+    x = np.array([[0.5, -1.0, 2.0]], np.float32)
+    want = model(cn.tensor(x, backend=cn.NumPy())).numpy()[0]
+    model.save(str(tmp_path / "m.safetensors"))
+    (tmp_path / "x.json").write_text(json.dumps(x[0].tolist()))
+    no_numpy = ("import sys\n"
+                "class NoNumPy:\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name.partition('.')[0] == 'numpy':\n"
+                "            raise ModuleNotFoundError(\"No module named 'numpy'\")\n"
+                "sys.meta_path.insert(0, NoNumPy())\n"
+                "from cinders.cli import main\n"
+                "sys.exit(main(['predict', 'm.safetensors', 'x.json', '--model-source', 'shipped.py']))\n")
+    r = subprocess.run([sys.executable, "-c", no_numpy], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(json.loads(r.stdout)["logits"], want, atol=1e-5)

@@ -75,11 +75,35 @@ class Conv2d(Module):
         self.bias = _uniform((out_channels,), bound, backend, _seed(seed, 1)) if bias else None
 
     def forward(self, x):
+        _check_conv_input("Conv2d", "(N, C, H, W)", x, self.in_channels)
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
         return "%d, %d, kernel_size=%s, stride=%s, padding=%s" % (
             self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding)
+
+
+def _check_conv_input(layer, layout, x, channels):
+    """The layer's own name, rank and channel count in the error, not the conv2d it runs as."""
+    if x.ndim != len(layout.split(",")) or x.shape[1] != channels:
+        raise ShapeError("%s: expects a %d-D input %s with C = %d, got shape %s"
+                         % (layer, len(layout.split(",")), layout, channels, tuple(x.shape)))
+
+
+def inferred_input_shape(model, count):
+    """One sample's shape from the model's first layer when no record says it: (in_features,)
+    for a Linear; (C, L) for a Conv1d and (C, S, S) for a Conv2d, from the `count` numbers of
+    one input. None when the first layer does not tell or `count` does not fit it."""
+    first = next((m for m in model.modules() if isinstance(m, (Linear, Conv1d, Conv2d))), None)
+    if isinstance(first, Linear):
+        return (first.in_features,)
+    if first is None or not count or count % first.in_channels:
+        return None
+    spatial = count // first.in_channels
+    if isinstance(first, Conv1d):
+        return (first.in_channels, spatial)
+    side = math.isqrt(spatial)
+    return (first.in_channels, side, side) if side * side == spatial else None
 
 
 def _single(v, name):
@@ -112,8 +136,7 @@ class Conv1d(Module):
         self.bias = _uniform((out_channels,), bound, backend, _seed(seed, 1)) if bias else None
 
     def forward(self, x):
-        if x.ndim != 3:
-            raise ShapeError("Conv1d: expects input (N, C, L), got %s" % (x.shape,))
+        _check_conv_input("Conv1d", "(N, C, L)", x, self.in_channels)
         y = F.conv2d(x.unsqueeze(2), self.weight.unsqueeze(2), self.bias, (1,) + self.stride,
                      (0,) + self.padding, (1,) + self.dilation, self.groups)
         return y.squeeze(2)

@@ -13,6 +13,7 @@ and `load` executes that source. No `onnx` package needed, so it runs in Pyodide
 
 import functools
 import inspect
+import json
 import os
 import types
 
@@ -167,6 +168,9 @@ def import_onnx(source, out_dir, name=None):
     tensors = _tensors(constants, backend)
     meta = {"format": record.FORMAT, "model_class": name + ".Model", "model_config": "{}",
             "dtype": "float32", "source": display[:200]}
+    nonfinite = record.nonfinite_names(tensors)
+    if nonfinite:  # the model's own -inf/NaN constants, not a broken training run: Model.load takes them
+        meta["nonfinite"] = json.dumps(nonfinite)
     check_writable_target(py_path, OnnxError)
     record.save_tensors(st_path, tensors, meta)
     tmp = py_path + ".tmp"

@@ -129,17 +129,25 @@ def read_header(path):
         return reader.metadata, {n: (reader.info(n).dtype, reader.info(n).shape) for n in reader.names()}
 
 
+def nonfinite_names(tensors):
+    """Names of the float tensors of {name: Tensor} that hold NaN or infinity: what a record
+    declares in its "nonfinite" metadata when they are part of the model (an ONNX -inf mask)."""
+    return [name for name, t in tensors.items() if t.dtype is dtypes.float32
+            and not validate.all_finite(t.backend.to_flat(t.handle))]
+
+
 def read_tensors(path, backend, expected=None, allow_nonfinite=False):
     """(metadata, {name: Tensor on backend}) of a record, everything validated before returning.
 
     expected: optional {name: (shape, dtype)}; names missing or unexpected and shape or dtype
     mismatches raise RecordError listing all of them. Float tensors holding NaN or infinity
-    raise RecordError unless allow_nonfinite.
+    raise RecordError unless allow_nonfinite or the record's "nonfinite" metadata names them.
     """
     where = "record %r" % (path,)
     with _open(path) as f:
         reader = safetensors.Reader(f)
         validate.check_format(reader.metadata, where)
+        declared = validate.declared_nonfinite(reader.metadata, where)
         if expected is not None:
             _check_expected(path, reader, expected)
         out = {}
@@ -148,7 +156,7 @@ def read_tensors(path, backend, expected=None, allow_nonfinite=False):
             dtype = _TENSOR_DTYPE[info.dtype]
             values = reader.read(name)
             if dtype is dtypes.float32:
-                validate.check_finite(name, values, where, allow_nonfinite)
+                validate.check_finite(name, values, where, allow_nonfinite or name in declared)
             out[name] = Tensor(backend, backend.from_flat(values, info.shape, dtype), info.shape, dtype)
         return reader.metadata, out
 

@@ -595,8 +595,10 @@ def _describe(value):
     if isinstance(value, str):
         return "str %r" % (value[:40] + ("..." if len(value) > 40 else ""))
     if isinstance(value, dict):
-        tensors = sum(1 for v in value.values() if isinstance(v, TensorRef))
-        return "dict with %d entries (%d tensors)" % (len(value), tensors)
+        tensors = _tensor_count(value)
+        deeper = _nested_tensor_count(value) - tensors
+        return "dict with %d entries (%d tensors%s)" % (len(value), tensors,
+                                                        "; %d more nested deeper" % deeper if deeper else "")
     if isinstance(value, (list, tuple, set, frozenset)):
         return "%s of %d items" % (type(value).__name__, len(value))
     return type(value).__name__
@@ -604,6 +606,23 @@ def _describe(value):
 
 def _tensor_count(value):
     return sum(1 for v in value.values() if isinstance(v, TensorRef)) if isinstance(value, dict) else 0
+
+
+def _nested_tensor_count(value, depth=0, budget=None):
+    """Tensors in `value` and the dicts, lists and tuples below it (an optimizer state keeps its
+    tensors a level or two down), bounded in depth and in values visited (a pickle may be cyclic)."""
+    budget = budget if budget is not None else [100000]
+    if isinstance(value, TensorRef):
+        return 1
+    if depth >= MAX_NESTING or not isinstance(value, (dict, list, tuple)):
+        return 0
+    count = 0
+    for v in (value.values() if isinstance(value, dict) else value):
+        budget[0] -= 1
+        if budget[0] < 0:
+            break
+        count += _nested_tensor_count(v, depth + 1, budget)
+    return count
 
 
 def _choose_state(obj, top_level_key):
@@ -814,7 +833,8 @@ def _model_class(name):
 def convert_pytorch(src, out, *, top_level_key=None, remap=(), model_class=None, model_config=None,
                     progress=None):
     """Write the state dict of a torch.save file as a safetensors file (the official `safetensors`
-    library reads it). With `model_class` (a cinders.models class path) the tensors are loaded
+    library reads it). With `model_class` (a cinders.models class path, or a Module class the
+    caller already holds: the user's, from `--model-source`) the tensors are loaded
     into that model first (strict: every key and shape must match, after `remap`) and the file
     is a cinders record that cn.load_model and `cinders export-micro` rebuild. Returns the
     PyTorchState that was read (its notes say what changed)."""
@@ -834,7 +854,8 @@ def convert_pytorch(src, out, *, top_level_key=None, remap=(), model_class=None,
     if model_class is None:
         save_tensors(out, tensors, {"source": os.path.basename(str(src)), "converted_by": "cinders convert"})
     else:
-        model = _model_class(model_class)(**(model_config or {}))
+        cls = model_class if isinstance(model_class, type) else _model_class(model_class)
+        model = cls(**(model_config or {}))
         model.to(backend).load_state_dict(tensors)
         model.save(out, metadata={"source": os.path.basename(str(src))})
     say("wrote %s" % out)

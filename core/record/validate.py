@@ -68,14 +68,31 @@ def _first_nonfinite(values):
     return None
 
 
-def check_finite(name, values, where, allow_nonfinite=False):
-    """RecordError if float `values` hold NaN or infinity (unless allow_nonfinite)."""
-    if allow_nonfinite or not len(values):
-        return
+def all_finite(values):
     # One C-speed pass: the double sum of float32 values cannot overflow, so it is finite
     # exactly when every value is.
     total = math.fsum(values) if not isinstance(values, (list, tuple)) else sum(values)
-    if math.isfinite(total):
+    return math.isfinite(total) or _first_nonfinite(values) is None
+
+
+def declared_nonfinite(metadata, where):
+    """The tensor names a record's "nonfinite" metadata (a JSON list) declares as holding NaN or
+    infinity on purpose (import-onnx writes it for constants such as a -inf attention mask)."""
+    text = metadata.get("nonfinite")
+    if text is None:
+        return frozenset()
+    try:
+        names = json.loads(text)
+    except ValueError:
+        names = None
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise RecordError("%s: metadata nonfinite must be a JSON list of tensor names" % (where,))
+    return frozenset(names)
+
+
+def check_finite(name, values, where, allow_nonfinite=False):
+    """RecordError if float `values` hold NaN or infinity (unless allow_nonfinite)."""
+    if allow_nonfinite or not len(values) or all_finite(values):
         return
     bad = _first_nonfinite(values)
     if bad is not None:

@@ -9,6 +9,7 @@ PyScript (Pyodide) and needs nothing from the internet:
     DIR/<model source>.py    the model's class, copied unchanged
     DIR/model.safetensors    the record
     DIR/cinders-*.whl        cinders itself (pure Python), unpacked by PyScript into the page
+    DIR/wasm-kernels/        cn.Wasm()'s kernels, for browsers without WebGPU
     DIR/vendor/pyodide/      the Pyodide interpreter (npm `pyodide`, local copy)
     DIR/vendor/pyscript/     PyScript (npm `@pyscript/core`, local copy)
 
@@ -72,7 +73,8 @@ def show(selector, text):
     document.querySelector(selector).textContent = text
 
 
-chosen = await bridge.init("auto")  # noqa: F704  WebGPU when the browser has it, else the CPU
+# WebGPU when the browser has it, else cn.Wasm() on the kernels shipped beside this page, else the CPU
+chosen = await bridge.init("auto", kernels={kernels!r})  # noqa: F704
 show("#backend", chosen["backend"])
 # Only the classes of the model's own source may be named by the record (records name no code).
 model = record.load_model("model.safetensors", allow=[model_source.{cls}])
@@ -165,6 +167,7 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
         if old.startswith("cinders-") and old.endswith(".whl"):
             os.remove(os.path.join(out_dir, old))
     wheel_name = _write_wheel(out_dir)
+    kernels = _copy_wasm_kernels(out_dir)
     for src, dst in ((record_path, "model.safetensors"), (model_source, module + ".py")):
         shutil.copyfile(src, check_writable_target(os.path.join(out_dir, dst), RecordError))
     config = {
@@ -173,13 +176,24 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
                   "./%s.py" % module: "./%s.py" % module},
     }
     written = {"pyscript.json": json.dumps(config, indent=1) + "\n",
-               "main.py": MAIN.format(source=module + ".py", module=module, cls=cls, shape=tuple(input_shape)),
+               "main.py": MAIN.format(source=module + ".py", module=module, cls=cls, shape=tuple(input_shape),
+                                  kernels=kernels),
                "index.html": PAGE.format(title="%s in the browser" % cls, shape=tuple(input_shape),
                                          example=json.dumps(_zeros(input_shape)))}
     for name, text in written.items():
         with open(check_writable_target(os.path.join(out_dir, name), RecordError), "w") as f:
             f.write(text)
     return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir))
+
+
+def _copy_wasm_kernels(out_dir):
+    """cn.Wasm()'s module into DIR/wasm-kernels/ (built from source when missing), so a browser
+    without WebGPU runs the site on it; its URL relative to the page."""
+    from cinders.wasm.build import module_path, SERVED_NAME
+    folder = os.path.join(out_dir, "wasm-kernels")
+    os.makedirs(folder, exist_ok=True)
+    shutil.copyfile(module_path(), check_writable_target(os.path.join(folder, SERVED_NAME), RecordError))
+    return "./wasm-kernels/" + SERVED_NAME
 
 
 def _write_wheel(out_dir):

@@ -10,10 +10,15 @@ const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersOnnx = { info: null, result: null, runtime: null });
 
+// A Python exception arrives as its whole traceback: the status shows its last line (the
+// exception and its message); the traceback stays folded under "details".
 function fail(error) {
-  status("error: " + String(error && error.message ? error.message : error).split("\n")[0]);
+  const text = String(error && error.message ? error.message : error).trim();
+  const lines = text.split("\n");
+  status("error: " + (lines[0].startsWith("Traceback") ? lines[lines.length - 1] : lines[0]).trim());
+  $("outputs").textContent = "";
   $("error").hidden = false;
-  $("error").textContent = String(error && error.message ? error.message : error);
+  $("error-details").textContent = text;
 }
 
 function row(cells, header = false) {
