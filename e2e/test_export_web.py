@@ -192,3 +192,35 @@ def test_exported_ocr_app_reads_a_picture(browser, tmp_path):
         finally:
             context.close()
         assert seen == [], "requests left the site's server: %s" % seen
+
+
+def test_exported_vad_app_finds_silero_segments(browser, tmp_path):
+    import torch
+    from cinders import audio
+    from cinders.apps import shipped
+    from cinders.apps.vad import CHUNK, SAMPLE_RATE
+    silero = pytest.importorskip("silero_vad.utils_vad", reason="silero-vad (the oracle) is in the dev extra")
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(tmp_path / "espeak.wav"),
+                    "Hello there. [[_:_:_:_:]] Goodbye for now."], check=True)
+    samples, rate = audio.read_wav(str(tmp_path / "espeak.wav"))
+    audio.write_wav(str(tmp_path / "talk.wav"), audio.resample(samples, rate, SAMPLE_RATE), SAMPLE_RATE)
+    samples, _ = audio.read_wav(str(tmp_path / "talk.wav"))
+    model = silero.OnnxWrapper(shipped.model_path("silero_vad.onnx"), force_onnx_cpu=True)
+    want = [[s["start"], s["end"]] for s in
+            silero.get_speech_timestamps(torch.tensor(samples, dtype=torch.float32), model)]
+    assert len(want) == 2, want
+    for url in export_and_serve(tmp_path, "--app", "vad"):
+        context, page, seen = guarded_page(browser, url)
+        try:
+            page.goto(url + "vad/?backend=wasm")
+            wait_ready(page, timeout=300_000)
+            assert page.text_content("#backend").startswith("wasm")
+            page.set_input_files("#file", str(tmp_path / "talk.wav"))
+            finished(page)
+            got = json.loads(page.evaluate("() => JSON.stringify(window.cindersVad.update.segments_samples)"))
+            assert len(got) == len(want), (got, want)
+            for g, w in zip(got, want):
+                assert abs(g[0] - w[0]) <= CHUNK and abs(g[1] - w[1]) <= CHUNK, (got, want)
+        finally:
+            context.close()
+        assert seen == [], "requests left the site's server: %s" % seen
