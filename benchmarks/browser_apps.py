@@ -1,0 +1,132 @@
+"""The apps in the browser against ONNX Runtime Web, same model, same headless Chromium, one run:
+per-chunk latency of Silero VAD. JSON lines on stdout (and --out FILE).
+
+    .venv/bin/python benchmarks/browser_apps.py [--seconds 6] [--cinders wasm,webgpu] [--ort wasm,webgpu]
+
+  cinders/<backend>  the /vad/ page (?backend=...) on an uploaded 16 kHz WAV: its chunk_ms, the
+                     mean model time per 512-sample chunk (step + `await to_data_async()`)
+  ort/<ep>           benchmarks/web/ort_vad.html: ONNX Runtime Web streaming the same samples
+                     with the recurrent state (session.run + reading the probability)
+and ratio lines (cinders / ort; < 1 means cinders is faster), plus realtime (32 ms of audio /
+chunk_ms) and the largest probability difference against ORT (the same model: a sanity check).
+The audio is espeak-ng speech ("--seconds" long at most), so both see the same samples.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
+
+from cinders import audio  # noqa: E402
+from cinders.apps.vad import CHUNK, SAMPLE_RATE  # noqa: E402
+from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa: E402
+
+from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
+
+READY_MS = 300_000
+SPEECH = "Hello there. [[_:_:_:_:]] This is a test of voice activity detection, in a browser tab."
+
+
+def emit(row, out):
+    line = json.dumps(row, sort_keys=True)
+    print(line, flush=True)
+    if out:
+        out.write(line + "\n")
+        out.flush()
+
+
+def speech_wav(folder, seconds):
+    """(path of a 16 kHz WAV of espeak-ng speech, its samples as the page reads them)."""
+    subprocess.run(["espeak-ng", "-s", "150", "-w", os.path.join(folder, "espeak.wav"), SPEECH], check=True)
+    samples, rate = audio.read_wav(os.path.join(folder, "espeak.wav"))
+    samples = audio.resample(samples, rate, SAMPLE_RATE)[: int(seconds * SAMPLE_RATE)]
+    samples = samples[: len(samples) // CHUNK * CHUNK]
+    path = os.path.join(folder, "talk16k.wav")
+    audio.write_wav(path, samples, SAMPLE_RATE)
+    return path, audio.read_wav(path)[0]
+
+
+def wait_status(page, want, timeout=READY_MS):
+    page.wait_for_function("(w) => { const s = document.querySelector('#status').textContent; "
+                           "return s === w || s.startsWith('error'); }", arg=want, timeout=timeout)
+    status = page.text_content("#status")
+    if status != want:
+        raise RuntimeError(status)
+
+
+def measure_cinders(browser, url, backend, wav):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(url + "vad/?backend=" + backend)
+        wait_status(page, "ready")
+        page.set_input_files("#file", wav)
+        wait_status(page, "done")
+        update = json.loads(page.evaluate("() => JSON.stringify(window.cindersVad.update)"))
+        probabilities = page.evaluate("() => window.cindersVad.probabilities")
+        return {"chunk_ms": update["chunk_ms"], "chunks": update["chunks"]}, probabilities
+    finally:
+        context.close()
+
+
+def measure_ort(browser, url, ep, samples):
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(url + "bench/ort_vad.html?ep=" + ep)
+        wait_status(page, "ready")
+        result = page.evaluate("(s) => window.ortVad.stream(s)", samples)
+        return {"chunk_ms": result["chunk_ms"], "chunks": len(result["probabilities"])}, result["probabilities"]
+    finally:
+        context.close()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="audio length (default 6 s)")
+    parser.add_argument("--cinders", default="wasm,webgpu", help="/vad/ backends (?backend=)")
+    parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    ensure_setup()
+    out = open(args.out, "a") if args.out else None
+    mounts = [("/bench/", os.path.join(HERE, "web"))] + default_mounts()
+    with tempfile.TemporaryDirectory() as tmp, DemoServer(port=0, mounts=mounts) as server, \
+            sync_playwright() as p:
+        wav, samples = speech_wav(tmp, args.seconds)
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS + WEBGPU_FLAGS)
+        emit({"bench": "browser_apps", "kind": "environment", "chromium": browser.version,
+              "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+              "audio_s": len(samples) / SAMPLE_RATE}, out)
+        rows, probs = {}, {}
+        configs = [("cinders", b) for b in args.cinders.split(",") if b] + [("ort", e) for e in args.ort.split(",") if e]
+        for framework, backend in configs:
+            try:
+                measure = measure_cinders if framework == "cinders" else measure_ort
+                row, probs[framework, backend] = measure(browser, server.url, backend,
+                                                         wav if framework == "cinders" else samples)
+            except Exception as e:  # one failed configuration must not hide the others
+                emit({"bench": "browser_apps", "model": "silero_vad", "framework": framework, "backend": backend,
+                      "error": str(e).split("\n")[0]}, out)
+                continue
+            row.update(bench="browser_apps", model="silero_vad", framework=framework, backend=backend,
+                       realtime=(CHUNK / SAMPLE_RATE * 1e3) / row["chunk_ms"])
+            rows[framework, backend] = row
+            emit(row, out)
+        for backend in ("wasm", "webgpu"):
+            if ("cinders", backend) in rows and ("ort", backend) in rows:
+                mine, theirs = probs["cinders", backend], probs["ort", backend]
+                emit({"bench": "browser_apps", "kind": "ratio", "model": "silero_vad", "backend": backend,
+                      "chunk_ms_ratio": rows["cinders", backend]["chunk_ms"] / rows["ort", backend]["chunk_ms"],
+                      "max_probability_diff": max(abs(a - b) for a, b in zip(mine, theirs))}, out)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
