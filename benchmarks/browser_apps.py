@@ -8,7 +8,8 @@ per-chunk latency of Silero VAD. JSON lines on stdout (and --out FILE).
   ort/<ep>           benchmarks/web/ort_vad.html: ONNX Runtime Web streaming the same samples
                      with the recurrent state (session.run + reading the probability)
 and ratio lines (cinders / ort; < 1 means cinders is faster), plus realtime (32 ms of audio /
-chunk_ms) and the largest probability difference against ORT (the same model: a sanity check).
+chunk_ms) and the largest probability difference against ORT Web and against onnxruntime on the
+desktop (the same model: a row that disagrees is wrong, however fast).
 The audio is espeak-ng speech ("--seconds" long at most), so both see the same samples.
 """
 import argparse
@@ -48,6 +49,23 @@ def speech_wav(folder, seconds):
     path = os.path.join(folder, "talk16k.wav")
     audio.write_wav(path, samples, SAMPLE_RATE)
     return path, audio.read_wav(path)[0]
+
+
+def desktop_probabilities(samples):
+    """onnxruntime on the desktop, chunk by chunk with state and context: the oracle of every row."""
+    import numpy as np
+    import onnxruntime as ort
+    from cinders.apps import shipped
+    from cinders.apps.vad import CONTEXT
+    session = ort.InferenceSession(shipped.model_path("silero_vad.onnx"), providers=["CPUExecutionProvider"])
+    state, context, probabilities = np.zeros((2, 1, 128), np.float32), [0.0] * CONTEXT, []
+    for i in range(0, len(samples) - CHUNK + 1, CHUNK):
+        window = context + list(samples[i:i + CHUNK])
+        out, state = session.run(None, {"input": np.array([window], np.float32), "state": state,
+                                        "sr": np.array(SAMPLE_RATE, np.int64)})
+        probabilities.append(float(out[0][0]))
+        context = window[-CONTEXT:]
+    return probabilities
 
 
 def wait_status(page, want, timeout=READY_MS):
@@ -104,7 +122,7 @@ def main(argv=None):
         emit({"bench": "browser_apps", "kind": "environment", "chromium": browser.version,
               "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
               "audio_s": len(samples) / SAMPLE_RATE}, out)
-        rows, probs = {}, {}
+        rows, probs, oracle = {}, {}, desktop_probabilities(samples)
         configs = [("cinders", b) for b in args.cinders.split(",") if b] + [("ort", e) for e in args.ort.split(",") if e]
         for framework, backend in configs:
             try:
@@ -116,7 +134,8 @@ def main(argv=None):
                       "error": str(e).split("\n")[0]}, out)
                 continue
             row.update(bench="browser_apps", model="silero_vad", framework=framework, backend=backend,
-                       realtime=(CHUNK / SAMPLE_RATE * 1e3) / row["chunk_ms"])
+                       realtime=(CHUNK / SAMPLE_RATE * 1e3) / row["chunk_ms"],
+                       max_diff_vs_onnxruntime=max(abs(a - b) for a, b in zip(probs[framework, backend], oracle)))
             rows[framework, backend] = row
             emit(row, out)
         for backend in ("wasm", "webgpu"):
