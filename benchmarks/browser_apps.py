@@ -123,7 +123,8 @@ def main(argv=None):
               "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
               "audio_s": len(samples) / SAMPLE_RATE}, out)
         rows, probs, oracle = {}, {}, desktop_probabilities(samples)
-        configs = [("cinders", b) for b in args.cinders.split(",") if b] + [("ort", e) for e in args.ort.split(",") if e]
+        configs = [("cinders", b) for b in args.cinders.split(",") if b]
+        configs += [("ort", e) for e in args.ort.split(",") if e]
         for framework, backend in configs:
             try:
                 measure = measure_cinders if framework == "cinders" else measure_ort
