@@ -52,3 +52,26 @@ def test_uploaded_picture_is_read_exactly(launch_browser, new_page, picture, web
         assert red > 200, red
     finally:
         browser.close()
+
+
+def test_camera_frame_is_read(launch_browser, new_page):
+    """Chromium's fake camera (a moving test pattern, no text): a frame goes through the canvas
+    and the reader without error, and the canvas takes the frame's size."""
+    camera = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+    browser = launch_browser(args=QUIET_FLAGS + camera)
+    try:
+        page = wait_ready(new_page("/ocr/?side=160&backend=wasm", on_browser=browser), timeout=300_000)
+        page.click("#camera")
+        page.wait_for_function("() => !document.querySelector('#snap').disabled", timeout=60_000)
+        page.click("#snap")
+        page.wait_for_function("() => { const s = document.querySelector('#status').textContent; "
+                               "return s === 'done' || s.startsWith('error'); }", timeout=300_000)
+        assert page.text_content("#status") == "done", page.text_content("#error")
+        size = page.evaluate("() => { const c = document.querySelector('#picture'); return [c.width, c.height]; }")
+        video = page.evaluate("() => { const v = document.querySelector('#video'); "
+                              "return [v.videoWidth, v.videoHeight]; }")
+        assert size == video and size[0] > 0, (size, video)
+        timings = page.evaluate("() => window.cindersOcr.result.timings")
+        assert timings["detect"] > 0
+    finally:
+        browser.close()
