@@ -11,6 +11,11 @@ and ratio lines (cinders / ort; < 1 means cinders is faster), plus realtime (32 
 chunk_ms) and the largest probability difference against ORT Web and against onnxruntime on the
 desktop (the same model: a row that disagrees is wrong, however fast).
 The audio is espeak-ng speech ("--seconds" long at most), so both see the same samples.
+
+  ocr/<backend>      (--ocr) the /ocr/ page reading a picture PIL renders (two lines of DejaVu,
+                     --ocr-size WxH, detector side --ocr-side): the page's ms per stage and in
+                     all, and whether the text came back exactly. No ORT Web anchor yet (it
+                     needs the pre- and post-processing in JavaScript).
 """
 import argparse
 import json
@@ -103,11 +108,43 @@ def measure_ort(browser, url, ep, samples):
         context.close()
 
 
+def ocr_picture(folder, size):
+    from PIL import Image, ImageDraw, ImageFont
+    fonts = "/usr/share/fonts/truetype/dejavu/"
+    lines = [("Hello Cinders", "DejaVuSans.ttf", 30), ("Read in a tab", "DejaVuSerif.ttf", 28)]
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    for i, (text, face, points) in enumerate(lines):
+        draw.text((16, 14 + 52 * i), text, fill="black", font=ImageFont.truetype(fonts + face, points))
+    path = os.path.join(folder, "lines.png")
+    image.save(path)
+    return path, [text for text, _, _ in lines]
+
+
+def measure_ocr(browser, url, backend, picture, side):
+    path, want = picture
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(url + "ocr/?side=%d&backend=%s" % (side, backend))
+        wait_status(page, "ready")
+        page.set_input_files("#file", path)
+        wait_status(page, "done")
+        result = json.loads(page.evaluate("() => JSON.stringify(window.cindersOcr.result)"))
+        return {"stages_ms": result["timings"], "total_ms": result["total_ms"],
+                "exact": [line["text"] for line in result["lines"]] == want}
+    finally:
+        context.close()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="audio length (default 6 s)")
     parser.add_argument("--cinders", default="wasm,webgpu", help="/vad/ backends (?backend=)")
     parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
+    parser.add_argument("--ocr", default="", help="/ocr/ backends to time (e.g. wasm,webgpu); '' for none")
+    parser.add_argument("--ocr-size", default="320x120", help="the OCR picture's WxH")
+    parser.add_argument("--ocr-side", type=int, default=160, help="the detector's shorter side (?side=)")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -145,6 +182,16 @@ def main(argv=None):
                 emit({"bench": "browser_apps", "kind": "ratio", "model": "silero_vad", "backend": backend,
                       "chunk_ms_ratio": rows["cinders", backend]["chunk_ms"] / rows["ort", backend]["chunk_ms"],
                       "max_probability_diff": max(abs(a - b) for a, b in zip(mine, theirs))}, out)
+        if args.ocr:
+            picture = ocr_picture(tmp, tuple(int(v) for v in args.ocr_size.split("x")))
+        for backend in (b for b in args.ocr.split(",") if b):
+            try:
+                row = measure_ocr(browser, server.url, backend, picture, args.ocr_side)
+            except Exception as e:  # one failed configuration must not hide the others
+                row = {"error": str(e).split("\n")[0]}
+            row.update(bench="browser_apps", model="pp-ocr", framework="cinders", backend=backend,
+                       size=args.ocr_size, side=args.ocr_side)
+            emit(row, out)
         browser.close()
 
 
