@@ -33,7 +33,7 @@ class TextReader:
     """Detection, angle classification and recognition models, and the steps between them.
 
     det_limit_side: the detector's shorter side is scaled up to this (rapidocr's 736); a smaller
-    one reads small, large text faster (the page's test uses 320)."""
+    one reads small, large text faster (the page's test uses 160)."""
 
     def __init__(self, det=None, cls=None, rec=None, backend=None, det_limit_side=DET_LIMIT_SIDE):
         from ..onnx import load
@@ -85,8 +85,8 @@ class TextReader:
             upright, flipped = (yield self.cls(_line_input(crop, CLS_SHAPE[0], CLS_SHAPE[1], CLS_SHAPE[1])))[0]
             crop = oriented(crop, upright, flipped)
             clock.lap("classify")
-            steps = (yield self.rec(recogniser_input(crop)))[0]   # (time, characters): probabilities
-            text, score = ctc_greedy(steps, self.characters)
+            columns = (yield self.rec(recogniser_input(crop)))[0]   # (time, characters): probabilities
+            text, score = ctc_greedy(columns, self.characters)
             clock.lap("recognise")
             if text and score >= TEXT_SCORE:
                 lines.append({"text": text, "score": round(score, 5),
