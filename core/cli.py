@@ -512,16 +512,27 @@ def demo(args):
     return 0
 
 
-@command("export-web", "write a static site that runs a record's model in the browser "
-                       "(PyScript + Pyodide, all files local): serve it with `cinders serve DIR`", [
-    arg("record", help="a .safetensors model record (written by model.save)"),
-    arg("--model-source", metavar="FILE", required=True, help="the .py file that defines the model class"),
+@command("export-web", "write a static site that runs a record's model, an ONNX model or an app "
+                       "(--app vad|ocr) in the browser (all files local): serve it with `cinders serve DIR`", [
+    arg("record", nargs="?", help="a .safetensors model record (written by model.save) or an .onnx model"),
+    arg("--model-source", metavar="FILE", help="the .py file that defines the record's model class"),
+    arg("--app", choices=["vad", "ocr"], help="export an app page (voice activity, reading text) instead"),
     arg("--out", required=True, help="the folder to write (index.html, main.py, the wheel, ...)"),
     INPUT_SHAPE_ARG,
 ])
 def export_web(args):
-    from cinders.web.export import export_web as export
-    files = export(args.record, args.model_source, args.out, args.input_shape)
+    from cinders.errors import ArgumentError
+    from cinders.web import export as web_export
+    if (args.app is None) == (args.record is None):
+        raise ArgumentError("export-web takes a record or an .onnx model, or --app, not both")
+    if args.app:
+        files = web_export.export_app(args.app, args.out)
+    elif args.record.endswith(".onnx"):
+        files = web_export.export_onnx(args.record, args.out)
+    elif args.model_source is None:
+        raise ArgumentError("export-web of a record needs --model-source FILE (the model's class)")
+    else:
+        files = web_export.export_web(args.record, args.model_source, args.out, args.input_shape)
     print("wrote %d files to %s; run: cinders serve %s" % (len(files), args.out, args.out), flush=True)
     return 0
 

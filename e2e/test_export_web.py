@@ -125,3 +125,127 @@ def test_exported_site_without_webgpu_runs_on_its_own_wasm_kernels(launch_browse
         assert missing == [] and seen == [], (missing, seen)
     finally:
         browser.close()
+
+
+# ---------------------------------------------------------------- apps and ONNX models
+def export_and_serve(tmp_path, *export_args):
+    """`cinders export-web ... --out site` in a fresh folder, then `cinders serve site`; yields its URL."""
+    r = subprocess.run([sys.executable, "-m", "cinders", "export-web", *export_args, "--out", "site"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    server = subprocess.Popen([sys.executable, "-m", "cinders", "serve", "site", "--port", "0"],
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        assert " at http://127.0.0.1:" in line, line + server.stderr.read()
+        yield line.split(" at ")[1].split()[0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def guarded_page(browser, url):
+    context = browser.new_context()
+    seen = guard(context, url)
+    page = context.new_page()
+    page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
+    return context, page, seen
+
+
+def finished(page, timeout=300_000):
+    page.wait_for_function("() => { const s = document.querySelector('#status').textContent; "
+                           "return s === 'done' || s.startsWith('error'); }", timeout=timeout)
+    assert page.text_content("#status") == "done", page.text_content("#error")
+
+
+def small_onnx(path):
+    """A user's ONNX graph: MatMul -> Add -> Relu -> Softmax over a batch of 5-vectors."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.normal(size=(5, 4)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(size=(4,)).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Softmax", ["r"], ["y"], axis=-1)],
+        "user_graph", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], initializer=[w, b])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_exported_onnx_model_runs_like_onnxruntime(browser, tmp_path):
+    import onnxruntime as ort
+    from cinders.onnx import load
+    from cinders.onnx.web import make_inputs
+    small_onnx(tmp_path / "user.onnx")
+    x = make_inputs(load(str(tmp_path / "user.onnx"), backend=cn.NumPy()), 3, 0, cn.NumPy())[0].numpy()
+    want = ort.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    for url in export_and_serve(tmp_path, "user.onnx"):
+        context, page, seen = guarded_page(browser, url)
+        try:
+            page.goto(url)                    # index.html sends the browser on to model/
+            wait_ready(page)
+            assert page.url.endswith("/model/")
+            page.fill("#batch", "3")
+            page.click("#run")
+            finished(page)
+            out = json.loads(page.evaluate("() => JSON.stringify(window.cindersModel.result.outputs)"))
+            assert out[0]["shape"] == [3, 4]
+            np.testing.assert_allclose(np.reshape(out[0]["values"], (3, 4)), want, rtol=1e-4, atol=1e-5)
+        finally:
+            context.close()
+        assert seen == [], "requests left the site's server: %s" % seen
+
+
+def test_exported_ocr_app_reads_a_picture(browser, tmp_path):
+    from PIL import Image, ImageDraw, ImageFont
+    image = Image.new("RGB", (320, 120), "white")
+    ImageDraw.Draw(image).text((16, 30), "Cinders offline", fill="black",
+                               font=ImageFont.truetype("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", 30))
+    image.save(tmp_path / "line.png")
+    for url in export_and_serve(tmp_path, "--app", "ocr"):
+        context, page, seen = guarded_page(browser, url)
+        try:
+            page.goto(url + "ocr/?side=160&backend=wasm")   # Wasm: the kernels are in the folder too
+            wait_ready(page, timeout=300_000)
+            assert page.text_content("#backend").startswith("wasm")
+            page.set_input_files("#file", str(tmp_path / "line.png"))
+            finished(page)
+            lines = json.loads(page.evaluate("() => JSON.stringify(window.cindersOcr.result.lines)"))
+            assert [line["text"] for line in lines] == ["Cinders offline"]
+        finally:
+            context.close()
+        assert seen == [], "requests left the site's server: %s" % seen
+
+
+def test_exported_vad_app_finds_silero_segments(browser, tmp_path):
+    import torch
+    from cinders import audio
+    from cinders.apps import shipped
+    from cinders.apps.vad import CHUNK, SAMPLE_RATE
+    silero = pytest.importorskip("silero_vad.utils_vad", reason="silero-vad (the oracle) is in the dev extra")
+    subprocess.run(["espeak-ng", "-s", "150", "-w", str(tmp_path / "espeak.wav"),
+                    "Hello there. [[_:_:_:_:]] Goodbye for now."], check=True)
+    samples, rate = audio.read_wav(str(tmp_path / "espeak.wav"))
+    audio.write_wav(str(tmp_path / "talk.wav"), audio.resample(samples, rate, SAMPLE_RATE), SAMPLE_RATE)
+    samples, _ = audio.read_wav(str(tmp_path / "talk.wav"))
+    model = silero.OnnxWrapper(shipped.model_path("silero_vad.onnx"), force_onnx_cpu=True)
+    want = [[s["start"], s["end"]] for s in
+            silero.get_speech_timestamps(torch.tensor(samples, dtype=torch.float32), model)]
+    assert len(want) == 2, want
+    for url in export_and_serve(tmp_path, "--app", "vad"):
+        context, page, seen = guarded_page(browser, url)
+        try:
+            page.goto(url + "vad/?backend=wasm")
+            wait_ready(page, timeout=300_000)
+            assert page.text_content("#backend").startswith("wasm")
+            page.set_input_files("#file", str(tmp_path / "talk.wav"))
+            finished(page)
+            got = json.loads(page.evaluate("() => JSON.stringify(window.cindersVad.update.segments_samples)"))
+            assert len(got) == len(want), (got, want)
+            for g, w in zip(got, want):
+                assert abs(g[0] - w[0]) <= CHUNK and abs(g[1] - w[1]) <= CHUNK, (got, want)
+        finally:
+            context.close()
+        assert seen == [], "requests left the site's server: %s" % seen

@@ -13,6 +13,7 @@ around them is pure Python on Cinders tensors, so it runs in Pyodide too.
 """
 
 import math
+import time
 
 from .. import vision
 from ..errors import InputError
@@ -29,55 +30,100 @@ TEXT_SCORE = 0.5              # lines read with less confidence are dropped
 
 
 class TextReader:
-    """Detection, angle classification and recognition models, and the steps between them."""
+    """Detection, angle classification and recognition models, and the steps between them.
 
-    def __init__(self, det=None, cls=None, rec=None, backend=None):
+    det_limit_side: the detector's shorter side is scaled up to this (rapidocr's 736); a smaller
+    one reads small, large text faster (the page's test uses 160)."""
+
+    def __init__(self, det=None, cls=None, rec=None, backend=None, det_limit_side=DET_LIMIT_SIDE):
         from ..onnx import load
         from .shipped import model_path
         self.backend = backend
+        self.det_limit_side = det_limit_side
         rec_path = rec or model_path("PP-OCRv6_rec_small.onnx")
         self.det = load(det or model_path("PP-OCRv6_det_small.onnx"), backend=backend)
         self.cls = load(cls or model_path("ch_ppocr_mobile_v2.0_cls_mobile.onnx"), backend=backend)
         self.rec = load(rec_path, backend=backend)
         self.characters = ["<blank>"] + recogniser_characters(rec_path) + [" "]
 
-    def read(self, image):
+    def read(self, image, timings=None):
         """[{"text", "score", "box": [[x, y] * 4]}] of a (h, w, 3) RGB image, top to bottom, then
-        left to right."""
-        boxes = self.detect(image)
+        left to right. timings, a dict, gets the milliseconds spent in each stage."""
+        steps = self.steps(image, {} if timings is None else timings)
+        try:
+            tensor = next(steps)
+            while True:
+                tensor = steps.send(tensor.tolist())
+        except StopIteration as done:
+            return done.value
+
+    async def read_async(self, image, timings=None):
+        """read() that awaits each tensor it reads (the browser's WebGPU cannot block)."""
+        steps = self.steps(image, {} if timings is None else timings)
+        try:
+            tensor = next(steps)
+            while True:
+                tensor = steps.send(await tensor.to_data_async())
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, image, timings):
+        """The one implementation of reading, as a generator: it yields each tensor it must read and
+        is sent back its values (nested lists), so read() and read_async() only differ in how they
+        read. Returns the lines; timings gets ms per stage (detect, boxes, classify, recognise)."""
+        for stage in ("detect", "boxes", "classify", "recognise"):
+            timings.setdefault(stage, 0.0)
+        clock = _Clock(timings)
+        h, w, _ = image.shape
+        probability = yield self.detect_input(image)
+        clock.lap("detect")
+        boxes = reading_order(boxes_from_map(probability[0][0], w, h))
+        clock.lap("boxes")
         lines = []
         for box in boxes:
             crop = upright_crop(image, box)
-            crop = self.orient(crop)
-            text, score = self.recognise(crop)
+            upright, flipped = (yield self.cls(_line_input(crop, CLS_SHAPE[0], CLS_SHAPE[1], CLS_SHAPE[1])))[0]
+            crop = oriented(crop, upright, flipped)
+            clock.lap("classify")
+            columns = (yield self.rec(recogniser_input(crop)))[0]   # (time, characters): probabilities
+            text, score = ctc_greedy(columns, self.characters)
+            clock.lap("recognise")
             if text and score >= TEXT_SCORE:
                 lines.append({"text": text, "score": round(score, 5),
                               "box": [[int(round(x)), int(round(y))] for x, y in box]})
         return lines
 
-    def detect(self, image):
-        """Text line quadrilaterals (clockwise from top-left) in image coordinates, reading order."""
+    def detect_input(self, image):
+        """The detector's probability map (1, 1, h', w') of an image, not yet read."""
         h, w, _ = image.shape
-        rh, rw = det_size(h, w)
-        x = vision.to_model_input(vision.resize(image, rh, rw), mean=0.5, std=0.5, bgr=True)
-        probability = self.det(x)[0, 0].tolist()
-        return reading_order(boxes_from_map(probability, w, h))
+        rh, rw = det_size(h, w, self.det_limit_side)
+        return self.det(vision.to_model_input(vision.resize(image, rh, rw), mean=0.5, std=0.5, bgr=True))
 
-    def orient(self, crop):
-        """The crop turned by 180 degrees when the classifier is sure it is upside down."""
-        x = _line_input(crop, CLS_SHAPE[0], CLS_SHAPE[1], CLS_SHAPE[1])
-        upright, flipped = self.cls(x)[0].tolist()
-        if flipped > upright and flipped > CLS_THRESHOLD:
-            return vision.rotate90(crop, 2)
-        return crop
 
-    def recognise(self, crop):
-        """(text, mean confidence of its characters) of one upright line image."""
-        h, w, _ = crop.shape
-        width = int(REC_HEIGHT * max(REC_MIN_WIDTH / REC_HEIGHT, w / h))
-        x = _line_input(crop, REC_HEIGHT, width, width)
-        steps = self.rec(x)[0].tolist()          # (time, characters): probabilities per column
-        return ctc_greedy(steps, self.characters)
+class _Clock:
+    """Milliseconds since the last lap, added to a stage's total."""
+
+    def __init__(self, timings):
+        self.timings, self.last = timings, time.perf_counter()
+
+    def lap(self, stage):
+        now = time.perf_counter()
+        self.timings[stage] += (now - self.last) * 1e3
+        self.last = now
+
+
+def oriented(crop, upright, flipped):
+    """The crop turned by 180 degrees when the classifier's scores say it is surely upside down."""
+    if flipped > upright and flipped > CLS_THRESHOLD:
+        return vision.rotate90(crop, 2)
+    return crop
+
+
+def recogniser_input(crop):
+    """A line image as the recogniser's input: 48 high, at least 320 wide, aspect kept."""
+    h, w, _ = crop.shape
+    width = int(REC_HEIGHT * max(REC_MIN_WIDTH / REC_HEIGHT, w / h))
+    return _line_input(crop, REC_HEIGHT, width, width)
 
 
 def recogniser_characters(path):
@@ -92,10 +138,10 @@ def recogniser_characters(path):
     raise InputError("%s has no 'character' metadata: not a PaddleOCR recogniser" % ascii(path))
 
 
-def det_size(h, w):
-    """The detector's input size: the shorter side scaled up to DET_LIMIT_SIDE, each side then
+def det_size(h, w, limit_side=DET_LIMIT_SIDE):
+    """The detector's input size: the shorter side scaled up to limit_side, each side then
     rounded to a multiple of 32."""
-    ratio = DET_LIMIT_SIDE / min(h, w) if min(h, w) < DET_LIMIT_SIDE else 1.0
+    ratio = limit_side / min(h, w) if min(h, w) < limit_side else 1.0
     return (max(32, int(round(int(h * ratio) / 32) * 32)), max(32, int(round(int(w * ratio) / 32) * 32)))
 
 

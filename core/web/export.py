@@ -222,3 +222,83 @@ def serve(folder, port=8000, open_browser=False):
     server = DemoServer(port=port, mounts=[("/", os.path.abspath(folder))])
     print("Serving %s at %s  (Ctrl-C to stop)" % (folder, server.url), flush=True)
     server.serve_until_interrupted(open_browser)
+
+
+# ---------------------------------------------------------------- apps and ONNX models
+# `cinders export-web --app vad|ocr --out DIR` and `cinders export-web MODEL.onnx --out DIR` write
+# the folder the demo server serves, cut down to one page: DIR/<page>/ (the page), DIR/wasm/
+# (cinders.js), DIR/node_modules/pyodide/, DIR/wheels/ (the cinders wheel and its manifest),
+# DIR/wasm-kernels/ (cn.Wasm()'s module, when it could be built), DIR/shipped-models/ (the app's
+# models) and DIR/index.html, which sends the browser to the page. Served at the root of any
+# static server (the pages name /wasm/ and /shipped-models/ from the root), it needs nothing else.
+APPS = {"vad": ["silero_vad.onnx"],
+        "ocr": ["PP-OCRv6_det_small.onnx", "ch_ppocr_mobile_v2.0_cls_mobile.onnx", "PP-OCRv6_rec_small.onnx"]}
+REDIRECT = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="0; url={page}/">
+<title>{page}</title><link rel="icon" href="data:,"></head>
+<body><a href="{page}/">{page}</a></body></html>
+"""
+
+
+def export_app(app, out_dir, node_modules=None):
+    """Write the static site of one of Cinders' app pages (APPS); returns the files written."""
+    from ..apps import shipped
+    from .server import REPO_ROOT
+    if app not in APPS:
+        raise ValueError("no app %s (known: %s)" % (ascii(app), ", ".join(sorted(APPS))))
+    _write_page_site(os.path.join(REPO_ROOT, "web_demos", app), app, out_dir, node_modules)
+    models = os.path.join(out_dir, "shipped-models")
+    os.makedirs(models, exist_ok=True)
+    for name in APPS[app]:
+        shutil.copyfile(shipped.model_path(name), os.path.join(models, name))
+    return _files_under(out_dir)
+
+
+def export_onnx(model_path, out_dir, node_modules=None):
+    """Write the static site of an ONNX model: the model page (web_demos/model/) imports
+    DIR/model/model.onnx in the tab and runs it; returns the files written. The model is checked
+    to import here first, so a graph Cinders refuses is refused now, not in the user's tab."""
+    from ..onnx import load
+    from .server import REPO_ROOT
+    load(model_path)
+    _write_page_site(os.path.join(REPO_ROOT, "web_demos", "model"), "model", out_dir, node_modules)
+    shutil.copyfile(model_path, check_writable_target(os.path.join(out_dir, "model", "model.onnx"), RecordError))
+    return _files_under(out_dir)
+
+
+def _write_page_site(page_dir, page, out_dir, node_modules):
+    """The page and the runtime every page loads (cinders.js, Pyodide, the wheel, the kernels)."""
+    from ..assets import web_deps_dir
+    from .server import REPO_ROOT, ensure_wasm_module, wasm_module_dir
+    from .wheel import MANIFEST, ensure_wheel
+    node_modules = node_modules or web_deps_dir()
+    pyodide = _npm_package(node_modules, "pyodide")
+    os.makedirs(out_dir, exist_ok=True)
+    for name in (page, "wasm", "node_modules", "wheels", "wasm-kernels"):
+        if os.path.isdir(os.path.join(out_dir, name)):
+            shutil.rmtree(os.path.join(out_dir, name))
+    shutil.copytree(page_dir, os.path.join(out_dir, page))
+    shutil.copytree(pyodide, os.path.join(out_dir, "node_modules", "pyodide"),
+                    ignore=shutil.ignore_patterns(*NOT_SHIPPED))
+    os.makedirs(os.path.join(out_dir, "wasm"))
+    shutil.copyfile(os.path.join(REPO_ROOT, "wasm", "cinders.js"), os.path.join(out_dir, "wasm", "cinders.js"))
+    wheel = ensure_wheel()
+    wheels = os.path.join(out_dir, "wheels")
+    os.makedirs(wheels)
+    with open(os.path.join(os.path.dirname(wheel), MANIFEST)) as f:
+        manifest = json.load(f)
+    for key in ("wheel", "pycache", "snapshot"):
+        if manifest.get(key):
+            shutil.copyfile(os.path.join(os.path.dirname(wheel), manifest[key]), os.path.join(wheels, manifest[key]))
+    shutil.copyfile(os.path.join(os.path.dirname(wheel), MANIFEST), os.path.join(wheels, MANIFEST))
+    ensure_wasm_module()            # without the toolchain the page runs on WebGPU or Python
+    kernels = os.path.join(wasm_module_dir(), "cinders-kernels.wasm")
+    if os.path.isfile(kernels):
+        os.makedirs(os.path.join(out_dir, "wasm-kernels"))
+        shutil.copyfile(kernels, os.path.join(out_dir, "wasm-kernels", "cinders-kernels.wasm"))
+    with open(check_writable_target(os.path.join(out_dir, "index.html"), RecordError), "w") as f:
+        f.write(REDIRECT.format(page=page))
+
+
+def _files_under(folder):
+    return sorted(os.path.join(root, name) for root, _, names in os.walk(folder) for name in names)

@@ -6,6 +6,7 @@ URL layout (longest prefix wins):
     /pyscript/         web_demos/pyscript/       the PyScript example app
     /onnx/             web_demos/onnx/           import an ONNX file in the tab and run it
     /vad/              web_demos/vad/            voice activity (Silero VAD) on the microphone or a file
+    /ocr/              web_demos/ocr/            reading text (PP-OCR) in a photo or a camera frame
     /shipped-models/   <cache>/models/           the apps' models, fetched from their PyPI packages
     /shared/           web_demos/shared/         JS shared by the pages (drawing page, preprocessing)
     /models/           web_demos/models/         committed model records
@@ -49,6 +50,7 @@ def default_mounts():
         ("/pyscript/", os.path.join(demos, "pyscript")),
         ("/onnx/", os.path.join(demos, "onnx")),
         ("/vad/", os.path.join(demos, "vad")),
+        ("/ocr/", os.path.join(demos, "ocr")),
         ("/shipped-models/", shipped_models_dir()),
         ("/", os.path.join(demos, "mnist")),
     ]
@@ -293,6 +295,6 @@ def demo(port=DEFAULT_PORT, open_browser=True):
     ensure_setup()
     server = DemoServer(port=port)
     print("Cinders demo at %s  (MicroPython variant: %smnist-micro/, PyScript: %spyscript/, ONNX import: "
-          "%sonnx/, voice activity: %svad/)" % ((server.url,) * 5), flush=True)
+          "%sonnx/, voice activity: %svad/, reading text: %socr/)" % ((server.url,) * 6), flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     server.serve_until_interrupted(open_browser)
