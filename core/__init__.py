@@ -7,6 +7,7 @@
 __version__ = "0.1.0"
 
 from .dtypes import float32, float16, int32, bool_ as bool  # noqa: A001  (cn.bool, like torch.bool)
+from .dtypes import int8, uint8  # storage dtypes (core/dtypes.py)
 from .errors import (CindersError, ShapeError, DTypeError, DeviceError, NotDifferentiableError, RecordError,
                      ArgumentError, ArgumentTypeError, IndexingError, SizeLimitError, InputError, RemoteError)
 from . import limits

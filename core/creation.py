@@ -69,12 +69,13 @@ def tensor(data, backend=None, dtype=None, device=None):
     if hasattr(data, "__array_interface__") and hasattr(data, "astype"):  # a NumPy array/scalar
         if data.dtype.kind not in _NUMPY_KIND:
             raise DTypeError("tensor: cannot make a tensor from a NumPy array of dtype %s" % (data.dtype,))
-        dtype = _NUMPY_KIND[data.dtype.kind] if dtype is None else _check_dtype("tensor", dtype)
+        dtype = _NUMPY_KIND[data.dtype.kind] if dtype is None else _check_dtype("tensor", dtype, backend)
         # astype + tolist convert in C: already the Python numbers from_flat takes
         if dtype is bool_:
             data = data != 0
-        values = data.astype("float32" if dtype is float32 else "int32").reshape(-1).tolist()
+        values = data.astype("float32" if dtype.compute is float32 else "int32").reshape(-1).tolist()
         shape = tuple(data.shape)
+        _check_bounds(values, dtype)
         return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
     if isinstance(data, (list, tuple)):
         flat, shape = _flatten_nested(data)
@@ -84,16 +85,25 @@ def tensor(data, backend=None, dtype=None, device=None):
         inferred = dtypes.of_python_value(data)
     else:
         raise ArgumentTypeError("tensor: cannot make a tensor from %s" % type(data).__name__)
-    dtype = inferred if dtype is None else _check_dtype("tensor", dtype)
+    dtype = inferred if dtype is None else _check_dtype("tensor", dtype, backend)
     py = _PY_TYPE[dtype]
     try:
         values = [py(v) for v in flat]
     except (TypeError, ValueError, OverflowError) as e:
         raise ArgumentTypeError("tensor: values must be numbers for dtype %r (%s)" % (dtype, e)) from None
-    if dtype is int32 and values and not (-2147483648 <= min(values) and max(values) <= 2147483647):
-        raise ArgumentError("tensor: %r does not fit int32; give dtype=cn.float32 for large values"
-                            % (min(values) if min(values) < -2147483648 else max(values),))
+    _check_bounds(values, dtype)
     return Tensor(backend, backend.from_flat(values, shape, dtype), shape, dtype)
+
+
+def _check_bounds(values, dtype):
+    """Data given for an integer dtype must fit it (a cast wraps around; creation refuses)."""
+    if dtype.bounds is None or not values:
+        return
+    low, high = dtype.bounds
+    if not (low <= min(values) and max(values) <= high):
+        bad = min(values) if min(values) < low else max(values)
+        hint = "give dtype=cn.float32 for large values" if dtype is int32 else "cast to wrap around"
+        raise ArgumentError("tensor: %r does not fit %s; %s" % (bad, dtype.name, hint))
 
 
 def full(shape, value, backend=None, dtype=None):

@@ -1,24 +1,40 @@
 """Data types. Deliberately few: what every target (desktop, WebGPU, MicroPython) can hold.
 
-float16 exists for storage in records only; tensors compute in float32.
+Compute dtypes (float32, int32, bool) are what every backend computes in. Storage dtypes (int8,
+uint8, float16) hold quantized and half-precision data at their size on the backends that declare
+them (`Backend.storage_dtypes`); every op of the op table widens them first to their `compute`
+dtype (int8/uint8 -> int32, float16 -> float32; core/ops.py), so arithmetic rules stay those of
+the compute dtypes. Casting to int8/uint8 wraps around (two's complement, like NumPy and ONNX
+Cast; floats truncate toward zero first); casting to float16 rounds to nearest even (overflow:
+infinity).
+
+Packed 4-bit weights (records and `cinders quantize`'s q4 files) are uint8 tensors holding two
+values per byte, the first value in the low nibble (ONNX's int4/uint4 and MatMulNBits layout).
 """
 
 from .errors import DTypeError
 
 
 class DType:
-    __slots__ = ("name", "itemsize", "kind", "array_code", "wgsl", "word_code")
+    __slots__ = ("name", "itemsize", "kind", "array_code", "wgsl", "word_code", "compute", "bounds")
 
-    def __init__(self, name, itemsize, kind, array_code, wgsl=None, word_code=""):
+    def __init__(self, name, itemsize, kind, array_code, wgsl=None, word_code="", compute=None,
+                 bounds=None):
         self.name = name
         self.itemsize = itemsize
-        self.kind = kind  # "f" float, "i" signed int, "b" bool
+        self.kind = kind  # "f" float, "i" signed int, "u" unsigned int, "b" bool
         self.array_code = array_code  # typecode for the `array` module ("" when none fits)
         # On WebGPU every compute dtype lives in one 32-bit word per element: `wgsl` is the
         # WGSL scalar type of that word (bool: a u32 holding 0/1), `word_code` its `array` /
         # `struct` / NumPy typecode (None / "": not a compute dtype there).
         self.wgsl = wgsl
         self.word_code = word_code
+        self.compute = compute or self  # the dtype ops compute a storage dtype's values in
+        self.bounds = bounds  # (min, max) of an integer dtype
+
+    @property
+    def is_storage(self):
+        return self.compute is not self
 
     @property
     def is_float(self):
@@ -32,12 +48,17 @@ class DType:
 
 
 float32 = DType("float32", 4, "f", "f", "f32", "f")
-float16 = DType("float16", 2, "f", "")
-int32 = DType("int32", 4, "i", "i", "i32", "i")
+int32 = DType("int32", 4, "i", "i", "i32", "i", bounds=(-2 ** 31, 2 ** 31 - 1))
 bool_ = DType("bool", 1, "b", "b", "u32", "I")
+# Storage dtypes. float16's array code is the `struct` one ("e"): the `array` module has none,
+# so cn.Python keeps float16 as its 16-bit patterns in array("H").
+float16 = DType("float16", 2, "f", "e", compute=float32)
+int8 = DType("int8", 1, "i", "b", compute=int32, bounds=(-128, 127))
+uint8 = DType("uint8", 1, "u", "B", compute=int32, bounds=(0, 255))
 
-_BY_NAME = {d.name: d for d in (float32, float16, int32, bool_)}
+_BY_NAME = {d.name: d for d in (float32, float16, int32, bool_, int8, uint8)}
 COMPUTE_DTYPES = (float32, int32, bool_)
+STORAGE_DTYPES = (int8, uint8, float16)
 
 
 def from_name(name):
@@ -57,6 +78,8 @@ def of_python_value(value):
 
 
 def promote(a, b):
-    """Result dtype of arithmetic between two dtypes: bool < int32 < float32 (like PyTorch)."""
+    """Result dtype of arithmetic between two dtypes: bool < int32 < float32 (like PyTorch);
+    storage dtypes take part as their compute dtype (int8 + int8 computes in int32)."""
+    a, b = a.compute, b.compute
     order = {bool_: 0, int32: 1, float32: 2}
     return a if order[a] >= order[b] else b

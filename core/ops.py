@@ -35,6 +35,8 @@ of one dtype and returns `result_dtype(op, that dtype)`.
     COMPARE   operands promoted to one dtype; the result is bool
     ORDERED   any dtype; the result has it (maximum, minimum, max, min)
     INDEX     any dtype in; int32 positions out (argmax, argmin)
+A storage dtype (int8, uint8, float16: core/dtypes.py) follows the rule of its compute dtype
+(int32, int32, float32): the tensor layer casts it to that first, so backends never compute in it.
 
 Gradient rules read the values they name, and Autodiff keeps exactly those alive:
     unary      x (input), y (output), g (dL/dy)                        -> dL/dx

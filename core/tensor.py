@@ -22,12 +22,15 @@ from . import ops
 
 # The op table's dtype rules as lookups (core/ops.py): op -> {operand dtype: dtype the backend
 # computes in (absent: not defined)} and op -> {computing dtype: result dtype}.
-_INPUT_DTYPE = {name: {dt: c for dt in dtypes.COMPUTE_DTYPES if (c := ops.input_dtype(name, dt)) is not None}
+# Storage dtypes (int8, uint8, float16) are looked up as their compute dtype: an op widens them.
+_INPUT_DTYPE = {name: {dt: c for dt in dtypes.COMPUTE_DTYPES + dtypes.STORAGE_DTYPES
+                       if (c := ops.input_dtype(name, dt.compute)) is not None}
                 for name in ops.OPS}
 _RESULT_DTYPE = {name: {dt: ops.result_dtype(name, dt) for dt in dtypes.COMPUTE_DTYPES} for name in ops.OPS}
 _WHOLE_ALREADY = frozenset(ops.names("unary", ops.ROUNDING))  # floor/ceil/round of an int: itself
 # The Python number a backend receives for a value of each dtype (bool tensors hold 0/1).
-_PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0}
+_PY_TYPE = {float32: float, int32: int, bool_: lambda v: 1 if v else 0,
+            dtypes.float16: float, dtypes.int8: int, dtypes.uint8: int}
 
 # ---------------------------------------------------------------------------------------------
 # default backend
@@ -147,12 +150,23 @@ def _shape_arg(op, args):
     return shape
 
 
-def _check_dtype(op, dtype):
+def _check_dtype(op, dtype, backend=None):
+    """dtype (or its name) checked for `op`: a compute dtype, or a storage dtype where `backend`
+    (creation from data, cast, to) holds it (`Backend.storage_dtypes`)."""
     if isinstance(dtype, str):
         dtype = dtypes.from_name(dtype)
-    if dtype not in dtypes.COMPUTE_DTYPES:
-        raise DTypeError("%s: tensors compute in float32, int32 or bool, not %r" % (op, dtype))
-    return dtype
+    if dtype in dtypes.COMPUTE_DTYPES:
+        return dtype
+    if dtype in dtypes.STORAGE_DTYPES:
+        if backend is None:
+            raise DTypeError("%s: %r is a storage dtype; make it from data (cn.tensor(..., dtype=%r)) "
+                             "or with .cast(%r)" % (op, dtype, dtype, dtype))
+        if dtype not in backend.storage_dtypes:
+            raise DTypeError("%s: %r does not hold %r tensors (it holds %s); keep them as %r"
+                             % (op, backend, dtype, ", ".join(map(repr, backend.storage_dtypes)) or "none",
+                                dtype.compute))
+        return dtype
+    raise DTypeError("%s: tensors compute in float32, int32 or bool, not %r" % (op, dtype))
 
 
 _scalar_cache = {}
@@ -277,7 +291,7 @@ class Tensor:
         to_numpy = getattr(self.backend, "to_numpy", None)
         if to_numpy is not None:
             return to_numpy(self.handle)
-        np_dtype = {float32: np.float32, int32: np.int32, bool_: np.bool_}[self.dtype]
+        np_dtype = np.bool_ if self.dtype is bool_ else self.dtype.name
         return np.asarray(self.backend.to_flat(self.handle), dtype=np_dtype).reshape(self.shape)
 
     def __array__(self, dtype=None, copy=None):
@@ -288,6 +302,8 @@ class Tensor:
         """The same values on another backend (a copy through Python lists)."""
         if backend is self.backend:
             return self
+        if self.dtype.is_storage:
+            _check_dtype("to", self.dtype, backend)
         self._reading("to")
         return Tensor(backend, backend.from_flat(self.backend.to_flat(self.handle), self.shape, self.dtype),
                       self.shape, self.dtype)
@@ -326,7 +342,7 @@ class Tensor:
     # -- dtype --------------------------------------------------------------------------------
 
     def cast(self, dtype):
-        dtype = _check_dtype("cast", dtype)
+        dtype = _check_dtype("cast", dtype, self.backend)
         if dtype is self.dtype:
             return self
         return Tensor(self.backend, self.backend.cast(self.handle, dtype), self.shape, dtype)
@@ -809,7 +825,7 @@ def where(cond, a, b):
     # Python numbers become cached scalar handles, like the second operand of `x + 1.0`.
     da = a.dtype if isinstance(a, Tensor) else dtypes.of_python_value(a)
     db = b.dtype if isinstance(b, Tensor) else dtypes.of_python_value(b)
-    dtype = da if da is db else dtypes.promote(da, db)
+    dtype = (da if da is db else dtypes.promote(da, db)).compute
     shape = cond.shape
     for v in (a, b):
         if isinstance(v, Tensor) and v.shape != shape:
@@ -850,7 +866,7 @@ def cat(tensors, axis=0):
     a = _axis("cat", axis, first.ndim, first.shape)
     dtype = first.dtype
     for t in tensors[1:]:
-        dtype = dtypes.promote(dtype, t.dtype)
+        dtype = dtype if t.dtype is dtype else dtypes.promote(dtype, t.dtype)  # int8 with int8: int8
         if t.ndim != first.ndim or any(x != y for d, (x, y) in enumerate(zip(t.shape, first.shape)) if d != a):
             raise ShapeError("cat: shapes %s and %s differ outside axis %d" % (first.shape, t.shape, axis))
     if len(tensors) == 1:

@@ -5,14 +5,32 @@ import os
 from ..cli import arg, command, shape_arg
 
 
-@command("quantize", "write the int8 record (per-channel weights, float32 scales) of a record", [
-    arg("record", help="float32/float16 record (.safetensors)"),
-    arg("--out", required=True, help="int8 record to write"),
+@command("quantize", "write the int8 record of a record, or the q8/q4 version of an ONNX model "
+                     "with an accuracy report", [
+    arg("record", help="float32/float16 record (.safetensors), or an ONNX model (.onnx)"),
+    arg("--out", required=True, help="int8 record, or quantized .onnx, to write"),
+    arg("--mode", choices=("q8", "q4"), default="q8",
+        help="ONNX only: q8 = int8 per-column weights (DynamicQuantizeMatMul), q4 = 4-bit blocks "
+             "of 32 (MatMulNBits); needs the onnx package"),
+    arg("--batch", type=int, default=8, help="ONNX only: rows of random input for the accuracy report"),
 ])
 def quantize(args):
+    if args.record.lower().endswith(".onnx"):
+        return _quantize_onnx(args)
     from .quantize import quantize_file
     quantize_file(args.record, args.out)
     print("wrote %s (int8 per-channel weights, float32 scales)" % args.out, flush=True)
+    return 0
+
+
+def _quantize_onnx(args):
+    from ..onnx.quantize import accuracy, quantize_model, random_inputs
+    count = quantize_model(args.record, args.out, args.mode)
+    report = accuracy(args.record, args.out, random_inputs(args.record, batch=args.batch))
+    print("wrote %s (%s: %d MatMul weights quantized; %d -> %d bytes)"
+          % (args.out, args.mode, count, os.path.getsize(args.record), os.path.getsize(args.out)))
+    print("accuracy on random inputs (batch %d): max error %.6g, argmax agreement %.1f%%"
+          % (args.batch, report["max_error"], 100 * report["argmax_agreement"]), flush=True)
     return 0
 
 

@@ -15,9 +15,9 @@ from ..ops import result_dtype
 # (filters are consulted only when a warning fires), unlike an np.errstate block per op.
 warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 
-_NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.bool_}
-_FROM_NP = {np.dtype(np.float32): dtypes.float32, np.dtype(np.int32): dtypes.int32,
-            np.dtype(np.bool_): dtypes.bool_}
+_NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.bool_,
+       dtypes.int8: np.int8, dtypes.uint8: np.uint8, dtypes.float16: np.float16}
+_FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
 
 
 # erf in float64, rounded once to float32: within 1 float32 ulp of the correctly rounded erf
@@ -117,6 +117,7 @@ class NumPy(Backend):
     """Desktop CPU backend on NumPy (float32 compute, like every other backend)."""
 
     name = "numpy"
+    storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
 
     def shape(self, h):
         return tuple(h.shape)
@@ -171,8 +172,9 @@ class NumPy(Backend):
         return out.view(a.dtype)
 
     def cast(self, x, dtype):
-        if dtype is dtypes.int32 and x.dtype.kind == "f":
-            return np.trunc(x).astype(np.int32)
+        if dtype.kind in "iu" and x.dtype.kind == "f":
+            # through int32, so that 8-bit casts wrap around exactly as cn.Python's do
+            x = np.trunc(x.astype(np.float32)).astype(np.int32)
         return x.astype(_NP[dtype])
 
     def reduce(self, op, x, axis, keepdim):

@@ -9,7 +9,9 @@ list, reductions and matmul run on C-level slices (`sum`, `max`, `sum(map(mul, r
 float32 data lives in array('f'), so every result is rounded to float32 when stored, like on
 the other backends; Python computes each op in double first, which for + - * / sqrt gives the
 correctly rounded float32 result. int32 lives in a 4-byte signed array and wraps around on
-overflow like NumPy; bool lives in array('b') holding 0/1.
+overflow like NumPy; bool lives in array('b') holding 0/1. The storage dtypes live at their size:
+int8 in array('b'), uint8 in array('B'), float16 as its bit patterns in array('H') (the `array`
+module has no half type; `struct`'s "e" converts), so movement ops copy them untouched.
 
 Python raises where IEEE arithmetic returns inf/nan (1/0, log(0), exp(1000), sqrt(-1)...).
 Each op therefore has a fast expression and, where it can raise, a safe one; the safe one runs
@@ -17,6 +19,7 @@ only when the fast one raised, so edge values cost nothing on ordinary data.
 """
 
 import math
+import struct
 from array import array
 from operator import itemgetter, mul
 
@@ -26,7 +29,8 @@ from ..errors import IndexingError
 from ..ops import result_dtype
 
 _INT_CODE = "i" if array("i").itemsize == 4 else "l"
-_CODES = {dtypes.float32: "f", dtypes.int32: _INT_CODE, dtypes.bool_: "b"}
+_CODES = {dtypes.float32: "f", dtypes.int32: _INT_CODE, dtypes.bool_: "b",
+          dtypes.int8: "b", dtypes.uint8: "B", dtypes.float16: "H"}
 _INT_MIN = -2147483648
 _INF = math.inf
 _NAN = math.nan
@@ -126,6 +130,31 @@ def _store(values, dtype):
         return array(code, values)
     except OverflowError:  # int32 only: array('f') itself turns overflow into inf
         return array(code, [_wrap_int32(v) for v in values])
+
+
+def _half_bits(values):
+    """Python floats -> array('H') of float16 bit patterns, rounded to nearest even; values
+    beyond float16's range become infinity (struct refuses them)."""
+    try:
+        packed = struct.pack("<%de" % len(values), *values)
+    except OverflowError:
+        packed = struct.pack("<%de" % len(values), *[v if abs(v) < 65520.0 else math.copysign(_INF, v)
+                                                       for v in values])
+    data = array("H")
+    data.frombytes(packed)
+    return data
+
+
+def _half_values(data):
+    """array('H') of float16 bit patterns -> list of Python floats."""
+    return list(struct.unpack("<%de" % len(data), data.tobytes()))
+
+
+def _wrap_bits(values, dtype):
+    """Ints -> dtype's 8-bit array, wrapping around (two's complement) like NumPy's astype."""
+    if dtype is dtypes.uint8:
+        return array("B", [v & 0xFF for v in values])
+    return array("b", [((v + 128) & 0xFF) - 128 for v in values])
 
 
 def _truncate_to_int32(values):
@@ -417,6 +446,7 @@ class Python(Backend):
     """Pure-Python CPU backend (float32 compute via array('f')); runs anywhere."""
 
     name = "python"
+    storage_dtypes = dtypes.STORAGE_DTYPES
     element_bytes = 40  # peak bytes per element while a primitive builds a result (Python lists)
 
     def shape(self, h):
@@ -441,6 +471,8 @@ class Python(Backend):
                     [v for v in values if not -2147483648 <= v <= 2147483647][:3],)) from None
         elif dtype is dtypes.bool_:
             data = array("b", [1 if v else 0 for v in values])
+        elif dtype is dtypes.float16:
+            data = _half_bits([float(v) for v in values])
         else:
             data = array(_CODES[dtype], values)
         return Buffer(data, shape, dtype)
@@ -458,6 +490,8 @@ class Python(Backend):
     def to_flat(self, h):
         if h.dtype is dtypes.bool_:
             return [v != 0 for v in h.data]
+        if h.dtype is dtypes.float16:
+            return _half_values(h.data)
         return h.data.tolist()
 
     # -- elementwise --------------------------------------------------------------------------
@@ -499,8 +533,15 @@ class Python(Backend):
             return Buffer(x.data, x.shape, dtype)
         if dtype is dtypes.int32 and x.dtype is dtypes.float32:
             return Buffer(_truncate_to_int32(x.data), x.shape, dtype)
+        if x.dtype is dtypes.float16:  # widen the bit patterns first, then as from float32
+            return self.cast(Buffer(array("f", _half_values(x.data)), x.shape, dtypes.float32), dtype)
         if dtype is dtypes.bool_:
             return Buffer(array("b", [1 if v else 0 for v in x.data]), x.shape, dtype)
+        if dtype is dtypes.float16:
+            return Buffer(_half_bits(x.data.tolist()), x.shape, dtype)
+        if dtype in (dtypes.int8, dtypes.uint8):
+            ints = _truncate_to_int32(x.data) if x.dtype is dtypes.float32 else x.data
+            return Buffer(_wrap_bits(ints, dtype), x.shape, dtype)
         return Buffer(array(_CODES[dtype], x.data), x.shape, dtype)
 
     # -- reductions ---------------------------------------------------------------------------

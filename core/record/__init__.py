@@ -22,7 +22,7 @@ import json
 import os
 
 from .. import dtypes
-from ..errors import CindersError, RecordError
+from ..errors import CindersError, DTypeError, RecordError
 from ..files import check_writable_target, open_regular
 from ..tensor import Tensor
 from . import safetensors, safetensors_write, validate
@@ -31,7 +31,9 @@ from .registry import class_path, register_model, resolve_class  # noqa: F401  (
 
 FORMAT = validate.FORMAT
 
-_CODE_OF = {dtypes.float32: "F32", dtypes.float16: "F16", dtypes.int32: "I32", dtypes.bool_: "BOOL"}
+_CODE_OF = {dtypes.float32: "F32", dtypes.float16: "F16", dtypes.int32: "I32", dtypes.bool_: "BOOL",
+            dtypes.int8: "I8", dtypes.uint8: "U8"}
+_STORED_AS = {"F16": dtypes.float16, "I8": dtypes.int8, "U8": dtypes.uint8}  # read_tensors(keep_dtypes)
 # What each stored dtype becomes in memory (float16 is storage only; tensors compute in float32).
 _TENSOR_DTYPE = validate.TENSOR_DTYPE
 
@@ -57,7 +59,8 @@ def _storage_dtype(dtype):
 def save_tensors(path, tensors, metadata=None, dtype=dtypes.float32):
     """Write {name: Tensor} atomically (temp file + os.replace): a crash never leaves half a file.
 
-    Float tensors are stored as `dtype` (float32 or float16); int32 and bool keep theirs.
+    Float32 tensors are stored as `dtype` (float32 or float16); every other dtype keeps its own
+    (int32, bool, and the storage dtypes int8 -> I8, uint8 -> U8, float16 -> F16).
     """
     dtype = _storage_dtype(dtype)
     check_writable_target(path, RecordError)
@@ -136,8 +139,11 @@ def nonfinite_names(tensors):
             and not validate.all_finite(t.backend.to_flat(t.handle))]
 
 
-def read_tensors(path, backend, expected=None, allow_nonfinite=False):
+def read_tensors(path, backend, expected=None, allow_nonfinite=False, keep_dtypes=False):
     """(metadata, {name: Tensor on backend}) of a record, everything validated before returning.
+
+    I8/U8/F16 tensors are widened to int32/float32 (what models compute in), or with keep_dtypes
+    kept as cn.int8/uint8/float16 at their size (the backend must hold them: DTypeError if not).
 
     expected: optional {name: (shape, dtype)}; names missing or unexpected and shape or dtype
     mismatches raise RecordError listing all of them. Float tensors holding NaN or infinity
@@ -157,6 +163,11 @@ def read_tensors(path, backend, expected=None, allow_nonfinite=False):
             values = reader.read(name)
             if dtype is dtypes.float32:
                 validate.check_finite(name, values, where, allow_nonfinite or name in declared)
+            if keep_dtypes and info.dtype in _STORED_AS:
+                dtype = _STORED_AS[info.dtype]
+                if dtype not in backend.storage_dtypes:
+                    raise DTypeError("read_tensors: %r does not hold %r tensors (%s in %r); read "
+                                     "without keep_dtypes" % (backend, dtype, name, path))
             out[name] = Tensor(backend, backend.from_flat(values, info.shape, dtype), info.shape, dtype)
         return reader.metadata, out
 

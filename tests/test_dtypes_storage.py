@@ -1,0 +1,138 @@
+"""Storage dtypes cn.int8, cn.uint8, cn.float16: held at their size, widened by every op,
+round-tripped through records; NumPy's own conversions are the oracle."""
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders import record
+
+HOLDERS = [cn.Python(), cn.NumPy()]
+
+
+@pytest.fixture(params=HOLDERS, ids=lambda b: b.name)
+def backend(request):
+    return request.param
+
+
+def test_creation_keeps_values_and_dtype(backend):
+    a = cn.tensor([[-128, 5], [127, 0]], backend=backend, dtype=cn.int8)
+    assert a.dtype is cn.int8 and a.tolist() == [[-128, 5], [127, 0]]
+    assert a.numpy().dtype == np.int8
+    u = cn.tensor(np.array([0, 200, 255]), backend=backend, dtype="uint8")
+    assert u.dtype is cn.uint8 and u.numpy().dtype == np.uint8 and u.tolist() == [0, 200, 255]
+
+
+def test_float16_rounds_like_numpy(backend):
+    values = [1.0, 3.14159, 65519.0, -1e-8, 65504.0, 1e-7, -0.1]
+    h = cn.tensor(values, backend=backend, dtype=cn.float16)
+    expected = np.array(values, dtype=np.float64).astype(np.float16)
+    assert h.numpy().dtype == np.float16
+    np.testing.assert_array_equal(h.numpy(), expected)
+    via32 = cn.tensor(values, backend=backend).cast(cn.float16)
+    np.testing.assert_array_equal(via32.numpy(), np.array(values, np.float32).astype(np.float16))
+    assert cn.tensor([70000.0, -1e6], backend=backend).cast(cn.float16).tolist() == [float("inf"), float("-inf")]
+
+
+def test_cast_to_8_bit_wraps_like_numpy(backend):
+    values = [300.7, -1.5, 255.0, -129.0, 127.9, 0.0]
+    x = cn.tensor(values, backend=backend)
+    ints = np.trunc(np.array(values, np.float32)).astype(np.int32)
+    assert x.cast(cn.uint8).tolist() == ints.astype(np.uint8).tolist()
+    assert x.cast(cn.int8).tolist() == ints.astype(np.int8).tolist()
+    assert x.cast(cn.int8).cast(cn.uint8).tolist() == ints.astype(np.int8).astype(np.uint8).tolist()
+    assert cn.tensor([-1, 256], backend=backend).cast(cn.uint8).tolist() == [255, 0]
+
+
+def test_creation_refuses_values_that_do_not_fit(backend):
+    with pytest.raises(cn.ArgumentError, match="does not fit int8"):
+        cn.tensor([1, 200], backend=backend, dtype=cn.int8)
+    with pytest.raises(cn.ArgumentError, match="does not fit uint8"):
+        cn.tensor(np.array([-1]), backend=backend, dtype=cn.uint8)
+
+
+def test_ops_widen_to_the_compute_dtype(backend):
+    a = cn.tensor([-128, 5, 127], backend=backend, dtype=cn.int8)
+    assert (a + 1).dtype is cn.int32 and (a + 1).tolist() == [-127, 6, 128]
+    assert (a * a).tolist() == [16384, 25, 16129]
+    assert a.sum().tolist() == 4 and a.sum().dtype is cn.int32
+    h = cn.tensor([0.5, -2.0], backend=backend, dtype=cn.float16)
+    assert (h * 3).dtype is cn.float32 and (h * 3).tolist() == [1.5, -6.0]
+    assert (h + a[:2].cast(cn.float16)).dtype is cn.float32
+    assert cn.where(h > 0, h, h).dtype is cn.float32
+    with pytest.raises(cn.DTypeError, match="matmul"):
+        h.reshape(1, 2) @ h.reshape(2, 1)
+
+
+def test_movement_ops_keep_the_storage_dtype(backend):
+    u = cn.tensor([[1, 2, 3], [4, 5, 6]], backend=backend, dtype=cn.uint8)
+    t = u.permute(1, 0)
+    assert t.dtype is cn.uint8 and t.tolist() == [[1, 4], [2, 5], [3, 6]]
+    assert u.reshape(3, 2).tolist() == [[1, 2], [3, 4], [5, 6]]
+    assert u[:, 1:].dtype is cn.uint8 and u[:, 1:].tolist() == [[2, 3], [5, 6]]
+    h = cn.tensor([[1.5, -2.0]], backend=backend, dtype=cn.float16)
+    assert cn.cat([h, h], 0).dtype is cn.float16 and cn.cat([h, h], 0).tolist() == [[1.5, -2.0]] * 2
+
+
+def test_moves_between_holding_backends():
+    a = cn.tensor([250, 3], backend=cn.Python(), dtype=cn.uint8)
+    b = a.to(cn.NumPy())
+    assert b.dtype is cn.uint8 and b.numpy().dtype == np.uint8 and b.tolist() == [250, 3]
+
+
+def test_backends_that_do_not_hold_storage_dtypes_refuse_them():
+    ad = cn.Autodiff(cn.NumPy())
+    with pytest.raises(cn.DTypeError, match="does not hold cn.int8"):
+        cn.tensor([1, 2], backend=ad, dtype=cn.int8)
+    with pytest.raises(cn.DTypeError, match="does not hold cn.float16"):
+        cn.tensor([1.0], backend=ad).cast(cn.float16)
+    with pytest.raises(cn.DTypeError, match="does not hold cn.uint8"):
+        cn.tensor([1], backend=cn.NumPy(), dtype=cn.uint8).to(ad)
+    with pytest.raises(cn.DTypeError, match="storage dtype"):
+        cn.zeros(2, dtype=cn.int8)
+
+
+def test_records_round_trip_every_storage_dtype(backend, tmp_path):
+    path = str(tmp_path / "s.safetensors")
+    tensors = {"i8": cn.tensor([-128, 0, 127], backend=backend, dtype=cn.int8),
+               "u8": cn.tensor([[0, 255]], backend=backend, dtype=cn.uint8),
+               "f16": cn.tensor([0.1, -2.5, 65504.0], backend=backend, dtype=cn.float16),
+               "f32": cn.tensor([1.5], backend=backend)}
+    record.save_tensors(path, tensors)
+    table = record.read_header(path)[1]
+    assert {n: code for n, (code, _) in table.items()} == {"i8": "I8", "u8": "U8", "f16": "F16", "f32": "F32"}
+    _, kept = record.read_tensors(path, backend, keep_dtypes=True)
+    for name, t in tensors.items():
+        assert kept[name].dtype is t.dtype and kept[name].tolist() == t.tolist()
+    _, wide = record.read_tensors(path, backend)
+    assert [wide[n].dtype for n in ("i8", "u8", "f16")] == [cn.int32, cn.int32, cn.float32]
+    assert wide["f16"].tolist() == tensors["f16"].tolist()
+    with pytest.raises(cn.DTypeError, match="does not hold"):
+        record.read_tensors(path, cn.Autodiff(backend), keep_dtypes=True)
+
+
+def test_records_match_the_safetensors_package(tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    path = str(tmp_path / "s.safetensors")
+    arrays = {"i8": np.array([-7, 100], np.int8), "u8": np.array([9, 250], np.uint8),
+              "f16": np.array([0.333, -1e4], np.float16)}
+    st.save_file(arrays, path)
+    _, kept = record.read_tensors(path, cn.NumPy(), keep_dtypes=True)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(kept[name].numpy(), a)
+        assert kept[name].numpy().dtype == a.dtype
+    record.save_tensors(path, kept)
+    back = st.load_file(path)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(back[name], a)
+        assert back[name].dtype == a.dtype
+
+
+def test_wgpu_refuses_storage_dtypes_until_it_packs_them():
+    pytest.importorskip("wgpu")
+    gpu = cn.Wgpu(autotune=False)
+    assert gpu.storage_dtypes == ()
+    with pytest.raises(cn.DTypeError, match="does not hold cn.uint8"):
+        cn.tensor([1, 2], backend=gpu, dtype=cn.uint8)
+    with pytest.raises(cn.DTypeError, match="does not hold cn.float16"):
+        cn.tensor([1.0], backend=cn.NumPy(), dtype=cn.float16).to(gpu)
