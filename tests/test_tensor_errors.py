@@ -83,7 +83,10 @@ def test_dtype_errors_name_op_and_dtype(backend, x):
     _raises(cn.DTypeError, lambda: -flags, "neg", "bool")
     _raises(cn.DTypeError, lambda: cn.where(ints, x, x), "where", "int32")
     _raises(cn.DTypeError, lambda: x.gather(0, cn.zeros(1, 3, backend=backend)), "gather", "float32")
-    _raises(cn.DTypeError, lambda: x.cast(cn.float16), "cast", "float16")
+    if cn.float16 in backend.storage_dtypes:   # held at its size here (core/dtypes.py)
+        assert x.cast(cn.float16).dtype is cn.float16
+    else:
+        _raises(cn.DTypeError, lambda: x.cast(cn.float16), "cast", "float16")
     _raises(cn.DTypeError, lambda: cn.one_hot(x, 3), "one_hot", "float32")
     _raises(cn.DTypeError, lambda: cn.conv2d(cn.ones(1, 1, 3, 3, backend=backend, dtype=cn.int32),
                                              cn.ones(1, 1, 2, 2, backend=backend)), "conv2d", "int32")

@@ -567,6 +567,8 @@ def _value_types(graph, constants):
     fixes it (Cast's `to`, the quantizers' outputs): what tells int8 from uint8 in quantized ops."""
     types = {vi.name: element_type(vi.type)[0] for vi in list(graph.input) + list(graph.value_info)}
     for node in graph.node:
+        if not node.output:   # not a valid node: emit() refuses it with its reason
+            continue
         attrs = {a.name: a.i for a in node.attribute if a.type == 2}
         if node.op_type == "Cast" and attrs.get("to") in DATA_TYPES:
             types[node.output[0]] = DATA_TYPES[attrs["to"]][0]

@@ -101,7 +101,10 @@ def infer(op_type, inputs, attrs, n_outputs):
     first = inputs[0] if inputs and inputs[0] is not None else UNKNOWN
     rule = _RULES.get(op_type)
     if rule is not None:
-        out = rule(first, inputs, attrs)
+        try:
+            out = rule(first, inputs, attrs)
+        except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            out = None   # attributes that do not fit the shapes: unknown here, the op refuses them
         if out is not None:
             return out if isinstance(out, list) else [out] + [UNKNOWN] * (n_outputs - 1)
     if op_type in _SAME_SHAPE:
