@@ -161,7 +161,8 @@ def test_a_fused_group_writes_into_a_dead_leaf(gpu, n):
 def test_a_failed_placement_loses_only_its_own_result(gpu, monkeypatch):
     # Finding the result's buffer can fail (out of device memory): that launch is dropped and
     # says so when its tensor is used; the rest of its batch runs, and the pool stays whole.
-    n = 3001                                   # a size class no other test leaves in the pool
+    n = 3001
+    gpu.empty_cache()                          # no pooled buffer of any size class: y needs a new one
     x = cn.tensor(values(n), backend=gpu)
     earlier = x - 1                            # recorded before, in the same batch
     y = x * 2                                  # x is held: y needs a new buffer when placed
