@@ -88,8 +88,12 @@ def test_cinders_demo_sets_up_serves_and_prints_its_url():
     proc = subprocess.Popen([sys.executable, "-m", "cinders.cli", "demo", "--port", "0", "--no-open"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = proc.stdout.readline()  # set-up (npm packages, wheel) happens before this line
-        assert line.startswith("Cinders demo at http://127.0.0.1:"), line
+        seen = []   # set-up (npm packages, wheel, its precompile) may say what it does first
+        line = proc.stdout.readline()
+        while line and not line.startswith("Cinders demo at") and len(seen) < 50:
+            seen.append(line)
+            line = proc.stdout.readline()
+        assert line.startswith("Cinders demo at http://127.0.0.1:"), seen + [line]
         url = line.split()[3]
         for path in ("", "pyscript/", "wasm/cinders.js", "shared/preprocess.js", "wheels/cinders-wheel.json",
                      "models/mnist-cnn.safetensors", "node_modules/pyodide/pyodide.mjs"):
