@@ -40,7 +40,8 @@ fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
 // Every cinders module that imports here (those needing NumPy, wgpu-py, ... cannot), so a page
 // imports nothing itself, plus what unpackArchive runs on (cinders.js unpacks the wheel after).
 // No module may hold a JS object at import time: the snapshot is plain wasm memory.
-// Except the tools a page loads only on demand (the ONNX importer, the apps, the PyTorch reader, the board
+// Except the tools a page loads only on demand (the ONNX importer, the apps and their audio/vision
+// helpers, cn.Router/cn.Remote, data-parallel training, the PyTorch reader, the board
 // exporter): Pyodide restores a snapshot into its wasm memory as first sized, never grown, so
 // the imported modules must fit in it (they did not once those joined: "offset is out of bounds").
 const memoryAtStart = pyodide._module.HEAP8.length;
@@ -51,7 +52,9 @@ site = sysconfig.get_paths()["purelib"]
 for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
     package = os.path.relpath(folder, site).replace(os.sep, ".")
     for name in sorted(files):
-        on_demand = package.startswith(("cinders.micro", "cinders.onnx", "cinders.apps")) or name in ("pytorch.py", "pickle_vm.py")
+        on_demand = package.startswith(("cinders.micro", "cinders.onnx", "cinders.apps")) or name in (
+            "pytorch.py", "pickle_vm.py", "remote.py", "remote_wire.py", "remote_socket.py", "remote_server.py",
+            "router.py", "data_parallel.py", "vision.py", "audio.py")
         if name.endswith(".py") and name != "__main__.py" and not on_demand:  # __main__ runs a command
             module = package if name == "__init__.py" else package + "." + name[:-3]
             try:
