@@ -385,6 +385,4 @@ def _as_tensor(value, like):
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch.Tensor, without importing torch
         value = value.detach().cpu().numpy()
     backend = like.backend
-    inner = getattr(backend, "inner", None)
-    return tensor(value, backend=inner if inner is not None and hasattr(backend, "from_inner") else backend,
-                  dtype=like.dtype)
+    return tensor(value, backend=backend.inner if backend.differentiable else backend, dtype=like.dtype)

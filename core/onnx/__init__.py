@@ -123,7 +123,7 @@ def to_source(source, class_name="Model", fixed_inputs=None):
 def _tensors(constants, backend):
     from ..dtypes import from_name
     from ..tensor import Tensor
-    base = backend.inner if hasattr(backend, "from_inner") else backend
+    base = backend.inner if backend.differentiable else backend   # Autodiff holds weights inside
     out = {}
     for attr, c in constants.items():
         dtype = from_name(c.dtype)
