@@ -384,11 +384,17 @@ def main(argv=None):
                 emit({"bench": "browser", "kind": "ratio", "model": name, "ours": framework + "/" + ours_ep,
                       "theirs": "ort/" + ep,
                       "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
-                      **{key.replace("_ms", "_ratio"): round(ours[key] / theirs[key], 3)
+                      **{key.replace("_ms", "_ratio"): ratio(ours[key], theirs[key])
                          for key in ("cold_start_ms", "first_ms", "warm_ms", "warm_min_ms")}}, out)
         browser.close()
     if out:
         out.close()
+
+
+def ratio(ours, theirs):
+    """ours / theirs, or None where the anchor's time is below the page's timer resolution (a page
+    that is not cross-origin isolated rounds to 100 us, and ORT's MLP can read 0.0)."""
+    return round(ours / theirs, 3) if theirs > 0 else None
 
 
 if __name__ == "__main__":

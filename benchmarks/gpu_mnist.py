@@ -13,24 +13,13 @@ cinders_ms runs the model as it is; captured_ms the same model through cn.captur
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 
 import cinders as cn
 from cinders.models.mnist import MnistCNN
+from timing import median_ms
 
-
-def median_ms(run, repeat):
-    run()
-    run()  # warm up: kernels compiled, pool filled, autotune done
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def torch_model(model):

@@ -28,17 +28,8 @@ import cinders.nn.functional as F
 from cinders import nn
 from cinders.models.mnist import MnistCNN
 from cinders.wgpu import Wgpu
+from timing import median_ms
 
-
-def median_ms(run, repeat, warm=4):
-    for _ in range(warm):
-        run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def conv_stack(backend=None):
@@ -80,8 +71,8 @@ def inference_rows(name, make_model, shape, stacks, repeat, torch, device):
         model = make_model().to(backend).eval()
         fast = cn.capture(model)
         x = cn.tensor(x_np, backend=backend)
-        uncaptured = median_ms(lambda: model(x).numpy(), repeat)
-        captured = median_ms(lambda: fast(x).numpy(), repeat)
+        uncaptured = median_ms(lambda: model(x).numpy(), repeat, warm=4)
+        captured = median_ms(lambda: fast(x).numpy(), repeat, warm=4)
         ours = fast(x).numpy()
         theirs = diff = None
         if torch is not None:
@@ -92,7 +83,7 @@ def inference_rows(name, make_model, shape, stacks, repeat, torch, device):
             def run_torch():
                 with torch.no_grad():
                     return net(xt).cpu().numpy()
-            theirs = median_ms(run_torch, repeat)
+            theirs = median_ms(run_torch, repeat, warm=4)
             diff = float(np.max(np.abs(ours - run_torch())))
         emit(name, stack, uncaptured, captured, theirs, diff, backend, device,
              _launches(backend, fast, x))
@@ -141,8 +132,8 @@ def training_rows(batch, stacks, repeat, torch, device):
             opt.step(model, loss.backward())
             return loss
         fast = cn.capture(step)
-        uncaptured = median_ms(lambda: step(x, y).numpy(), repeat)
-        captured = median_ms(lambda: fast(x, y).numpy(), repeat)
+        uncaptured = median_ms(lambda: step(x, y).numpy(), repeat, warm=4)
+        captured = median_ms(lambda: fast(x, y).numpy(), repeat, warm=4)
         theirs = None
         if torch is not None:
             net = torch_twin("mnist", model, torch, device).train()
@@ -155,7 +146,7 @@ def training_rows(batch, stacks, repeat, torch, device):
                 loss.backward()
                 topt.step()
                 return loss.detach().cpu().numpy()
-            theirs = median_ms(run_torch, repeat)
+            theirs = median_ms(run_torch, repeat, warm=4)
         emit("mnist_cnn_train_step_b%d" % batch, "autodiff-" + stack, uncaptured, captured, theirs,
              None, backend, device, _launches(backend, fast, x, y))
 

@@ -11,20 +11,11 @@ import argparse
 import json
 import platform
 import sys
-import time
 
 import cinders as cn
 from cinders import dtypes
+from timing import median_ms
 
-
-def median_ms(fn, repeat):
-    fn()  # warm up: compiled kernels and cached unfold index lists, as in a running demo
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return sorted(times)[len(times) // 2]
 
 
 def mlp_forward(b):
@@ -85,7 +76,7 @@ def main():
         # The interpreter matters: 3.12+ has math.sumprod, Pyodide reports sys.platform "emscripten".
         row = {"bench": name, "python": platform.python_version(), "platform": sys.platform}
         for backend_name, backend in backends.items():
-            row[backend_name + "_ms"] = round(median_ms(make(backend), args.repeat), 3)
+            row[backend_name + "_ms"] = round(median_ms(make(backend), args.repeat, warm=1), 3)
         if "numpy_ms" in row:
             row["python_over_numpy"] = round(row["python_ms"] / row["numpy_ms"], 1)
         print(json.dumps(row), flush=True)

@@ -1,9 +1,9 @@
 """ONNX import benchmarks (JSON lines, measured side by side in one run).
 
-    python benchmarks/onnx.py                 # import time of resnet18; resnet18 batch 1 on
+    python benchmarks/onnx_models.py                 # import time of resnet18; resnet18 batch 1 on
                                               # cn.NumPy() vs onnxruntime CPU, both 1 thread
-    python benchmarks/onnx.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
-    python benchmarks/onnx.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
+    python benchmarks/onnx_models.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
+    python benchmarks/onnx_models.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
 
 Models are torchvision architectures with seeded random weights at 224x224, exported by the
 TorchScript exporter and cached in .cache/onnx (tests/onnx_models.py).
