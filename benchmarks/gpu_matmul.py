@@ -1,11 +1,14 @@
 """float32 matmul on cn.Wgpu() against PyTorch on the same GPU (TF32 off), side by side.
 
 One JSON line per (size, variant):
-    {"bench": "matmul", "n", "variant", "cinders_tflops", "torch_tflops", "ratio", "device",
-     "torch_device", "max_rel_err"}
+    {"bench": "matmul", "n", "variant", "cinders_tflops", "kernel_tflops", "torch_tflops", "ratio",
+     "kernel_ratio", "device", "torch_device", "max_rel_err"}
 variant "auto" is what cn.Wgpu() picks (autotuned on first use and cached on disk); with
 --variants every generated matmul kernel is timed as well. Throughput is measured over `reps`
-back-to-back products followed by one synchronisation (best of --repeat blocks).
+back-to-back products followed by one synchronisation (best of --repeat blocks): it includes
+Python and submission. kernel_tflops comes from the GPU timestamps of one profiled product (the
+kernel alone; None where the adapter has no timestamp queries), kernel_ratio compares it with
+torch's throughput.
 
     python benchmarks/gpu_matmul.py                 # 1024, 2048, 4096 (a real GPU)
     python benchmarks/gpu_matmul.py --small         # 128, 256: runs on lavapipe in seconds
@@ -76,6 +79,10 @@ def main():
                 runs[name] = (lambda v: lambda: backend._matmul_variant(v, a, b, (), n, n, n))(name)
         for variant, run in runs.items():
             seconds = best_seconds(run, backend.synchronize, reps, args.repeat)
+            with cn.profile(backend) as prof:
+                run()
+                backend.synchronize()
+            kernel_s = prof.gpu_time
             got = backend.to_numpy(run())
             err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
             tflops = flops / seconds / 1e12
@@ -84,7 +91,10 @@ def main():
                 "bench": "matmul", "n": n, "variant": variant,
                 "cinders_tflops": round(tflops, 4),
                 "torch_tflops": round(torch_tflops, 4) if torch_tflops else None,
+                "kernel_tflops": round(flops / kernel_s / 1e12, 4) if kernel_s else None,
                 "ratio": round(tflops / torch_tflops, 4) if torch_tflops else None,
+                "kernel_ratio": round(flops / kernel_s / 1e12 / torch_tflops, 4)
+                if kernel_s and torch_tflops else None,
                 "device": backend.device.name, "torch_device": torch_device,
                 "max_rel_err": err}), flush=True)
 
