@@ -20,9 +20,38 @@ const DEFAULTS = {
                       // start, but no JSPI (t.tolist() cannot block; await t.to_data_async())
   packages: [],       // Pyodide packages to load first, e.g. ["numpy"] (needs a pyodideURL that has them)
   onStatus: null,                                               // (text) => void, progress messages
+  onProgress: null,   // ({step, steps, text, bytes}) => void: the step reached (1..steps) and the
+                      // bytes the network delivered so far (compressed), for a progress bar
 };
 
+// The steps of a load, in order (onStatus texts; onProgress's step counts them).
+export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"];
+
 let runtimePromise = null;
+
+// onStatus and onProgress from one place: each status text advances the step; the byte count
+// grows as each file finishes (resource timing's transferSize: 0 for files from the cache).
+function progressReporter(options) {
+  const onStatus = options.onStatus || (() => {});
+  const onProgress = options.onProgress;
+  if (!onProgress) return { status: onStatus, stop() {} };
+  let step = 0, text = "", bytes = 0;
+  const report = () => onProgress({ step, steps: LOAD_STEPS.length, text, bytes });
+  const observer = typeof PerformanceObserver === "undefined" ? null : new PerformanceObserver((list) => {
+    for (const entry of list.getEntries()) bytes += entry.transferSize || 0;
+    report();
+  });
+  if (observer) observer.observe({ type: "resource", buffered: true });
+  return {
+    status(message) {
+      text = message;
+      step = Math.max(step, LOAD_STEPS.indexOf(message) + 1);
+      onStatus(message);
+      report();
+    },
+    stop() { if (observer) observer.disconnect(); },
+  };
+}
 
 function now() { return performance.now(); }
 
@@ -54,7 +83,8 @@ async function fetchParts(manifestURL, pyodideVersion, useSnapshot) {
 
 async function startRuntime(options) {
   const timings = {};
-  const status = options.onStatus || (() => {});
+  // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
+  const status = options.status || options.onStatus || (() => {});
   const t0 = now();
 
   status("loading Pyodide");
@@ -161,17 +191,22 @@ export const Cinders = {
   async load(options = {}) {
     if (!options.model) throw new TypeError("cinders: Cinders.load({model: url}) needs the record's URL");
     const t0 = now();
-    // The record downloads while the runtime starts.
-    const record = fetchOk(options.model, "the model").then((r) => r.arrayBuffer());
-    record.catch(() => {});  // reported where it is awaited
-    const runtime = await this.runtime(options);
-    (options.onStatus || (() => {}))("loading the model");
-    const t1 = now();
-    const bytes = new Uint8Array(await record);
-    const predictor = await runtime.bridge.load_model(bytes, options.model);
-    const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
-    const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
-    return new Model(runtime, predictor, info, timings);
+    const progress = progressReporter(options);
+    try {
+      // The record downloads while the runtime starts.
+      const record = fetchOk(options.model, "the model").then((r) => r.arrayBuffer());
+      record.catch(() => {});  // reported where it is awaited
+      const runtime = await this.runtime({ ...options, status: progress.status });
+      progress.status("loading the model");
+      const t1 = now();
+      const bytes = new Uint8Array(await record);
+      const predictor = await runtime.bridge.load_model(bytes, options.model);
+      const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
+      const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
+      return new Model(runtime, predictor, info, timings);
+    } finally {
+      progress.stop();
+    }
   },
 };
 

@@ -16,6 +16,7 @@ try {
     backend: params.get("backend") || "auto",
     fusion: params.get("fusion") === "1",
     onStatus: (text) => { document.getElementById("status").textContent = text; },
+    onProgress: page.progress,
   });
   page.ready({
     predict: (pixels) => model.predict(pixels),

@@ -4,6 +4,7 @@
 // timings. Each page's app.js only loads its model and hands a predict function to ready().
 //
 //   const page = digitPage({ inAnimationFrame });
+//   page.progress({ step, steps, bytes })                            while loading: #load-progress
 //   page.ready({ predict, backend, note, fallback, loadMs, api })   model loaded: status "ready"
 //   page.fail(error)                                                 status "error: ..."
 //
@@ -129,6 +130,15 @@ export function digitPage({ inAnimationFrame = false } = {}) {
   }
   $("clear").addEventListener("click", clear);
 
+  // ---- loading: a bar over the load's steps and the megabytes downloaded so far -------------------
+  function progress({ step, steps, bytes }) {
+    const bar = $("load-progress");
+    if (!bar) return;
+    bar.max = steps;
+    bar.value = step;
+    $("load-bytes").textContent = `${(bytes / 1e6).toFixed(1)} MB`;
+  }
+
   // ---- the model is loaded --------------------------------------------------------------------
   // backend: "webgpu" | "wasm" | "cpu"; note: shown in brackets after it, marked as a fallback when
   // `fallback`; loadMs: load time shown; api: what the page adds to window.cindersDemo.
@@ -145,8 +155,9 @@ export function digitPage({ inAnimationFrame = false } = {}) {
       settled: async () => { while (busy || dirty) await new Promise((r) => setTimeout(r, 20)); },
     };
     $("status").textContent = "ready";
+    if ($("load-progress")) $("load-progress").hidden = true;
     if (strokes.length) classify();
   }
 
-  return { ready, fail };
+  return { ready, fail, progress };
 }

@@ -1,0 +1,80 @@
+"""Cold starts as a first-time visitor has them: the bytes each page downloads before it is ready
+(CDP's encodedDataLength: what crossed the network, compressed, headers included), its time from
+navigation to ready, a progress bar while it loads, and a second visit served from the browser's
+cache. Prints one line per page:
+
+    [cold start] /: 14.2 MB in 23 requests, ready after 1450 ms; second visit 0.1 MB
+
+The browser here has a profile on disk, as a visitor's has: an incognito context keeps its HTTP
+cache in memory, where an 8 MB file (the gzipped Pyodide snapshot) is never stored. Requests are
+not routed (Playwright's request interception turns the HTTP cache off), so requests outside
+127.0.0.1 are watched with a listener instead of being aborted.
+"""
+import pytest
+
+from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS, wait_ready
+
+# Page -> the most it may download cold, in MB: the bound catches regressions. Issue 23's goal for
+# the MNIST page is 15 MB (ONNX Runtime Web's wasm build); it measures 15.6 MB: the gzipped
+# snapshot (7.9 MB), pyodide.asm.wasm (3.5 MB), Python's standard library (2.5 MB, a zip already),
+# the model record (0.8 MB) and the wheel (0.4 MB). The OCR page carries three PP-OCR models.
+PAGES = {"/": 16, "/mnist-micro/": 2, "/onnx/": 16, "/vad/": 18, "/ocr/": 45}
+
+
+@pytest.fixture(scope="module")
+def profile_context(playwright, tmp_path_factory):
+    context = playwright.chromium.launch_persistent_context(
+        str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+        args=QUIET_FLAGS + WEBGPU_FLAGS)
+    yield context
+    context.close()
+
+
+def visit(context, url):
+    """Open `url` in `context`, wait until ready; (bytes, requests, ms to ready, progress seen)."""
+    page = context.new_page()
+    cdp = context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    sizes = {}
+    cdp.on("Network.loadingFinished", lambda e: sizes.__setitem__(e["requestId"], e["encodedDataLength"]))
+    page.goto(url)
+    # The bar shows while the page loads (a step reached, bytes counted), and is gone when ready.
+    progress = page.evaluate("""() => new Promise((resolve) => {
+        const seen = () => { const bar = document.querySelector('#load-progress');
+                             return bar && !bar.hidden && bar.value > 0 ? bar.value : null; };
+        const poll = () => { const status = document.querySelector('#status');
+                             if (seen()) return resolve(seen());
+                             if (status && status.textContent === 'ready') return resolve(null);
+                             setTimeout(poll, 10); };
+        poll(); })""")
+    wait_ready(page)
+    ready_ms = page.evaluate("() => performance.now()")
+    page.wait_for_timeout(200)  # late loadingFinished events of files fetched before ready
+    return page, sum(sizes.values()), len(sizes), ready_ms, progress
+
+
+@pytest.mark.parametrize("path", sorted(PAGES))
+def test_cold_start_bytes_and_second_visit(profile_context, demo_server, path):
+    context = profile_context
+    outside = []
+    watch = lambda r: r.url.startswith((demo_server.url, "data:", "blob:")) or outside.append(r.url)  # noqa: E731
+    context.on("request", watch)
+    try:
+        # Each page's own files are cold on its first visit (the pages share Pyodide's: later
+        # pages find those in the cache, so each page is measured in a cleared cache).
+        cdp = context.new_cdp_session(context.pages[0] if context.pages else context.new_page())
+        cdp.send("Network.clearBrowserCache")
+        page, cold_bytes, requests, ready_ms, progress = visit(context, demo_server.url + path.lstrip("/"))
+        page.close()
+        page, warm_bytes, _, warm_ms, _ = visit(context, demo_server.url + path.lstrip("/"))
+        page.close()
+    finally:
+        context.remove_listener("request", watch)
+    print("[cold start] %s: %.1f MB in %d requests, ready after %.0f ms; second visit %.2f MB, "
+          "ready after %.0f ms" % (path, cold_bytes / 1e6, requests, ready_ms, warm_bytes / 1e6, warm_ms))
+    assert outside == []
+    assert cold_bytes <= PAGES[path] * 1e6, "%s downloads %.1f MB cold" % (path, cold_bytes / 1e6)
+    # The second visit revalidates (304s, headers only) instead of downloading again.
+    assert warm_bytes < 0.05 * cold_bytes, (warm_bytes, cold_bytes)
+    if path == "/":
+        assert progress is not None, "no progress bar while the MNIST page loaded"
