@@ -128,17 +128,20 @@ def test_exported_site_without_webgpu_runs_on_its_own_wasm_kernels(launch_browse
 
 
 # ---------------------------------------------------------------- apps and ONNX models
-def export_and_serve(tmp_path, *export_args):
-    """`cinders export-web ... --out site` in a fresh folder, then `cinders serve site`; yields its URL."""
+def export_and_serve(tmp_path, *export_args, in_subfolder=False):
+    """`cinders export-web ... --out site` in a fresh folder, then `cinders serve site`; yields its
+    URL. in_subfolder: serve the folder above instead, so the site lives at <server>/site/ (as on
+    a host that serves several sites)."""
     r = subprocess.run([sys.executable, "-m", "cinders", "export-web", *export_args, "--out", "site"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    server = subprocess.Popen([sys.executable, "-m", "cinders", "serve", "site", "--port", "0"],
+    server = subprocess.Popen([sys.executable, "-m", "cinders", "serve", "." if in_subfolder else "site",
+                               "--port", "0"],
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
         assert " at http://127.0.0.1:" in line, line + server.stderr.read()
-        yield line.split(" at ")[1].split()[0]
+        yield line.split(" at ")[1].split()[0] + ("site/" if in_subfolder else "")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -234,7 +237,7 @@ def test_exported_vad_app_finds_silero_segments(browser, tmp_path):
     want = [[s["start"], s["end"]] for s in
             silero.get_speech_timestamps(torch.tensor(samples, dtype=torch.float32), model)]
     assert len(want) == 2, want
-    for url in export_and_serve(tmp_path, "--app", "vad"):
+    for url in export_and_serve(tmp_path, "--app", "vad", in_subfolder=True):
         context, page, seen = guarded_page(browser, url)
         try:
             page.goto(url + "vad/?backend=wasm")

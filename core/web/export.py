@@ -229,8 +229,9 @@ def serve(folder, port=8000, open_browser=False):
 # the folder the demo server serves, cut down to one page: DIR/<page>/ (the page), DIR/wasm/
 # (cinders.js), DIR/node_modules/pyodide/, DIR/wheels/ (the cinders wheel and its manifest),
 # DIR/wasm-kernels/ (cn.Wasm()'s module, when it could be built), DIR/shipped-models/ (the app's
-# models) and DIR/index.html, which sends the browser to the page. Served at the root of any
-# static server (the pages name /wasm/ and /shipped-models/ from the root), it needs nothing else.
+# models) and DIR/index.html, which sends the browser to the page. The pages name ../wasm/ and
+# ../shipped-models/ relative to themselves, so the folder works at the root of any static server
+# or in a subfolder of one; it needs nothing else.
 APPS = {"vad": ["silero_vad.onnx"],
         "ocr": ["PP-OCRv6_det_small.onnx", "ch_ppocr_mobile_v2.0_cls_mobile.onnx", "PP-OCRv6_rec_small.onnx"]}
 REDIRECT = """<!doctype html>

@@ -3,7 +3,7 @@
 // URL options: ?backend=cpu|webgpu|auto (default auto).
 // window.cindersOnnx = {info, result, runtime} for tests; #status says "ready", "importing",
 // "running", "done" or "error: ...".
-import { Cinders } from "/wasm/cinders.js";
+import { Cinders } from "../wasm/cinders.js";
 
 const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);

@@ -3,7 +3,7 @@
 // of 16 kHz audio at a time (cinders.apps.vad_web). URL options: ?backend=auto|webgpu|wasm|python.
 // window.cindersVad = {runtime, update, probabilities, heard (microphone samples), done()} for tests; #status says "ready",
 // "listening", "reading", "done" or "error: ...".
-import { Cinders } from "/wasm/cinders.js";
+import { Cinders } from "../wasm/cinders.js";
 
 const RATE = 16000, CHUNK = 512, SHOWN_CHUNKS = 320;   // the canvas shows the last ~10 s
 const params = new URLSearchParams(location.search);
@@ -151,7 +151,7 @@ try {
   api.runtime = runtime;
   $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
   status("loading the model");
-  const model = await (await fetch("/shipped-models/silero_vad.onnx")).arrayBuffer();
+  const model = await (await fetch("../shipped-models/silero_vad.onnx")).arrayBuffer();
   vadWeb = runtime.pyodide.pyimport("cinders.apps.vad_web");
   api.info = plain(vadWeb.load(new Uint8Array(model)));
   for (const id of ["mic", "file"]) $(id).disabled = false;
