@@ -1,9 +1,9 @@
 """ONNX import benchmarks (JSON lines, measured side by side in one run).
 
-    python benchmarks/onnx_models.py                 # import time of resnet18; resnet18 batch 1 on
+    python benchmarks/onnx_vision.py                 # import time of resnet18; resnet18 batch 1 on
                                               # cn.NumPy() vs onnxruntime CPU, both 1 thread
-    python benchmarks/onnx_models.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
-    python benchmarks/onnx_models.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
+    python benchmarks/onnx_vision.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
+    python benchmarks/onnx_vision.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
 
 Models are torchvision architectures with seeded random weights at 224x224, exported by the
 TorchScript exporter and cached in .cache/onnx (tests/onnx_models.py).
@@ -21,9 +21,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# This file is named onnx.py: keep its folder off sys.path so `import onnx` finds the package.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # tests/onnx_models.py: the cached exports
 
 
 def emit(**row):
