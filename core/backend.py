@@ -79,6 +79,20 @@ and that composition is the reference every kernel is tested against.
                           (NaN propagates); -> (N, O, OH, OW). Reference: functional.conv2d's
                           unfold2d + matmul composition. Decorators forward the flag of the
                           backend they wrap and record the op (Autodiff: its gradient).
+    lstm_cell(gates, c)   flag: recurrent_kernels
+                          one LSTM step after its matmuls: gates (B, 4H) float32 in ONNX's
+                          order i, o, f, g (biases added), c (B, H) the cell state ->
+                          (2, B, H) holding h' and c': i, o, f = sigmoid, c' = f*c + i*tanh(g),
+                          h' = o*tanh(c'), sigmoid(x) = 1 / (1 + exp(-x)).
+    gru_cell(gx, gh, h)   flag: recurrent_kernels
+                          one GRU step as PyTorch exports it (linear_before_reset): gx, gh
+                          (B, 3H) the input and the recurrent projection in ONNX's order z, r, n
+                          (biases added), h (B, H) -> h' (B, H): z, r = sigmoid(gx + gh),
+                          n = tanh(gx_n + r*gh_n), h' = (1 - z)*n + z*h.
+                          Reference of both: functional.lstm_cell / gru_cell's compositions.
+                          A sequence's steps are kernels, not dozens of small ops each.
+                          Decorators do not forward the flag: Autodiff differentiates the
+                          composition and Fusion fuses it.
 
 Synchronisation
 ---------------
@@ -239,6 +253,7 @@ class Backend:
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
+    recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step
     # Storage dtypes (cn.int8, cn.uint8, cn.float16: core/dtypes.py) this backend holds at their
     # size: from_flat, full, to_flat, cast to and from them, and the movement ops (reshape,
     # permute, expand, slice, cat, pad, gather). The tensor layer widens them before

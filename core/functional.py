@@ -188,6 +188,46 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation, groups, activat
     return out if activation == "relu" else where(out >= 6.0, 6.0, out)
 
 
+def lstm_cell(gates, c):
+    """One LSTM step after its matmuls (the lstm_cell primitive of core/backend.py): gates
+    (B, 4H) in ONNX's order i, o, f, g with the biases added, c (B, H) -> (h', c')."""
+    gates._same_device("lstm_cell", c)
+    b, hidden = _cell_shapes("lstm_cell", gates, 4, c)
+    if gates.backend.recurrent_kernels and b * hidden:
+        out = Tensor(gates.backend, gates.backend.lstm_cell(gates.handle, c.handle), (2, b, hidden),
+                     float32)
+        return out[0], out[1]
+    i, o, f = (sigmoid(gates[:, k * hidden:(k + 1) * hidden]) for k in range(3))
+    new_c = f * c + i * gates[:, 3 * hidden:].tanh()
+    return o * new_c.tanh(), new_c
+
+
+def gru_cell(gx, gh, h):
+    """One GRU step (linear_before_reset, the gru_cell primitive of core/backend.py): gx, gh
+    (B, 3H) the input and recurrent projections in ONNX's order z, r, n, biases added; h (B, H)
+    -> h'."""
+    gx._same_device("gru_cell", gh)
+    gx._same_device("gru_cell", h)
+    b, hidden = _cell_shapes("gru_cell", gx, 3, h)
+    if gh.shape != gx.shape or gh.dtype is not float32:
+        raise ShapeError("gru_cell: gh must be float32 of gx's shape %s, got %s" % (gx.shape, gh.shape))
+    if gx.backend.recurrent_kernels and b * hidden:
+        return Tensor(gx.backend, gx.backend.gru_cell(gx.handle, gh.handle, h.handle), (b, hidden), float32)
+    z, r = (sigmoid(gx[:, k * hidden:(k + 1) * hidden] + gh[:, k * hidden:(k + 1) * hidden])
+            for k in range(2))
+    n = (gx[:, 2 * hidden:] + r * gh[:, 2 * hidden:]).tanh()
+    return (1.0 - z) * n + z * h
+
+
+def _cell_shapes(name, gates, count, state):
+    if gates.dtype is not float32 or state.dtype is not float32:
+        raise DTypeError("%s: needs float32 tensors, got %r and %r" % (name, gates.dtype, state.dtype))
+    if state.ndim != 2 or gates.shape != (state.shape[0], count * state.shape[1]):
+        raise ShapeError("%s: needs gates (B, %d*H) and a state (B, H), got shapes %s and %s"
+                         % (name, count, gates.shape, state.shape))
+    return state.shape
+
+
 def _conv_padding(padding):
     """((top, bottom), (left, right)) from an int, a pair, or that form itself."""
     if isinstance(padding, (tuple, list)) and len(padding) == 2 and \

@@ -199,6 +199,8 @@ class Wasm(Backend):
 
     # The optional conv2d primitive (core/backend.py) is one kernel here (runtime.h conv2d_f32).
     conv2d_kernel = True
+    # ... and so are lstm_cell and gru_cell (runtime.h lstm_cell_f32, gru_cell_f32).
+    recurrent_kernels = True
     # cn.capture records the queued kernel calls and replays them as one call (capture.py).
     capturable = True
 
@@ -533,12 +535,27 @@ class Wasm(Backend):
             # Direct taps for one input channel per group; else panels of pixels whose columns
             # fill at most CONV_PANEL_BYTES (runtime.h conv2d_f32), 8 pixels at least.
             taps = cg * kh * kw
-            panel = 0 if cg == 1 else min(oh * ow, max(8, CONV_PANEL_BYTES // (4 * taps)))
+            panel = 0 if cg == 1 and groups > 1 else min(oh * ow, max(8, CONV_PANEL_BYTES // (4 * taps)))
             scratch = self._new((taps * max(panel, 1),), dtypes.float32)
             g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups,
                                 int(bias is not None), _ACTIVATION_CODES[activation], panel))
             b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)
             self._run("conv2d_f32", out, x, w, b, scratch, g)
+        return out
+
+    # -- the optional recurrent primitives (core/backend.py) ------------------------------------
+    def lstm_cell(self, gates, c):
+        gates, c = self._contiguous(gates), self._contiguous(c)
+        batch, hidden = c.shape
+        out = self._new((2, batch, hidden), dtypes.float32)
+        self._run("lstm_cell_f32", out, gates, c, batch, hidden)
+        return out
+
+    def gru_cell(self, gx, gh, h):
+        gx, gh, h = self._contiguous(gx), self._contiguous(gh), self._contiguous(h)
+        batch, hidden = h.shape
+        out = self._new((batch, hidden), dtypes.float32)
+        self._run("gru_cell_f32", out, gx, gh, h, batch, hidden)
         return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):

@@ -75,7 +75,8 @@ ARG_REDUCE = {"argmax": "x > best", "argmin": "x < best"}
 ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
-                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32"]
+                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32", "lstm_cell_f32",
+                "gru_cell_f32"]
 GATHER_DTYPES = ("f32", "i32", "u8")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 
@@ -86,7 +87,7 @@ SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 _MACRO_PARAMS = {"MAP1": "ppp", "MAP2": "pppp", "MAP3": "ppppp", "REDUCE": "ppiii", "ARG_REDUCE": "ppiii"}
 HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
                        "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
-                       "conv2d_f32": "pppppp"}
+                       "conv2d_f32": "pppppp", "lstm_cell_f32": "pppii", "gru_cell_f32": "ppppii"}
 
 
 def queued_kernels():

@@ -310,6 +310,18 @@ static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N,
             wasm_v128_store(o2 + j, c20); wasm_v128_store(o2 + j + 4, c21);
             wasm_v128_store(o3 + j, c30); wasm_v128_store(o3 + j + 4, c31);
         }
+        /* a 4-wide column block left (narrow products: a convolution panel of 4 pixels) */
+        for (; j + 4 <= N; j += 4) {
+            v128_t c0 = wasm_f32x4_splat(0), c1 = c0, c2 = c0, c3 = c0;
+            const float *bk = b + j;
+            for (int k = 0; k < K; k++, bk += N) {
+                v128_t b0 = wasm_v128_load(bk);
+                FMA4(c0, wasm_f32x4_splat(a0[k]), b0); FMA4(c1, wasm_f32x4_splat(a1[k]), b0);
+                FMA4(c2, wasm_f32x4_splat(a2[k]), b0); FMA4(c3, wasm_f32x4_splat(a3[k]), b0);
+            }
+            wasm_v128_store(o0 + j, c0); wasm_v128_store(o1 + j, c1);
+            wasm_v128_store(o2 + j, c2); wasm_v128_store(o3 + j, c3);
+        }
         for (; j < N; j++) {
             float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
             for (int k = 0; k < K; k++) {
@@ -331,6 +343,12 @@ static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N,
                 FMA4(c0, x, wasm_v128_load(bk)); FMA4(c1, x, wasm_v128_load(bk + 4));
             }
             wasm_v128_store(orow + j, c0); wasm_v128_store(orow + j + 4, c1);
+        }
+        for (; j + 4 <= N; j += 4) {
+            v128_t c0 = wasm_f32x4_splat(0);
+            const float *bk = b + j;
+            for (int k = 0; k < K; k++, bk += N) FMA4(c0, wasm_f32x4_splat(ar[k]), wasm_v128_load(bk));
+            wasm_v128_store(orow + j, c0);
         }
         for (; j < N; j++) {
             float s = 0;
@@ -552,4 +570,34 @@ EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, con
                 }
         }
     }
+}
+
+/* -- recurrent steps: the lstm_cell and gru_cell primitives of core/backend.py ------------- */
+/* One kernel per step of a sequence instead of a dozen elementwise launches. The arithmetic is
+ * the reference composition's, in its order (sigmoid(x) = 1 / (1 + exp(-x))). All contiguous. */
+static inline float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* gates (B, 4H) in ONNX's order i, o, f, g; c (B, H) -> out (2, B, H) = h', c' */
+EXPORT(lstm_cell_f32) void lstm_cell_f32(float *out, const float *gates, const float *c, int B,
+                                         int H) {
+    float *new_c = out + B * H;
+    for (int b = 0; b < B; b++, gates += 4 * H, c += H, out += H, new_c += H)
+        for (int j = 0; j < H; j++) {
+            float i = sigmoid_f32(gates[j]), o = sigmoid_f32(gates[H + j]);
+            float f = sigmoid_f32(gates[2 * H + j]);
+            float cn = f * c[j] + i * tanhf(gates[3 * H + j]);
+            new_c[j] = cn;
+            out[j] = o * tanhf(cn);
+        }
+}
+
+/* gx, gh (B, 3H) in ONNX's order z, r, n; h (B, H) -> out (B, H) = h' (linear_before_reset) */
+EXPORT(gru_cell_f32) void gru_cell_f32(float *out, const float *gx, const float *gh, const float *h,
+                                       int B, int H) {
+    for (int b = 0; b < B; b++, gx += 3 * H, gh += 3 * H, h += H, out += H)
+        for (int j = 0; j < H; j++) {
+            float z = sigmoid_f32(gx[j] + gh[j]), r = sigmoid_f32(gx[H + j] + gh[H + j]);
+            float n = tanhf(gx[2 * H + j] + r * gh[2 * H + j]);
+            out[j] = (1.0f - z) * n + z * h[j];
+        }
 }

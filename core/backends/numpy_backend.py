@@ -118,6 +118,7 @@ class NumPy(Backend):
 
     name = "numpy"
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
+    recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
 
     def shape(self, h):
         return tuple(h.shape)
@@ -188,6 +189,25 @@ class NumPy(Backend):
 
     def matmul(self, a, b):
         return np.matmul(a, b)
+
+    # The optional recurrent primitives (core/backend.py): a step in a few whole-array calls.
+    def lstm_cell(self, gates, c):
+        hidden = c.shape[1]
+        iof = np.float32(1.0) / (np.float32(1.0) + np.exp(-gates[:, :3 * hidden]))
+        i, o, f = iof[:, :hidden], iof[:, hidden:2 * hidden], iof[:, 2 * hidden:]
+        out = np.empty((2,) + c.shape, np.float32)
+        new_c = out[1]
+        np.multiply(f, c, out=new_c)
+        new_c += i * np.tanh(gates[:, 3 * hidden:])
+        np.multiply(o, np.tanh(new_c), out=out[0])
+        return out
+
+    def gru_cell(self, gx, gh, h):
+        hidden = h.shape[1]
+        zr = np.float32(1.0) / (np.float32(1.0) + np.exp(-(gx[:, :2 * hidden] + gh[:, :2 * hidden])))
+        z = zr[:, :hidden]
+        n = np.tanh(gx[:, 2 * hidden:] + zr[:, hidden:] * gh[:, 2 * hidden:])
+        return (np.float32(1.0) - z) * n + z * h
 
     # ndarray methods, not the np.* wrappers: these run per op, and the wrappers cost ~1 us each.
     def reshape(self, x, shape):

@@ -1,7 +1,7 @@
 """ONNX operators: recurrent layers."""
 
 import cinders as cn
-from ...functional import stack
+from ...functional import gru_cell, lstm_cell, stack
 from ..proto import OnnxError
 from .base import ints, op
 from .elementwise import Softplus
@@ -50,6 +50,11 @@ def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activat
     defaults = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[kind]
     acts = _activations(activations, activation_alpha, activation_beta, defaults, dirs)
     per = len(defaults)
+    # The step as one primitive (a kernel where the backend has one) when it is the common cell:
+    # default activations, no clip, no peepholes; a GRU as PyTorch exports it.
+    plain = (not activations or [a.lower() for a in activations] == [d.lower() for d in defaults * dirs]) \
+        and not activation_alpha and not activation_beta and clip is None and P is None \
+        and not input_forget and (kind != "GRU" or linear_before_reset)
     lens = ints(sequence_lens) if sequence_lens is not None else None
     if lens is not None and any(n != seq for n in lens):
         mask_steps = [cn.tensor([[1.0] if t < n else [0.0] for n in lens], backend=X.backend) for t in range(seq)]
@@ -72,7 +77,10 @@ def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activat
         order = range(seq - 1, -1, -1) if reverse else range(seq)
         for t in order:
             gx = xw[t]
-            if kind == "GRU":
+            if kind == "GRU" and plain:
+                gh = h @ r
+                new_h, new_c = gru_cell(gx, gh + rb if rb is not None else gh, h), c
+            elif kind == "GRU":
                 hz = h @ r
                 gz, gr, gh = (gx[:, i * hidden:(i + 1) * hidden] for i in range(3))
                 rz, rr, rh = (hz[:, i * hidden:(i + 1) * hidden] for i in range(3))
@@ -96,6 +104,8 @@ def _recurrent(kind, X, W, R, B, sequence_lens, initial_h, initial_c, P, activat
                 if kind == "RNN":
                     new_h = f[0](_clip(g, clip))
                     new_c = c
+                elif plain:
+                    new_h, new_c = lstm_cell(g, c)
                 else:
                     gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
                     if p is not None:
