@@ -93,7 +93,7 @@ def test_cli_refuses_a_file_that_is_no_image(tmp_path, capsys):
 
 def test_ctc_greedy_merges_repeats_and_drops_blanks():
     chars = ["<blank>", "a", "b"]
-    steps = [[0.1, 0.8, 0.1], [0.1, 0.7, 0.2], [0.9, 0.05, 0.05], [0.2, 0.6, 0.2], [0.1, 0.1, 0.8]]
+    steps = [(1, 0.8), (1, 0.7), (0, 0.9), (1, 0.6), (2, 0.8)]
     text, score = ctc_greedy(steps, chars)
     assert text == "aab" and score == pytest.approx((0.8 + 0.6 + 0.8) / 3)
 

@@ -16,7 +16,10 @@ import math
 import time
 
 from .. import vision
+from ..capture import capture
+from ..dtypes import float32
 from ..errors import InputError
+from ..functional import stack
 
 DET_LIMIT_SIDE = 736          # the shorter side is scaled up to this (a multiple of 32 after)
 DET_THRESHOLD = 0.3           # text probability that marks a pixel as text
@@ -41,8 +44,11 @@ class TextReader:
         self.backend = backend
         self.det_limit_side = det_limit_side
         rec_path = rec or model_path("PP-OCRv6_rec_small.onnx")
-        self.det = load(det or model_path("PP-OCRv6_det_small.onnx"), backend=backend)
-        self.cls = load(cls or model_path("ch_ppocr_mobile_v2.0_cls_mobile.onnx"), backend=backend)
+        # The detector (one image size: a camera's frames) and the classifier (one line shape)
+        # replay their kernels on backends that record them (cn.capture); the recogniser's input
+        # width follows each line's, and a capture per width would keep a workspace per width.
+        self.det = capture(load(det or model_path("PP-OCRv6_det_small.onnx"), backend=backend))
+        self.cls = capture(load(cls or model_path("ch_ppocr_mobile_v2.0_cls_mobile.onnx"), backend=backend))
         self.rec = load(rec_path, backend=backend)
         self.characters = ["<blank>"] + recogniser_characters(rec_path) + [" "]
 
@@ -85,8 +91,11 @@ class TextReader:
             upright, flipped = (yield self.cls(_line_input(crop, CLS_SHAPE[0], CLS_SHAPE[1], CLS_SHAPE[1])))[0]
             crop = oriented(crop, upright, flipped)
             clock.lap("classify")
-            columns = (yield self.rec(recogniser_input(crop)))[0]   # (time, characters): probabilities
-            text, score = ctc_greedy(columns, self.characters)
+            # Per step the likeliest character and its probability, found where the (time,
+            # characters) probabilities are: a few numbers per step are read, not thousands.
+            columns = self.rec(recogniser_input(crop))[0]
+            best = yield stack([columns.argmax(-1).cast(float32), columns.max(-1)], -1)
+            text, score = ctc_greedy([(int(i), p) for i, p in best], self.characters)
             clock.lap("recognise")
             if text and score >= TEXT_SCORE:
                 lines.append({"text": text, "score": round(score, 5),
@@ -155,14 +164,13 @@ def _line_input(crop, height, max_width, pad_to):
 
 
 def ctc_greedy(steps, characters):
-    """CTC greedy decoding: the most likely character per step, repeats merged, blanks (index 0)
-    dropped; the score is the mean probability of the characters kept."""
+    """CTC greedy decoding of steps [(the likeliest character's index, its probability)]: repeats
+    merged, blanks (index 0) dropped; the score is the mean probability of the characters kept."""
     text, probs, previous = [], [], None
-    for row in steps:
-        best = max(range(len(row)), key=row.__getitem__)
+    for best, probability in steps:
         if best != previous and best != 0:
             text.append(characters[best])
-            probs.append(row[best])
+            probs.append(probability)
         previous = best
     return "".join(text), (sum(probs) / len(probs) if probs else 0.0)
 
