@@ -13,7 +13,8 @@ graph building, the backend's bookkeeping. What a recording holds (wgpu_backend/
 three roles:
   inputs      the buffers of fn's tensor arguments: a replay binds the new arguments' buffers
               in their place (no copy), so inputs must have the recorded shapes, dtypes and
-              layouts (another signature captures again: one program per signature);
+              layouts (another signature captures again: one program per signature, the
+              MAX_SIGNATURES most recently used kept, with their workspaces);
   state       buffers that existed before the call (parameters, optimizer state): read and
               written in place, so a changed parameter value is seen by the next replay;
   workspace   buffers allocated during the call: kept by the program for good (taken out of
@@ -210,6 +211,9 @@ def _signature_of(value):
         return ("object", id(value))
 
 
+MAX_SIGNATURES = 16  # programs a captured function keeps, one per input signature
+
+
 class Captured:
     """The callable cn.capture returns; `captures` and `replays` count what happened."""
 
@@ -226,6 +230,18 @@ class Captured:
         return "cn.capture(%s: %d captures, %d replays)" % (self.__name__, self.captures,
                                                             self.replays)
 
+    def _entry(self, key):
+        """The entry of a signature, now the most recently used; a new one may push out the
+        least recently used (its program and workspace go: inputs of ever new shapes, such as
+        text lines of every width, must not hold memory without bound)."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            entry = _Entry()
+            if len(self._entries) >= MAX_SIGNATURES:
+                del self._entries[next(iter(self._entries))]
+        self._entries[key] = entry
+        return entry
+
     def __call__(self, *args, **kwargs):
         leaves = _leaves((args, kwargs), [])
         tensors = [v for v in leaves if isinstance(v, Tensor)]
@@ -240,9 +256,7 @@ class Captured:
         based = [recorder.contiguous(_to_base(t).handle) for t in tensors]  # alive for the call
         views = [recorder.buffer(h) for h in based]
         key = tuple(_signature_of(v) for v in leaves) + tuple(off for _, off, _ in views)
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = _Entry()
+        entry = self._entry(key)
         if entry.program is not None:
             self.replays += 1
             return entry.program.replay([raw for raw, _, _ in views], self.__name__)
@@ -278,9 +292,7 @@ class Captured:
         difference); reading a value inside fn raises as on a GPU."""
         based = [_to_base(t) for t in tensors]
         key = tuple(_signature_of(v) for v in leaves)
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = _Entry()
+        entry = self._entry(key)
         if entry.program is not None:
             self.replays += 1
             if _PROFILING:

@@ -232,3 +232,27 @@ def test_a_tensor_made_from_a_list_inside_fn_keeps_its_values_in_every_replay(st
     for _ in range(5):
         assert np.array_equal(replayed(x).numpy(), want)
     assert replayed.replays == 2
+
+
+def test_programs_of_the_least_recently_used_signatures_are_dropped(monkeypatch):
+    """Inputs of ever new shapes (text lines of every width) keep at most MAX_SIGNATURES
+    programs; the workspace of one pushed out goes back to the pool."""
+    import gc
+    import importlib
+    monkeypatch.setattr(importlib.import_module("cinders.capture"), "MAX_SIGNATURES", 2)
+    backend = Wgpu()
+    pool = backend.pool
+    fast = cn.capture(lambda x: (x * 2.0).exp())
+
+    def run(width):
+        x = cn.tensor(np.ones((2, width), np.float32), backend=backend)
+        for _ in range(4):
+            np.testing.assert_allclose(fast(x).numpy(), np.exp(2.0 * np.ones((2, width))), rtol=1e-6)
+        gc.collect()
+        return pool.stats()["captured_bytes"]
+    one = run(4)                     # widths 4, 5 and 6 fall in one buffer size class
+    assert one > 0 and run(5) == 2 * one
+    assert run(6) == 2 * one         # width 4's program and workspace went
+    assert len(fast._entries) == 2 and fast.captures == 3
+    run(4)                           # captured again, pushing out width 5
+    assert fast.captures == 4 and pool.stats()["captured_bytes"] == 2 * one

@@ -133,3 +133,23 @@ def test_random_draws_fresh_numbers_like_uncaptured(stack):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-6)
     assert not np.allclose(got[-1], got[-2])
+
+
+def test_addresses_past_two_gib_run_and_replay():
+    """wasm32 memory runs to 4 GiB: tensors placed past 2 GiB (a large detector's activations)
+    go through the int32 command list and a capture's program as negative words."""
+    import resource
+    from cinders.wasm.engines import WasmtimeEngine
+    backend = cn.Wasm(WasmtimeEngine())  # a module of its own: nothing freed below to reuse
+    heap = backend.heap
+    filler = heap.alloc(max(0, (1 << 31) - heap.top + 4096))  # untouched: no resident memory
+    try:
+        x = cn.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), backend=backend)
+        assert x.handle.ptr >= 1 << 31
+        fast = cn.capture(lambda t: (t * 2.0 + 1.0).sum(1))
+        for _ in range(4):
+            np.testing.assert_allclose(fast(x).numpy(), [9.0, 27.0])
+        assert fast.replays == 1
+    finally:
+        heap.release(*filler)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 4 << 20  # KiB: not 2 GiB touched

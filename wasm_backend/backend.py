@@ -114,7 +114,7 @@ class Commands:
         named as buffers to a capture recording in progress: capture.py)."""
         ints = self.ints
         ints.append(self.ids[name])
-        ints.extend([a if a.__class__ is int else a.ptr for a in args])
+        ints.extend([command_word(a if a.__class__ is int else a.ptr) for a in args])
         self.launches += 1
         if self.recording is not None:
             self.recording(name, args)
@@ -128,7 +128,13 @@ class Commands:
             self.ints = array("i")
             ints.frombytes(self.ZEROS[:4 * (-n % self.PAD)])
             self.engine.write(self.ptr, ints.tobytes())
-            self.engine.call("run_commands", self.ptr, n)
+            self.engine.call("run_commands", command_word(self.ptr), n)
+
+
+def command_word(address):
+    """An address of the module's memory as a command-list word (int32): wasm32 addresses run to
+    4 GiB, so those past 2 GiB are stored as negative numbers (C reads them back unsigned)."""
+    return address - (1 << 32) if address >= 1 << 31 else address
 
 
 class Buffer:
@@ -494,7 +500,8 @@ class Wasm(Backend):
         strides[target][axis] = 0
         desc = self._descriptor(index.shape, strides)
         self._recorder.host_checked(kernel, (desc, out, data, index, size, axis_stride))
-        bad = self._call_now(kernel, desc, out.ptr, data.ptr, index.ptr, size, axis_stride)
+        bad = self._call_now(kernel, command_word(desc), command_word(out.ptr), command_word(data.ptr),
+                             command_word(index.ptr), size, axis_stride)
         if bad >= 0:
             raise self._index_error(op, self._contiguous(index), bad, axis, size)
         return out

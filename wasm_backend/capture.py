@@ -24,6 +24,7 @@ from array import array
 
 from ..capture import reading_while_recording
 from ..errors import IndexingError
+from .backend import command_word
 
 
 class Launch:
@@ -92,10 +93,10 @@ class Program:
             for slot in launch.layout:
                 if slot < 0:
                     int_positions.append(len(ints))
-                    ints.append(next(values))
+                    ints.append(command_word(next(values)))
                 else:
                     addresses.append((len(ints), slot, byte_offsets[slot]))
-                    ints.append(launch.buffers[slot].ptr + byte_offsets[slot])
+                    ints.append(command_word(launch.buffers[slot].ptr + byte_offsets[slot]))
             self.slots.append(addresses)  # where a replay rebinds an input
             # core/capture.py patches a seed at offsets[i] + 4, i.e. params[1]'s position
             offsets.append(4 * int_positions[1] - 4 if len(int_positions) > 1 else 0)
@@ -202,7 +203,8 @@ class CommandRecorder:
         tail = array("i")
         for src, src_off, dst, dst_off, nbytes in copies:
             desc = backend._descriptor((nbytes,), [[1], [1]])
-            tail.extend((self.commands.ids["copy_u8"], desc, dst.ptr + dst_off, src.ptr + src_off))
+            tail.extend((self.commands.ids["copy_u8"], command_word(desc),
+                         command_word(dst.ptr + dst_off), command_word(src.ptr + src_off)))
         if program is None:
             self.commands.flush()
             ints = tail
@@ -210,7 +212,7 @@ class CommandRecorder:
             ints = array("i", program.ints)
             for i, buffers in rebinds.items():
                 for position, slot, offset in program.slots[i]:
-                    ints[position] = buffers[slot].ptr + offset
+                    ints[position] = command_word(buffers[slot].ptr + offset)
             for offset, data in patches:
                 ints[offset // 4] = struct.unpack("<i", data)[0]
             ints.extend(tail)
@@ -228,14 +230,14 @@ class CommandRecorder:
         call, start = backend.engine.call, 0
         for position, name, count in (() if program is None else program.checked):
             if position > start:
-                call("run_commands", block.ptr + 4 * start, position - start)
+                call("run_commands", command_word(block.ptr + 4 * start), position - start)
             args = ints[position + 1:position + 1 + count]
             bad = call(name, *args)
             if bad >= 0:
                 raise IndexingError("%s: an index is out of bounds (position %d of its index "
                                     "tensor) in a cn.capture replay" % (name.rsplit("_", 1)[0], bad))
             start = position + 1 + count
-        call("run_commands", block.ptr + 4 * start, len(ints) - start)
+        call("run_commands", command_word(block.ptr + 4 * start), len(ints) - start)
 
 
 def _nbytes(h):

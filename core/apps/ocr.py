@@ -44,12 +44,13 @@ class TextReader:
         self.backend = backend
         self.det_limit_side = det_limit_side
         rec_path = rec or model_path("PP-OCRv6_rec_small.onnx")
-        # The detector (one image size: a camera's frames) and the classifier (one line shape)
-        # replay their kernels on backends that record them (cn.capture); the recogniser's input
-        # width follows each line's, and a capture per width would keep a workspace per width.
-        self.det = capture(load(det or model_path("PP-OCRv6_det_small.onnx"), backend=backend))
+        # The classifier (one line shape) and the recogniser (per line width; the most recently
+        # used widths keep their programs) replay their kernels where the backend records them
+        # (cn.capture). The detector does not: its kernels dominate its time, and a program
+        # keeps a whole forward's activations (hundreds of MB for a photo in a tab's memory).
+        self.det = load(det or model_path("PP-OCRv6_det_small.onnx"), backend=backend)
         self.cls = capture(load(cls or model_path("ch_ppocr_mobile_v2.0_cls_mobile.onnx"), backend=backend))
-        self.rec = load(rec_path, backend=backend)
+        self.rec = capture(load(rec_path, backend=backend))
         self.characters = ["<blank>"] + recogniser_characters(rec_path) + [" "]
 
     def read(self, image, timings=None):
