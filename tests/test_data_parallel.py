@@ -34,20 +34,20 @@ def batches(count, rows, seed=0):
             for _ in range(count)]
 
 
-def train(data, devices=None, optimizer=None):
+def train(data, devices=None, optimizer=None, home=HOME):
     cn.manual_seed(0)
-    model = Net().to(HOME)
+    model = Net().to(home)
     opt = optimizer or cn.optim.Adam(1e-2)
     step = DataParallel(model, devices) if devices else None
     losses = []
     for x, y in data:
-        x, y = cn.tensor(x, backend=HOME), cn.tensor(y, backend=HOME)
+        x, y = cn.tensor(x, backend=home), cn.tensor(y, backend=home)
         if step is None:
             loss = F.cross_entropy(model(x), y)
             model = opt.step(model, loss.backward())
         else:
             model, output, loss = step.step(model, opt, F.cross_entropy, x, y)
-            assert output.shape == (x.shape[0], 3) and output.backend is HOME
+            assert output.shape == (x.shape[0], 3) and output.backend is home
         losses.append(loss.item())
     return {k: v.numpy() for k, v in model.state_dict().items()}, losses
 
@@ -87,6 +87,19 @@ def test_the_devices_of_a_router():
     devices = [cn.Autodiff(router), cn.Autodiff(router).device(1)]
     data = batches(4, 10)
     assert_same_training(train(data, devices), train(data))
+
+
+def test_two_wgpu_devices_train_like_one():
+    # Two wgpu devices of one adapter stand for two GPUs of one model: their adapters describe
+    # themselves alike, yet a buffer of one must never reach a kernel of the other (wgpu's
+    # "Buffer ... doesn't match Device" GPUValidationError, seen with --adapters 0,1).
+    first, second = cn.Wgpu(autotune=False), cn.Wgpu(autotune=False, instance=1)
+    assert first.device is not second.device and first != second and cn.Wgpu(autotune=False) == first
+    home = cn.Autodiff(first)
+    data = batches(4, 10)
+    got = train(data, [home, cn.Autodiff(second)], home=home)
+    assert_same_training(got, train(data, home=home))
+    assert_same_training(got, train(data))  # and the NumPy run's numbers
 
 
 def test_a_remote_device_trains_like_a_local_one():
