@@ -239,6 +239,7 @@ class Backend:
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
+    sends_to_peers = False    # send_to(handles, other): its server sends them to other's (cn.Remote)
     # Storage dtypes (cn.int8, cn.uint8, cn.float16: core/dtypes.py) this backend holds at their
     # size: from_flat, full, to_flat, cast to and from them, and the movement ops (reshape,
     # permute, expand, slice, cat, pad, gather). The tensor layer widens them before

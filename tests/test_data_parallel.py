@@ -114,6 +114,89 @@ def test_a_remote_device_trains_like_a_local_one():
         server.stop()
 
 
+class Wide(cn.nn.Module):
+    """Gradients of 5 KB a step: many times what reading the losses costs."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = cn.nn.Linear(6, 128)
+        self.b = cn.nn.Linear(128, 3)
+
+    def forward(self, x):
+        return self.b(self.a(x).relu())
+
+
+def test_remote_devices_exchange_gradients_between_their_servers():
+    from remote_support import start_server, url_of
+    servers = [start_server(cn.NumPy()) for _ in range(2)]
+    try:
+        remotes = [cn.Remote(url_of(server), token=token) for server, token in servers]
+        home, other = cn.Autodiff(remotes[0]), cn.Autodiff(remotes[1])
+        data = batches(4, 12)
+
+        def fit(devices, home, received=None):
+            cn.manual_seed(0)
+            model = Wide().to(home)
+            step, opt = DataParallel(model, devices), cn.optim.Adam(1e-2)
+            for i, (x, y) in enumerate(data):
+                before = [r.bytes_received for r in remotes]
+                model, _, loss = step.step(model, opt, F.cross_entropy, cn.tensor(x, backend=home),
+                                           cn.tensor(y, backend=home))
+                if received is not None and i > 0:  # the first step copies the replica through here
+                    received.append(sum(r.bytes_received - b for r, b in zip(remotes, before)))
+            return {k: v.numpy() for k, v in model.state_dict().items()}, loss.item()
+
+        received = []
+        weights, loss = fit([home, other], home, received)
+        want, want_loss = fit([HOME, cn.Autodiff(cn.NumPy())], HOME)
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        for k in want:
+            np.testing.assert_allclose(weights[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        gradient_bytes = sum(w.size * 4 for w in want.values())
+        assert gradient_bytes > 3000
+        # Per step the client reads two losses (a reply header and 4 bytes each), nothing more:
+        # the shards, gradients, weights and outputs went from server to server.
+        assert len(received) == 3 and max(received) < 400, received
+        assert all(max(c.ops for c in s.sessions) > 100 for s, _ in servers)  # both computed
+        # Through the host instead (the model here, both shards on the servers), the same
+        # gradients come to this machine: the count above is what is saved.
+        through_host = []
+        fit([cn.Autodiff(remotes[0]), cn.Autodiff(remotes[1])], HOME, through_host)
+        assert min(through_host) > gradient_bytes
+    finally:
+        for server, _ in servers:
+            server.stop()
+
+
+def test_tensors_sent_between_servers_and_their_failures():
+    from remote_support import start_server, url_of
+    from cinders.remote_peers import Mailbox
+    (a, ta), (b, tb) = start_server(cn.NumPy()), start_server(cn.NumPy())
+    try:
+        ra, rb = cn.Remote(url_of(a), token=ta), cn.Remote(url_of(b), token=tb)
+        x = cn.tensor([[1.0, 2.0, 3.0]], backend=ra)
+        i = cn.tensor([[0, 2]], backend=ra)
+        hello = ra.bytes_received
+        got = ra.send_to([x.handle, i.handle], rb)
+        assert [cn.Tensor(rb, h, h.shape, h.dtype).tolist() for h in got] == [[[1.0, 2.0, 3.0]], [[0, 2]]]
+        assert ra.bytes_received == hello  # nothing came back from A
+        # A value A cannot compute arrives at B as its error, raised when read there.
+        bad = x.gather(1, cn.tensor([[7]], backend=ra))
+        (h,) = ra.send_to([bad.handle], rb)
+        with pytest.raises(cn.IndexingError):
+            cn.Tensor(rb, h, h.shape, h.dtype).tolist()
+        with pytest.raises(cn.ArgumentError, match="another cn.Remote"):
+            ra.send_to([x.handle], cn.NumPy())
+        # Servers present the receiver's token like any client, and a wrong one is refused.
+        with pytest.raises(cn.RemoteError, match="refused"):
+            a.peers.deliver(url_of(b), "not-the-token", "k-1", [])
+    finally:
+        a.stop()
+        b.stop()
+    with pytest.raises(cn.RemoteError, match="nothing was delivered"):
+        Mailbox(1 << 20, timeout=0.05).take("never-sent")
+
+
 def test_devices_must_record_gradients():
     with pytest.raises(cn.ArgumentTypeError, match="does not record gradients"):
         DataParallel(Net().to(HOME), [cn.NumPy()])
