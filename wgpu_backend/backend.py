@@ -144,7 +144,9 @@ class Wgpu(Backend):
         return ("Wgpu", self.device.name, self._rt.serial)
 
     def __repr__(self):
-        return "cn.Wgpu(%r)" % (self.device.name,)
+        # Two GPUs of one model describe themselves alike: the serial tells them apart.
+        serial = ", device #%d" % self._rt.serial if self._rt.serial else ""
+        return "cn.Wgpu(%r%s)" % (self.device.name, serial)
 
     # ---- housekeeping ---------------------------------------------------------------------
     def shape(self, h):
