@@ -117,7 +117,7 @@ class Peers:
 
     def __init__(self, timeout=30.0):
         self.timeout = timeout
-        self._connections = {}
+        self._connections = {}  # (url, token) -> [lock, websocket or None]
         self._lock = threading.Lock()
 
     def deliver(self, url, token, key, values, error=None):
@@ -128,14 +128,15 @@ class Peers:
             raws = [encode_values(flat, dtype) for flat, _, dtype in values]
             frame = pack({"deliver": key, "tensors": [{"shape": list(shape), "dtype": dtype.name, "nbytes": len(raw)}
                                                       for (_, shape, dtype), raw in zip(values, raws)]}, raws)
-        with self._lock:  # one frame at a time per connection (several clients may send)
-            ws = self._connections.get((url, token))
-            if ws is None:
-                ws = self._connections[(url, token)] = self._open(url, token)
+        with self._lock:
+            entry = self._connections.setdefault((url, token), [threading.Lock(), None])
+        with entry[0]:  # one frame at a time per connection; a slow peer holds up only its own sends
+            if entry[1] is None:
+                entry[1] = self._open(url, token)
             try:
-                ws.send(frame)
-            except Exception:  # noqa: BLE001  (the peer went away: forget it, the take times out)
-                self._connections.pop((url, token), None)
+                entry[1].send(frame)
+            except Exception:  # noqa: BLE001  (the peer went away: reconnect next time; the take times out)
+                entry[1] = None
                 raise
 
     def _open(self, url, token):
@@ -153,6 +154,7 @@ class Peers:
 
     def close(self):
         with self._lock:
-            for ws in self._connections.values():
-                ws.close()
+            for _, ws in self._connections.values():
+                if ws is not None:
+                    ws.close()
             self._connections.clear()
