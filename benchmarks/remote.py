@@ -79,13 +79,14 @@ def measures(backend, repeat):
     return rows
 
 
-def serve(backend_name, token):
+def serve(backend_name, token, options=()):
     """`cinders serve-backend` in a child process of this interpreter, with this process's
     environment (PYTHONPATH included: cinders may be installed as a wheel on a path of it) and
-    working directory, so the child imports the cinders this process imported."""
+    working directory, so the child imports the cinders this process imported. Returns the
+    child and its URL. (benchmarks/data_parallel.py --remote starts its servers here too.)"""
     env = dict(os.environ, CINDERS_REMOTE_TOKEN=token)
     child = subprocess.Popen([sys.executable, "-m", "cinders", "serve-backend", "--backend", backend_name,
-                              "--port", "0"], env=env, stdout=subprocess.PIPE, text=True)
+                              "--port", "0", *options], env=env, stdout=subprocess.PIPE, text=True)
     line = child.stdout.readline()
     found = re.search(r"ws://127\.0\.0\.1:\d+", line)
     if found is None:

@@ -365,10 +365,16 @@ class BackendServer:
 
 
 def main(backend_name, port, token, host="127.0.0.1", max_elements=DEFAULT_MAX_ELEMENTS,
-         max_bytes=DEFAULT_MAX_BYTES):
-    """What `cinders serve-backend` runs: serve until interrupted."""
+         max_bytes=DEFAULT_MAX_BYTES, adapter=None):
+    """What `cinders serve-backend` runs: serve until interrupted. adapter: the wgpu adapter
+    (an index or a description substring; one server per GPU)."""
     import cinders as cn
-    backend = {"numpy": lambda: cn.NumPy(), "python": lambda: cn.Python(), "wgpu": lambda: cn.Wgpu()}[backend_name]()
+    if adapter is not None and backend_name != "wgpu":
+        raise ArgumentError("serve-backend: --adapter picks a GPU of --backend wgpu, not of %s" % backend_name)
+    if isinstance(adapter, str) and adapter.isdigit():
+        adapter = int(adapter)
+    backend = {"numpy": lambda: cn.NumPy(), "python": lambda: cn.Python(),
+               "wgpu": lambda: cn.Wgpu(adapter=adapter)}[backend_name]()
     server = BackendServer(backend, token, host, port, max_elements, max_bytes)
     print("serving %r on ws://%s:%d (token required)" % (backend, host, server.port), flush=True)
     try:

@@ -345,6 +345,9 @@ def test_the_cli_serves_on_127_0_0_1_and_insists_on_a_token():
     cli = [sys.executable, "-m", "cinders", "serve-backend", "--backend", "python", "--port", "0"]
     refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "token" in refused.stderr
+    not_a_gpu = subprocess.run(cli + ["--token", "cli-test-token", "--adapter", "0"], env=env,
+                               capture_output=True, text=True, timeout=60)
+    assert not_a_gpu.returncode == 1 and "--adapter picks a GPU of --backend wgpu" in not_a_gpu.stderr
     server = subprocess.Popen(cli + ["--token", "cli-test-token"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
