@@ -10,6 +10,8 @@ B's token like any client's (`{"hello": 1, "token": ...}`, checked in constant t
 for later deliveries; on it, one frame per send:
     A -> B  {"deliver": K, "tensors": [{"shape": [...], "dtype": NAME, "nbytes": N}, ...]} + buffers
             or {"deliver": K, "error": [TYPE, MESSAGE]} when A could not compute them.
+A sends only to servers of its own machine (ws://127.0.0.1, localhost, [::1]) and to the URLs
+it was started with (`serve-backend --peer URL`): a client cannot point it at other hosts.
 B keeps a delivery in its `Mailbox` until the take with the same key claims it (waiting for
 it, at most TAKE_TIMEOUT seconds) and gives the tensors to the client's session as the take's
 outputs. K is the client's: a random nonce and a counter, so no other client can guess it.
@@ -62,7 +64,7 @@ class Mailbox:
             while key not in self._waiting:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RemoteError("take %r: nothing was delivered from the other server within %g s"
+                    raise RemoteError("take %r: nothing was delivered from the other server within %g s (its log says why)"
                                       % (key, timeout))
                 self._changed.wait(left)
             _, values, error = self._waiting.pop(key)
@@ -112,16 +114,22 @@ def delivery(header, data, backend, lock):
     return values, None
 
 
-class Peers:
-    """This server's connections to other servers, one per URL, opened on first use."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-    def __init__(self, timeout=30.0):
+
+class Peers:
+    """This server's connections to other servers, one per URL, opened on first use; `allowed`:
+    the URLs of servers on other machines it may send to (loopback ones always)."""
+
+    def __init__(self, allowed=(), timeout=30.0):
+        self.allowed = frozenset(allowed)
         self.timeout = timeout
         self._connections = {}  # (url, token) -> [lock, websocket or None]
         self._lock = threading.Lock()
 
     def deliver(self, url, token, key, values, error=None):
         """Send one delivery (values: [(flat list, shape, dtype)]) to the server at url."""
+        self.check(url)
         if error is not None:
             frame = pack({"deliver": key, "error": list(error)})
         else:
@@ -139,11 +147,23 @@ class Peers:
                 entry[1] = None
                 raise
 
+    def check(self, url):
+        """ArgumentError unless url is a ws:// URL of this machine or one of `allowed`."""
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:
+            parts, host = None, None
+        if parts is None or parts.scheme not in ("ws", "wss") or len(url) > 1000:
+            raise ArgumentError("send: the peer is a ws:// URL, got %r" % (url[:100],))
+        if host not in LOOPBACK and url not in self.allowed:
+            raise ArgumentError("send: %s is not this machine's and not one of this server's --peer URLs"
+                                % (url,))
+
     def _open(self, url, token):
         from websockets.sync.client import connect
         from .backends.remote_wire import unpack
-        if not (isinstance(url, str) and url.startswith(("ws://", "wss://")) and len(url) <= 1000):
-            raise ArgumentError("send: the peer is a ws:// URL, got %r" % (url,))
         ws = connect(url, compression=None, max_size=None, open_timeout=self.timeout, legacy=True)
         ws.send(pack({"hello": 1, "token": token}))
         reply, _ = unpack(ws.recv(timeout=self.timeout))

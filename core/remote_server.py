@@ -260,7 +260,7 @@ class BackendServer:
     thread (returns self; `port` is then the bound port), `serve_forever()` in this one."""
 
     def __init__(self, backend, token, host="127.0.0.1", port=0, max_elements=DEFAULT_MAX_ELEMENTS,
-                 max_bytes=DEFAULT_MAX_BYTES, max_clients=16, log=None):
+                 max_bytes=DEFAULT_MAX_BYTES, max_clients=16, log=None, peers=()):
         if not isinstance(token, str) or len(token) < 8:
             raise ArgumentError("serve-backend: a token of at least 8 characters is required "
                                 "(--token or CINDERS_REMOTE_TOKEN); clients present it to connect")
@@ -270,7 +270,7 @@ class BackendServer:
         self.max_clients = max_clients
         self.lock = threading.Lock()
         self.mailbox = Mailbox(int(max_bytes))  # tensors other servers sent, until taken
-        self.peers = Peers()                     # connections to servers this one sends to
+        self.peers = Peers(peers)                # connections to servers this one sends to
         self.sessions = set()
         self._sessions_lock = threading.Lock()
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -365,9 +365,10 @@ class BackendServer:
 
 
 def main(backend_name, port, token, host="127.0.0.1", max_elements=DEFAULT_MAX_ELEMENTS,
-         max_bytes=DEFAULT_MAX_BYTES, adapter=None):
+         max_bytes=DEFAULT_MAX_BYTES, adapter=None, peers=()):
     """What `cinders serve-backend` runs: serve until interrupted. adapter: the wgpu adapter
-    (an index or a description substring; one server per GPU)."""
+    (an index or a description substring; one server per GPU); peers: URLs of servers other
+    than this machine's that clients may have this one send tensors to."""
     import cinders as cn
     if adapter is not None and backend_name != "wgpu":
         raise ArgumentError("serve-backend: --adapter picks a GPU of --backend wgpu, not of %s" % backend_name)
@@ -375,7 +376,7 @@ def main(backend_name, port, token, host="127.0.0.1", max_elements=DEFAULT_MAX_E
         adapter = int(adapter)
     backend = {"numpy": lambda: cn.NumPy(), "python": lambda: cn.Python(),
                "wgpu": lambda: cn.Wgpu(adapter=adapter)}[backend_name]()
-    server = BackendServer(backend, token, host, port, max_elements, max_bytes)
+    server = BackendServer(backend, token, host, port, max_elements, max_bytes, peers=peers or ())
     print("serving %r on ws://%s:%d (token required)" % (backend, host, server.port), flush=True)
     try:
         server.serve_forever()

@@ -175,7 +175,7 @@ def test_remote_devices_exchange_gradients_between_their_servers():
 
 def test_tensors_sent_between_servers_and_their_failures():
     from remote_support import start_server, url_of
-    from cinders.remote_peers import Mailbox
+    from cinders.remote_peers import Mailbox, Peers
     (a, ta), (b, tb) = start_server(cn.NumPy()), start_server(cn.NumPy())
     try:
         ra, rb = cn.Remote(url_of(a), token=ta), cn.Remote(url_of(b), token=tb)
@@ -192,9 +192,15 @@ def test_tensors_sent_between_servers_and_their_failures():
             cn.Tensor(rb, h, h.shape, h.dtype).tolist()
         with pytest.raises(cn.ArgumentError, match="another cn.Remote"):
             ra.send_to([x.handle], cn.NumPy())
-        # Servers present the receiver's token like any client, and a wrong one is refused.
+        # Servers present the receiver's token like any client, and a wrong one is refused;
+        # they send to this machine's servers and to the --peer URLs they were given only.
         with pytest.raises(cn.RemoteError, match="refused"):
             a.peers.deliver(url_of(b), "not-the-token", "k-1", [])
+        with pytest.raises(cn.ArgumentError, match="not one of this server's --peer URLs"):
+            a.peers.deliver("ws://10.1.2.3:8765", tb, "k-2", [])
+        with pytest.raises(cn.ArgumentError, match="ws:// URL"):
+            a.peers.deliver("http://127.0.0.1:1/", tb, "k-3", [])
+        assert Peers(["ws://10.1.2.3:8765"]).check("ws://10.1.2.3:8765") is None
     finally:
         a.stop()
         b.stop()
