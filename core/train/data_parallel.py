@@ -58,17 +58,19 @@ def _undecorated(backend):
 
 
 def moved(tensors, backend):
-    """`tensors` (all on one backend) on `backend`, without history: sent from server to server
-    when both are devices that send to their peers (cn.Remote, `sends_to_peers`), so the bytes
-    never cross this machine; else as `on` moves them."""
+    """`tensors` (all on one backend) on `backend`, without history: the same handles on one
+    device (with or without Autodiff); sent from server to server when both are devices that
+    send to their peers (cn.Remote, `sends_to_peers`), so the bytes never cross this machine;
+    else as `on` moves them."""
     if not tensors:
         return []
     source, target = tensors[0].backend, backend
-    if source == target or not (_undecorated(source).sends_to_peers and _undecorated(target).sends_to_peers):
+    src, dst = _undecorated(source), _undecorated(target)
+    if source == target or (src != dst and not (src.sends_to_peers and dst.sends_to_peers)):
         return [on(t.detach() if source.differentiable else t, backend) for t in tensors]
     plain = [source.to_inner(t) if source.differentiable else t for t in tensors]
-    handles = _undecorated(source).send_to([t.handle for t in plain], _undecorated(target))
-    out = [Tensor(_undecorated(target), h, t.shape, t.dtype) for h, t in zip(handles, plain)]
+    handles = [t.handle for t in plain] if src == dst else src.send_to([t.handle for t in plain], dst)
+    out = [Tensor(dst, h, t.shape, t.dtype) for h, t in zip(handles, plain)]
     return [target.from_inner(t) for t in out] if target.differentiable else out
 
 
