@@ -24,8 +24,7 @@ back) goes through `moved`: between two cn.Remote devices the model's server and
 replica's send the tensors to each other (`Remote.send_to`), so with the model itself on a
 Remote (`model.to(cn.Autodiff(cn.Remote(a)))`, devices on Remote(a), Remote(b), ...) weights and
 gradients never cross the client, only the losses do; with the model here, a Remote device's
-gradients come through the host. (A replica is first made by copying the model through the
-host, once.)
+gradients come through the host.
 """
 
 import copy
@@ -97,13 +96,15 @@ class DataParallel:
             if k == own:
                 self.replicas[k] = model
                 continue
+            state = model.state_dict()
+            weights = dict(zip(state, moved(list(state.values()), device)))
             if self.replicas[k] is None or self.replicas[k] is model:
-                # A copy of the module structure that shares the tensors, then moved there.
-                shared = {id(t): t for t in model.state_dict().values()}
-                self.replicas[k] = copy.deepcopy(model, shared).to(device)
+                # A copy of the module structure that shares the tensors, given the weights
+                # already on the device (`to` then only marks the parameters as leaves there).
+                shared = {id(t): t for t in state.values()}
+                self.replicas[k] = copy.deepcopy(model, shared).replace_tensors(weights).to(device)
             else:
-                state = model.state_dict()
-                self.replicas[k].load_state_dict(dict(zip(state, moved(list(state.values()), device))))
+                self.replicas[k].load_state_dict(weights)
             self.replicas[k].train(model.training)
         return self.replicas
 
