@@ -47,8 +47,12 @@ class Mailbox:
         with self._changed:
             self._drop_stale()
             if key in self._waiting:
-                raise WireError("delivery %r arrived twice" % (key,))
-            if self.bytes + size > self.max_bytes or len(self._waiting) >= MAX_WAITING:
+                # A key sent twice (a client's mistake) fails its take; the connection it came
+                # on carries other clients' deliveries too, so it stays open.
+                _, old, _ = self._waiting.pop(key)
+                self.bytes -= sum(v[3] for v in old or ())
+                values, size, error = None, 0, ("RemoteError", "delivery %r arrived twice" % (key,))
+            elif self.bytes + size > self.max_bytes or len(self._waiting) >= MAX_WAITING:
                 values, size = None, 0
                 error = ("SizeLimitError", "a delivery from another server would hold more than the "
                          "server's %d bytes of deliveries not yet taken" % self.max_bytes)

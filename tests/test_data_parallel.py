@@ -206,8 +206,12 @@ def test_tensors_sent_between_servers_and_their_failures():
     finally:
         a.stop()
         b.stop()
+    mailbox = Mailbox(1 << 20, timeout=0.05)
     with pytest.raises(cn.RemoteError, match="nothing was delivered"):
-        Mailbox(1 << 20, timeout=0.05).take("never-sent")
+        mailbox.take("never-sent")
+    mailbox.put("twice", [])
+    mailbox.put("twice", [])
+    assert mailbox.take("twice") == (None, ("RemoteError", "delivery 'twice' arrived twice"))
 
 
 def test_devices_must_record_gradients():
