@@ -143,12 +143,14 @@ class Peers:
         with self._lock:
             entry = self._connections.setdefault((url, token), [threading.Lock(), None])
         with entry[0]:  # one frame at a time per connection; a slow peer holds up only its own sends
-            if entry[1] is None:
-                entry[1] = self._open(url, token)
             try:
+                if entry[1] is None:
+                    entry[1] = self._open(url, token)
                 entry[1].send(frame)
-            except Exception:  # noqa: BLE001  (the peer went away: reconnect next time; the take times out)
+            except Exception:  # noqa: BLE001  (refused, or gone: forgotten; the take there times out)
                 entry[1] = None
+                with self._lock:
+                    self._connections.pop((url, token), None)
                 raise
 
     def check(self, url):
