@@ -11,8 +11,11 @@ Rows (one per measure and side, then a ratio row remote / local):
   read_1mb_ms       reading 1 MiB of float32 (to_flat)
   mlp_forward_ms    MnistMLP forward on 64 images, logits read back
   captured_forward_ms  the same forward through cn.capture (after its three recording calls):
-                    local NumPy runs it uncaptured (nothing to record); a Remote replays it on
-                    the server, one message per call
+                    local NumPy runs it uncaptured (nothing to record), local Wgpu replays its
+                    launches; a Remote replays it on the server, one message per call
+The server is `python -m cinders serve-backend` run by this interpreter (sys.executable) with
+this process's environment and working directory: a cinders installed on PYTHONPATH (a wheel
+unpacked into /tmp/site, say) is the one the server imports too.
 """
 
 import argparse
@@ -27,8 +30,6 @@ import time
 
 import cinders as cn
 from cinders.models.mnist import MnistMLP
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def emit(row, out):
@@ -78,12 +79,21 @@ def measures(backend, repeat):
     return rows
 
 
-def serve(backend_name, token):
-    env = dict(os.environ, PYTHONPATH=REPO, CINDERS_REMOTE_TOKEN=token)
+def serve(backend_name, token, options=()):
+    """`cinders serve-backend` in a child process of this interpreter, with this process's
+    environment (PYTHONPATH included: cinders may be installed as a wheel on a path of it) and
+    working directory, so the child imports the cinders this process imported. Returns the
+    child and its URL. (benchmarks/data_parallel.py --remote starts its servers here too.)"""
+    env = dict(os.environ, CINDERS_REMOTE_TOKEN=token)
     child = subprocess.Popen([sys.executable, "-m", "cinders", "serve-backend", "--backend", backend_name,
-                              "--port", "0"], env=env, stdout=subprocess.PIPE, text=True)
-    url = re.search(r"ws://127\.0\.0\.1:\d+", child.stdout.readline()).group(0)
-    return child, url
+                              "--port", "0", *options], env=env, stdout=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    found = re.search(r"ws://127\.0\.0\.1:\d+", line)
+    if found is None:
+        child.kill()
+        raise SystemExit("benchmarks/remote.py: the serve-backend child (%s -m cinders) printed %r and exited "
+                         "with %s; its errors are above" % (sys.executable, line, child.wait(10)))
+    return child, found.group(0)
 
 
 def main():
@@ -103,7 +113,7 @@ def main():
         child.wait(10)
     for name in sides["local"]:
         for side, rows in sides.items():
-            emit({"bench": "remote", "backend": args.backend, "side": side, "measure": name,
+            emit({"bench": "remote", "backend": args.backend, "device": repr(local), "side": side, "measure": name,
                   "value": round(rows[name], 3)}, args.out)
         emit({"bench": "remote", "backend": args.backend, "measure": name, "ratio_remote_over_local":
               round(sides["remote"][name] / sides["local"][name], 2)}, args.out)

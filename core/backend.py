@@ -254,6 +254,7 @@ class Backend:
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
     recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step
+    sends_to_peers = False    # send_to(handles, other): its server sends them to other's (cn.Remote)
     # Storage dtypes (cn.int8, cn.uint8, cn.float16: core/dtypes.py) this backend holds at their
     # size: from_flat, full, to_flat, cast to and from them, and the movement ops (reshape,
     # permute, expand, slice, cat, pad, gather). The tensor layer widens them before

@@ -650,10 +650,14 @@ def import_onnx(args):
         help="the secret clients must present (default: $CINDERS_REMOTE_TOKEN; required, >= 8 characters)"),
     arg("--max-elements", type=positive_int, default=1 << 26, help="largest tensor a client may make (elements)"),
     arg("--max-bytes", type=positive_int, default=1 << 30, help="bytes one client may hold at once"),
+    arg("--adapter", help="--backend wgpu: the GPU (an index of wgpu's adapters or a description substring)"),
+    arg("--peer", action="append", default=[], metavar="URL",
+        help="a server on another machine (ws://host:port) clients may have this one send tensors to; repeatable"),
 ])
 def serve_backend(args):
     from cinders.remote_server import main as serve
-    return serve(args.backend, args.port, args.token, args.host, args.max_elements, args.max_bytes)
+    return serve(args.backend, args.port, args.token, args.host, args.max_elements, args.max_bytes,
+                 args.adapter, args.peer)
 
 
 # ---------------------------------------------------------------- main

@@ -12,6 +12,8 @@ connection. Clients never see each other's handles; a client that disconnects, c
 not, has everything it held freed. The token is compared in constant time (hmac); one log line
 per client when it leaves (or is refused): address, ops, reads, peak bytes, why it ended.
 Backend calls are serialised by one lock: one device, several clients.
+Servers send tensors to each other when a client asks (remote_peers.py: "send" and "take"
+ops, "deliver" frames between servers, token-checked like any client).
 """
 
 import hmac
@@ -23,6 +25,7 @@ from .backend import SIGNATURES, join_call
 from .backends.remote_wire import (decode_values, encode_values, from_json, nbytes, pack, result_meta,
                                    unpack)
 from .errors import ArgumentError, RemoteError, SizeLimitError, WireError
+from .remote_peers import Mailbox, Peers, check_key, delivery
 
 DEFAULT_MAX_ELEMENTS = 1 << 26     # 256 MiB of float32 per tensor
 DEFAULT_MAX_BYTES = 1 << 30        # held per client
@@ -63,6 +66,10 @@ class Session:
 
     def frame(self, header, data):
         """Run one frame's ops; returns the reply frames (one per read)."""
+        if "deliver" in header:  # another server's tensors, for a take of some client
+            values, error = delivery(header, data, self.server.backend, self.server.lock)
+            self.server.mailbox.put(check_key(header["deliver"]), values, error)
+            return []
         ops = header.get("ops")
         if not isinstance(ops, list):
             raise WireError("a frame after hello carries {\"ops\": [...]}")
@@ -79,11 +86,17 @@ class Session:
             if op.get("op") == "replay":
                 self._replay(op)
                 continue
+            if op.get("op") == "take":
+                self._take(op)
+                continue
             inputs = []
             for i in op.get("in", []):
                 if not isinstance(i, int) or i not in self.values:
                     raise WireError("op %r reads handle %r, which this client does not hold" % (op.get("op"), i))
                 inputs.append(self.values[i])
+            if op.get("op") == "send":
+                self._send(op, inputs)
+                continue
             if op.get("op") == "read":
                 if len(inputs) != 1:
                     raise WireError("read takes one handle")
@@ -158,6 +171,44 @@ class Session:
             v = value(ref)
             self._store(out, _Value(v.handle, v.shape, v.dtype, v.nbytes, v.error))
 
+    # -- tensors sent to another server, and taken from one (remote_peers.py) ------------------
+
+    def _send(self, op, inputs):
+        """Deliver the inputs' values to the server op["peer"] under op["key"]. Nothing is
+        answered: if this fails, the take there gets no delivery and its outputs fail."""
+        key, url, token = check_key(op.get("key")), op.get("peer"), op.get("token")
+        if not isinstance(url, str) or not isinstance(token, str):
+            raise WireError("send names a \"peer\" URL and its \"token\"")
+        failed = next((v.error for v in inputs if v.error is not None), None)
+        try:
+            values = []
+            if failed is None:
+                with self.server.lock:
+                    values = [(self.server.backend.to_flat(v.handle), v.shape, v.dtype) for v in inputs]
+            self.server.peers.deliver(url, token, key, values, failed)
+        except Exception as e:  # noqa: BLE001  (a device error, or the peer is unreachable)
+            self.server.log("serve-backend: %s: send to %s failed: %s" % (self.peer, url, e))
+        self.ops += 1
+
+    def _take(self, op):
+        """The outputs op["outs"] are the tensors delivered under op["key"], once they arrive."""
+        key, outs, metas = check_key(op.get("key")), op.get("outs"), op.get("metas")
+        if not isinstance(outs, list) or not isinstance(metas, list) or len(outs) != len(metas):
+            raise WireError("take is {\"key\", \"outs\": [ID], \"metas\": [[shape, dtype]]}")
+        try:
+            values, error = self.server.mailbox.take(key)
+        except RemoteError as e:
+            values, error = None, ("RemoteError", str(e))
+        if error is None and [[list(v[1]), v[2].name] for v in values] != metas:
+            error = ("RemoteError", "take %r: the delivered tensors are %s, not %s"
+                     % (key, [[list(v[1]), v[2].name] for v in values], metas))
+        if error is None and self.bytes + sum(v[3] for v in values) > self.server.limits["max_bytes"]:
+            error = ("SizeLimitError", "take: this client would hold more than the server's %d bytes"
+                     % self.server.limits["max_bytes"])
+        for k, out in enumerate(outs):
+            self._store(out, _Value(None, (), None, 0, error) if error is not None else _Value(*values[k]))
+        self.ops += 1
+
     def _run(self, primitive, args, inputs, buffer):
         """The value of one op, or an error value (never raises for a bad argument)."""
         failed = next((v for v in inputs if v.error is not None), None)
@@ -209,7 +260,7 @@ class BackendServer:
     thread (returns self; `port` is then the bound port), `serve_forever()` in this one."""
 
     def __init__(self, backend, token, host="127.0.0.1", port=0, max_elements=DEFAULT_MAX_ELEMENTS,
-                 max_bytes=DEFAULT_MAX_BYTES, max_clients=16, log=None):
+                 max_bytes=DEFAULT_MAX_BYTES, max_clients=16, log=None, peers=()):
         if not isinstance(token, str) or len(token) < 8:
             raise ArgumentError("serve-backend: a token of at least 8 characters is required "
                                 "(--token or CINDERS_REMOTE_TOKEN); clients present it to connect")
@@ -218,6 +269,8 @@ class BackendServer:
         self.limits = {"max_elements": int(max_elements), "max_bytes": int(max_bytes)}
         self.max_clients = max_clients
         self.lock = threading.Lock()
+        self.mailbox = Mailbox(int(max_bytes))  # tensors other servers sent, until taken
+        self.peers = Peers(peers)                # connections to servers this one sends to
         self.sessions = set()
         self._sessions_lock = threading.Lock()
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -243,6 +296,7 @@ class BackendServer:
         self._server.serve_forever()
 
     def stop(self):
+        self.peers.close()
         self._server.shutdown()
         if self._thread is not None:
             self._thread.join(10)
@@ -311,11 +365,18 @@ class BackendServer:
 
 
 def main(backend_name, port, token, host="127.0.0.1", max_elements=DEFAULT_MAX_ELEMENTS,
-         max_bytes=DEFAULT_MAX_BYTES):
-    """What `cinders serve-backend` runs: serve until interrupted."""
+         max_bytes=DEFAULT_MAX_BYTES, adapter=None, peers=()):
+    """What `cinders serve-backend` runs: serve until interrupted. adapter: the wgpu adapter
+    (an index or a description substring; one server per GPU); peers: URLs of servers other
+    than this machine's that clients may have this one send tensors to."""
     import cinders as cn
-    backend = {"numpy": lambda: cn.NumPy(), "python": lambda: cn.Python(), "wgpu": lambda: cn.Wgpu()}[backend_name]()
-    server = BackendServer(backend, token, host, port, max_elements, max_bytes)
+    if adapter is not None and backend_name != "wgpu":
+        raise ArgumentError("serve-backend: --adapter picks a GPU of --backend wgpu, not of %s" % backend_name)
+    if isinstance(adapter, str) and adapter.isdigit():
+        adapter = int(adapter)
+    backend = {"numpy": lambda: cn.NumPy(), "python": lambda: cn.Python(),
+               "wgpu": lambda: cn.Wgpu(adapter=adapter)}[backend_name]()
+    server = BackendServer(backend, token, host, port, max_elements, max_bytes, peers=peers or ())
     print("serving %r on ws://%s:%d (token required)" % (backend, host, server.port), flush=True)
     try:
         server.serve_forever()

@@ -214,6 +214,15 @@ def _fuzz_frames(rng, ids):
         lambda: pack({"ops": [{"op": "program", "program": 3, "ops": [{"op": "unary", "in": [["w", 0]],
                                                                        "args": ["exp"]}], "outputs": []}]}),
         lambda: pack({"ops": [{"op": "replay", "program": 77, "in": [1], "outs": [5]}]}),
+        # Server-to-server transfers (core/remote_peers.py).
+        lambda: pack({"deliver": 5, "tensors": []}),
+        lambda: pack({"deliver": "k", "tensors": [{"shape": [2], "dtype": "float32"}]}),  # no buffer
+        lambda: pack({"deliver": "k", "tensors": [{"shape": [-1], "dtype": "float64"}]}),
+        lambda: pack({"deliver": "k", "error": "x"}),
+        lambda: pack({"ops": [{"op": "take", "key": "k", "outs": "x", "metas": []}]}),
+        lambda: pack({"ops": [{"op": "take", "key": "k" * 500, "outs": [9], "metas": [[[2], "float32"]]}]}),
+        lambda: pack({"ops": [{"op": "send", "in": [1], "key": 3, "peer": "ws://127.0.0.1:1", "token": "t"}]}),
+        lambda: pack({"ops": [{"op": "send", "in": [1], "key": "k", "peer": None, "token": "t"}]}),
         lambda: "text, not binary",
     ]
     # Well-formed frames with wrong arguments: error values, the connection stays.
@@ -336,6 +345,9 @@ def test_the_cli_serves_on_127_0_0_1_and_insists_on_a_token():
     cli = [sys.executable, "-m", "cinders", "serve-backend", "--backend", "python", "--port", "0"]
     refused = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "token" in refused.stderr
+    not_a_gpu = subprocess.run(cli + ["--token", "cli-test-token", "--adapter", "0"], env=env,
+                               capture_output=True, text=True, timeout=60)
+    assert not_a_gpu.returncode == 1 and "--adapter picks a GPU of --backend wgpu" in not_a_gpu.stderr
     server = subprocess.Popen(cli + ["--token", "cli-test-token"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:

@@ -59,10 +59,13 @@ class GpuArray:
 
 
 class _Runtime:
-    """What every cn.Wgpu() on one adapter shares: the device, its pool, kernels, tuning."""
+    """What every cn.Wgpu() on one device shares: the device, its pool, kernels, tuning.
+    `serial` tells devices apart: two GPUs of one model have the same `device.name`, and a
+    buffer of one device must never reach a kernel of the other (they are distinct backends)."""
 
-    def __init__(self, device):
+    def __init__(self, device, serial):
         self.device = device
+        self.serial = serial
         self.pool = BufferPool(device)
         self.kernels = {}  # kernel key -> pipeline, without regenerating WGSL
         self.in_place_sources = {}  # in-place variant key -> WGSL, until it is first compiled
@@ -74,8 +77,8 @@ class _Runtime:
 _RUNTIMES = {}
 
 
-def _runtime(adapter):
-    key = adapter
+def _runtime(adapter, instance):
+    key = (adapter, instance)
     if key not in _RUNTIMES:
         if sys.platform == "emscripten":
             from .browser import BrowserDevice  # the browser device adapter (navigator.gpu)
@@ -83,7 +86,7 @@ def _runtime(adapter):
         else:
             from .desktop import DesktopDevice
             device = DesktopDevice(adapter)
-        _RUNTIMES[key] = _Runtime(device)
+        _RUNTIMES[key] = _Runtime(device, len(_RUNTIMES))
     return _RUNTIMES[key]
 
 
@@ -94,7 +97,10 @@ class Wgpu(Backend):
     autotune: benchmark matmul variants on first use per shape class, a few seconds at most per
     class, remembered on disk (matmul.py). None (default): on hardware adapters only (a
     software adapter such as lavapipe or SwiftShader uses the heuristic); True: also there;
-    False: never."""
+    False: never.
+    instance: 0 (default) shares the adapter's device with every cn.Wgpu(adapter) of this
+    process; another number opens a device of its own on that adapter (a second device on
+    one GPU: data-parallel training tested on one adapter)."""
 
     name = "wgpu"
 
@@ -106,8 +112,8 @@ class Wgpu(Backend):
     # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
     conv2d_kernel = True
 
-    def __init__(self, adapter=None, autotune=None):
-        self._rt = _runtime(adapter)
+    def __init__(self, adapter=None, autotune=None, instance=0):
+        self._rt = _runtime(adapter, instance)
         self.device = self._rt.device
         self.autotune = (not self.device.is_cpu) if autotune is None else bool(autotune)
         self._programs = ProgramRunner(self)
@@ -135,10 +141,12 @@ class Wgpu(Backend):
         self._elementwise("copy", [src], dst.dtype, out=dst)
 
     def device_key(self):
-        return ("Wgpu", self.device.name)
+        return ("Wgpu", self.device.name, self._rt.serial)
 
     def __repr__(self):
-        return "cn.Wgpu(%r)" % (self.device.name,)
+        # Two GPUs of one model describe themselves alike: the serial tells them apart.
+        serial = ", device #%d" % self._rt.serial if self._rt.serial else ""
+        return "cn.Wgpu(%r%s)" % (self.device.name, serial)
 
     # ---- housekeeping ---------------------------------------------------------------------
     def shape(self, h):

@@ -20,6 +20,7 @@ server runs the ops, checked like any others), with no Python per op here.
 import collections
 import itertools
 import os
+import secrets
 import sys
 import threading
 import weakref
@@ -56,6 +57,7 @@ class Remote(Backend):
 
     name = "remote"
     records_ops = True  # cn.capture records the op stream and replays it on the server
+    sends_to_peers = True  # send_to(handles, other Remote): server to server (core/backend.py)
 
     def __init__(self, url, token=None, timeout=30.0):
         if sys.platform == "emscripten":
@@ -81,7 +83,7 @@ class Remote(Backend):
         if not token:
             socket.close()
             raise ArgumentError("cn.Remote(%r): give the server's token (token= or CINDERS_REMOTE_TOKEN)" % (url,))
-        self.url, self.timeout, self._socket = url, timeout, socket
+        self.url, self.timeout, self._socket, self._token = url, timeout, socket, token
         self._key = ("Remote", url, next(_connections))
         self._lock = threading.Lock()
         self._next_id = 0
@@ -89,6 +91,8 @@ class Remote(Backend):
         self._freed = collections.deque()  # ids of dropped handles, freed with the next batch
         self._recording = None             # cn.capture: [(op, buffer, input handles)] being recorded
         self._programs = itertools.count(1)
+        # Transfer keys (send_to): unguessable by other clients of the receiving server.
+        self._transfers = ("%s-%%d" % secrets.token_hex(16), itertools.count())
         weakref.finalize(self, socket.close)
         socket.send(pack({"hello": 1, "token": token}))
 
@@ -108,6 +112,11 @@ class Remote(Backend):
 
     def dtype(self, h):
         return h.dtype
+
+    @property
+    def bytes_received(self):
+        """Bytes this client has received from its server so far (replies to reads)."""
+        return self._socket.received
 
     def close(self):
         """Disconnect (the server frees everything this client held)."""
@@ -210,6 +219,35 @@ class Remote(Backend):
         if "error" in reply:
             raise ERRORS.get(reply.get("type"), RemoteError)(reply["error"])
         return decode_values(reply["data"], dtypes.from_name(reply["dtype"]))
+
+    # -- tensors sent from this server to another's (core/remote_peers.py) ---------------------
+
+    def send_to(self, handles, target):
+        """Handles on `target` (another cn.Remote) holding these handles' values, sent by this
+        server to target's server: no bytes come here. Pipelined: the send goes out now (target's
+        server waits for it), the take with target's next batch."""
+        if not target.sends_to_peers or target == self:
+            raise ArgumentError("send_to: %r sends to another cn.Remote, not %r" % (self, target))
+        if self._recording is not None or target._recording is not None:
+            from ..capture import CaptureError
+            raise CaptureError("cn.capture: tensors sent between servers inside fn cannot be replayed")
+        key = self._transfers[0] % next(self._transfers[1])
+        with self._lock:
+            self._queue_frees()
+            self._ops.append({"op": "send", "in": [h.id for h in handles], "key": key, "peer": target.url,
+                              "token": target._token})
+            self._flush()
+        with target._lock:
+            target._queue_frees()
+            outs = []
+            for h in handles:
+                target._next_id += 1
+                outs.append(RemoteHandle(target._next_id, h.shape, h.dtype, target._freed))
+            target._ops.append({"op": "take", "key": key, "outs": [h.id for h in outs],
+                                "metas": [[list(h.shape), h.dtype.name] for h in handles]})
+            if len(target._ops) >= BATCH_OPS:
+                target._flush()
+        return outs
 
     # -- cn.capture: a recorded op stream becomes a program the server replays --------------------
 

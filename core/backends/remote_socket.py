@@ -11,6 +11,7 @@ class DesktopSocket:
     def __init__(self, url, timeout):
         from websockets.sync.client import connect
         self.url = url
+        self.received = 0  # bytes of the frames received (cn.Remote.bytes_received)
         try:
             self._ws = connect(url, compression=None, max_size=None, open_timeout=timeout, legacy=True)
         except Exception as e:  # noqa: BLE001  (OSError, and websockets' handshake errors)
@@ -24,11 +25,13 @@ class DesktopSocket:
 
     def receive(self, timeout):
         try:
-            return self._ws.recv(timeout=timeout)
+            frame = self._ws.recv(timeout=timeout)
         except TimeoutError:
             raise RemoteError("cn.Remote: %s did not answer within %s s" % (self.url, timeout)) from None
         except Exception as e:  # noqa: BLE001  (closed connections)
             raise RemoteError("cn.Remote: the connection to %s is closed: %s" % (self.url, e)) from None
+        self.received += len(frame)
+        return frame
 
     async def receive_async(self, timeout):
         return self.receive(timeout)
@@ -47,6 +50,7 @@ class BrowserSocket:
         from pyodide.ffi import create_proxy
         self = cls()
         self.url = url
+        self.received = 0
         self._frames = asyncio.Queue()  # getters are served in order: each read gets its reply
         opened = asyncio.get_event_loop().create_future()
 
@@ -89,6 +93,7 @@ class BrowserSocket:
             raise RemoteError("cn.Remote: %s did not answer within %s s" % (self.url, timeout)) from None
         if frame is None:
             raise RemoteError("cn.Remote: the connection to %s is closed" % (self.url,))
+        self.received += len(frame)
         return frame
 
     def close(self):

@@ -16,6 +16,12 @@ Client -> server
         "args" are that primitive's non-handle arguments as JSON (dtypes by name, see ARGS);
         "nbytes" only for from_flat, whose values come as a buffer (float32 '<f4', int32 '<i4',
         bool one byte each). A read {"op": "read", "in": [ID]} asks for a reply.
+        Between servers (core/remote_peers.py): {"op": "send", "in": [ID], "key": K, "peer": URL,
+        "token": T} has this server deliver the tensors to the server at URL, and
+        {"op": "take", "key": K, "outs": [ID], "metas": [[shape, dtype]]} makes them this
+        client's there; a server delivers on a client connection of its own (hello with the
+        peer's token), one {"deliver": K, "tensors": [{"shape", "dtype", "nbytes"}]} frame
+        + buffers per send. Neither is answered.
 Server -> client
     {"hello": 1, "limits": {"max_elements": E, "max_bytes": B}}   accepted
     {"read": ID, "shape": [...], "dtype": NAME, "nbytes": N} + buffer    one per read, in order

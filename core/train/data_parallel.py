@@ -17,7 +17,14 @@ Each step (`DataParallel.step`):
 So the result equals single-device training on the same global batch up to float rounding.
 Buffers (BatchNorm's running statistics) are those of the model's own shard, as in PyTorch's
 DataParallel. Devices may be any backends that record gradients: several cn.Wgpu adapters,
-CPU backends, cn.Remote backends (their gradients then cross the network to the host).
+CPU backends, cn.Remote backends.
+
+Every move of the step (weights to the replicas, shards to the devices, gradients and outputs
+back) goes through `moved`: between two cn.Remote devices the model's server and the
+replica's send the tensors to each other (`Remote.send_to`), so with the model itself on a
+Remote (`model.to(cn.Autodiff(cn.Remote(a)))`, devices on Remote(a), Remote(b), ...) weights and
+gradients never cross the client, only the losses do; with the model here, a Remote device's
+gradients come through the host.
 """
 
 import copy
@@ -45,6 +52,27 @@ def on(tensor, backend):
     return tensor.to(backend)
 
 
+def _undecorated(backend):
+    return backend.inner if backend.differentiable else backend
+
+
+def moved(tensors, backend):
+    """`tensors` (all on one backend) on `backend`, without history: the same handles on one
+    device (with or without Autodiff); sent from server to server when both are devices that
+    send to their peers (cn.Remote, `sends_to_peers`), so the bytes never cross this machine;
+    else as `on` moves them."""
+    if not tensors:
+        return []
+    source, target = tensors[0].backend, backend
+    src, dst = _undecorated(source), _undecorated(target)
+    if source == target or (src != dst and not (src.sends_to_peers and dst.sends_to_peers)):
+        return [on(t.detach() if source.differentiable else t, backend) for t in tensors]
+    plain = [source.to_inner(t) if source.differentiable else t for t in tensors]
+    handles = [t.handle for t in plain] if src == dst else src.send_to([t.handle for t in plain], dst)
+    out = [Tensor(dst, h, t.shape, t.dtype) for h, t in zip(handles, plain)]
+    return [target.from_inner(t) for t in out] if target.differentiable else out
+
+
 class DataParallel:
     """The step of a model trained on several devices at once (see the module docstring)."""
 
@@ -68,12 +96,15 @@ class DataParallel:
             if k == own:
                 self.replicas[k] = model
                 continue
+            state = model.state_dict()
+            weights = dict(zip(state, moved(list(state.values()), device)))
             if self.replicas[k] is None or self.replicas[k] is model:
-                # A copy of the module structure that shares the tensors, then moved there.
-                shared = {id(t): t for t in model.state_dict().values()}
-                self.replicas[k] = copy.deepcopy(model, shared).to(device)
+                # A copy of the module structure that shares the tensors, given the weights
+                # already on the device (`to` then only marks the parameters as leaves there).
+                shared = {id(t): t for t in state.values()}
+                self.replicas[k] = copy.deepcopy(model, shared).replace_tensors(weights).to(device)
             else:
-                self.replicas[k].load_state_dict(model.state_dict())
+                self.replicas[k].load_state_dict(weights)
             self.replicas[k].train(model.training)
         return self.replicas
 
@@ -90,23 +121,29 @@ class DataParallel:
         replicas = self._replicas(model)[:len(sizes)]
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
 
-        def run(k):
-            device, replica, a, b = self.devices[k], replicas[k], starts[k], starts[k] + sizes[k]
-            output = replica(on(inputs[a:b], device))
-            loss = loss_fn(output, on(targets[a:b], device))
-            grads = loss.backward()
-            return output, loss.item(), [p.grad(grads) for p in replica.parameters()]
-
-        results = list(self._threads.map(run, range(len(sizes))))
         home = model.parameters()[0].backend
         inner = home.inner
+
+        def run(k):
+            device, replica, a, b = self.devices[k], replicas[k], starts[k], starts[k] + sizes[k]
+            x, y = moved([inputs[a:b], targets[a:b]], device)
+            output = replica(x)
+            loss = loss_fn(output, y)
+            grads = loss.backward()
+            grads = [p.grad(grads) for p in replica.parameters()]
+            present = [g for g in grads if g is not None]
+            arrived = iter(moved(present, inner))  # the gradients on the model's device
+            return (moved([output], home)[0], loss.item(),
+                    [None if g is None else next(arrived) for g in grads])
+
+        results = list(self._threads.map(run, range(len(sizes))))
         pairs = []
         for j, p in enumerate(model.parameters()):
             total = None
             for (_, _, grads), size in zip(results, sizes):
                 g = grads[j]
                 if g is not None:
-                    g = on(g, inner) * (size / n)
+                    g = g * (size / n)
                     total = g if total is None else total + g
             if total is not None:
                 pairs.append((p, total))
@@ -114,6 +151,6 @@ class DataParallel:
         if grad_clip:
             grads, _ = clip_grad_norm(grads, grad_clip)
         model = optimizer.step(model, grads)
-        output = cat([on(out.detach(), home) for out, _, _ in results], 0)
+        output = cat([out for out, _, _ in results], 0)
         loss = sum(value * size for (_, value, _), size in zip(results, sizes)) / n
         return model, output, tensor(loss, backend=home)
