@@ -81,7 +81,7 @@ class DataParallel:
         if not devices:
             raise ArgumentError("devices: give at least one backend, e.g. [cn.Autodiff(cn.NumPy())]")
         for d in devices:
-            if not hasattr(d, "backward"):
+            if not d.differentiable:
                 raise ArgumentTypeError("devices: %r does not record gradients; wrap it: cn.Autodiff(%r)"
                                         % (d, d))
         self.devices = devices
