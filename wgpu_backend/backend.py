@@ -201,7 +201,7 @@ class Wgpu(Backend):
         return found
 
     def _launch(self, key, build, buffers, params, groups, name, bytes_read, bytes_written,
-                seed=None, placement=None):
+                seed=None, placement=None, flops=0):
         pipeline = self._rt.kernels.get(key)
         if pipeline is None or _PROFILING:
             pipeline = self._pipeline(key, build, name)
@@ -210,7 +210,8 @@ class Wgpu(Backend):
             event = _record(self, {"kind": "kernel", "name": name,
                                            "bytes_read": bytes_read, "bytes_written": bytes_written})
             on_time = lambda seconds: event.__setitem__("gpu_time", seconds)  # noqa: E731
-        self.device.dispatch(pipeline, buffers, params, groups, on_time, name, seed, placement)
+        self.device.dispatch(pipeline, buffers, params, groups, on_time, name, seed, placement,
+                             flops)
 
     # ---- compile and launch: the interface of generated and user kernels ------------------
     def empty(self, shape, dtype):
@@ -218,7 +219,7 @@ class Wgpu(Backend):
         return self._new(shape, dtype)
 
     def launch(self, key, build, inputs, outputs, params, groups, name="kernel", bytes_read=0,
-               bytes_written=0, seed=None, donors=()):
+               bytes_written=0, seed=None, donors=(), flops=0):
         """Record one launch of a generated kernel; returns its output handles.
         key: hashable, names the kernel (its pipeline is compiled once per key from `build()`,
         its WGSL). Binding 0 is the uniform block holding `params` (u32s); bindings 1.. are the
@@ -228,7 +229,9 @@ class Wgpu(Backend):
         donors: indices of inputs whose buffer the one new output may take, if that input dies
         before the next launch (pool.py, "In-place results"); `build(i)` then gives the kernel
         that writes its output into input i (declared read_write), `build(None)` the usual one.
-        Asynchronous, counted by cn.profile, recorded by cn.capture."""
+        flops: the kernel's arithmetic where it is large (a batch holding much is submitted at
+        once: device.py EARLY_SUBMIT_FLOPS). Asynchronous, counted by cn.profile, recorded by
+        cn.capture."""
         if donors and (len(outputs) != 1 or not isinstance(outputs[0], tuple)
                        or self.device.recording_here() is not None):
             donors = ()  # (a capture binds the buffers it saw)
@@ -251,13 +254,14 @@ class Wgpu(Backend):
         else:
             buffers += [h.storage.raw for h in outs]
         self._launch(key, build, buffers, params, groups, name, bytes_read, bytes_written,
-                     seed, placement)
+                     seed, placement, flops)
         return outs
 
     def run_kernel(self, key, build, handles, params, groups, name="custom", bytes_read=0,
-                   bytes_written=0):
+                   bytes_written=0, flops=0):
         """Launch a user's WGSL kernel over `handles` (bound 1.. in order; see `launch`)."""
-        self.launch(key, build, handles, (), params, groups, name, bytes_read, bytes_written)
+        self.launch(key, build, handles, (), params, groups, name, bytes_read, bytes_written,
+                    flops=flops)
 
     def fusion_compiler(self, max_buffers=None):
         """What cn.Fusion compiles its groups with (core/fusion/backend.py): this backend's
@@ -456,7 +460,7 @@ class Wgpu(Backend):
                       None if epilogue is None else epilogue.key), build,
                      [a.storage.raw, b.storage.raw] + outputs, params, groups, name,
                      4 * nb * (m * k + k * n) + (0 if epilogue is None else epilogue.bytes_read),
-                     written)
+                     written, flops=2 * nb * m * n * k)
         if epilogue is not None:
             return True
         if splits > 1:

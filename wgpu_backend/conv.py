@@ -272,5 +272,5 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
             return direct_wgsl(has_bias, activation)
         return gemm_wgsl(has_bias, activation, kind.startswith("taps"), tile)
     backend.run_kernel(("conv2d", kind, has_bias, activation), build, handles, params, grid, name,
-                       4 * (x.size + w.size + (o if has_bias else 0)), 4 * total)
+                       4 * (x.size + w.size + (o if has_bias else 0)), 4 * total, flops=2 * total * k)
     return out

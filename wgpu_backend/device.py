@@ -55,6 +55,10 @@ import threading
 # A batch is submitted once it holds this many dispatches, so the GPU starts working while
 # Python keeps recording (and recorded bind groups do not pile up without bound).
 MAX_BATCH = 128
+# ... or once its kernels declared this many flops, so a long run of big products starts on the
+# GPU while Python records the rest (a submit costs ~100 us: only work well beyond that is worth
+# one of its own).
+EARLY_SUBMIT_FLOPS = 1 << 33
 
 
 class Dispatch:
@@ -122,6 +126,7 @@ class Device:
         self._pipelines = {}          # wgsl source -> compiled pipeline
         self._pending = []            # recorded Dispatch objects of the open batch
         self._pending_buffers = set()  # ids of raw buffers the open batch touches
+        self._pending_flops = 0       # what the open batch's kernels declared (dispatch(flops=))
         self.open_placement = None    # the Placement of the last launch, while undecided
         self._params = bytearray()
         self.timing = 0               # > 0 while some profiler wants GPU time
@@ -202,10 +207,11 @@ class Device:
         return found, False
 
     def dispatch(self, pipeline, buffers, params, groups, on_time=None, name="kernel", seed=None,
-                 placement=None):
+                 placement=None, flops=0):
         """Record one launch. params: sequence of u32 (the kernel's uniform block); seed: the
         random seed hashed into params[1] (capture draws a new one per replay); placement: its
-        output (the last buffer, None here) is placed later (pool.py, "In-place results")."""
+        output (the last buffer, None here) is placed later (pool.py, "In-place results");
+        flops: the kernel's arithmetic, where it is large (EARLY_SUBMIT_FLOPS)."""
         align = self.limits["min_uniform_buffer_offset_alignment"]
         block = pack_params(params)
         recording = self.recording_here()
@@ -225,7 +231,8 @@ class Device:
             if placement is not None:
                 placement.dispatch = d
                 self.open_placement = placement
-            if len(self._pending) >= MAX_BATCH:
+            self._pending_flops += flops
+            if len(self._pending) >= MAX_BATCH or self._pending_flops >= EARLY_SUBMIT_FLOPS:
                 self.flush()
 
     def settle(self):
@@ -252,6 +259,7 @@ class Device:
                 return
             dispatches, params = self._pending, bytes(self._params)
             self._pending, self._params, self._pending_buffers = [], bytearray(), set()
+            self._pending_flops = 0
             timed = any(d.on_time is not None for d in dispatches)
             token = self._submit(dispatches, params, timed)
             self._submitted()
