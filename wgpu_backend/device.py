@@ -55,10 +55,10 @@ import threading
 # A batch is submitted once it holds this many dispatches, so the GPU starts working while
 # Python keeps recording (and recorded bind groups do not pile up without bound).
 MAX_BATCH = 128
-# ... or once its kernels declared this many flops, so a long run of big products starts on the
-# GPU while Python records the rest (a submit costs ~100 us: only work well beyond that is worth
-# one of its own).
-EARLY_SUBMIT_FLOPS = 1 << 33
+# ... or once its kernels declared this many flops (34 GFLOP, ~1 ms of an H200), so a long run of
+# big products starts on the GPU while Python records the rest. A submit costs ~100 us of CPU:
+# at 8 GFLOP, resnet50's convolutions (5 GFLOP each at batch 32) paid ~3 ms more than they won.
+EARLY_SUBMIT_FLOPS = 1 << 35
 
 
 class Dispatch:
