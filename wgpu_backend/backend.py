@@ -25,7 +25,8 @@ from cinders.ops import result_dtype
 from . import conv
 from .codegen import images
 from .codegen.packing import fill_word, word_count
-from .codegen.matmul import matmul_direct_wgsl, matmul_params, matmul_regtile_wgsl, matmul_wgsl
+from .codegen.matmul import (matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
+                             matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -110,6 +111,8 @@ class Wgpu(Backend):
     conv2d_kernel = True
     # int8/uint8 packed four to a u32 word, float16 two (codegen/packing.py).
     storage_dtypes = dtypes.STORAGE_DTYPES
+    # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
+    quantized_matmul = True
 
     def __init__(self, adapter=None, autotune=None):
         self._rt = _runtime(adapter)
@@ -480,6 +483,37 @@ class Wgpu(Backend):
             return True
         if splits > 1:
             return self.reduce("sum", out, 0, False)
+        return out
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout):
+        """C = a @ dequantize(B), B read from packed q inside the kernel (core/backend.py,
+        "quantized_matmul"; codegen/matmul.py, matmul_quantized_wgsl)."""
+        m, k = a.shape
+        n = layout.n
+        integer = scale is None
+        out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
+        if m * n == 0:
+            return out
+        if k == 0:
+            self._fill(out, 0)
+            return out
+        a = self._readable(a)
+        handles = [a, q] + ([] if integer else [scale]) + ([] if zero_point is None else [zero_point])
+        P = matmul_quantized_layout()
+        so, ssb, ssn = (scale.offset + layout.scale[0],) + layout.scale[1:] if not integer else (0, 0, 0)
+        zo, zsb, zsn = (zero_point.offset * (2 if layout.zp_bits == 4 else 1) + layout.zp[0],) + \
+            layout.zp[1:] if zero_point is not None else (0, 0, 0)
+        params = P.pack(M=m, N=n, K=k, block=layout.block or k, a_off=a.offset,
+                        q_off=q.offset * (2 if layout.bits == 4 else 1) + layout.q[0],
+                        q_sk=layout.q[1], q_sn=layout.q[2], s_off=so, s_sb=ssb, s_sn=ssn,
+                        z_off=zo, z_sb=zsb, z_sn=zsn, z_default=layout.zp_default & 0xFFFFFFFF)
+        sd = None if integer else scale.dtype
+        zd = None if zero_point is None else zero_point.dtype
+        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits)
+        self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
+                                                       layout.zp_bits),
+                    handles, [out], params, groups_for(m * n, 64), "matmul_quantized",
+                    4 * m * k + k * n * layout.bits // 8, 4 * m * n)
         return out
 
     # ---- movement (views where possible) --------------------------------------------------

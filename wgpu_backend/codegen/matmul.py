@@ -5,7 +5,9 @@ kernel either writes C or calls an epilogue generated from a fusion Program (pro
 `epilogue_source`): bias + activation after a Linear or a conv, in the matmul kernel itself.
 """
 
-from .prelude import ParamLayout, header, unravel, dot
+from .mathlib import helpers_for
+from .packing import binding_type, load
+from .prelude import ParamLayout, header, unravel, dot, entry_1d
 
 # The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
 # template: the same parameters, prologue, bounds-checked global loads and stores of C; each
@@ -328,3 +330,58 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     cols = [("n0 + %du" % (c * wx), lambda r, c=c: "acc[%d]" % (r * tn + c)) for c in range(tn)]
     return _matmul_kernel(nbatch, False, False, epilogue, "", entry, body,
                           _store_tile(rows, cols, False, False, epilogue))
+
+
+# ---- matmul with a quantized B (weights that stay packed) ----------------------------------
+def matmul_quantized_layout():
+    """P of the quantized-B matmul: sizes; A's offset (A contiguous (M, K)); B's element (k, n)
+    at q_off + k * q_sk + n * q_sn (8-bit values, or nibbles when bits == 4); its scale and zero
+    point per (block of k, n) at *_off + block * *_sb + n * *_sn; the default zero point."""
+    return ParamLayout("M", "N", "K", "block", "a_off", "q_off", "q_sk", "q_sn", "s_off", "s_sb",
+                       "s_sn", "z_off", "z_sb", "z_sn", "z_default")
+
+
+def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits):
+    """C = A @ dequantize(B), one invocation per element of C, B dequantized as it is read:
+    (q - zero point) per block of K summed against A, then times the block's scale. Integer A
+    (scale_dtype None: MatMulInteger) accumulates in i32, exactly for any K; float A in f32.
+    zp_dtype None: every zero point is P.z_default."""
+    P = matmul_quantized_layout()
+    acc = a_dtype.wgsl
+
+    def q_at(buf, dtype, nbits, index):
+        if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
+            return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
+        return load(dtype, buf, index)
+
+    buffers = [("a", binding_type(a_dtype), False), ("q", binding_type(q_dtype), False)]
+    if scale_dtype is not None:
+        buffers.append(("s", binding_type(scale_dtype), False))
+    if zp_dtype is not None:
+        buffers.append(("z", binding_type(zp_dtype), False))
+    buffers.append(("out", acc, True))
+    zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else \
+        "i32(%s)" % q_at("z", zp_dtype, zp_bits, "%s + blk * %s + n * %s" % (P["z_off"], P["z_sb"], P["z_sn"]))
+    scaled = "part" if scale_dtype is None else "part * f32(%s)" % load(
+        scale_dtype, "s", "%s + blk * %s + n * %s" % (P["s_off"], P["s_sb"], P["s_sn"]))
+    body = """  let M = {M}; let N = {N}; let K = {K}; let block = {block};
+  if (i >= M * N) {{ return; }}
+  let m = i / N; let n = i % N;
+  let arow = {a_off} + m * K;
+  var acc = {acc}(0);
+  for (var k0 = 0u; k0 < K; k0 = k0 + block) {{
+    let blk = k0 / block;
+    let zp = {zp};
+    var part = {acc}(0);
+    for (var k = k0; k < min(k0 + block, K); k = k + 1u) {{
+      part = part + a[arow + k] * {acc}({q} - zp);
+    }}
+    acc = acc + {scaled};
+  }}
+  out[i] = acc;
+}}
+""".format(M=P["M"], N=P["N"], K=P["K"], block=P["block"], a_off=P["a_off"], acc=acc, zp=zp,
+           q=q_at("q", q_dtype, bits, "%s + k * %s + n * %s" % (P["q_off"], P["q_sk"], P["q_sn"])),
+           scaled=scaled)
+    src = header(P.size, buffers) + entry_1d(64) + body
+    return helpers_for(src) + src
