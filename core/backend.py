@@ -119,7 +119,8 @@ elsewhere reads these flags (never hasattr or class names):
     quantized_matmul   weights stay quantized: matmul_quantized(a, q, scale, zero_point,
                        layout) -> C = a @ dequantize(B) with B's values read from the packed
                        storage-dtype handle q inside the kernel (never a float32 copy of B);
-                       `layout` is a QuantizedLayout (below). a: contiguous (M, K), float32
+                       `layout` is a QuantizedLayout (below); q, scale and zero_point
+                       are contiguous. a: (M, K) (any strides), float32
                        (C float32, scaled per block) or int32 (scale None: C int32, exact
                        integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
                        where the backend declares it, and compose the same result elsewhere.

@@ -387,6 +387,49 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
     }
 }
 
+/* C (M, N) = A (M, K) @ dequantize(B), B's values read from 8-bit or packed 4-bit storage as the
+ * loop meets them (weights that stay quantized: core/backend.py "quantized_matmul"). p = [M, N,
+ * K, block, q_off, q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed,
+ * z_code (0 none, 1 int8, 2 uint8, 3 int32), integer]. B's value (k, n) is element q_off + k *
+ * q_sk + n * q_sn of q (bits 4: nibbles, low first); its block's scale s[blk * s_sb + n * s_sn]
+ * and zero point likewise. integer: A and C are int32 and no scale (exact, wrapping sums). */
+static inline int q_at(const void *q, int e, int bits, int is_signed) {
+    if (bits == 4) return (((const u8 *)q)[e >> 1] >> ((e & 1) * 4)) & 15;
+    return is_signed ? ((const signed char *)q)[e] : ((const u8 *)q)[e];
+}
+
+EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const void *q,
+                                               const float *s, const void *z, const int *p) {
+    int M = p[0], N = p[1], K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6];
+    int s_sb = p[7], s_sn = p[8], z_off = p[9], z_sb = p[10], z_sn = p[11], z_default = p[12];
+    int bits = p[13], zp_bits = p[14], q_signed = p[15], z_code = p[16], integer = p[17];
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float acc = 0.0f;
+            unsigned iacc = 0u;
+            for (int k0 = 0, blk = 0; k0 < K; k0 += block, blk++) {
+                int ze = z_off + blk * z_sb + n * z_sn, zp = z_default;
+                if (z_code == 3) zp = ((const int *)z)[ze];
+                else if (z_code) zp = q_at(z, ze, zp_bits, z_code == 1);
+                int k1 = k0 + block < K ? k0 + block : K;
+                const int base = q_off + n * q_sn;
+                if (integer) {
+                    const int *ar = (const int *)a + m * K;
+                    for (int k = k0; k < k1; k++)
+                        iacc += (unsigned)ar[k] * (unsigned)(q_at(q, base + k * q_sk, bits, q_signed) - zp);
+                } else {
+                    const float *ar = (const float *)a + m * K;
+                    float part = 0.0f;
+                    for (int k = k0; k < k1; k++)
+                        part += ar[k] * (float)(q_at(q, base + k * q_sk, bits, q_signed) - zp);
+                    acc += part * s[blk * s_sb + n * s_sn];
+                }
+            }
+            if (integer) ((int *)o)[m * N + n] = (int)iacc;
+            else ((float *)o)[m * N + n] = acc;
+        }
+}
+
 /* -- images: im2col and its adjoint ------------------------------------------------------ */
 /* g = [N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW] */
 EXPORT(unfold2d_f32) void unfold2d_f32(float *o, const float *x, const int *g, int pad_bits) {

@@ -151,8 +151,9 @@ def quantized_product(a, q, scale, zero_point, layout):
     backend = a.backend
     k, n = layout.k, layout.n
     rows = a.reshape((-1, k))
-    handles = [None if t is None else backend.contiguous(t.handle) for t in (q, scale, zero_point)]
-    out = backend.matmul_quantized(backend.contiguous(rows.handle), *handles, layout)
+    # flat (a reshape copies a strided view): the layout's strides count from each one's start
+    handles = [None if t is None else t.reshape((-1,)).handle for t in (q, scale, zero_point)]
+    out = backend.matmul_quantized(rows.handle, *handles, layout)
     return Tensor(backend, out, (rows.shape[0], n), int32 if scale is None else float32).reshape(
         a.shape[:-1] + (n,))
 
