@@ -25,7 +25,7 @@ from cinders.ops import result_dtype
 from . import conv
 from .codegen import images
 from .codegen.packing import fill_word, word_count
-from .codegen.matmul import (matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
+from .codegen.matmul import (QUANT_TILE, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
                              matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
@@ -497,6 +497,9 @@ class Wgpu(Backend):
         if k == 0:
             self._fill(out, 0)
             return out
+        if -(-m // QUANT_TILE) > MAX_GROUPS or -(-n // QUANT_TILE) > MAX_GROUPS:
+            raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
+                                   "device's 65535 workgroups per dimension" % (m, n))
         a = self._readable(a)
         handles = [a, q] + ([] if integer else [scale]) + ([] if zero_point is None else [zero_point])
         P = matmul_quantized_layout()
@@ -512,7 +515,8 @@ class Wgpu(Backend):
         key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits)
         self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
                                                        layout.zp_bits),
-                    handles, [out], params, groups_for(m * n, 64), "matmul_quantized",
+                    handles, [out], params, (-(-n // QUANT_TILE), -(-m // QUANT_TILE), 1),
+                    "matmul_quantized",
                     4 * m * k + k * n * layout.bits // 8, 4 * m * n)
         return out
 

@@ -7,7 +7,7 @@ kernel either writes C or calls an epilogue generated from a fusion Program (pro
 
 from .mathlib import helpers_for
 from .packing import binding_type, load
-from .prelude import ParamLayout, header, unravel, dot, entry_1d
+from .prelude import ParamLayout, header, unravel, dot
 
 # The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
 # template: the same parameters, prologue, bounds-checked global loads and stores of C; each
@@ -341,13 +341,22 @@ def matmul_quantized_layout():
                        "s_sn", "z_off", "z_sb", "z_sn", "z_default")
 
 
+QUANT_THREADS = 16   # the quantized-B matmul's workgroup: 16 x 16 invocations,
+QUANT_MICRO = 4      # each computing 4 x 4 outputs: a 64 x 64 tile of C per workgroup
+QUANT_TILE = QUANT_THREADS * QUANT_MICRO
+QUANT_BK = 16        # K per staged step
+
+
 def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits):
-    """C = A @ dequantize(B), one invocation per element of C, B dequantized as it is read:
-    (q - zero point) per block of K summed against A, then times the block's scale. Integer A
-    (scale_dtype None: MatMulInteger) accumulates in i32, exactly for any K; float A in f32.
-    zp_dtype None: every zero point is P.z_default."""
+    """C = A @ dequantize(B) in QUANT_TILE x QUANT_TILE tiles of C (grid: ceil(N / tile),
+    ceil(M / tile)), each invocation QUANT_MICRO x QUANT_MICRO of them. Each step stages a
+    tile x QUANT_BK slice of A and a QUANT_BK x tile slice of B in workgroup memory, B
+    dequantized as it is staged ((q - zero point) * its block's scale), so B is read from its
+    packed words only. Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in
+    i32, exactly for any K; float A in f32. zp_dtype None: every zero point is P.z_default."""
     P = matmul_quantized_layout()
-    acc = a_dtype.wgsl
+    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, QUANT_MICRO, QUANT_BK
+    tile = T * R
 
     def q_at(buf, dtype, nbits, index):
         if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
@@ -361,27 +370,57 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         buffers.append(("z", binding_type(zp_dtype), False))
     buffers.append(("out", acc, True))
     zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else \
-        "i32(%s)" % q_at("z", zp_dtype, zp_bits, "%s + blk * %s + n * %s" % (P["z_off"], P["z_sb"], P["z_sn"]))
-    scaled = "part" if scale_dtype is None else "part * f32(%s)" % load(
-        scale_dtype, "s", "%s + blk * %s + n * %s" % (P["s_off"], P["s_sb"], P["s_sn"]))
-    body = """  let M = {M}; let N = {N}; let K = {K}; let block = {block};
-  if (i >= M * N) {{ return; }}
-  let m = i / N; let n = i % N;
-  let arow = {a_off} + m * K;
-  var acc = {acc}(0);
-  for (var k0 = 0u; k0 < K; k0 = k0 + block) {{
-    let blk = k0 / block;
-    let zp = {zp};
-    var part = {acc}(0);
-    for (var k = k0; k < min(k0 + block, K); k = k + 1u) {{
-      part = part + a[arow + k] * {acc}({q} - zp);
+        "i32(%s)" % q_at("z", zp_dtype, zp_bits, "%s + blk * %s + gn * %s" % (P["z_off"], P["z_sb"], P["z_sn"]))
+    value = "%s - %s" % (q_at("q", q_dtype, bits, "%s + gk * %s + gn * %s" % (P["q_off"], P["q_sk"], P["q_sn"])), zp)
+    if scale_dtype is not None:
+        value = "f32(%s) * f32(%s)" % (value, load(
+            scale_dtype, "s", "%s + blk * %s + gn * %s" % (P["s_off"], P["s_sb"], P["s_sn"])))
+    shared = ("var<workgroup> ta: array<array<{acc}, {tile}>, {BK}>;\n"
+              "var<workgroup> tb: array<array<{acc}, {tile}>, {BK}>;").format(acc=acc, tile=tile, BK=BK)
+    per_thread = tile * BK // (T * T)
+    body = """
+@compute @workgroup_size({T}, {T})
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+  let M = {M}; let N = {N}; let K = {K}; let block = {block};
+  let tx = lid.x; let ty = lid.y; let t = ty * {T}u + tx;
+  let m0 = wid.y * {tile}u; let n0 = wid.x * {tile}u;
+  var sum: array<array<{acc}, {R}>, {R}>;
+  for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{
+    for (var r = 0u; r < {per}u; r = r + 1u) {{
+      let e = t + r * {threads}u;
+      // A: along k within a row (reads in order); B: along n within a row of K
+      let am = e / {BK}u; let ak = e % {BK}u; let gm = m0 + am; let gka = k0 + ak;
+      ta[ak][am] = select({acc}(0), a[{a_off} + gm * K + gka], gm < M && gka < K);
+      let bk = e / {tile}u; let bn = e % {tile}u; let gk = k0 + bk; let gn = n0 + bn;
+      var w = {acc}(0);
+      if (gk < K && gn < N) {{
+        let blk = gk / block;
+        w = {acc}({value});
+      }}
+      tb[bk][bn] = w;
     }}
-    acc = acc + {scaled};
+    workgroupBarrier();
+    for (var k = 0u; k < {BK}u; k = k + 1u) {{
+      var av: array<{acc}, {R}>; var bv: array<{acc}, {R}>;
+      for (var i = 0u; i < {R}u; i = i + 1u) {{
+        av[i] = ta[k][ty * {R}u + i]; bv[i] = tb[k][tx * {R}u + i];
+      }}
+      for (var i = 0u; i < {R}u; i = i + 1u) {{
+        for (var j = 0u; j < {R}u; j = j + 1u) {{
+          sum[i][j] = sum[i][j] + av[i] * bv[j];
+        }}
+      }}
+    }}
+    workgroupBarrier();
   }}
-  out[i] = acc;
+  for (var i = 0u; i < {R}u; i = i + 1u) {{
+    for (var j = 0u; j < {R}u; j = j + 1u) {{
+      let m = m0 + ty * {R}u + i; let n = n0 + tx * {R}u + j;
+      if (m < M && n < N) {{ out[m * N + n] = sum[i][j]; }}
+    }}
+  }}
 }}
-""".format(M=P["M"], N=P["N"], K=P["K"], block=P["block"], a_off=P["a_off"], acc=acc, zp=zp,
-           q=q_at("q", q_dtype, bits, "%s + k * %s + n * %s" % (P["q_off"], P["q_sk"], P["q_sn"])),
-           scaled=scaled)
-    src = header(P.size, buffers) + entry_1d(64) + body
+""".format(T=T, R=R, BK=BK, tile=tile, per=per_thread, threads=T * T, M=P["M"], N=P["N"],
+           K=P["K"], block=P["block"], a_off=P["a_off"], acc=acc, value=value)
+    src = header(P.size, buffers, shared) + body
     return helpers_for(src) + src
