@@ -179,8 +179,9 @@ class ProgramRunner:
             params[position] = out[j].offset // width
         return backend.launch(plan.key, plan.build, [leaf_handles[j] for j in plan.slot_leaf],
                               out or plan.specs, params, plan.groups, plan.name,
-                              4 * sum(h.size for h in leaf_handles),
-                              4 * sum(math.prod(s) for s, _ in plan.specs), donors=plan.donors)
+                              sum(4 * h.size // h.dtype.per_word for h in leaf_handles),
+                              sum(4 * math.prod(s) // dt.per_word for s, dt in plan.specs),
+                              donors=plan.donors)
 
     @staticmethod
     def _donors(program, slots, binding_of, layouts, views):
