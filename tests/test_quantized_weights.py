@@ -180,3 +180,17 @@ def test_wasm_holds_8_bit_tensors_at_one_byte(dtype, np_dtype, tmp_path):
     assert kept.dtype is dtype and kept.tolist() == a.tolist()
     with pytest.raises(cn.DTypeError, match="does not hold cn.float16"):
         cn.tensor([1.0], backend=wasm).cast(cn.float16)
+
+
+def test_captured_quantized_model_replays_the_same_answer(backend):
+    """cn.capture replays the quantized matmul like any other kernel (the weights it reads stay
+    where the model holds them)."""
+    data = int4_model()
+    model = load(data, backend=backend)
+    x = cn.tensor(A, backend=backend)
+    expected = model(x).numpy()
+    forward = cn.capture(model)
+    outs = [forward(x).numpy() for _ in range(5)]
+    assert forward.replays >= 2
+    for out in outs:
+        np.testing.assert_array_equal(out, expected)
