@@ -130,6 +130,14 @@ elsewhere reads these flags (never hasattr or class names):
                        launch(key, build, inputs, outputs, params, groups, ...) -> outputs
     capturable         cn.capture can record and replay its launches: capture_recorder()
                        returns the recorder described in core/capture.py
+    quantized_matmul   weights stay quantized: matmul_quantized(a, q, scale, zero_point,
+                       layout) -> C = a @ dequantize(B) with B's values read from the packed
+                       storage-dtype handle q inside the kernel (never a float32 copy of B);
+                       `layout` is a QuantizedLayout (below); q, scale and zero_point
+                       are contiguous. a: (M, K) (any strides), float32
+                       (C float32, scaled per block) or int32 (scale None: C int32, exact
+                       integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
+                       where the backend declares it, and compose the same result elsewhere.
 A decorator forwards the abilities that pass through it (cn.Fusion is capturable when its
 inner backend is; cn.Autodiff is differentiable whatever it wraps).
 
@@ -260,6 +268,7 @@ class Backend:
     # permute, expand, slice, cat, pad, gather). The tensor layer widens them before
     # every other op, and refuses them on a backend that does not list them.
     storage_dtypes = ()
+    quantized_matmul = False  # matmul_quantized(a, q, scale, zero_point, layout), see above
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""
@@ -382,3 +391,18 @@ def reference_random(n, distribution, seed):
             out.append(math.sqrt(-2.0 * math.log(1.0 - u1)) * math.cos(2.0 * math.pi * u2))
         return out
     raise ValueError("unknown distribution %r: use 'uniform' or 'normal'" % (distribution,))
+
+
+class QuantizedLayout:
+    """Where matmul_quantized finds B's element (k, n) of a (K, N) product: value q_off + k *
+    q_sk + n * q_sn of q (`bits` 8: the storage dtype's elements; 4: nibbles of uint8 bytes, low
+    first); its scale and zero point at off + (k // block) * sb + n * sn of their handles
+    (zero_point None: `zp_default` everywhere; zp_bits 4: nibbles too)."""
+
+    __slots__ = ("k", "n", "bits", "block", "q", "scale", "zp", "zp_bits", "zp_default")
+
+    def __init__(self, k, n, bits, block, q, scale=(0, 0, 0), zp=(0, 0, 0), zp_bits=8,
+                 zp_default=0):
+        self.k, self.n, self.bits, self.block = k, n, bits, block
+        self.q, self.scale, self.zp = tuple(q), tuple(scale), tuple(zp)  # (off, sk|sb, sn)
+        self.zp_bits, self.zp_default = zp_bits, zp_default

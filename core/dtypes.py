@@ -16,19 +16,24 @@ from .errors import DTypeError
 
 
 class DType:
-    __slots__ = ("name", "itemsize", "kind", "array_code", "wgsl", "word_code", "compute", "bounds")
+    __slots__ = ("name", "itemsize", "kind", "array_code", "wgsl", "word_code", "per_word",
+                 "compute", "bounds")
 
     def __init__(self, name, itemsize, kind, array_code, wgsl=None, word_code="", compute=None,
-                 bounds=None):
+                 bounds=None, per_word=1):
         self.name = name
         self.itemsize = itemsize
         self.kind = kind  # "f" float, "i" signed int, "u" unsigned int, "b" bool
         self.array_code = array_code  # typecode for the `array` module ("" when none fits)
         # On WebGPU every compute dtype lives in one 32-bit word per element: `wgsl` is the
         # WGSL scalar type of that word (bool: a u32 holding 0/1), `word_code` its `array` /
-        # `struct` / NumPy typecode (None / "": not a compute dtype there).
+        # `struct` / NumPy typecode. A storage dtype is packed `per_word` elements to a u32
+        # word (WGSL has no 8-bit type): `word_code` is then the typecode of one element in
+        # those bytes, and `wgsl` the type of its value once a kernel has unpacked it (its
+        # compute dtype's; wgpu_backend/codegen/packing.py).
         self.wgsl = wgsl
         self.word_code = word_code
+        self.per_word = per_word
         self.compute = compute or self  # the dtype ops compute a storage dtype's values in
         self.bounds = bounds  # (min, max) of an integer dtype
 
@@ -52,9 +57,9 @@ int32 = DType("int32", 4, "i", "i", "i32", "i", bounds=(-2 ** 31, 2 ** 31 - 1))
 bool_ = DType("bool", 1, "b", "b", "u32", "I")
 # Storage dtypes. float16's array code is the `struct` one ("e"): the `array` module has none,
 # so cn.Python keeps float16 as its 16-bit patterns in array("H").
-float16 = DType("float16", 2, "f", "e", compute=float32)
-int8 = DType("int8", 1, "i", "b", compute=int32, bounds=(-128, 127))
-uint8 = DType("uint8", 1, "u", "B", compute=int32, bounds=(0, 255))
+float16 = DType("float16", 2, "f", "e", "f32", "e", compute=float32, per_word=2)
+int8 = DType("int8", 1, "i", "b", "i32", "b", compute=int32, bounds=(-128, 127), per_word=4)
+uint8 = DType("uint8", 1, "u", "B", "i32", "B", compute=int32, bounds=(0, 255), per_word=4)
 
 _BY_NAME = {d.name: d for d in (float32, float16, int32, bool_, int8, uint8)}
 COMPUTE_DTYPES = (float32, int32, bool_)

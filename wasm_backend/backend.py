@@ -16,9 +16,13 @@ from ..errors import DTypeError, IndexingError
 from ..ops import result_dtype
 from . import kernels
 
-_CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8"}
-_ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B"}
-_SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1}
+_CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8", dtypes.int8: "i8",
+         dtypes.uint8: "ui8"}
+_ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B", dtypes.int8: "b",
+          dtypes.uint8: "B"}
+_SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1, dtypes.int8: 1, dtypes.uint8: 1}
+# matmul_quantized's code of a zero point's dtype (runtime.h)
+_ZP_CODE = {None: 0, dtypes.int8: 1, dtypes.uint8: 2, dtypes.int32: 3}
 _ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2}  # conv2d_f32's (runtime.h)
 CONV_PANEL_BYTES = 1 << 20  # conv2d's column panel: fits a core's L2 cache
 _PAGE = 65536
@@ -209,6 +213,10 @@ class Wasm(Backend):
     recurrent_kernels = True
     # cn.capture records the queued kernel calls and replays them as one call (capture.py).
     capturable = True
+    # int8/uint8 at one byte each in linear memory (float16: not yet); quantized weights stay
+    # 8-bit or packed 4-bit: matmul_quantized dequantizes them as it reads them (runtime.h).
+    storage_dtypes = (dtypes.int8, dtypes.uint8)
+    quantized_matmul = True
 
     def __init__(self, engine=None):
         if engine is None:
@@ -336,6 +344,8 @@ class Wasm(Backend):
         if n:
             if dtype is dtypes.bool_:
                 self._run("fill_8", out, n, 1 if value else 0)
+            elif _SIZE[dtype] == 1:
+                self._run("fill_8", out, n, int(value) & 0xFF)
             else:
                 bits = _f32_bits(value) if dtype is dtypes.float32 else int(value)
                 self._run("fill_32", out, n, bits)
@@ -399,7 +409,10 @@ class Wasm(Backend):
     def cast(self, x, dtype):
         if dtype is x.dtype:
             return x
-        return self._map("cast_%s_%s" % (_CODE[x.dtype], _CODE[dtype]), self._new(x.shape, dtype), [x])
+        kernel = "cast_%s_%s" % (_CODE[x.dtype], _CODE[dtype])
+        if kernel not in self.engine.kernels:  # between bool and 8-bit dtypes: through int32
+            return self.cast(self.cast(x, dtypes.int32), dtype)
+        return self._map(kernel, self._new(x.shape, dtype), [x])
 
     # -- reductions ------------------------------------------------------------------------------
     def reduce(self, op, x, axis, keepdim):
@@ -443,6 +456,32 @@ class Wasm(Backend):
         b, b_stride = self._batched(b, batch_shape, k * n)
         self._run("matmul_f32", out, a, b, batch, m, k, n, a_stride, b_stride,
                          int(transposed))
+        return out
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout):
+        """C = a @ dequantize(B), B read from q's bytes inside the kernel (core/backend.py,
+        "quantized_matmul")."""
+        m, k = a.shape
+        n = layout.n
+        integer = scale is None
+        out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
+        if m * n == 0:
+            return out
+        if k == 0:
+            self._run("fill_32", out, m * n, 0)
+            return out
+        a = self._contiguous(a)
+        nibbles = 2 if layout.bits == 4 else 1
+        params = (m, n, k, layout.block or k, q.offset * nibbles + layout.q[0], layout.q[1],
+                  layout.q[2], layout.scale[1], layout.scale[2],
+                  0 if zero_point is None else zero_point.offset * (2 if layout.zp_bits == 4 else 1)
+                  + layout.zp[0], layout.zp[1], layout.zp[2], layout.zp_default, layout.bits,
+                  layout.zp_bits, int(q.dtype is dtypes.int8),
+                  _ZP_CODE[None if zero_point is None else zero_point.dtype], int(integer))
+        # (q and zero_point are read from their buffers' starts: the offsets are in params)
+        self._run("matmul_quantized", out, a, q.buf.ptr,
+                  0 if integer else scale.ptr + 4 * layout.scale[0],
+                  0 if zero_point is None else zero_point.buf.ptr, self._constant(params))
         return out
 
     # -- movement: views ------------------------------------------------------------------------------

@@ -7,10 +7,13 @@ kernels that are not elementwise (matmul, unfold2d/fold2d, conv2d, gather/scatte
 written by hand, in runtime.h. build.py compiles the result with clang --target=wasm32 -msimd128.
 
 Kernel names are what backend.py calls: unary_<op>_<dtype>, binary_<op>_<dtype>, where_<dtype>,
-cast_<from>_<to>, reduce_<op>_<dtype>. Dtypes in names: f32, i32, u8 (bool, 0/1).
+cast_<from>_<to>, reduce_<op>_<dtype>. Dtypes in names: f32, i32, u8 (bool, 0/1), and the
+storage dtypes i8 (int8) and ui8 (uint8), one byte each: they have copies, casts and gathers
+only (every other op widens them first, core/dtypes.py), and matmul_quantized reads them as B.
 """
 
 C_TYPE = {"f32": "float", "i32": "int", "u8": "u8"}
+STORAGE_C_TYPE = {"i8": "signed char", "ui8": "u8"}
 
 # op -> {dtype: C expression of x}. The result has the operand's dtype (logical_not: bool).
 # Integer arithmetic goes through unsigned so that overflow wraps (as in NumPy) instead of being
@@ -59,6 +62,13 @@ CAST = {
     ("i32", "f32"): "(float)x", ("i32", "u8"): "(u8)(x != 0)",
     ("u8", "f32"): "(float)x", ("u8", "i32"): "(int)x",
 }
+# 8-bit storage: narrowing wraps around (two's complement, like NumPy); floats truncate first.
+# Casts between bool or 8-bit dtypes have no kernel (the module's size budget): backend.py
+# casts through int32.
+_WRAP = {"i8": "(signed char)(u8)(unsigned)(%s)", "ui8": "(u8)(unsigned)(%s)"}
+for _t in STORAGE_C_TYPE:
+    CAST.update({("f32", _t): _WRAP[_t] % "trunc_f32_i32(x)", ("i32", _t): _WRAP[_t] % "x",
+                 (_t, "f32"): "(float)x", (_t, "i32"): "(int)x"})
 
 # op -> {dtype: (initial value, C expression combining acc and x)}; an empty axis gives the
 # initial value (sum 0, prod 1). max/min propagate NaN: once acc is NaN nothing replaces it.
@@ -75,9 +85,9 @@ ARG_REDUCE = {"argmax": "x > best", "argmin": "x < best"}
 ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
-                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32", "lstm_cell_f32",
-                "gru_cell_f32"]
-GATHER_DTYPES = ("f32", "i32", "u8")
+                "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32",
+                "matmul_quantized", "lstm_cell_f32", "gru_cell_f32"]
+GATHER_DTYPES = ("f32", "i32", "u8", "i8", "ui8")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 
 
@@ -87,7 +97,8 @@ SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 _MACRO_PARAMS = {"MAP1": "ppp", "MAP2": "pppp", "MAP3": "ppppp", "REDUCE": "ppiii", "ARG_REDUCE": "ppiii"}
 HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
                        "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
-                       "conv2d_f32": "pppppp", "lstm_cell_f32": "pppii", "gru_cell_f32": "ppppii"}
+                       "conv2d_f32": "pppppp", "matmul_quantized": "pppppp", "lstm_cell_f32": "pppii",
+                       "gru_cell_f32": "ppppii"}
 
 
 def queued_kernels():
@@ -108,7 +119,7 @@ def kernel_names():
     """Every exported kernel name, for the coverage test and for error messages."""
     names = ["unary_%s_%s" % (op, t) for op, e in UNARY.items() for t in e]
     names += ["binary_%s_%s" % (op, t) for op, e in BINARY.items() for t in e]
-    names += ["where_%s" % t for t in C_TYPE] + ["copy_%s" % t for t in C_TYPE]
+    names += ["where_%s" % t for t in C_TYPE] + ["copy_%s" % t for t in {**C_TYPE, **STORAGE_C_TYPE}]
     names += ["cast_%s_%s" % pair for pair in CAST]
     names += ["reduce_%s_%s" % (op, t) for op, e in REDUCE.items() for t in e]
     names += ["reduce_%s_%s" % (op, t) for op in ARG_REDUCE for t in ARG_DTYPES]
@@ -143,8 +154,11 @@ def _macro_lines():
     for t, ct in C_TYPE.items():
         lines.append("MAP1(copy_%s, %s, %s, x)" % (t, ct, ct))
         lines.append("MAP3(where_%s, %s, u8, %s, %s, (c ? a : b))" % (t, ct, ct, ct))
+    for t, ct in STORAGE_C_TYPE.items():
+        lines.append("MAP1(copy_%s, %s, %s, x)" % (t, ct, ct))
+    types = {**C_TYPE, **STORAGE_C_TYPE}
     for (a, b), expr in CAST.items():
-        lines.append("MAP1(cast_%s_%s, %s, %s, %s)" % (a, b, C_TYPE[b], C_TYPE[a], expr))
+        lines.append("MAP1(cast_%s_%s, %s, %s, %s)" % (a, b, types[b], types[a], expr))
     for op, exprs in BINARY.items():
         for t, expr in exprs.items():
             to = "u8" if op in BINARY_BOOL_RESULT else t
@@ -156,7 +170,7 @@ def _macro_lines():
         for t in ARG_DTYPES:
             lines.append("ARG_REDUCE(reduce_%s_%s, %s, %s)" % (op, t, C_TYPE[t], better))
     for t in GATHER_DTYPES:
-        lines.append("GATHER(gather_%s, %s)" % (t, C_TYPE[t]))
+        lines.append("GATHER(gather_%s, %s)" % (t, types[t]))
     for t in SCATTER_ADD_DTYPES:
         lines.append("SCATTER_ADD(scatter_add_%s, %s, %s)" % (t, C_TYPE[t], BINARY["add"][t]))
     return lines

@@ -359,12 +359,12 @@ static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N,
 }
 
 /* o (M, N) = a (M, K) @ bt (N, K)^T: dot products along contiguous K (Linear's x @ W.T),
- * one a row against four bt rows at a time */
-static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N) {
+ * one a row against four bt rows at a time (o's rows ldo apart) */
+static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N, int ldo) {
     int k4 = K & ~3;
     for (int i = 0; i < M; i++) {
         const float *ar = a + i * K;
-        float *orow = o + i * N;
+        float *orow = o + i * ldo;
         int j = 0;
         for (; j + 4 <= N; j += 4) {
             const float *b0 = bt + j * K, *b1 = b0 + K, *b2 = b1 + K, *b3 = b2 + K;
@@ -400,8 +400,96 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
     for (int p = 0; p < batch; p++) {
         float *op = o + p * M * N;
         const float *ap = a + p * a_batch_stride, *bp = b + p * b_batch_stride;
-        if (transposed_b) mm_nt(op, ap, bp, M, K, N);
+        if (transposed_b) mm_nt(op, ap, bp, M, K, N, N);
         else mm_nn(op, ap, bp, M, K, N, N);
+    }
+}
+
+/* C (M, N) = A (M, K) @ dequantize(B), B's values read from 8-bit or packed 4-bit storage
+ * (weights that stay quantized: core/backend.py "quantized_matmul"). p = [M, N, K, block, q_off,
+ * q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed, z_code (0 none,
+ * 1 int8, 2 uint8, 3 int32), integer]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
+ * of q (bits 4: nibbles, low first); its block's scale s[blk * s_sb + n * s_sn] and zero point
+ * likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
+ * float32 (q - zp) * scale, or int32 q - zp when integer: A and C int32, exact wrapping sums)
+ * and the panel is multiplied by all of A (float: mm_nn's SIMD tiles), so each weight is
+ * dequantized once per call and no more than one panel is ever held in float. */
+#define Q_PANEL 16384
+static float q_panel[Q_PANEL];
+static int q_zp[Q_PANEL / 8];
+static float q_scale[Q_PANEL / 8];
+
+static inline int q_at(const void *q, int e, int bits, int is_signed) {
+    if (bits == 4) return (((const u8 *)q)[e >> 1] >> ((e & 1) * 4)) & 15;
+    return is_signed ? ((const signed char *)q)[e] : ((const u8 *)q)[e];
+}
+
+/* panel <- B[:, n0:n0 + nn] dequantized (ints stored in the float array's bits when integer),
+ * in runs of rows that share a block: (K, nn) row-major, or (nn, K) when `transposed` (B's K
+ * contiguous, as MatMulNBits stores it), so that q is read and the panel written in order */
+static void q_fill(const int *p, const void *q, const float *s, const void *z, int n0, int nn,
+                   int transposed) {
+    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], s_sb = p[7], s_sn = p[8];
+    int z_off = p[9], z_sb = p[10], z_sn = p[11], z_default = p[12], bits = p[13];
+    int zp_bits = p[14], q_signed = p[15], z_code = p[16], integer = p[17];
+    int *ints = (int *)q_panel;
+    for (int k0 = 0; k0 < K; k0 += block) {
+        int blk = k0 / block, k1 = k0 + block < K ? k0 + block : K;
+        for (int j = 0; j < nn; j++) {
+            int n = n0 + j, ze = z_off + blk * z_sb + n * z_sn;
+            q_zp[j] = z_code == 3 ? ((const int *)z)[ze]
+                    : z_code ? q_at(z, ze, zp_bits, z_code == 1) : z_default;
+            q_scale[j] = integer ? 1.0f : s[blk * s_sb + n * s_sn];
+        }
+        if (bits == 8 && q_sn == 1 && !transposed && !integer) {   /* (float: the hot case) */
+            for (int k = k0; k < k1; k++) {
+                int base = q_off + k * q_sk + n0;
+                /* one loop for int8 and uint8: a byte read signed, masked to 0..255 for uint8 */
+                const signed char *qs = (const signed char *)q + base;
+                int mask = q_signed ? -1 : 0xFF;
+                float *row = q_panel + k * nn;
+                for (int j = 0; j < nn; j++) row[j] = (float)((qs[j] & mask) - q_zp[j]) * q_scale[j];
+            }
+        } else {
+            for (int j = 0; j < nn; j++) {
+                int base = q_off + (n0 + j) * q_sn, zp = q_zp[j];
+                float sc = q_scale[j];
+                int at = transposed ? j * K : j, step = transposed ? 1 : nn;
+                for (int k = k0; k < k1; k++) {
+                    int v = q_at(q, base + k * q_sk, bits, q_signed) - zp;
+                    if (integer) ints[at + k * step] = v;
+                    else q_panel[at + k * step] = (float)v * sc;
+                }
+            }
+        }
+    }
+}
+
+EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const void *q,
+                                               const float *s, const void *z, const int *p) {
+    int M = p[0], N = p[1], K = p[2], integer = p[17], transposed = p[5] == 1 && p[6] != 1;
+    int width = (Q_PANEL / K) & ~7;   /* panel columns: a multiple of mm_nn's 8 */
+    if (width < 8) width = Q_PANEL / K > 0 ? Q_PANEL / K : 1;
+    if (width > Q_PANEL / 8) width = Q_PANEL / 8;
+    for (int n0 = 0; n0 < N; n0 += width) {
+        int nn = N - n0 < width ? N - n0 : width;
+        q_fill(p, q, s, z, n0, nn, transposed);
+        if (!integer) {
+            if (transposed) mm_nt((float *)o + n0, (const float *)a, q_panel, M, K, nn, N);
+            else mm_nn((float *)o + n0, (const float *)a, q_panel, M, K, nn, N);
+            continue;
+        }
+        const int *panel = (const int *)q_panel;
+        for (int m = 0; m < M; m++) {
+            const int *ar = (const int *)a + m * K;
+            unsigned *crow = (unsigned *)o + m * N + n0;
+            for (int j = 0; j < nn; j++) crow[j] = 0u;
+            for (int k = 0; k < K; k++) {
+                unsigned ak = (unsigned)ar[k];
+                for (int j = 0; j < nn; j++)
+                    crow[j] += ak * (unsigned)panel[transposed ? j * K + k : k * nn + j];
+            }
+        }
     }
 }
 

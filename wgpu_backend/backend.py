@@ -11,6 +11,7 @@ backend is reached (the tensor layer, Autodiff's backward, Fusion).
 """
 
 import math
+import struct
 import sys
 from array import array
 
@@ -23,7 +24,9 @@ from cinders.ops import result_dtype
 
 from . import conv
 from .codegen import images
-from .codegen.matmul import matmul_direct_wgsl, matmul_params, matmul_regtile_wgsl, matmul_wgsl
+from .codegen.packing import fill_word, word_count
+from .codegen.matmul import (QUANT_TILE, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
+                             matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -35,7 +38,8 @@ class DeviceLimitError(CindersError, MemoryError):
 
 
 class GpuArray:
-    """A strided view of a pooled device buffer (counts in elements; every dtype is 4 bytes)."""
+    """A strided view of a pooled device buffer (counts in elements: a compute dtype's element is
+    one u32 word, a storage dtype's a field of one, `DType.per_word`, codegen/packing.py)."""
 
     __slots__ = ("storage", "shape", "strides", "offset", "dtype", "__weakref__")
 
@@ -111,6 +115,10 @@ class Wgpu(Backend):
 
     # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
     conv2d_kernel = True
+    # int8/uint8 packed four to a u32 word, float16 two (codegen/packing.py).
+    storage_dtypes = dtypes.STORAGE_DTYPES
+    # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
+    quantized_matmul = True
 
     def __init__(self, adapter=None, autotune=None, instance=0):
         self._rt = _runtime(adapter, instance)
@@ -178,7 +186,7 @@ class Wgpu(Backend):
         settled, possibly a dead input's (pool.py, "In-place results"); fresh: a buffer no kernel
         has used."""
         shape = tuple(shape)
-        nbytes = 4 * math.prod(shape)
+        nbytes = 4 * word_count(dtype, math.prod(shape))
         pool = self._rt.pool
         if nbytes > pool.limit:
             raise DeviceLimitError(
@@ -278,6 +286,8 @@ class Wgpu(Backend):
         code = dtype.word_code
         if dtype is dtypes.bool_:
             data = array(code, [1 if v else 0 for v in values])
+        elif dtype is dtypes.float16:
+            data = array("H", _half_bits(values))
         else:
             try:
                 data = array(code, values)
@@ -289,7 +299,8 @@ class Wgpu(Backend):
         recording = self.device.recording_here() if len(data) else None
         out = self._new(shape, dtype, fresh=recording is not None)
         if len(data):
-            self.device.write_buffer(out.storage.raw, 0, data.tobytes())
+            raw = data.tobytes()  # whole words: a packed tail is padded with zero bytes
+            self.device.write_buffer(out.storage.raw, 0, raw + bytes(-len(raw) % 4))
         if recording is not None:
             recording.uploaded.append(out.storage.raw)
             self.pool.pin(out.storage.raw)
@@ -297,13 +308,20 @@ class Wgpu(Backend):
 
     def full(self, shape, value, dtype):
         out = self._new(shape, dtype)
-        self._fill(out, bits(value, dtype))
+        if dtype is dtypes.float16:
+            word = _half_bits([value])[0]
+        elif dtype.per_word > 1:
+            word = int(value)  # (fill_word keeps its low 8 bits: two's complement)
+        else:
+            word = bits(value, dtype)
+        self._fill(out, fill_word(dtype, word))
         return out
 
     def _fill(self, out, word):
-        n = out.size
+        """Fill out's words with `word` (a packed dtype: every element of the word at once)."""
+        n = word_count(out.dtype, out.size)
         if n:
-            ty = out.dtype.wgsl
+            ty = "u32" if out.dtype.per_word > 1 else out.dtype.wgsl
             self.launch(("fill", ty), lambda: images.fill_wgsl(ty), (), [out],
                         images.FILL_PARAMS.pack(n=n, bits=word), groups_for(n, WG), "fill", 0, 4 * n)
 
@@ -321,23 +339,35 @@ class Wgpu(Backend):
     def _readable(self, h):
         return h if h.is_contiguous() else self._materialize(h)
 
-    def _decode(self, h, data):
-        values = memoryview(data).cast(h.dtype.word_code).tolist()
-        return values
+    @staticmethod
+    def _span(h):
+        """(first byte, byte count) of contiguous h's words, and where its bytes start in them
+        (copies move whole words; a packed view may start inside one)."""
+        size = 4 // h.dtype.per_word
+        start, stop = size * h.offset, size * (h.offset + h.size)
+        first = start - start % 4
+        return first, -(-stop // 4) * 4 - first, start - first, stop - start
+
+    def _decode(self, h, data, skip, nbytes):
+        # (struct, not memoryview.cast: the latter has no float16 "e")
+        return list(struct.unpack_from("<%d%s" % (h.size, h.dtype.word_code), data, skip))
 
     def to_flat(self, h):
         h = self._readable(h)
-        return self._decode(h, self.device.read(h.storage.raw, 4 * h.offset, 4 * h.size))
+        first, count, skip, nbytes = self._span(h)
+        return self._decode(h, self.device.read(h.storage.raw, first, count), skip, nbytes)
 
     async def to_flat_async(self, h):
         h = self._readable(h)
-        return self._decode(h, await self.device.read_async(h.storage.raw, 4 * h.offset,
-                                                            4 * h.size))
+        first, count, skip, nbytes = self._span(h)
+        return self._decode(h, await self.device.read_async(h.storage.raw, first, count), skip,
+                            nbytes)
 
     def to_numpy(self, h):
         import numpy as np  # desktop convenience only; the backend itself never needs NumPy
         h = self._readable(h)
-        data = self.device.read(h.storage.raw, 4 * h.offset, 4 * h.size)
+        first, count, skip, nbytes = self._span(h)
+        data = self.device.read(h.storage.raw, first, count)[skip:skip + nbytes]
         out = np.frombuffer(data, dtype=h.dtype.word_code).reshape(h.shape).copy()
         return out.astype(np.bool_) if h.dtype is dtypes.bool_ else out
 
@@ -467,6 +497,41 @@ class Wgpu(Backend):
             return self.reduce("sum", out, 0, False)
         return out
 
+    def matmul_quantized(self, a, q, scale, zero_point, layout):
+        """C = a @ dequantize(B), B read from packed q inside the kernel (core/backend.py,
+        "quantized_matmul"; codegen/matmul.py, matmul_quantized_wgsl)."""
+        m, k = a.shape
+        n = layout.n
+        integer = scale is None
+        out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
+        if m * n == 0:
+            return out
+        if k == 0:
+            self._fill(out, 0)
+            return out
+        if -(-m // QUANT_TILE) > MAX_GROUPS or -(-n // QUANT_TILE) > MAX_GROUPS:
+            raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
+                                   "device's 65535 workgroups per dimension" % (m, n))
+        a = self._readable(a)
+        handles = [a, q] + ([] if integer else [scale]) + ([] if zero_point is None else [zero_point])
+        P = matmul_quantized_layout()
+        so, ssb, ssn = (scale.offset + layout.scale[0],) + layout.scale[1:] if not integer else (0, 0, 0)
+        zo, zsb, zsn = (zero_point.offset * (2 if layout.zp_bits == 4 else 1) + layout.zp[0],) + \
+            layout.zp[1:] if zero_point is not None else (0, 0, 0)
+        params = P.pack(M=m, N=n, K=k, block=layout.block or k, a_off=a.offset,
+                        q_off=q.offset * (2 if layout.bits == 4 else 1) + layout.q[0],
+                        q_sk=layout.q[1], q_sn=layout.q[2], s_off=so, s_sb=ssb, s_sn=ssn,
+                        z_off=zo, z_sb=zsb, z_sn=zsn, z_default=layout.zp_default & 0xFFFFFFFF)
+        sd = None if integer else scale.dtype
+        zd = None if zero_point is None else zero_point.dtype
+        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits)
+        self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
+                                                       layout.zp_bits),
+                    handles, [out], params, (-(-n // QUANT_TILE), -(-m // QUANT_TILE), 1),
+                    "matmul_quantized",
+                    4 * m * k + k * n * layout.bits // 8, 4 * m * n)
+        return out
+
     # ---- movement (views where possible) --------------------------------------------------
     def reshape(self, x, shape):
         shape = tuple(shape)
@@ -517,11 +582,11 @@ class Wgpu(Backend):
         n = out.size
         if n == 0:
             return out
-        ndim, ty = len(x.shape), x.dtype.wgsl
+        ndim, dt = len(x.shape), x.dtype
         params = images.gather_layout(ndim).pack(
             n=n, x_axis_len=x.shape[axis], shape=index.shape, idx_off=index.offset,
             idx_strides=index.strides, x_off=x.offset, x_strides=x.strides)
-        self.launch(("gather", ty, ndim, axis), lambda: images.gather_wgsl(ty, ndim, axis),
+        self.launch(("gather", dt.name, ndim, axis), lambda: images.gather_wgsl(dt, ndim, axis),
                     [x, index], [out], params, groups_for(n, WG), "gather", 8 * n, 4 * n)
         return out
 
@@ -581,3 +646,15 @@ class Wgpu(Backend):
         self.launch(("fold2d", ty), lambda: images.fold2d_wgsl(ty), [cols], [out], params,
                     groups_for(total, WG), "fold2d", 4 * cols.size, 4 * total)
         return out
+
+
+def _half_bits(values):
+    """float16 bit patterns of Python floats, rounded to nearest even; beyond float16's range
+    infinity (struct refuses those)."""
+    values = [float(v) for v in values]
+    try:
+        packed = struct.pack("<%de" % len(values), *values)
+    except OverflowError:
+        packed = struct.pack("<%de" % len(values), *[
+            v if abs(v) < 65520.0 else math.copysign(math.inf, v) for v in values])
+    return struct.unpack("<%dH" % len(values), packed)

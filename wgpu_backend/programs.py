@@ -23,6 +23,7 @@ from .codegen.prelude import WG, bits, groups_for
 from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, row_threads,
                               epilogue_layout, epilogue_wgsl, buffers, ROW_THREADS)
 from .codegen.matmul import matmul_param_count
+from .codegen.packing import binding_type
 
 
 _LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
@@ -101,7 +102,9 @@ class ProgramRunner:
                 slot_leaf.append(j)
             binding_of.append(slot)
         slots = list(slots)
-        slot_types = tuple(dt.wgsl for _, dt in slots)
+        # (the kernel keys name the slots' dtypes: packed ones share the binding type u32)
+        slot_types = tuple(binding_type(dt) for _, dt in slots)
+        slot_dtypes = tuple(dt for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
         donors = ()
         if flat:
@@ -111,11 +114,14 @@ class ProgramRunner:
                             for e in program.leaves)
             out_layouts = tuple("c" if o.is_contiguous() else "s" for o in out) if out else \
                 ("c",) * len(program.outputs)
-            # Contiguous everywhere and 16-byte aligned: each invocation moves vec4s.
-            width = 4 if (n % 4 == 0 and "s" not in layouts and "s" not in out_layouts
+            # Contiguous everywhere, 16-byte aligned and unpacked (packing.py): each invocation
+            # moves vec4s.
+            packed = any(e.dtype.per_word > 1 for e in program.leaves) or \
+                any(program.exprs[o].dtype.per_word > 1 for o in program.outputs)
+            width = 4 if (n % 4 == 0 and not packed and "s" not in layouts and "s" not in out_layouts
                           and not any(v[2] % 4 for v in views)
                           and not any(o.offset % 4 for o in out or ())) else 1
-            key = ("flat", program.key, tuple(binding_of), slot_types, layouts, out_layouts, width)
+            key = ("flat", program.key, tuple(binding_of), slot_dtypes, layouts, out_layouts, width)
             values = {"n": n // width, "shape": shape, "consts": consts}
             for j, (_, strides, offset) in enumerate(views):
                 values["l%d_off" % j], values["l%d_strides" % j] = offset // width, strides
@@ -134,13 +140,13 @@ class ProgramRunner:
                 return flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width,
                                  inplace)
 
-            if not out and len(program.outputs) == 1:
+            if not out and len(program.outputs) == 1 and not packed:
                 donors = self._donors(program, slots, binding_of, layouts, views)
             out_fields = [("o%d_off" % j, j, width) for j in range(len(out or ()))]
         else:
             width, length = 1, shape[axis]
             threads = row_threads(length)
-            key = ("rows", program.key, tuple(binding_of), slot_types, threads)
+            key = ("rows", program.key, tuple(binding_of), slot_dtypes, threads)
             outer = [d for d in range(len(shape)) if d != axis]
             values = {"rows": items, "L": length, "outer": [shape[d] for d in outer],
                       "consts": consts}
@@ -173,8 +179,9 @@ class ProgramRunner:
             params[position] = out[j].offset // width
         return backend.launch(plan.key, plan.build, [leaf_handles[j] for j in plan.slot_leaf],
                               out or plan.specs, params, plan.groups, plan.name,
-                              4 * sum(h.size for h in leaf_handles),
-                              4 * sum(math.prod(s) for s, _ in plan.specs), donors=plan.donors)
+                              sum(4 * h.size // h.dtype.per_word for h in leaf_handles),
+                              sum(4 * math.prod(s) // dt.per_word for s, dt in plan.specs),
+                              donors=plan.donors)
 
     @staticmethod
     def _donors(program, slots, binding_of, layouts, views):
@@ -209,7 +216,7 @@ class ProgramRunner:
                 slots.append(key)
                 handles.append(e.value)
             binding_of[j] = slots.index(key)
-        slot_types = tuple(dt.wgsl for _, dt in slots)
+        slot_types = tuple(binding_type(dt) for _, dt in slots)
         # Its parameters follow the matmul's own (the frame has the product's rank).
         first = matmul_param_count(len(a.shape) - 2)
         layout = epilogue_layout(program, product, first)
@@ -219,7 +226,7 @@ class ProgramRunner:
             values["l%d_off" % j], values["l%d_strides" % j] = offset, strides
         epilogue = MatmulEpilogue(
             key=("epilogue", program.key, product, tuple(binding_of[j] for j, _ in leaves),
-                 slot_types),
+                 tuple(dt for _, dt in slots)),
             source=lambda: epilogue_wgsl(program, product, binding_of, first),
             buffers=buffers(program, slot_types), params=layout.pack(**values),
             handles=handles + outs, name=program.name,

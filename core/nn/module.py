@@ -196,7 +196,10 @@ class Module:
             if tuple(new.shape) != tuple(old.shape):
                 mismatched.append("%s: expected shape %s, got %s" % (key, tuple(old.shape), tuple(new.shape)))
                 continue
-            if new.dtype is not old.dtype:
+            # A storage dtype (int8 weights of a quantized model) stays at its size where the
+            # backend holds it: every op widens it to the slot's compute dtype anyway.
+            if new.dtype is not old.dtype and not (
+                    new.dtype.compute is old.dtype and new.dtype in old.backend.storage_dtypes):
                 new = new.cast(old.dtype)
             converted[key] = _move(new, old.backend, not is_buffer)
         problems = []

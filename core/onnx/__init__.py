@@ -127,6 +127,9 @@ def _tensors(constants, backend):
     out = {}
     for attr, c in constants.items():
         dtype = from_name(c.dtype)
+        if base.quantized_matmul and c.onnx_type in ("int8", "uint8"):
+            # quantized weights stay 8-bit where matmuls dequantize them (ops/quantization.py)
+            dtype = from_name(c.onnx_type)
         out[attr] = Tensor(base, base.from_flat(c.storable_values(), c.shape, dtype), c.shape, dtype)
     return out
 

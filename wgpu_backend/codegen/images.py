@@ -3,6 +3,7 @@ scatter_add, unfold2d and fold2d. Each lays out its parameters with one `ParamLa
 """
 
 from .mathlib import helpers_for
+from .packing import binding_type, load, store
 from .prelude import ParamLayout, header, entry_1d, unravel, dot, zero
 
 
@@ -39,8 +40,9 @@ def gather_layout(ndim):
                        "x_off", ("x_strides", ndim))
 
 
-def gather_wgsl(ty, ndim, axis):
-    """out[c] = x[c with c[axis] = index[c]] (out has index's shape, contiguous)."""
+def gather_wgsl(dtype, ndim, axis):
+    """out[c] = x[c with c[axis] = index[c]] (out has index's shape, contiguous; x of any
+    dtype, packed ones too: packing.py)."""
     P = gather_layout(ndim)
     coords = ["c%d" % d for d in range(ndim)]
     body = unravel("i", P.array("shape"))
@@ -48,10 +50,13 @@ def gather_wgsl(ty, ndim, axis):
     # Negative indices count from the end. An index still outside the axis reads 0: checking
     # would need a readback, but it must never read another row (core/backend.py, gather).
     body += "  if (j < 0i) { j = j + i32(%s); }\n" % P["x_axis_len"]
-    body += "  if (j < 0i || j >= i32(%s)) { out[i] = %s; return; }\n" % (P["x_axis_len"], zero(ty))
+    body += "  if (j < 0i || j >= i32(%s)) { %s return; }\n" % (
+        P["x_axis_len"], store(dtype, "out", "i", zero(dtype.wgsl)))
     xc = ["u32(j)" if d == axis else c for d, c in enumerate(coords)]
-    body += "  out[i] = x[%s];\n" % dot(P["x_off"], xc, P.array("x_strides"))
-    src = header(P.size, [("x", ty, False), ("index", "i32", False), ("out", ty, True)])
+    body += "  %s\n" % store(dtype, "out", "i", load(dtype, "x", dot(P["x_off"], xc, P.array("x_strides"))))
+    src = header(P.size, [("x", binding_type(dtype), False), ("index", "i32", False),
+                          ("out", binding_type(dtype, True), True)])
+    src = helpers_for(src + body) + src
     return src + entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"
 
 

@@ -31,6 +31,35 @@ HELPERS = {
                    - 3.33329491539e-1) * z * x + x);
   return select(r, -r, a < 0.0);
 }""",
+    # Packed storage dtypes (packing.py): element e of word w as its compute value, and the
+    # float16 bits of an f32 (round to nearest even; beyond 65504 -> infinity).
+    "i8_at": "fn i8_at(w: u32, e: u32) -> i32 { return extractBits(bitcast<i32>(w), (e & 3u) * 8u, 8u); }",
+    "u8_at": "fn u8_at(w: u32, e: u32) -> i32 { return i32(extractBits(w, (e & 3u) * 8u, 8u)); }",
+    "f16_at": """fn f16_at(w: u32, e: u32) -> f32 {
+  let h = extractBits(w, (e & 1u) * 16u, 16u);
+  let sign = (h & 0x8000u) << 16u;
+  let ex = (h >> 10u) & 0x1fu;
+  let m = h & 0x3ffu;
+  if (ex == 0u) { return select(1.0, -1.0, sign != 0u) * f32(m) * 5.9604644775390625e-8; }
+  if (ex == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }
+  return bitcast<f32>(sign | ((ex + 112u) << 23u) | (m << 13u));
+}""",
+    "f16_bits": """fn f16_bits(v: f32) -> u32 {
+  let x = bitcast<u32>(v);
+  let sign = (x >> 16u) & 0x8000u;
+  let a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) { return sign | 0x7e00u; }
+  if (a >= 0x477ff000u) { return sign | 0x7c00u; }
+  if (a >= 0x38800000u) { return sign | ((a - 0x38000000u + 0xfffu + ((a >> 13u) & 1u)) >> 13u); }
+  if (a <= 0x33000000u) { return sign; }
+  let m = (a & 0x7fffffu) | 0x800000u;
+  let shift = 126u - (a >> 23u);
+  var q = m >> shift;
+  let rem = m & ((1u << shift) - 1u);
+  let half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u) == 1u)) { q = q + 1u; }
+  return sign | q;
+}""",
     "asin_f": """fn asin_f(a: f32) -> f32 {
   if (!(abs(a) <= 1.0)) { let nan_bits = 0x7fc00000u; return bitcast<f32>(nan_bits); }
   return atan_f(a / sqrt((1.0 - a) * (1.0 + a)));

@@ -5,6 +5,8 @@ kernel either writes C or calls an epilogue generated from a fusion Program (pro
 `epilogue_source`): bias + activation after a Linear or a conv, in the matmul kernel itself.
 """
 
+from .mathlib import helpers_for
+from .packing import binding_type, load
 from .prelude import ParamLayout, header, unravel, dot
 
 # The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
@@ -328,3 +330,97 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     cols = [("n0 + %du" % (c * wx), lambda r, c=c: "acc[%d]" % (r * tn + c)) for c in range(tn)]
     return _matmul_kernel(nbatch, False, False, epilogue, "", entry, body,
                           _store_tile(rows, cols, False, False, epilogue))
+
+
+# ---- matmul with a quantized B (weights that stay packed) ----------------------------------
+def matmul_quantized_layout():
+    """P of the quantized-B matmul: sizes; A's offset (A contiguous (M, K)); B's element (k, n)
+    at q_off + k * q_sk + n * q_sn (8-bit values, or nibbles when bits == 4); its scale and zero
+    point per (block of k, n) at *_off + block * *_sb + n * *_sn; the default zero point."""
+    return ParamLayout("M", "N", "K", "block", "a_off", "q_off", "q_sk", "q_sn", "s_off", "s_sb",
+                       "s_sn", "z_off", "z_sb", "z_sn", "z_default")
+
+
+QUANT_THREADS = 16   # the quantized-B matmul's workgroup: 16 x 16 invocations,
+QUANT_MICRO = 4      # each computing 4 x 4 outputs: a 64 x 64 tile of C per workgroup
+QUANT_TILE = QUANT_THREADS * QUANT_MICRO
+QUANT_BK = 16        # K per staged step
+
+
+def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits):
+    """C = A @ dequantize(B) in QUANT_TILE x QUANT_TILE tiles of C (grid: ceil(N / tile),
+    ceil(M / tile)), each invocation QUANT_MICRO x QUANT_MICRO of them. Each step stages a
+    tile x QUANT_BK slice of A and a QUANT_BK x tile slice of B in workgroup memory, B
+    dequantized as it is staged ((q - zero point) * its block's scale), so B is read from its
+    packed words only. Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in
+    i32, exactly for any K; float A in f32. zp_dtype None: every zero point is P.z_default."""
+    P = matmul_quantized_layout()
+    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, QUANT_MICRO, QUANT_BK
+    tile = T * R
+
+    def q_at(buf, dtype, nbits, index):
+        if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
+            return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
+        return load(dtype, buf, index)
+
+    buffers = [("a", binding_type(a_dtype), False), ("q", binding_type(q_dtype), False)]
+    if scale_dtype is not None:
+        buffers.append(("s", binding_type(scale_dtype), False))
+    if zp_dtype is not None:
+        buffers.append(("z", binding_type(zp_dtype), False))
+    buffers.append(("out", acc, True))
+    zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else \
+        "i32(%s)" % q_at("z", zp_dtype, zp_bits, "%s + blk * %s + gn * %s" % (P["z_off"], P["z_sb"], P["z_sn"]))
+    value = "%s - %s" % (q_at("q", q_dtype, bits, "%s + gk * %s + gn * %s" % (P["q_off"], P["q_sk"], P["q_sn"])), zp)
+    if scale_dtype is not None:
+        value = "f32(%s) * f32(%s)" % (value, load(
+            scale_dtype, "s", "%s + blk * %s + gn * %s" % (P["s_off"], P["s_sb"], P["s_sn"])))
+    shared = ("var<workgroup> ta: array<array<{acc}, {tile}>, {BK}>;\n"
+              "var<workgroup> tb: array<array<{acc}, {tile}>, {BK}>;").format(acc=acc, tile=tile, BK=BK)
+    per_thread = tile * BK // (T * T)
+    body = """
+@compute @workgroup_size({T}, {T})
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+  let M = {M}; let N = {N}; let K = {K}; let block = {block};
+  let tx = lid.x; let ty = lid.y; let t = ty * {T}u + tx;
+  let m0 = wid.y * {tile}u; let n0 = wid.x * {tile}u;
+  var sum: array<array<{acc}, {R}>, {R}>;
+  for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{
+    for (var r = 0u; r < {per}u; r = r + 1u) {{
+      let e = t + r * {threads}u;
+      // A: along k within a row (reads in order); B: along n within a row of K
+      let am = e / {BK}u; let ak = e % {BK}u; let gm = m0 + am; let gka = k0 + ak;
+      ta[ak][am] = select({acc}(0), a[{a_off} + gm * K + gka], gm < M && gka < K);
+      let bk = e / {tile}u; let bn = e % {tile}u; let gk = k0 + bk; let gn = n0 + bn;
+      var w = {acc}(0);
+      if (gk < K && gn < N) {{
+        let blk = gk / block;
+        w = {acc}({value});
+      }}
+      tb[bk][bn] = w;
+    }}
+    workgroupBarrier();
+    for (var k = 0u; k < {BK}u; k = k + 1u) {{
+      var av: array<{acc}, {R}>; var bv: array<{acc}, {R}>;
+      for (var i = 0u; i < {R}u; i = i + 1u) {{
+        av[i] = ta[k][ty * {R}u + i]; bv[i] = tb[k][tx * {R}u + i];
+      }}
+      for (var i = 0u; i < {R}u; i = i + 1u) {{
+        for (var j = 0u; j < {R}u; j = j + 1u) {{
+          sum[i][j] = sum[i][j] + av[i] * bv[j];
+        }}
+      }}
+    }}
+    workgroupBarrier();
+  }}
+  for (var i = 0u; i < {R}u; i = i + 1u) {{
+    for (var j = 0u; j < {R}u; j = j + 1u) {{
+      let m = m0 + ty * {R}u + i; let n = n0 + tx * {R}u + j;
+      if (m < M && n < N) {{ out[m * N + n] = sum[i][j]; }}
+    }}
+  }}
+}}
+""".format(T=T, R=R, BK=BK, tile=tile, per=per_thread, threads=T * T, M=P["M"], N=P["N"],
+           K=P["K"], block=P["block"], a_off=P["a_off"], acc=acc, value=value)
+    src = header(P.size, buffers, shared) + body
+    return helpers_for(src) + src

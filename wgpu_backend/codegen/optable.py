@@ -66,6 +66,9 @@ def op_expression(op, operand_dtypes):
 
 
 def _cast(src, dst_kind):
+    # A storage target (cast_u: uint8) is computed as its compute dtype's value; the store
+    # narrows it (packing.py).
+    dst_kind = {"u": "i"}.get(dst_kind, dst_kind)
     if src.kind == dst_kind:
         return "{a}"
     if dst_kind == "b":

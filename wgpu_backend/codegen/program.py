@@ -20,6 +20,7 @@ same rank; each kernel shape has one `ParamLayout` (flat_layout, rows_layout, ep
 """
 
 from .mathlib import helpers_for
+from .packing import binding_type, load, store
 from .optable import (op_expression, REDUCE_IDENTITY, REDUCE_COMBINE, reduce_better,
                       reduce_ties)
 from .prelude import ParamLayout, header, entry_1d, entry_per_group, unravel, dot
@@ -36,6 +37,7 @@ def row_threads(length):
 
 # ---- expressions ---------------------------------------------------------------------------
 def _operand_dtypes(program, refs):
+    """The dtypes a node's operands are computed in (a packed leaf is unpacked on load)."""
     out = []
     for kind, j in refs:
         if kind == "n":
@@ -44,7 +46,7 @@ def _operand_dtypes(program, refs):
             out.append(program.leaves[j].dtype)
         else:
             out.append(program.consts[j].dtype)
-    return out
+    return [d.compute for d in out]
 
 
 def _node_expression(program, op, arg, refs, values):
@@ -73,11 +75,12 @@ def _finish(src, program):
 
 
 def buffers(program, slot_types, width=1, inplace=None):
-    """Leaf slots b0.., then outputs out0.. (none when the output goes into slot `inplace`)."""
+    """Leaf slots b0.., then outputs out0.. (none when the output goes into slot `inplace`).
+    slot_types: the binding type of each slot (packing.binding_type)."""
     def ty(t):
         return t if width == 1 else "vec4<%s>" % t
     return ([("b%d" % s, ty(t), s == inplace) for s, t in enumerate(slot_types)]
-            + [("out%d" % j, ty(program.nodes[o][4].wgsl), True)
+            + [("out%d" % j, ty(binding_type(program.nodes[o][4], True)), True)
                for j, o in enumerate(program.outputs) if inplace is None])
 
 
@@ -130,7 +133,8 @@ def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, in
     for j, layout in enumerate(layouts):
         index = "%s + i" % P["l%d_off" % j] if layout == "c" else \
             dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j))
-        lines.append("  let l%d = b%d[%s];" % (j, binding_of[j], index))
+        lines.append("  let l%d = %s;" % (j, load(program.leaves[j].dtype, "b%d" % binding_of[j],
+                                                 index)))
     leaves = range(len(layouts))
     target = ["b%d" % inplace] if inplace is not None else \
         ["out%d" % j for j in range(len(program.outputs))]
@@ -139,7 +143,8 @@ def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, in
               for j, layout in enumerate(out_layouts)]
     if width == 1:
         lines += _flat_chain(program, ["l%d" % j for j in leaves], "")
-        lines += ["  %s[%s] = x%d;" % (target[j], stores[j], o) for j, o in enumerate(program.outputs)]
+        lines += ["  " + store(program.nodes[o][4], target[j], stores[j], "x%d" % o)
+                  for j, o in enumerate(program.outputs)]
     else:
         for q in range(width):
             lines += _flat_chain(program, ["l%d[%d]" % (j, q) for j in leaves], "_%d" % q)
@@ -245,7 +250,8 @@ def rows_wgsl(program, binding_of, slot_types, threads):
             if kind == "l":
                 if ("l", j) not in done:
                     done.add(("l", j))
-                    out.append("%slet f_l%d = b%d[lb%d + k * ls%d];" % (indent, j, binding_of[j], j, j))
+                    out.append("%slet f_l%d = %s;" % (indent, j, load(
+                        program.leaves[j].dtype, "b%d" % binding_of[j], "lb%d + k * ls%d" % (j, j))))
                 return "f_l%d" % j
             if nodes[j][3] == "row":
                 return "x%d" % j
@@ -264,7 +270,7 @@ def rows_wgsl(program, binding_of, slot_types, threads):
         if kind == "c":
             return "k%d" % j
         if kind == "l":
-            return "b%d[lb%d]" % (binding_of[j], j)
+            return load(program.leaves[j].dtype, "b%d" % binding_of[j], "lb%d" % j)
         return "x%d" % j
 
     for k, (op, arg, refs, role, dtype) in enumerate(nodes):
@@ -287,13 +293,13 @@ def rows_wgsl(program, binding_of, slot_types, threads):
         body, names = full_block([("n", o) for _, o in full_outputs], "    ")
         lines += body
         for (j, _), name in zip(full_outputs, names):
-            lines.append("    out%d[ob + k * os] = %s;" % (j, name))
+            lines.append("    " + store(nodes[program.outputs[j]][4], "out%d" % j, "ob + k * os", name))
         lines.append("  }")
     row_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "row"]
     if row_outputs:
         lines.append("  if (t == 0u) {")
         for j, o in row_outputs:
-            lines.append("    out%d[row] = x%d;" % (j, o))
+            lines.append("    " + store(nodes[o][4], "out%d" % j, "row", "x%d" % o))
         lines.append("  }")
     src = header(P.size, buffers(program, slot_types), "\n".join(shared))
     src += "\n".join(lines) + "\n}\n"
@@ -328,9 +334,11 @@ def epilogue_wgsl(program, product, binding_of, first):
         if j == product:
             names.append("acc")
             continue
-        lines.append("  let l%d = b%d[%s];" % (
-            j, binding_of[j], dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j))))
+        lines.append("  let l%d = %s;" % (j, load(
+            program.leaves[j].dtype, "b%d" % binding_of[j],
+            dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j)))))
         names.append("l%d" % j)
     lines += _flat_chain(program, names, "")
-    lines += ["  out%d[i] = x%d;" % (j, o) for j, o in enumerate(program.outputs)]
+    lines += ["  " + store(program.nodes[o][4], "out%d" % j, "i", "x%d" % o)
+              for j, o in enumerate(program.outputs)]
     return _finish("\n".join(lines) + "\n}\n", program)

@@ -11,11 +11,17 @@ matmul/conv of every backend, which is exact here: operands are differences of 8
 (|v| <= 255), so a product is < 2**16 and any sum of EXACT_TERMS of them stays below 2**24,
 where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERMS along the
 reduced axis; each chunk is cast to int32 and the chunks are added in int32.
+
+Weights stay quantized where the backend declares `quantized_matmul` (core/backend.py; cn.Wgpu):
+an int8/uint8 weight initializer is kept at its storage dtype there (cinders.onnx), and
+MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to `matmul_quantized`, which
+dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int32 copy of B.
 """
 
 import cinders as cn
-from ...dtypes import float32, int32
-from ...tensor import cat
+from ...backend import QuantizedLayout
+from ...dtypes import float32, int32, int8, uint8
+from ...tensor import Tensor, cat
 from ..proto import DATA_TYPES, OnnxError
 from .base import _axis, _slice_axis, op
 from .conv import Conv
@@ -134,9 +140,40 @@ def column_param(p):
     return p.reshape((p.numel(),)) if p.ndim == 1 else p
 
 
+def packed_weight(b, a):
+    """True where b is a quantized weight that a's backend multiplies without widening it."""
+    return b.dtype in (int8, uint8) and b.backend is a.backend and a.backend.quantized_matmul
+
+
+def quantized_product(a, q, scale, zero_point, layout):
+    """a (..., K) @ dequantize(B) through the backend's matmul_quantized (core/backend.py):
+    float32 a and a scale give float32; int32 a and no scale the exact int32 product."""
+    backend = a.backend
+    k, n = layout.k, layout.n
+    rows = a.reshape((-1, k))
+    # flat (a reshape copies a strided view): the layout's strides count from each one's start
+    handles = [None if t is None else t.reshape((-1,)).handle for t in (q, scale, zero_point)]
+    out = backend.matmul_quantized(rows.handle, *handles, layout)
+    return Tensor(backend, out, (rows.shape[0], n), int32 if scale is None else float32).reshape(
+        a.shape[:-1] + (n,))
+
+
+def integer_matmul(a, a_zero_point, b, b_zero_point):
+    """The exact int32 product (a - a_zp) @ (b - b_zp) of 8-bit operands (a_zp per row or
+    scalar, b_zp per column or scalar): in the kernel where b is a packed weight, else
+    exact_matmul."""
+    if b.ndim == 2 and packed_weight(b, a):
+        a = a if a_zero_point is None else a - a_zero_point
+        k, n = b.shape
+        zp = None if b_zero_point is None else b_zero_point.reshape((-1,))
+        layout = QuantizedLayout(k, n, 8, k, (0, n, 1), zp=(0, 0, 0 if zp is None or zp.numel() == 1 else 1))
+        return quantized_product(a.cast(int32), b, None, zp, layout)
+    return exact_matmul(centered(a, a_zero_point), centered(b, b_zero_point))
+
+
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
-    return exact_matmul(centered(A, row_param(a_zero_point)), centered(B, column_param(b_zero_point)))
+    return integer_matmul(A, row_param(a_zero_point), B, column_param(b_zero_point))
 
 
 def exact_conv(x, w, group, **conv_args):

@@ -17,8 +17,9 @@ from .conv import AveragePool
 from .elementwise import LeakyRelu
 from .reductions import Softmax
 from .recurrent import _recurrent
-from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, centered, column_param,
-                           exact_matmul, quant_range, quantize, requantize, type_at)
+from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, QuantizedLayout, centered,
+                           column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
+                           quantize, quantized_product, requantize, type_at)
 
 MS = "com.microsoft"
 # onnxruntime's com.microsoft QuantizeLinear/DequantizeLinear are the ai.onnx ones
@@ -147,7 +148,7 @@ def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
     """A quantized to uint8 at run time (DynamicQuantizeLinear), an exact integer product with B,
     scaled back by a_scale * b_scale."""
     a_q, a_scale, a_zp = DynamicQuantizeLinear(A, outputs=3)
-    acc = exact_matmul(centered(a_q, a_zp), centered(B, column_param(b_zero_point)))
+    acc = integer_matmul(a_q, a_zp, B, column_param(b_zero_point))
     y = acc.cast(float32) * (a_scale * column_param(b_scale))
     return y if bias is None else y + bias
 
@@ -171,6 +172,14 @@ def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, N=0,
     if g_idx is not None:
         raise OnnxError("MatMulNBits: g_idx (act-order) is not supported")
     blocks = -(-K // block_size)
+    if packed_weight(B, A) and (zero_points is None or zero_points.dtype is not float32):
+        # dequantized in the matmul kernel as it reads B's nibbles (quantization.py)
+        zp_row = blocks if bits == 8 else 2 * -(-blocks // 2)   # (4-bit rows: whole bytes)
+        layout = QuantizedLayout(K, N, bits, block_size, (0, 1, blocks * block_size), (0, 1, blocks),
+                                 (0, 1, zp_row), zp_bits=bits, zp_default=2 ** (bits - 1))
+        zp = None if zero_points is None else zero_points.reshape((-1,))
+        y = quantized_product(A, B.reshape((-1,)), scales.reshape((-1,)), zp, layout)
+        return y if bias is None else y + bias
     q = unpack_nibbles(B) if bits == 4 else B                                       # (N, blocks, block_size)
     q = q.reshape((N, blocks, block_size)).cast(float32)
     if zero_points is None:
