@@ -344,12 +344,6 @@ static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N,
             }
             wasm_v128_store(orow + j, c0); wasm_v128_store(orow + j + 4, c1);
         }
-        for (; j + 4 <= N; j += 4) {
-            v128_t c0 = wasm_f32x4_splat(0);
-            const float *bk = b + j;
-            for (int k = 0; k < K; k++, bk += N) FMA4(c0, wasm_f32x4_splat(ar[k]), wasm_v128_load(bk));
-            wasm_v128_store(orow + j, c0);
-        }
         for (; j < N; j++) {
             float s = 0;
             for (int k = 0; k < K; k++) s += ar[k] * b[k * N + j];
