@@ -145,10 +145,13 @@ def export_and_serve(tmp_path, *export_args):
 
 
 def guarded_page(browser, url):
+    """(context, page, seen): seen lists requests that left the site and, as "404 <url>", files
+    the site lacks (the kernels, the shared page JS: the folder must carry all it asks for)."""
     context = browser.new_context()
     seen = guard(context, url)
     page = context.new_page()
     page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
+    page.on("response", lambda r: r.status == 404 and seen.append("404 " + r.url))
     return context, page, seen
 
 

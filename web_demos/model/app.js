@@ -3,38 +3,16 @@
 // URL options: ?backend=auto|webgpu|wasm|python. window.cindersModel = {runtime, info, result}
 // for tests; #status says "ready", "running", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
+import { $, plain, fail, row, showBackend } from "../shared/page.js";
 
 const params = new URLSearchParams(location.search);
-const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersModel = { runtime: null, info: null, result: null });
 
-function fail(error) {
-  const text = String(error && error.message ? error.message : error);
-  status("error: " + text.split("\n").filter(Boolean).pop());
-  $("error").hidden = false;
-  $("error").textContent = text;
-}
-
-function row(cells, header = false) {
-  const tr = document.createElement("tr");
-  for (const c of cells) {
-    const td = document.createElement(header ? "th" : "td");
-    td.textContent = c;
-    tr.appendChild(td);
-  }
-  return tr;
-}
-
-function plain(proxy) {
-  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-  proxy.destroy();
-  return value;
-}
-
 async function run(onnxWeb) {
   status("running");
-  const result = plain(await onnxWeb.run(Number($("batch").value) || 1, Number($("seed").value) || 0));
+  const result = plain(await onnxWeb.run.callKwargs({ batch: Number($("batch").value) || 1,
+                                                     seed: Number($("seed").value) || 0 }));
   api.result = result;
   $("timings").replaceChildren(row(["step", "ms"], true), row(["import", api.info.import_ms.toFixed(1)]),
     row(["first run", result.first_ms.toFixed(1)]), row(["warm run", result.warm_ms.toFixed(1)]));
@@ -47,7 +25,7 @@ async function run(onnxWeb) {
 try {
   const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
-  $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
+  showBackend(runtime, params.get("backend"));
   status("importing the model");
   const onnxWeb = runtime.pyodide.pyimport("cinders.onnx.web");
   const bytes = new Uint8Array(await (await fetch("model.onnx")).arrayBuffer());
@@ -56,7 +34,7 @@ try {
     ...api.info.inputs.map((i) => row(["input", i.name, JSON.stringify(i.shape), i.type])),
     ...api.info.outputs.map((o) => row(["output", o, "", ""])));
   $("run").disabled = false;
-  $("run").addEventListener("click", () => run(onnxWeb).catch(fail));
+  $("run").addEventListener("click", () => run(onnxWeb).catch((e) => fail(e, "outputs", "timings")));
   status("ready");
 } catch (error) {
   fail(error);
