@@ -53,13 +53,18 @@ export function clearError() {
 
 const KIND_NAMES = { webgpu: "WebGPU", wasm: "WebAssembly", cpu: "Python" };
 
+// The runtime's note on its backend choice, for a visitor: after a WebGPU fallback one friendly
+// sentence instead of the adapter's error and browser flags (pages keep that in a tooltip).
+export function friendlyNote(kind, note) {
+  return /WebGPU unavailable/.test(note || "") ? `no WebGPU in this browser, so it runs on ${KIND_NAMES[kind] || kind}`
+    : note || "";
+}
+
 // "#backend" gets the kind (webgpu | wasm | cpu); "#backend-note" the ?backend= asked for and, when
-// the page fell back, one friendly sentence (the runtime's full reason stays in its tooltip).
+// the page fell back, the friendly note (the runtime's full reason stays in its tooltip).
 export function showBackend(runtime, asked) {
   $("backend").textContent = runtime.backend;
-  const note = runtime.backendNote || "";
-  const fellBack = /WebGPU unavailable/.test(note);
-  const why = fellBack ? ` · no WebGPU in this browser, so it runs on ${KIND_NAMES[runtime.backend]}` : "";
-  $("backend-note").textContent = `(?backend=${asked || "auto"}${why})`;
-  $("backend-note").title = note;
+  const why = friendlyNote(runtime.backend, runtime.backendNote);
+  $("backend-note").textContent = `(?backend=${asked || "auto"}${why ? " · " + why : ""})`;
+  $("backend-note").title = runtime.backendNote || "";
 }
