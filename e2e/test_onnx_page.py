@@ -195,11 +195,15 @@ def test_without_webgpu_mobilenet_runs_on_wasm(new_page, no_webgpu_browser):
     _assert_close(_output(_result(page)), expected)
 
 
-def test_a_decoder_generates_the_tokens_of_an_onnxruntime_greedy_loop(new_page, decoder_path):
-    """Greedy generation in the tab (WebGPU, the optimum-style decoder whose decode steps replay
-    one captured program): tokens appear one by one, with tokens per second."""
+@pytest.mark.parametrize("webgpu", [True, False], ids=["webgpu", "wasm"])
+def test_a_decoder_generates_the_tokens_of_an_onnxruntime_greedy_loop(new_page, decoder_path, no_webgpu_browser,
+                                                                       webgpu):
+    """Greedy generation in the tab (the optimum-style decoder, whose decode steps replay one
+    captured program on WebGPU), on WebGPU and on cn.Wasm(): tokens appear one by one, with
+    tokens per second."""
     path = decoder_path("optimum")
-    page = wait_ready(new_page("/onnx/"))
+    page = wait_ready(new_page("/onnx/", on_browser=None if webgpu else no_webgpu_browser))
+    assert page.text_content("#backend") == ("webgpu" if webgpu else "wasm")
     _upload(page, [path])
     _wait_done(page)
     assert page.locator("#generate").is_visible()
