@@ -178,23 +178,23 @@ def small_onnx(path):
 
 def test_exported_onnx_model_runs_like_onnxruntime(browser, tmp_path):
     import onnxruntime as ort
-    from cinders.onnx import load
-    from cinders.onnx.web import make_inputs
     small_onnx(tmp_path / "user.onnx")
-    x = make_inputs(load(str(tmp_path / "user.onnx"), backend=cn.NumPy()), 3, 0, cn.NumPy())[0].numpy()
-    want = ort.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
+    session = ort.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"])
     for url in export_and_serve(tmp_path, "user.onnx"):
         context, page, seen = guarded_page(browser, url)
         try:
             page.goto(url)                    # index.html sends the browser on to model/
             wait_ready(page)
             assert page.url.endswith("/model/")
-            page.fill("#batch", "3")
+            page.fill("input.dim", "3")       # the symbolic batch: the values field is refilled
             page.click("#run")
             finished(page)
+            x = np.array(json.loads(page.eval_on_selector("textarea[data-input=x]", "t => t.value")), np.float32)
+            assert np.array_equal(x.reshape(3, 5), cn.random((3, 5), backend=cn.NumPy(), distribution="normal",
+                                                             seed=0).numpy())
             out = json.loads(page.evaluate("() => JSON.stringify(window.cindersModel.result.outputs)"))
             assert out[0]["shape"] == [3, 4]
+            want = session.run(None, {"x": x.reshape(3, 5)})[0]
             np.testing.assert_allclose(np.reshape(out[0]["values"], (3, 4)), want, rtol=1e-4, atol=1e-5)
         finally:
             context.close()

@@ -4,12 +4,12 @@ cn.Wasm() or Python) on inputs the visitor can edit, and generate text with a KV
 
     info = import_files({"m.onnx": data, "m.onnx.data": weights})   # {"source", "inputs", ...}
     info = import_model(data, "model.onnx")                         # one file
-    result = await run([{"shape": [1, 8], "values": "[5, 7, ...]"}, ...])   # or run(batch=, seed=)
+    result = await run([{"shape": [1, 8], "values": "[5, 7, ...]"}, ...])   # the page's fields
     done = await generate([5, 7, 9], 12, on_token)                  # greedy, token by token
 
-Example inputs (what the page prefills, and what run(batch, seed) draws) come from `example`:
-floats are cn.random(shape, distribution="normal", seed=seed + i) - the same numbers on every
-backend, so a desktop run with the same seed reproduces the page's input exactly - and integers
+Example inputs (what the pages prefill their input fields with) come from `example`:
+floats are cn.random(shape, distribution="normal", seed=i) for the i-th input - the same numbers
+on every backend, so a desktop run reproduces the page's input exactly - and integers
 are small (floor(10 * uniform)), never silently zeros; bools start False.
 """
 import asyncio
@@ -88,9 +88,9 @@ def _missing_external_data(path, files):
                            "it" if len(missing) == 1 else "them")) from None
 
 
-def input_shape(shape, batch):
-    """A graph input's dims with symbolic ones (names, None) made concrete: the batch size."""
-    return tuple(d if isinstance(d, int) and d > 0 else batch for d in shape)
+def input_shape(shape, size):
+    """A graph input's dims with symbolic ones (names, None) made concrete: `size`."""
+    return tuple(d if isinstance(d, int) and d > 0 else size for d in shape)
 
 
 def example(shape, type_name, seed):
@@ -107,12 +107,6 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
-
-
-def make_inputs(model, batch, seed, backend):
-    """The example inputs at batch size `batch`, as tensors on `backend`."""
-    return [_tensor(example(input_shape(dims, batch), t, seed + i), input_shape(dims, batch), t, backend)
-            for i, (dims, t) in enumerate(zip(model.input_shapes, model.input_types))]
 
 
 def _tensor(values, shape, type_name, backend):
@@ -143,26 +137,22 @@ def parse_input(name, dims, type_name, shape, text):
     return shape, values
 
 
-async def run(inputs=None, batch=1, seed=0):
+async def run(inputs):
     """Run the imported model four times and time the first (pipelines compile) and the last
     (warm: a replay of the captured forward, where the backend records kernels); device_reads
     counts the values the forward calls read from the device (0 for a captured model). inputs: one
-    {"shape", "values" (JSON text)} per graph input, as the page's fields hold them; None draws
-    the example inputs at `batch` and `seed`."""
+    {"shape", "values" (JSON text)} per graph input, as the page's fields hold them."""
     model, forward = _state["model"], _state["forward"]
     if model is None:
         raise RuntimeError("import a model first")
     backend = _backend()
-    if inputs is None:
-        tensors = make_inputs(model, batch, seed, backend)
-    else:
-        fields = [dict(f) for f in inputs]
-        if len(fields) != len(model.input_names):
-            raise OnnxError("%d inputs given, the model takes %d" % (len(fields), len(model.input_names)))
-        tensors = []
-        for name, dims, type_name, field in zip(model.input_names, model.input_shapes, model.input_types, fields):
-            shape, values = parse_input(name, dims, type_name, list(field["shape"]), str(field["values"]))
-            tensors.append(_tensor(values, shape, type_name, backend))
+    fields = [dict(f) for f in inputs]
+    if len(fields) != len(model.input_names):
+        raise OnnxError("%d inputs given, the model takes %d" % (len(fields), len(model.input_names)))
+    tensors = []
+    for name, dims, type_name, field in zip(model.input_names, model.input_shapes, model.input_types, fields):
+        shape, values = parse_input(name, dims, type_name, list(field["shape"]), str(field["values"]))
+        tensors.append(_tensor(values, shape, type_name, backend))
     timings, device_reads = [], 0
     for _ in range(4):  # call 1 runs, calls 2 and 3 record, call 4 replays (cinders/capture.py)
         started = time.perf_counter()
@@ -178,8 +168,7 @@ async def run(inputs=None, batch=1, seed=0):
         timings.append((time.perf_counter() - started) * 1e3)
     results = [{"name": n, "shape": list(t.shape), "values": _flat(v)}
                for n, t, v in zip(model.output_names, outs, values)]
-    return {"outputs": results, "first_ms": timings[0], "warm_ms": timings[-1], "batch": batch, "seed": seed,
-            "captured": getattr(forward, "replays", 0) > 0, "device_reads": device_reads}
+    return {"outputs": results, "first_ms": timings[0], "warm_ms": timings[-1], "captured": getattr(forward, "replays", 0) > 0, "device_reads": device_reads}
 
 
 async def generate(token_ids, max_new_tokens, on_token=None):

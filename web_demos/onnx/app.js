@@ -6,49 +6,22 @@
 // "importing", "running", "generating", "done" or "error: ...".
 import { Cinders } from "/wasm/cinders.js";
 import { $, plain, fail, clearError, row, showBackend } from "../shared/page.js";
+import { inputTable, outputText } from "../shared/onnx_model.js";
 
 const params = new URLSearchParams(location.search);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersOnnx = { info: null, result: null, runtime: null, generation: null });
 const STALE = ["outputs", "timings", "tokens", "tokens-per-s"];   // emptied when something fails
 
-// One row per graph input: fixed dims as text, symbolic ones (batch, seq, past) as number fields;
-// the values as JSON, refilled with example values when a dim changes.
-function inputRow(onnxWeb, pyodide, input, index) {
-  const dims = input.shape.map((d, i) => {
-    if (typeof d === "number" && d > 0) return document.createTextNode(String(d));
-    const field = document.createElement("input");
-    Object.assign(field, { type: "number", min: "0", value: String(input.example_shape[i]), className: "dim",
-                           title: String(d) });
-    return field;
-  });
-  const shapeCell = document.createElement("span");
-  dims.forEach((d, i) => { if (i) shapeCell.append(" × "); shapeCell.append(d); });
-  const values = Object.assign(document.createElement("textarea"), { className: "values", rows: 3,
-                                                                       value: input.values });
-  values.dataset.input = input.name;
-  const shape = () => dims.map((d) => (d instanceof HTMLInputElement ? Number(d.value) : Number(d.textContent)));
-  for (const d of dims) {
-    if (d instanceof HTMLInputElement) {
-      d.addEventListener("change", () => {
-        values.value = JSON.stringify(plain(onnxWeb.example(pyodide.toPy(shape()), input.type, index)));
-      });
-    }
-  }
-  return { tr: row([input.name, input.type, shapeCell, values]), read: () => ({ shape: shape(), values: values.value }) };
-}
-
 async function runModel(onnxWeb, pyodide, fields) {
   status("running");
-  const result = plain(await onnxWeb.run(pyodide.toPy(fields.map((f) => f.read()))));
+  const result = plain(await onnxWeb.run(pyodide.toPy(fields.read())));
   api.result = result;
   $("timings").replaceChildren(row(["step", "ms"], true),
     row(["import (read + generate + build)", api.info.import_ms.toFixed(1)]),
     row(["first run", result.first_ms.toFixed(1)]),
     row([result.captured ? "warm run (captured replay)" : "warm run", result.warm_ms.toFixed(1)]));
-  $("outputs").textContent = result.outputs.map((o) =>
-    `${o.name} ${JSON.stringify(o.shape)}: ${o.values.slice(0, 10).map((v) => Number(v).toFixed(5)).join(", ")}` +
-    (o.values.length > 10 ? " …" : "")).join("\n");
+  $("outputs").textContent = outputText(result);
   status("done");
 }
 
@@ -82,8 +55,7 @@ async function importFiles(onnxWeb, pyodide, files) {
   for (const file of files) named.set(file.name, new Uint8Array(await file.arrayBuffer()));
   api.info = plain(onnxWeb.import_files(pyodide.toPy(named)));
   $("source").textContent = api.info.source;
-  const fields = api.info.inputs.map((input, i) => inputRow(onnxWeb, pyodide, input, i));
-  $("inputs").replaceChildren(row(["input", "type", "shape", "values (JSON)"], true), ...fields.map((f) => f.tr));
+  const fields = inputTable($("inputs"), onnxWeb, pyodide, api.info.inputs);
   $("generate").hidden = !api.info.generates;
   $("model").hidden = false;
   $("run").disabled = false;
