@@ -97,6 +97,13 @@ def test_exported_site_runs_a_user_model_like_the_desktop(browser, served_site):
         page.wait_for_function("(n) => JSON.parse(document.querySelector('#output').textContent).length === n",
                                arg=1, timeout=60_000)
         np.testing.assert_allclose(json.loads(page.text_content("#output")), want[:1], rtol=1e-4, atol=1e-4)
+        page.fill("#input", "[1, 2, 3]")  # bad input: one line, and the old output is gone
+        page.click("#run")
+        page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('error')",
+                               timeout=60_000)
+        assert page.text_content("#status") == \
+            "error: ValueError: the input holds 3 numbers, not a multiple of 2 (shape (2,))"
+        assert page.text_content("#output") == ""
     finally:
         context.close()
     assert seen == [], "requests left the site's server: %s" % seen

@@ -103,8 +103,9 @@ async def run(event):
         values = await output.to_data_async()  # GPU results are read asynchronously in the browser
         show("#output", json.dumps(values))
         show("#status", "ready")
-    except Exception as e:  # shown in the page, where the user looks
-        show("#status", "error: %s" % e)
+    except Exception as e:  # shown in the page, where the user looks, instead of the old output
+        show("#output", "")
+        show("#status", "error: %s: %s" % (type(e).__name__, " ".join(str(e).split())))
 '''
 
 
