@@ -102,12 +102,15 @@ def test_a_missing_data_file_is_named(with_data):
         web.import_files(_files(with_data))
 
 
-@pytest.mark.parametrize("names, message", [(["a.txt"], "no .onnx among ['a.txt']"),
-                                            (["a.onnx", "b.onnx"], "got 'a.onnx', 'b.onnx'")])
+@pytest.mark.parametrize("names, message", [(["a.txt"], "pick one .onnx file (and its external data files): "
+                                                       "got no .onnx among ['a.txt']"),
+                                            (["a.onnx", "b.onnx"], "pick one .onnx file (and its external data "
+                                                                   "files): got 'a.onnx', 'b.onnx'"),
+                                            (["m.onnx", ".."], "'..' is not a file name")])
 def test_one_onnx_file_is_picked(names, message):
-    with pytest.raises(OnnxError, match="pick one .onnx file") as e:
+    with pytest.raises(OnnxError) as e:
         web.import_files({n: b"" for n in names})
-    assert message in str(e.value)
+    assert str(e.value) == message
 
 
 def test_a_decoder_generates_greedy_tokens_one_by_one(decoder_path):

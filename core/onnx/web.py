@@ -26,7 +26,7 @@ from .proto import OnnxError, read_model
 
 _state = {"model": None, "forward": None, "folder": None}
 FLOAT_TYPES = ("float32", "float64", "float16", "bfloat16")
-INT_RANGE = 10   # example integers are 0..9: valid token ids and indices for any vocabulary
+INT_RANGE = 10   # example integers are 0..9: valid token ids and indices for most models
 
 
 def _backend():
@@ -39,6 +39,9 @@ def import_files(files):
     as torch.onnx.export writes them): they are written to a fresh folder of the tab's file
     system, so the model's external data is read beside it, as on the desktop."""
     files = {os.path.basename(str(name)): data for name, data in dict(files).items()}
+    odd = sorted(n for n in files if n in ("", ".", "..") or "\x00" in n)
+    if odd:
+        raise OnnxError("%s is not a file name" % ascii(odd[0]))
     models = sorted(n for n in files if n.lower().endswith(".onnx"))
     if len(models) != 1:
         raise OnnxError("pick one .onnx file (and its external data files): got %s"
