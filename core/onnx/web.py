@@ -171,7 +171,8 @@ async def run(inputs):
         timings.append((time.perf_counter() - started) * 1e3)
     results = [{"name": n, "shape": list(t.shape), "values": _flat(v)}
                for n, t, v in zip(model.output_names, outs, values)]
-    return {"outputs": results, "first_ms": timings[0], "warm_ms": timings[-1], "captured": getattr(forward, "replays", 0) > 0, "device_reads": device_reads}
+    return {"outputs": results, "first_ms": timings[0], "warm_ms": timings[-1],
+            "captured": getattr(forward, "replays", 0) > 0, "device_reads": device_reads}
 
 
 async def generate(token_ids, max_new_tokens, on_token=None):

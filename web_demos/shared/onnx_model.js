@@ -30,7 +30,8 @@ function inputRow(onnxWeb, pyodide, input, index) {
       });
     }
   }
-  return { tr: row([input.name, input.type, shapeCell, values]), read: () => ({ shape: shape(), values: values.value }) };
+  return { tr: row([input.name, input.type, shapeCell, values]),
+           read: () => ({ shape: shape(), values: values.value }) };
 }
 
 export function inputTable(table, onnxWeb, pyodide, inputs) {
