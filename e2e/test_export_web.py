@@ -97,6 +97,13 @@ def test_exported_site_runs_a_user_model_like_the_desktop(browser, served_site):
         page.wait_for_function("(n) => JSON.parse(document.querySelector('#output').textContent).length === n",
                                arg=1, timeout=60_000)
         np.testing.assert_allclose(json.loads(page.text_content("#output")), want[:1], rtol=1e-4, atol=1e-4)
+        page.fill("#input", "[1, 2, 3]")  # bad input: one line, and the old output is gone
+        page.click("#run")
+        page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('error')",
+                               timeout=60_000)
+        assert page.text_content("#status") == \
+            "error: ValueError: the input holds 3 numbers, not a multiple of 2 (shape (2,))"
+        assert page.text_content("#output") == ""
     finally:
         context.close()
     assert seen == [], "requests left the site's server: %s" % seen
@@ -148,10 +155,13 @@ def export_and_serve(tmp_path, *export_args, in_subfolder=False):
 
 
 def guarded_page(browser, url):
+    """(context, page, seen): seen lists requests that left the site and, as "404 <url>", files
+    the site lacks (the kernels, the shared page JS: the folder must carry all it asks for)."""
     context = browser.new_context()
     seen = guard(context, url)
     page = context.new_page()
     page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
+    page.on("response", lambda r: r.status == 404 and seen.append("404 " + r.url))
     return context, page, seen
 
 
@@ -178,23 +188,23 @@ def small_onnx(path):
 
 def test_exported_onnx_model_runs_like_onnxruntime(browser, tmp_path):
     import onnxruntime as ort
-    from cinders.onnx import load
-    from cinders.onnx.web import make_inputs
     small_onnx(tmp_path / "user.onnx")
-    x = make_inputs(load(str(tmp_path / "user.onnx"), backend=cn.NumPy()), 3, 0, cn.NumPy())[0].numpy()
-    want = ort.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x})[0]
+    session = ort.InferenceSession(str(tmp_path / "user.onnx"), providers=["CPUExecutionProvider"])
     for url in export_and_serve(tmp_path, "user.onnx"):
         context, page, seen = guarded_page(browser, url)
         try:
             page.goto(url)                    # index.html sends the browser on to model/
             wait_ready(page)
             assert page.url.endswith("/model/")
-            page.fill("#batch", "3")
+            page.fill("input.dim", "3")       # the symbolic batch: the values field is refilled
             page.click("#run")
             finished(page)
+            x = np.array(json.loads(page.eval_on_selector("textarea[data-input=x]", "t => t.value")), np.float32)
+            assert np.array_equal(x.reshape(3, 5), cn.random((3, 5), backend=cn.NumPy(), distribution="normal",
+                                                             seed=0).numpy())
             out = json.loads(page.evaluate("() => JSON.stringify(window.cindersModel.result.outputs)"))
             assert out[0]["shape"] == [3, 4]
+            want = session.run(None, {"x": x.reshape(3, 5)})[0]
             np.testing.assert_allclose(np.reshape(out[0]["values"], (3, 4)), want, rtol=1e-4, atol=1e-5)
         finally:
             context.close()

@@ -69,7 +69,8 @@ def test_cpu_fallback_without_webgpu(launch_browser, new_page, desktop_model):
     try:
         page = wait_ready(new_page("/", on_browser=browser))
         assert page.text_content("#backend") == "wasm"
-        note = page.text_content("#backend-note")
+        assert page.text_content("#backend-note") == "(no WebGPU in this browser, so it runs on WebAssembly)"
+        note = page.get_attribute("#backend-note", "title")
         assert "WebGPU unavailable" in note and "null" in note
         assert_page_predicts_like_desktop(page, desktop_model, *heldout_digits(per_class=1)[7])
     finally:

@@ -65,10 +65,31 @@ def _keep_last(t, axis, n):
     return t[tuple(key)]
 
 
+def is_decoder(model):
+    """Whether generate can drive `model`: past keys/values as inputs, presents as outputs."""
+    try:
+        _pasts(model)
+    except OnnxError:
+        return False
+    return True
+
+
 def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed=None):
     """The prompt rows of input_ids (nested lists or a (batch, seq) int Tensor) followed by
     max_new_tokens generated tokens each, as lists of ints. temperature 0 is greedy (argmax);
     above 0 tokens are sampled (from the top_k most likely when given; seed makes it repeatable)."""
+    rows = input_ids.tolist() if isinstance(input_ids, Tensor) else [list(r) for r in input_ids]
+    tokens = list(generate_steps(model, rows, max_new_tokens, temperature, top_k, seed))
+    out = [list(r) for r in rows]
+    for picked in tokens:   # read at the end: greedy steps never wait for the device
+        for r, (token,) in zip(out, picked.tolist()):
+            r.append(int(token))
+    return out
+
+
+def generate_steps(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed=None):
+    """generate's steps: yields each step's picked tokens as a (batch, 1) int tensor, unread
+    (a page reads each as it comes, to show it; generate reads them all at the end)."""
     rows = input_ids.tolist() if isinstance(input_ids, Tensor) else [list(r) for r in input_ids]
     if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
         raise OnnxError("generate: input_ids must be a non-empty (batch, seq) table of token ids")
@@ -95,7 +116,7 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed
         return (last.argmax(-1).reshape(batch, 1) if not temperature else last,) + tuple(results[1:])
 
     run = capture(step, backend) if window else step
-    ids, tokens, filled = tensor(rows, backend=backend, dtype=int32), [], 0
+    ids, filled = tensor(rows, backend=backend, dtype=int32), 0
     for _ in range(max_new_tokens):
         new = ids.shape[1]
         mask = tensor([[0] * (size - filled) + [1] * (filled + new)] * batch, backend=backend, dtype=int32)
@@ -105,10 +126,5 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed
         if temperature:
             picked = tensor([[_pick(row, temperature, top_k, rng)] for row in picked.tolist()], backend=backend,
                             dtype=int32)
-        tokens.append(picked)
+        yield picked
         ids = picked
-    out = [list(r) for r in rows]
-    for picked in tokens:   # read at the end: greedy steps never wait for the device
-        for r, (token,) in zip(out, picked.tolist()):
-            r.append(int(token))
-    return out

@@ -103,8 +103,9 @@ async def run(event):
         values = await output.to_data_async()  # GPU results are read asynchronously in the browser
         show("#output", json.dumps(values))
         show("#status", "ready")
-    except Exception as e:  # shown in the page, where the user looks
-        show("#status", "error: %s" % e)
+    except Exception as e:  # shown in the page, where the user looks, instead of the old output
+        show("#output", "")
+        show("#status", "error: %s: %s" % (type(e).__name__, " ".join(str(e).split())))
 '''
 
 
@@ -226,7 +227,8 @@ def serve(folder, port=8000, open_browser=False):
 
 # ---------------------------------------------------------------- apps and ONNX models
 # `cinders export-web --app vad|ocr --out DIR` and `cinders export-web MODEL.onnx --out DIR` write
-# the folder the demo server serves, cut down to one page: DIR/<page>/ (the page), DIR/wasm/
+# the folder the demo server serves, cut down to one page: DIR/<page>/ (the page), DIR/shared/
+# (the JS the pages share), DIR/wasm/
 # (cinders.js), DIR/node_modules/pyodide/, DIR/wheels/ (the cinders wheel and its manifest),
 # DIR/wasm-kernels/ (cn.Wasm()'s module, when it could be built), DIR/shipped-models/ (the app's
 # models) and DIR/index.html, which sends the browser to the page. The pages name ../wasm/ and
@@ -275,10 +277,11 @@ def _write_page_site(page_dir, page, out_dir, node_modules):
     node_modules = node_modules or web_deps_dir()
     pyodide = _npm_package(node_modules, "pyodide")
     os.makedirs(out_dir, exist_ok=True)
-    for name in (page, "wasm", "node_modules", "wheels", "wasm-kernels"):
+    for name in (page, "shared", "wasm", "node_modules", "wheels", "wasm-kernels"):
         if os.path.isdir(os.path.join(out_dir, name)):
             shutil.rmtree(os.path.join(out_dir, name))
     shutil.copytree(page_dir, os.path.join(out_dir, page))
+    shutil.copytree(os.path.join(REPO_ROOT, "web_demos", "shared"), os.path.join(out_dir, "shared"))
     shutil.copytree(pyodide, os.path.join(out_dir, "node_modules", "pyodide"),
                     ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     os.makedirs(os.path.join(out_dir, "wasm"))

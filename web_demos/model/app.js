@@ -1,62 +1,38 @@
 // The page `cinders export-web MODEL.onnx` ships: model.onnx (beside this file) is imported by
-// cinders.onnx.web in Pyodide and run on WebGPU, else cn.Wasm(), else Python, on random inputs.
+// cinders.onnx.web in Pyodide and run on WebGPU, else cn.Wasm(), else Python, on inputs the visitor
+// can edit (prefilled with example values).
 // URL options: ?backend=auto|webgpu|wasm|python. window.cindersModel = {runtime, info, result}
 // for tests; #status says "ready", "running", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
+import { $, plain, fail, row, showBackend } from "../shared/page.js";
+import { inputTable, outputText } from "../shared/onnx_model.js";
 
 const params = new URLSearchParams(location.search);
-const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersModel = { runtime: null, info: null, result: null });
 
-function fail(error) {
-  const text = String(error && error.message ? error.message : error);
-  status("error: " + text.split("\n").filter(Boolean).pop());
-  $("error").hidden = false;
-  $("error").textContent = text;
-}
-
-function row(cells, header = false) {
-  const tr = document.createElement("tr");
-  for (const c of cells) {
-    const td = document.createElement(header ? "th" : "td");
-    td.textContent = c;
-    tr.appendChild(td);
-  }
-  return tr;
-}
-
-function plain(proxy) {
-  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-  proxy.destroy();
-  return value;
-}
-
-async function run(onnxWeb) {
+async function run(onnxWeb, pyodide, fields) {
   status("running");
-  const result = plain(await onnxWeb.run(Number($("batch").value) || 1, Number($("seed").value) || 0));
+  const result = plain(await onnxWeb.run(pyodide.toPy(fields.read())));
   api.result = result;
   $("timings").replaceChildren(row(["step", "ms"], true), row(["import", api.info.import_ms.toFixed(1)]),
     row(["first run", result.first_ms.toFixed(1)]), row(["warm run", result.warm_ms.toFixed(1)]));
-  $("outputs").textContent = result.outputs.map((o) =>
-    `${o.name} ${JSON.stringify(o.shape)}: ${o.values.slice(0, 10).map((v) => Number(v).toFixed(5)).join(", ")}` +
-    (o.values.length > 10 ? " …" : "")).join("\n");
+  $("outputs").textContent = outputText(result);
   status("done");
 }
 
 try {
   const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
-  $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
+  showBackend(runtime, params.get("backend"));
   status("importing the model");
-  const onnxWeb = runtime.pyodide.pyimport("cinders.onnx.web");
+  const pyodide = runtime.pyodide;
+  const onnxWeb = pyodide.pyimport("cinders.onnx.web");
   const bytes = new Uint8Array(await (await fetch("model.onnx")).arrayBuffer());
   api.info = plain(onnxWeb.import_model(bytes, "model.onnx"));
-  $("io").replaceChildren(row(["", "name", "shape", "type"], true),
-    ...api.info.inputs.map((i) => row(["input", i.name, JSON.stringify(i.shape), i.type])),
-    ...api.info.outputs.map((o) => row(["output", o, "", ""])));
+  const fields = inputTable($("inputs"), onnxWeb, pyodide, api.info.inputs);
   $("run").disabled = false;
-  $("run").addEventListener("click", () => run(onnxWeb).catch(fail));
+  $("run").addEventListener("click", () => run(onnxWeb, pyodide, fields).catch((e) => fail(e, "outputs", "timings")));
   status("ready");
 } catch (error) {
   fail(error);

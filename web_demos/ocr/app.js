@@ -5,26 +5,13 @@
 // window.cindersOcr = {runtime, info, result} for tests; #status says "ready", "reading", "done"
 // or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
+import { $, plain, fail, showBackend } from "../shared/page.js";
 
 const MODELS = ["PP-OCRv6_det_small.onnx", "ch_ppocr_mobile_v2.0_cls_mobile.onnx", "PP-OCRv6_rec_small.onnx"];
 const STAGES = ["pixels", "detect", "boxes", "classify", "recognise"];
 const params = new URLSearchParams(location.search);
-const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersOcr = { runtime: null, info: null, result: null });
-
-function fail(error) {
-  const text = String(error && error.message ? error.message : error);
-  status("error: " + text.split("\n").filter(Boolean).pop());
-  $("error").hidden = false;
-  $("error").textContent = text;
-}
-
-function plain(proxy) {
-  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-  proxy.destroy();
-  return value;
-}
 
 let ocrWeb = null;
 let busy = Promise.resolve();     // one reading at a time
@@ -98,7 +85,7 @@ const queued = (work) => () => { busy = busy.then(work).catch(fail); return busy
 try {
   const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
-  $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
+  showBackend(runtime, params.get("backend"));
   status("loading the models");
   const models = await Promise.all(MODELS.map(async (name) =>
     new Uint8Array(await (await fetch("../shipped-models/" + name)).arrayBuffer())));

@@ -1,84 +1,87 @@
-// The ONNX page: an uploaded .onnx file is imported by cinders.onnx inside Pyodide (no onnx
-// package, no server round trip) and run on WebGPU (or the CPU fallback).
-// URL options: ?backend=cpu|webgpu|auto (default auto).
-// window.cindersOnnx = {info, result, runtime} for tests; #status says "ready", "importing",
-// "running", "done" or "error: ...".
+// The ONNX page: uploaded files (an .onnx, with its external data if it has any) are imported by
+// cinders.onnx inside Pyodide (no onnx package, no server round trip) and run on WebGPU, else
+// cn.Wasm(), else Python, on inputs the visitor can edit; a decoder with a KV cache also generates.
+// URL options: ?backend=auto|webgpu|wasm|python (default auto).
+// window.cindersOnnx = {info, result, runtime, generation} for tests; #status says "ready",
+// "importing", "running", "generating", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
+import { $, plain, fail, clearError, row, showBackend } from "../shared/page.js";
+import { inputTable, outputText } from "../shared/onnx_model.js";
 
 const params = new URLSearchParams(location.search);
-const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
-const api = (window.cindersOnnx = { info: null, result: null, runtime: null });
+const api = (window.cindersOnnx = { info: null, result: null, runtime: null, generation: null });
+const STALE = ["outputs", "timings", "tokens", "tokens-per-s"];   // emptied when something fails
 
-// A Python exception arrives as its whole traceback: the status shows its last line (the
-// exception and its message); the traceback stays folded under "details".
-function fail(error) {
-  const text = String(error && error.message ? error.message : error).trim();
-  const lines = text.split("\n");
-  status("error: " + (lines[0].startsWith("Traceback") ? lines[lines.length - 1] : lines[0]).trim());
-  $("outputs").textContent = "";
-  $("error").hidden = false;
-  $("error-details").textContent = text;
-}
-
-function row(cells, header = false) {
-  const tr = document.createElement("tr");
-  for (const c of cells) {
-    const td = document.createElement(header ? "th" : "td");
-    td.textContent = c;
-    tr.appendChild(td);
-  }
-  return tr;
-}
-
-function plain(proxy) {
-  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-  proxy.destroy();
-  return value;
-}
-
-async function runModel(onnxWeb) {
+async function runModel(onnxWeb, pyodide, fields) {
   status("running");
-  const batch = Number($("batch").value) || 1;
-  const result = plain(await onnxWeb.run(batch, 0));
+  const result = plain(await onnxWeb.run(pyodide.toPy(fields.read())));
   api.result = result;
-  const t = $("timings");
-  t.replaceChildren(row(["step", "ms"], true), row(["import (read + generate + build)", api.info.import_ms.toFixed(1)]),
-    row([`first run (batch ${batch})`, result.first_ms.toFixed(1)]), row([result.captured ? "warm run (captured replay)" : "warm run", result.warm_ms.toFixed(1)]));
-  $("outputs").textContent = result.outputs.map((o) =>
-    `${o.name} ${JSON.stringify(o.shape)}: ${o.values.slice(0, 10).map((v) => Number(v).toFixed(5)).join(", ")}` +
-    (o.values.length > 10 ? " …" : "")).join("\n");
+  $("timings").replaceChildren(row(["step", "ms"], true),
+    row(["import (read + generate + build)", api.info.import_ms.toFixed(1)]),
+    row(["first run", result.first_ms.toFixed(1)]),
+    row([result.captured ? "warm run (captured replay)" : "warm run", result.warm_ms.toFixed(1)]));
+  $("outputs").textContent = outputText(result);
   status("done");
+}
+
+async function generate(onnxWeb, pyodide) {
+  const prompt = $("prompt").value.trim().split(/[\s,]+/).filter(Boolean).map(Number);
+  if (!prompt.length || prompt.some((t) => !Number.isInteger(t) || t < 0)) {
+    throw new Error(`the prompt must be token ids (integers ≥ 0) separated by spaces, got "${$("prompt").value}"`);
+  }
+  status("generating");
+  const generation = (api.generation = { prompt, tokens: [], seconds: [], result: null });
+  $("tokens").textContent = prompt.join(" ") + " |";
+  $("tokens-per-s").textContent = "";
+  const onToken = (token, seconds) => {     // called from Python as each token is read
+    generation.tokens.push(token);
+    generation.seconds.push(seconds);
+    $("tokens").textContent += " " + token;
+    $("tokens-per-s").textContent = `${(generation.tokens.length / seconds).toFixed(1)} tokens/s`;
+  };
+  generation.result = plain(await onnxWeb.generate(pyodide.toPy(prompt), Number($("new-tokens").value) || 1, onToken));
+  $("tokens-per-s").textContent = `${generation.result.tokens_per_s.toFixed(1)} tokens/s ` +
+    `(${generation.tokens.length} tokens in ${generation.result.ms.toFixed(0)} ms)`;
+  status("done");
+}
+
+async function importFiles(onnxWeb, pyodide, files) {
+  clearError();
+  $("model").hidden = true;
+  $("run").disabled = true;
+  status("importing");
+  const named = new Map();
+  for (const file of files) named.set(file.name, new Uint8Array(await file.arrayBuffer()));
+  api.info = plain(onnxWeb.import_files(pyodide.toPy(named)));
+  $("source").textContent = api.info.source;
+  const fields = inputTable($("inputs"), onnxWeb, pyodide, api.info.inputs);
+  $("generate").hidden = !api.info.generates;
+  $("model").hidden = false;
+  $("run").disabled = false;
+  $("run").onclick = () => { clearError(); runModel(onnxWeb, pyodide, fields).catch((e) => fail(e, ...STALE)); };
+  $("generate-button").onclick = () => { clearError(); generate(onnxWeb, pyodide).catch((e) => fail(e, ...STALE)); };
+  await runModel(onnxWeb, pyodide, fields);
 }
 
 try {
   const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
-  $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
-  const onnxWeb = runtime.pyodide.pyimport("cinders.onnx.web");
+  showBackend(runtime, params.get("backend"));
+  const pyodide = runtime.pyodide;
+  const onnxWeb = pyodide.pyimport("cinders.onnx.web");
+  const load = (files) => files.length && importFiles(onnxWeb, pyodide, files).catch((e) => fail(e, ...STALE));
   $("file").disabled = false;
-  status("ready");
-  $("file").addEventListener("change", async () => {
-    const file = $("file").files[0];
-    if (!file) return;
-    $("error").hidden = true;
-    try {
-      status("importing");
-      const bytes = new Uint8Array(await file.arrayBuffer());
-      api.info = plain(onnxWeb.import_model(bytes, file.name));
-      $("source").textContent = api.info.source;
-      const io = $("io");
-      io.replaceChildren(row(["", "name", "shape", "type"], true));
-      api.info.inputs.forEach((i) => io.appendChild(row(["input", i.name, JSON.stringify(i.shape), i.type])));
-      api.info.outputs.forEach((o) => io.appendChild(row(["output", o, "", ""])));
-      $("model").hidden = false;
-      $("run").disabled = false;
-      await runModel(onnxWeb);
-    } catch (error) {
-      fail(error);
-    }
+  $("file").addEventListener("change", () => load([...$("file").files]));
+  const drop = $("drop");
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    drop.classList.remove("over");
+    load([...e.dataTransfer.files]);
   });
-  $("run").addEventListener("click", () => runModel(onnxWeb).catch(fail));
+  status("ready");
 } catch (error) {
   fail(error);
   throw error;

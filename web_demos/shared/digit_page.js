@@ -12,6 +12,7 @@
 // window.cindersDemo (used by the e2e tests and benchmarks): {strokesToMnist, imageToMnist, clear,
 // predict(pixels) -> Promise, settled() -> Promise, loadMs, ...api}.
 import { strokesToMnist, imageToMnist, SIZE } from "/shared/preprocess.js";
+import { friendlyNote } from "/shared/page.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -145,7 +146,8 @@ export function digitPage({ inAnimationFrame = false } = {}) {
   function ready({ predict: modelPredict, backend, note, fallback = false, loadMs, api = {} }) {
     predict = modelPredict;
     $("backend").textContent = backend;
-    $("backend-note").textContent = `(${note})`;
+    $("backend-note").textContent = `(${friendlyNote(backend, note)})`;
+    $("backend-note").title = note;    // the runtime's whole reason, for whoever hovers
     $("backend-note").classList.toggle("fallback", fallback);
     $("load-time").textContent = `${(loadMs / 1000).toFixed(2)} s`;
     window.cindersDemo = {

@@ -4,25 +4,12 @@
 // window.cindersVad = {runtime, update, probabilities, heard (microphone samples), done()} for tests; #status says "ready",
 // "listening", "reading", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
+import { $, plain, fail, showBackend } from "../shared/page.js";
 
 const RATE = 16000, CHUNK = 512, SHOWN_CHUNKS = 320;   // the canvas shows the last ~10 s
 const params = new URLSearchParams(location.search);
-const $ = (id) => document.getElementById(id);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersVad = { runtime: null, update: null, probabilities: [], envelope: [], heard: 0 });
-
-function fail(error) {
-  const text = String(error && error.message ? error.message : error);
-  status("error: " + text.split("\n").filter(Boolean).pop());
-  $("error").hidden = false;
-  $("error").textContent = text;
-}
-
-function plain(proxy) {
-  const value = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-  proxy.destroy();
-  return value;
-}
 
 let vadWeb = null;
 let queue = Promise.resolve();     // pushes run one after another: the model's state is sequential
@@ -149,7 +136,7 @@ async function startMicrophone() {
 try {
   const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
   api.runtime = runtime;
-  $("backend").textContent = runtime.backend + (runtime.backendNote ? ` (${runtime.backendNote})` : "");
+  showBackend(runtime, params.get("backend"));
   status("loading the model");
   const model = await (await fetch("../shipped-models/silero_vad.onnx")).arrayBuffer();
   vadWeb = runtime.pyodide.pyimport("cinders.apps.vad_web");
