@@ -216,7 +216,7 @@ def test_empty_nodes_and_attributes_are_refused_at_the_first(record, deadline):
     tracemalloc.start()
     t = time.perf_counter()
     try:
-        with pytest.raises(OnnxError, match="without"):
+        with pytest.raises(OnnxError, match=r"without|more than \d+ (nodes|attributes) \(cn\.limits"):
             proto.read_model(data)
         assert tracemalloc.get_traced_memory()[1] < 2 * len(data) + (1 << 20)
     finally:

@@ -3,7 +3,7 @@ loads a 2 MB file in a fresh process (benchmarks/reader_memory.py measures the s
 `.venv/bin/python benchmarks/reader_memory.py --mb 4`). The factors below are the documented
 allowances (docs/records.md, docs/onnx.md): float32 data costs its bytes a few times over (the
 file's bytes, the decoded array, the backend's copy); float16/bfloat16 double on widening to
-float32; ONNX int64 initializers are lists of Python ints in the importer.
+float32; ONNX int64 initializers are stored as int32 arrays (saturated), not Python ints.
 
 Graphs of tiny nodes: a node can be 2 bytes of file but costs a few KB once imported (its object,
 its line of generated source, the compiled code), so no factor of the bytes holds for them;
@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import reader_memory  # noqa: E402
 
-FACTORS = {"onnx_float32": 4, "onnx_float16": 6, "onnx_bfloat16": 7, "onnx_int64": 9, "onnx_external": 4,
+FACTORS = {"onnx_float32": 4, "onnx_float16": 6, "onnx_bfloat16": 7, "onnx_int64": 4, "onnx_external": 4,
            "safetensors_float32": 3, "safetensors_float16": 5, "pytorch_zip": 2, "pytorch_legacy": 2,
            "pytorch_plain": 3, "onnx_empty_nodes": 2, "onnx_empty_attributes": 2, "onnx_node_chain": 2}
 REFUSED = {"onnx_empty_nodes", "onnx_empty_attributes", "onnx_node_chain"}   # by cn.limits.max_graph_nodes()

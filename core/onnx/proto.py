@@ -287,7 +287,7 @@ def _unpack(code, data, start, stop):
     if code == "e":  # float16: the array module has no half type; widen to float32
         return f16_to_float32(memoryview(data)[start:stop])
     values = array(code)
-    values.frombytes(bytes(data[start:stop]))
+    values.frombytes(memoryview(data)[start:stop])   # no copy of the bytes on the way
     if sys.byteorder == "big":
         values.byteswap()
     return values
