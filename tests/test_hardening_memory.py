@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import reader_memory  # noqa: E402
 
-FACTORS = {"onnx_float32": 4, "onnx_float16": 6, "onnx_bfloat16": 7, "onnx_int64": 4, "onnx_external": 4,
+FACTORS = {"onnx_float32": 4, "onnx_float16": 6, "onnx_bfloat16": 6, "onnx_int64": 4, "onnx_external": 4,
            "safetensors_float32": 3, "safetensors_float16": 5, "pytorch_zip": 2, "pytorch_legacy": 2,
            "pytorch_plain": 3, "onnx_empty_nodes": 2, "onnx_empty_attributes": 2, "onnx_node_chain": 2}
 REFUSED = {"onnx_empty_nodes", "onnx_empty_attributes", "onnx_node_chain"}   # by cn.limits.max_graph_nodes()
