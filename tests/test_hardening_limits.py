@@ -181,6 +181,34 @@ def test_cumsum_over_a_long_axis_needs_no_matrix(deadline):
     assert got.tolist() == [float(60000 - i) for i in range(60000)]
 
 
+def test_topk_of_a_whole_long_axis_sorts_instead_of_k_passes(deadline):
+    """k = n = 60,000: k argmax passes were 3.6e9 element visits (minutes; refused only under a
+    fixed limit); a bitonic sort is ~136 stages. Ties go to the lower index, as in onnxruntime."""
+    x = [float((i * 7919) % 1000) for i in range(60000)]   # every value 60 times: ties everywhere
+    old = cn.limits.set_max_elements(10 ** 8)
+    try:
+        t = time.perf_counter()
+        model = model_bytes([helper.make_node("TopK", ["x", "k"], ["y", "i"])], [vi("x", F, [60000])],
+                            [vi("y", F, None), vi("i", TensorProto.INT64, None)], [ints("k", [60000])])
+        values, indices = cinders.onnx.load(model, backend=cn.NumPy())(cn.tensor(x, backend=cn.NumPy()))
+        assert time.perf_counter() - t < 30
+    finally:
+        cn.limits.set_max_elements(old)
+    order = np.argsort(-np.array(x), kind="stable")
+    assert indices.tolist() == order.tolist() and values.tolist() == [x[i] for i in order]
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_by_sorting_matches_onnxruntime(largest):
+    import onnxruntime as ort
+    x = np.array([[float((i * 37 + r) % 23) for i in range(300)] for r in range(3)], np.float32)
+    model = model_bytes([helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=1, largest=largest)],
+                        [vi("x", F, [3, 300])], [vi("y", F, None), vi("i", TensorProto.INT64, None)], [ints("k", [250])])
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = cinders.onnx.load(model, backend=cn.NumPy())(cn.tensor(x.tolist(), backend=cn.NumPy()))
+    assert got[0].tolist() == expected[0].tolist() and got[1].tolist() == expected[1].tolist()
+
+
 def test_size_ops_still_compute_small_sizes():
     assert _run(*HUGE["Range to 1e12"][:2], [], inits=[numpy_helper.from_array(np.array(v, np.float32), n)
                                                        for n, v in (("s", 0.0), ("l", 3.0), ("d", 1.0))]).tolist() \
