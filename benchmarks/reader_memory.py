@@ -5,6 +5,12 @@ file's size. One JSON line per case:
 
     .venv/bin/python benchmarks/reader_memory.py [--mb 4] [CASE ...]
 
+Graphs of tiny nodes (issue 26): `onnx_empty_nodes` (a node per 2 bytes: a million in 2 MB),
+`onnx_empty_attributes` (one node, an empty attribute per 2 bytes) and `onnx_node_chain` (a chain
+of Relu nodes, ~24 bytes each: 100k in 2.3 MB) are refused by cn.limits.max_graph_nodes() from a
+count of their bytes; `onnx_chain_5k` is one that loads (5,000 nodes) and says what a node costs
+(`peak_per_node`). A refused file prints `"refused": true`.
+
 tests/test_hardening_memory.py runs the same cases at 2 MB and holds each under its factor.
 """
 
@@ -20,13 +26,41 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
 
 # case: (what writes the file, what loads it)
 CASES = ("onnx_float32", "onnx_float16", "onnx_bfloat16", "onnx_int64", "onnx_external",
+         "onnx_empty_nodes", "onnx_empty_attributes", "onnx_node_chain", "onnx_chain_5k",
          "safetensors_float32", "safetensors_float16", "pytorch_zip", "pytorch_legacy", "pytorch_plain")
+GRAPH_CASES = {"onnx_empty_nodes", "onnx_empty_attributes", "onnx_node_chain", "onnx_chain_5k"}
+
+
+def write_graph(case, path, nbytes):
+    """A model whose bytes are nodes (or attributes), not weights; returns (path, node count)."""
+    import onnx
+    from onnx import TensorProto, helper
+    if case == "onnx_empty_nodes":
+        graph = helper.make_graph([], "g", [], [])
+        for _ in range(nbytes // 2):
+            graph.node.add()   # 2 bytes each: the field's tag and a zero length
+    elif case == "onnx_empty_attributes":
+        node = helper.make_node("Relu", ["x"], ["y"])
+        for _ in range(nbytes // 2):
+            node.attribute.add()
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    else:
+        n = 5000 if case == "onnx_chain_5k" else nbytes // 21
+        nodes = [helper.make_node("Relu", ["v%d" % i], ["v%d" % (i + 1)]) for i in range(n)]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [4])],
+                                  [helper.make_tensor_value_info("v%d" % n, TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, path)
+    return path, len(graph.node)
 
 
 def write(case, path, nbytes):
     """Write the file of `case` holding about `nbytes` bytes of tensor data; returns its path
     (the file whose size the factor divides by: for external data, model + data file)."""
     import numpy as np
+    if case in GRAPH_CASES:
+        return write_graph(case, path, nbytes)[0]
     if case.startswith("onnx_"):
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -85,10 +119,15 @@ def _child(case, path):
     import tracemalloc
     import cinders  # noqa: F401  (imports are not the reader's cost)
     import numpy  # noqa: F401
+    from cinders.onnx import OnnxError
     tracemalloc.start()
-    load(case, path)
+    try:
+        load(case, path)
+        refused = False
+    except OnnxError:
+        refused = True   # the graph cases: refused by a limit, at a cost that counts too
     peak = tracemalloc.get_traced_memory()[1]
-    print(json.dumps({"peak_bytes": peak}))
+    print(json.dumps({"peak_bytes": peak, "refused": refused}))
 
 
 def measure(case, nbytes, folder):
@@ -101,8 +140,13 @@ def measure(case, nbytes, folder):
                          env=env, timeout=300)
     if out.returncode:
         raise RuntimeError("%s: %s" % (case, out.stderr[-2000:]))
-    peak = json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
-    return {"case": case, "file_bytes": size, "peak_bytes": peak, "factor": round(peak / size, 2)}
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    peak = child["peak_bytes"]
+    result = {"case": case, "file_bytes": size, "peak_bytes": peak, "factor": round(peak / size, 2),
+              "refused": child["refused"]}
+    if case == "onnx_chain_5k":
+        result["peak_per_node"] = peak // 5000
+    return result
 
 
 def main():

@@ -11,6 +11,7 @@ Python float lists at the API: a model's input tensor is made from them on its o
 
 import array
 import math
+import os
 import sys
 import wave
 
@@ -30,10 +31,13 @@ def read_wav(path):
     try:
         with wave.open(path, "rb") as w:
             channels, width, rate, count = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
+            if isinstance(path, (str, bytes, os.PathLike)):   # a header may claim more frames than there are
+                count = min(count, os.path.getsize(path) // (width * channels))
             limits.check_elements("WAV file %s" % ascii(path), count * channels, element_bytes=limits.LIST_ELEMENT_BYTES)
             raw = w.readframes(count)
-    except (wave.Error, EOFError) as e:
-        raise InputError("%s is not a PCM WAV file this reader knows (%s)" % (ascii(path), e)) from None
+    except (wave.Error, EOFError, RuntimeError) as e:   # RuntimeError: a chunk that runs past the end
+        raise InputError("%s is not a PCM WAV file this reader knows (%s)" % (ascii(path), ascii(str(e) or type(e).__name__))) from None
+    raw = raw[:len(raw) - len(raw) % (width * channels)]   # a truncated file: its whole frames
     if rate <= 0 or channels <= 0:
         raise InputError("%s: sample rate %d, %d channels" % (ascii(path), rate, channels))
     if width == 1:     # 8-bit WAV is unsigned

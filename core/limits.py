@@ -10,6 +10,13 @@ that say so with an `element_bytes` attribute, like the pure-Python one). Where 
 unknown (Pyodide, other systems), FALLBACK_BYTES. `cn.limits.set_max_elements(n)` (or the
 CINDERS_MAX_ELEMENTS environment variable) replaces this with a fixed number of elements;
 `set_max_elements(None)` goes back to the default.
+
+Graphs have their own cap: an imported ONNX node costs a few KB of Python (its object, its line
+of generated source, the compiled code) whatever its bytes, so a 2 MB file of a million 2-byte
+nodes would cost gigabytes. `max_graph_nodes()` (default DEFAULT_GRAPH_NODES, or the
+CINDERS_MAX_GRAPH_NODES environment variable; `set_max_graph_nodes(n)`) caps the nodes of a file,
+subgraphs included, and ATTRIBUTES_PER_NODE times that its attributes; the ONNX reader counts
+both from the bytes before it builds a node.
 """
 
 import os
@@ -22,17 +29,22 @@ LIST_ELEMENT_BYTES = 40   # a Python list of floats/ints: 8-byte slot + the numb
 _CHEAP_BYTES = 64 << 20   # below this nothing is measured: small tensors pay no system call
 
 
-def _from_environment():
-    env = os.environ.get("CINDERS_MAX_ELEMENTS")
+DEFAULT_GRAPH_NODES = 50_000   # large real graphs (a 32-layer decoder, a U-Net) have 3,000-15,000
+ATTRIBUTES_PER_NODE = 4        # real graphs average fewer than 2
+
+
+def _from_environment(variable="CINDERS_MAX_ELEMENTS"):
+    env = os.environ.get(variable)
     if not env:
         return None
     try:
         return int(env)
     except ValueError:
-        raise SizeLimitError("CINDERS_MAX_ELEMENTS=%r is not an integer" % (env,)) from None
+        raise SizeLimitError("%s=%r is not an integer" % (variable, env)) from None
 
 
 _fixed = [_from_environment()]  # elements, or None: the memory available decides
+_graph_nodes = [_from_environment("CINDERS_MAX_GRAPH_NODES")]  # or None: DEFAULT_GRAPH_NODES
 
 
 def available_bytes():
@@ -62,6 +74,22 @@ def set_max_elements(n):
         raise SizeLimitError("set_max_elements: %r is not a positive int" % (n,))
     old = _fixed[0]
     _fixed[0] = n
+    return old
+
+
+def max_graph_nodes():
+    """The most nodes an imported graph may hold, subgraphs included (attributes: ATTRIBUTES_PER_NODE
+    times as many)."""
+    return _graph_nodes[0] or DEFAULT_GRAPH_NODES
+
+
+def set_max_graph_nodes(n):
+    """Cap imported graphs at n nodes (an int >= 1), or None for the default. Returns the old cap
+    (None when the default applied)."""
+    if n is not None and (type(n) is not int or n < 1):
+        raise SizeLimitError("set_max_graph_nodes: %r is not a positive int" % (n,))
+    old = _graph_nodes[0]
+    _graph_nodes[0] = n
     return old
 
 

@@ -13,7 +13,9 @@ Geometry on plain Python numbers (points are (x, y) tuples): `min_area_rect`, `c
 """
 
 import math
+import operator
 
+from . import limits
 from .creation import tensor
 from .dtypes import int32
 from .errors import InputError
@@ -43,9 +45,25 @@ def from_rgba(data, width, height, backend=None):
 
 
 def from_bytes(data, width, height, channels, backend=None):
-    data = bytes(data)
+    """A (h, w, 3) RGB tensor of interleaved 8-bit pixels (channels beyond 3 dropped). The sizes
+    are checked before anything is built: a `height` of "2" or 2**31 is refused, not multiplied."""
+    sizes = []
+    for name, value in (("width", width), ("height", height), ("channels", channels)):
+        try:
+            size = operator.index(value) if type(value) is not bool else 0
+        except TypeError:
+            size = 0
+        if size < 1:
+            raise InputError("from_bytes: %s must be a positive int, got %s" % (name, ascii(value)[:40]))
+        sizes.append(size)
+    width, height, channels = sizes
+    try:
+        data = bytes(memoryview(data).cast("B"))
+    except (TypeError, ValueError):
+        raise InputError("from_bytes: the pixels must be bytes, got %s" % type(data).__name__) from None
     if len(data) != width * height * channels:
         raise InputError("%d bytes are not a %dx%d image of %d channels" % (len(data), width, height, channels))
+    limits.check_elements("from_bytes", len(data), element_bytes=limits.LIST_ELEMENT_BYTES)
     backend = backend or default_backend()
     shape = (height, width, channels)
     # Bytes are ints in 0..255 by construction: straight to the backend, without cn.tensor's

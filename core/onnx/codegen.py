@@ -13,6 +13,7 @@ import copy
 import keyword
 import math
 import re
+from array import array
 
 from ..nn.module import Module
 from . import infer
@@ -164,8 +165,13 @@ class Constant:
         return [int(v) for v in self.values]
 
     def storable_values(self):
+        """The values as the backend stores them (int64 beyond int32 saturates), as an array of
+        4 bytes a value: a list of Python ints would cost 36."""
         if self.dtype == "int32" and self.onnx_type in ("int64", "uint32", "uint64"):
-            return [min(max(int(v), -2 ** 31), 2 ** 31 - 1) for v in self.values]
+            low, high = -2 ** 31, 2 ** 31 - 1
+            if self.values and low <= min(self.values) and max(self.values) <= high:
+                return array("i", self.values)
+            return array("i", (min(max(int(v), low), high) for v in self.values))
         return self.values
 
 

@@ -14,6 +14,7 @@ import struct
 import sys
 from array import array
 
+from .. import limits
 from ..errors import CindersError
 from ..record.halves import bf16_to_float32, f16_to_float32
 
@@ -111,6 +112,9 @@ class _Reader:
     def fail(self, pos, what):
         raise OnnxError("ONNX file corrupt at byte %d: %s" % (pos, what))
 
+    def refuse(self, pos, what):
+        raise OnnxError("ONNX graph refused at byte %d: %s" % (pos, what))
+
     def varint(self, pos, end):
         result = shift = 0
         data = self.data
@@ -202,6 +206,51 @@ class _Reader:
             self.fail(first, "%s without %s" % (kind, required))
         return message
 
+    def count_graph(self, pos, end, depth, counts):
+        """Count the nodes and attributes of the GraphProto at pos..end and of its subgraphs from
+        the bytes alone, refusing past cn.limits' caps before any node object is built: a node
+        can be 5 bytes of file and costs a few KB once imported."""
+        if depth > MAX_DEPTH:
+            self.fail(pos, "messages nested deeper than %d" % MAX_DEPTH)
+        record = self.record
+        while pos < end:
+            field, wire, value, at, pos = record(pos, end)
+            if field != 1 or wire != _LENGTH:   # GraphProto.node
+                continue
+            counts[0] += 1
+            if counts[0] > self.max_nodes:
+                self.refuse(at, "more than %d nodes (cn.limits.max_graph_nodes(); cn.limits.set_max_graph_nodes(n) "
+                              "or CINDERS_MAX_GRAPH_NODES raises it)" % self.max_nodes)
+            node_pos, node_end = value
+            while node_pos < node_end:
+                field, wire, value, at, node_pos = record(node_pos, node_end)
+                if field != 5 or wire != _LENGTH:   # NodeProto.attribute
+                    continue
+                counts[1] += 1
+                if counts[1] > self.max_attributes:
+                    self.refuse(at, "more than %d attributes (%d per node of cn.limits.max_graph_nodes(); "
+                                  "cn.limits.set_max_graph_nodes(n) raises it)"
+                              % (self.max_attributes, limits.ATTRIBUTES_PER_NODE))
+                attr_pos, attr_end = value
+                while attr_pos < attr_end:
+                    field, wire, value, at, attr_pos = record(attr_pos, attr_end)
+                    if field in (6, 11) and wire == _LENGTH:   # AttributeProto.g, .graphs
+                        self.count_graph(value[0], value[1], depth + 3, counts)
+
+    def check_graph_size(self, kind):
+        """count_graph over the graph(s) of a ModelProto or GraphProto message."""
+        self.max_nodes = limits.max_graph_nodes()
+        self.max_attributes = self.max_nodes * limits.ATTRIBUTES_PER_NODE
+        counts = [0, 0]
+        if kind == "GraphProto":
+            self.count_graph(0, self.end, 0, counts)
+        elif kind == "ModelProto":
+            pos = 0
+            while pos < self.end:
+                field, wire, value, at, pos = self.record(pos, self.end)
+                if field == 7 and wire == _LENGTH:   # ModelProto.graph
+                    self.count_graph(value[0], value[1], 1, counts)
+
     def expect(self, wire, wanted, at, name):
         if wire != wanted:
             self.fail(at, "field %s has wire type %d, expected %d" % (name, wire, wanted))
@@ -238,7 +287,7 @@ def _unpack(code, data, start, stop):
     if code == "e":  # float16: the array module has no half type; widen to float32
         return f16_to_float32(memoryview(data)[start:stop])
     values = array(code)
-    values.frombytes(bytes(data[start:stop]))
+    values.frombytes(memoryview(data)[start:stop])   # no copy of the bytes on the way
     if sys.byteorder == "big":
         values.byteswap()
     return values
@@ -249,7 +298,9 @@ def parse(data, kind="ModelProto"):
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError("parse: expected bytes, got %s" % type(data).__name__)
     data = memoryview(data).cast("B") if isinstance(data, memoryview) else data
-    return _Reader(data).message(kind, 0, len(data), 0)
+    reader = _Reader(data)
+    reader.check_graph_size(kind)
+    return reader.message(kind, 0, len(data), 0)
 
 
 def read_model(data):

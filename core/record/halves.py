@@ -26,11 +26,11 @@ def bf16_to_float32(data):
     the bytes are placed, not computed (no Python number per element)."""
     n = len(data) // 2
     data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
-    wide = bytearray(4 * n)
-    wide[2::4] = data[0::2]
-    wide[3::4] = data[1::2]
-    out = array("f")
-    out.frombytes(wide)
+    out = array("f", [0.0]) * n   # written in place: no second float32-sized buffer
+    wide = memoryview(out).cast("B")
+    wide[2::4] = data[0:2 * n:2]
+    wide[3::4] = data[1:2 * n:2]
+    wide.release()
     if not _LITTLE:
         out.byteswap()
     return out

@@ -272,43 +272,86 @@ def OneHot(indices, depth, values, axis=-1):
 
 @op(host=("axis",))
 def CumSum(x, axis, exclusive=0, reverse=0):
+    """Prefix sums by doubling (Hillis-Steele): ceil(log2 n) shifted adds, so n log n work and
+    memory of a few copies of x (an n x n triangular matrix was 14 GB and minutes for n = 60,000);
+    int32 stays int32 and exact."""
     a = _axis(int(scalar(axis)), x.ndim)
     if not 0 <= a < x.ndim:
         raise OnnxError("CumSum: axis %d of a tensor of rank %d" % (int(scalar(axis)), x.ndim))
     n = x.shape[a]
-    check_elements("CumSum", n * n, (n, n))  # the triangular matrix it multiplies by
-    rows = cn.arange(n, backend=x.backend).reshape(n, 1)
-    cols = cn.arange(n, backend=x.backend).reshape(1, n)
-    if reverse:
-        tri = (rows > cols) if exclusive else (rows >= cols)
-    else:
-        tri = (rows < cols) if exclusive else (rows <= cols)
-    moved = x.cast(float32).transpose(a, -1)
-    out = (moved @ tri.cast(float32)).transpose(a, -1)
-    return out if x.dtype is float32 else out.round().cast(x.dtype)
+    out = (x if x.dtype in (float32, int32) else x.cast(float32)).transpose(a, -1)
+
+    def shifted(t, by):   # t moved `by` places along its last axis (towards the end unless reverse), zeros in
+        zeros = cn.zeros(*t.shape[:-1], by, backend=t.backend, dtype=t.dtype)
+        return cn.cat([t[..., by:], zeros], -1) if reverse else cn.cat([zeros, t[..., :n - by]], -1)
+
+    step = 1
+    while step < n:
+        out = out + shifted(out, step)
+        step *= 2
+    if exclusive and n:
+        out = shifted(out, 1)
+    out = out.transpose(a, -1)
+    return out if out.dtype is x.dtype else out.cast(x.dtype)
 
 
 @op(host=("K",), multi=True)
 def TopK(X, K, axis=-1, largest=1, sorted=1, outputs=2):  # noqa: A002
+    """k argmax passes when k is small (3 ops each); else a bitonic sort of the axis, ~log2(n)**2 / 2
+    compare-exchange stages: k = n = 60,000 took minutes of passes. Ties: the lower index first,
+    as in onnxruntime."""
     k = int(scalar(K))
     a = _axis(axis, X.ndim)
     if not 0 <= a < X.ndim:
         raise OnnxError("TopK: axis %d of a tensor of rank %d" % (axis, X.ndim))
     if not 0 <= k <= X.shape[a]:
         raise OnnxError("TopK: k = %d on an axis of %d elements" % (k, X.shape[a]))
-    check_elements("TopK", k * numel(X.shape))  # k passes over the input
     x = X.cast(float32)
     x = x if largest else -x
-    values, indices = [], []
     n = X.shape[a]
-    positions = cn.arange(n, backend=X.backend).reshape([n if d == a else 1 for d in range(X.ndim)])
-    for _ in range(k):
-        i = x.argmax(a, keepdim=True)
-        values.append(X.gather(a, i))
-        indices.append(i)
-        x = cn.where(positions == i, -math.inf, x)
-    v, i = cn.cat(values, a), cn.cat(indices, a)
+    m = 1 << max(n - 1, 0).bit_length()   # the axis padded to a power of two
+    stages = m.bit_length() * (m.bit_length() - 1) // 2
+    if 0 < k <= 4 * stages:
+        check_elements("TopK", k * numel(X.shape))  # k passes over the input
+        values, indices = [], []
+        positions = cn.arange(n, backend=X.backend).reshape([n if d == a else 1 for d in range(X.ndim)])
+        for _ in range(k):
+            i = x.argmax(a, keepdim=True)
+            values.append(X.gather(a, i))
+            indices.append(i)
+            x = cn.where(positions == i, -math.inf, x)
+        v, i = cn.cat(values, a), cn.cat(indices, a)
+    else:
+        i = _slice_axis(_bitonic_order(x.transpose(a, -1), m).transpose(a, -1), a, 0, k)
+        v = X.gather(a, i)
     return (v, i)[:outputs] if outputs > 1 else v
+
+
+def _bitonic_order(x, m):
+    """The indices that sort the last axis of x (n <= m elements, m a power of two) largest first,
+    ties by the lower index: a bitonic network of compare-exchanges on (value, index) pairs."""
+    lead, n = x.shape[:-1], x.shape[-1]
+    check_elements("TopK", 4 * numel(lead) * m)
+    idx = cn.arange(m, backend=x.backend).reshape(*[1] * len(lead), m).expand(*lead, m)
+    if m > n:   # padding sorts last: -inf, and indices past every real one
+        x = cn.cat([x, cn.full((*lead, m - n), -math.inf, backend=x.backend)], -1)
+    size = 2
+    while size <= m:
+        j = size // 2
+        while j >= 1:
+            blocks = m // (2 * j)
+            # block q holds the pairs (q*2j + r, q*2j + r + j); it sorts largest first where bit
+            # `size` of its start is 0 (all of them in the last round)
+            first = cn.tensor([[((q * 2 * j) & size) == 0] for q in range(blocks)], backend=x.backend)
+            xs, ids = x.reshape(*lead, blocks, 2, j), idx.reshape(*lead, blocks, 2, j)
+            xa, xb, ia, ib = xs[..., 0, :], xs[..., 1, :], ids[..., 0, :], ids[..., 1, :]
+            a_first = (xa > xb) | ((xa == xb) & (ia < ib))
+            keep = a_first == first
+            x = cn.cat([cn.where(keep, xa, xb).unsqueeze(-2), cn.where(keep, xb, xa).unsqueeze(-2)], -2).reshape(*lead, m)
+            idx = cn.cat([cn.where(keep, ia, ib).unsqueeze(-2), cn.where(keep, ib, ia).unsqueeze(-2)], -2).reshape(*lead, m)
+            j //= 2
+        size *= 2
+    return idx
 
 
 @op(host=("condition",))
