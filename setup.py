@@ -38,4 +38,14 @@ package_data = {name: ["*.wgsl", "*.json", "*.js", "*.html", "*.css"] for name i
 package_data["cinders.wasm"] += ["*.h", "*.mjs"]   # the kernels' C runtime, the Node engine
 package_data["cinders.micro"] += ["runtime/*.py", "runtime/cinders/*.py"]
 
-setup(packages=sorted(package_dir), package_dir=package_dir, package_data=package_data)
+# Web assets ship as data folders (no __init__.py: never imported, and left out of the browser's
+# own wheel, core/web/wheel.py, which walks import packages only).
+WEB_ASSETS = {"cinders.web.assets.wasm": "wasm", "cinders.web.assets.web_demos": "web_demos"}
+package_dir.update(WEB_ASSETS)
+for name in WEB_ASSETS:
+    package_data[name] = ["**/*"]
+# the micro page's bundle, written beside it by `cinders demo` in a checkout (micro/web.py)
+not_shipped = {"cinders.web.assets.web_demos": ["mnist-micro/bundle/**"]}
+
+setup(packages=sorted(package_dir), package_dir=package_dir, package_data=package_data,
+      exclude_package_data=not_shipped)
