@@ -132,3 +132,49 @@ def start_server(bin_dir, argv, cwd, env):
 def stop(proc):
     proc.terminate()
     proc.wait(timeout=30)
+
+
+def chromium_page_output(url, inputs, webgpu=False):
+    """Open an export-web page in Debian's headless Chromium (without WebGPU: on cn.Wasm()'s
+    shipped kernels), run it on `inputs`; returns (#backend, the output as JSON, URLs that failed)."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "e2e"))
+    from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS, wait_ready
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=QUIET_FLAGS + (WEBGPU_FLAGS if webgpu else []))
+        try:
+            page = browser.new_page()
+            failed = []
+            page.on("response", lambda resp: failed.append(resp.url) if resp.status >= 400 else None)
+            page.goto(url)
+            wait_ready(page)
+            page.fill("#input", json.dumps(inputs))
+            page.click("#run")
+            page.wait_for_function("() => document.querySelector('#output').textContent !== '' || "
+                                   "document.querySelector('#status').textContent.startsWith('error')",
+                                   timeout=60_000)
+            assert page.text_content("#status") == "ready", page.text_content("#status")
+            return page.text_content("#backend"), json.loads(page.text_content("#output")), failed
+        finally:
+            browser.close()
+
+
+def onnx_mlp(path):
+    """A small ONNX model (Gemm -> Relu -> Gemm) written to path; one input and onnxruntime's output."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w1, b1 = rng.normal(size=(4, 6)).astype(np.float32), rng.normal(size=6).astype(np.float32)
+    w2, b2 = rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = rng.normal(size=(2, 4)).astype(np.float32)
+    return x, ort.InferenceSession(str(path)).run(None, {"x": x})[0]

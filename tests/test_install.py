@@ -130,14 +130,6 @@ def user_model(folder):
     return x, want
 
 
-def chromium_without_webgpu():
-    """Debian's Chromium, headless, without WebGPU: pages run on cn.Wasm()'s shipped kernels."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "e2e"))
-    from browser_env import CHROMIUM, QUIET_FLAGS, wait_ready
-    from playwright.sync_api import sync_playwright
-    return sync_playwright(), CHROMIUM, QUIET_FLAGS, wait_ready
-
-
 def test_setup_web_then_export_web_and_serve_run_in_chromium(plain, env, tmp_path):
     r = inst.run(plain, ["cinders", "setup-web"], tmp_path, env, timeout=600)
     assert "browser packages: " in r.stdout and "cn.Wasm() kernels: " + env["CINDERS_CACHE"] in r.stdout, r.stdout
@@ -146,25 +138,11 @@ def test_setup_web_then_export_web_and_serve_run_in_chromium(plain, env, tmp_pat
                          "--out", "site"], tmp_path, env)
     assert r.stdout.startswith("wrote ") and "run: cinders serve site" in r.stdout
     server, url = inst.start_server(plain, ["cinders", "serve", "site", "--port", "0"], tmp_path, env)
-    playwright, chromium, flags, wait_ready = chromium_without_webgpu()
     try:
-        with playwright as p:
-            browser = p.chromium.launch(executable_path=chromium, headless=True, args=flags)
-            page = browser.new_page()
-            failed = []
-            page.on("response", lambda resp: failed.append(resp.url) if resp.status >= 400 else None)
-            page.goto(url)
-            wait_ready(page)
-            assert page.text_content("#backend") == "wasm"
-            page.fill("#input", json.dumps(x.tolist()))
-            page.click("#run")
-            page.wait_for_function("() => document.querySelector('#output').textContent !== '' || "
-                                   "document.querySelector('#status').textContent.startsWith('error')",
-                                   timeout=60_000)
-            got = json.loads(page.text_content("#output"))
-            browser.close()
+        backend, got, failed = inst.chromium_page_output(url, x.tolist())
     finally:
         inst.stop(server)
+    assert backend == "wasm"
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert failed == []
 
@@ -188,27 +166,8 @@ def test_demo_serves_the_pages_from_the_installed_package(plain, env, tmp_path):
         inst.stop(server)
 
 
-def onnx_mlp(path):
-    """A small ONNX model (Gemm -> Relu -> Gemm) and onnxruntime's output on one input."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(0)
-    w1, b1 = rng.normal(size=(4, 6)).astype(np.float32), rng.normal(size=6).astype(np.float32)
-    w2, b2 = rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"])], "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    x = rng.normal(size=(2, 4)).astype(np.float32)
-    return x, ort.InferenceSession(str(path)).run(None, {"x": x})[0]
-
-
 def test_import_onnx_without_the_onnx_package(plain, env, tmp_path):
-    x, want = onnx_mlp(tmp_path / "mlp.onnx")
+    x, want = inst.onnx_mlp(tmp_path / "mlp.onnx")
     r = inst.run(plain, ["cinders", "import-onnx", "mlp.onnx", "--out", "models"], tmp_path, env)
     assert "wrote models/mlp.py and models/mlp.safetensors" in r.stdout, r.stdout
     use = r.stdout.strip().splitlines()[-1]
