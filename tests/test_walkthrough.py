@@ -70,6 +70,12 @@ def sh(user, command, timeout=600):
     return r.stdout
 
 
+def test_the_numpy_extra_makes_numpy_the_default_backend(user):
+    import cinders as cn
+    out = sh(user, "python -c 'import cinders as cn; print(cn.default_backend().name)'")
+    assert out.strip() == cn.NumPy().name
+
+
 def serve_and_check(user, command, inputs, want):
     """`cinders serve DIR` as the doc says (on any free port), the page run in Chromium."""
     import numpy as np
