@@ -94,6 +94,7 @@ def test_plain_install_predicts_in_pure_python(plain, env, tmp_path):
     (["predict", "mnist-cnn.safetensors", "digit.json", "--backend", "numpy"], "numpy"),
     (["predict", "mnist-cnn.safetensors", "digit.json", "--backend", "wgpu"], "wgpu"),
     (["serve-backend", "--backend", "python", "--token", "secret-token", "--port", "0"], "remote"),
+    (["train", "--dataset", "mnist", "--model", "mlp", "--train-limit", "64", "--out", "t.safetensors"], "numpy"),
 ])
 def test_a_missing_extra_is_named(plain, env, tmp_path, argv, extra):
     shutil.copyfile(os.path.join(MODELS, "mnist-cnn.safetensors"), tmp_path / "mnist-cnn.safetensors")
