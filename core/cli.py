@@ -688,7 +688,8 @@ def _one_line(e):
     from cinders.errors import printable
     if isinstance(e, OSError) and e.filename is not None:
         return printable("%s: %s" % (e.filename, e.strerror or e))
-    return printable(" ".join(str(e).split("\n")))
+    # The raw text: a CindersError's str() has already escaped its newlines (as \x0a).
+    return printable(" ".join(line.strip() for line in Exception.__str__(e).split("\n") if line.strip()))
 
 
 def main(argv=None):

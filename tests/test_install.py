@@ -187,6 +187,17 @@ def test_import_onnx_without_the_onnx_package(plain, env, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_unsupported_onnx_nodes_are_one_readable_line(plain, env, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("StringNormalizer", ["x" if i == 0 else "t%d" % (i - 1)], ["t%d" % i]) for i in range(200)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.STRING, [4])],
+                              [helper.make_tensor_value_info("t199", TensorProto.STRING, [4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "bad.onnx"))
+    line = one_line_error(inst.run(plain, ["cinders", "import-onnx", "bad.onnx", "--out", "m"], tmp_path, env, check=False))
+    assert "200 node(s) unsupported" in line and "StringNormalizer \u00d7200" in line and "\\x" not in line, line
+
+
 def test_export_micro_writes_a_bundle_the_unix_port_runs(plain, env, tmp_path):
     x, want = user_model(tmp_path)
     r = inst.run(plain, ["cinders", "export-micro", "point.safetensors", "--model-source", "point_model.py",
