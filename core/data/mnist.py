@@ -18,7 +18,7 @@ import struct
 from array import array
 
 from . import Batcher, Dataset
-from ..errors import InputError
+from ..errors import InputError, MissingExtraError
 
 PIXELS = 28 * 28
 TRAIN_COUNT = 8004
@@ -188,7 +188,8 @@ class MnistBatcher(Batcher):
             images = _flat_for(self.backend, np.ascontiguousarray(images, dtype=np.float32))
         else:
             if self.augment is not None:
-                raise RuntimeError("MnistBatcher: augmentation needs NumPy")
+                raise MissingExtraError("MnistBatcher: augmentation needs NumPy: pip install "
+                                        "'cinders[numpy]' (or train without it: --no-augment)")
             images = array("f")
             for img, _ in items:
                 images.extend(img)

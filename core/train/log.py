@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import sys
 
 
 def _columns(history):
@@ -32,8 +33,14 @@ def write_logs(out_dir, history):
 
 
 def plot_curves(path, history):
-    """A PNG with one panel per metric (loss, accuracy, ...), train and valid curves."""
-    import matplotlib
+    """A PNG with one panel per metric (loss, accuracy, ...), train and valid curves; skipped,
+    with a note, without matplotlib (the `train` extra): metrics.csv holds the same numbers."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("cinders: %s not drawn (needs matplotlib: pip install 'cinders[train]')" % path,
+              file=sys.stderr, flush=True)
+        return
     matplotlib.use("Agg")  # files only: never needs a display
     import matplotlib.pyplot as plt
     names = []

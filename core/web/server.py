@@ -28,7 +28,7 @@ import sys
 import threading
 import urllib.parse
 
-from cinders.assets import REPO_ROOT, cache_dir, in_checkout, web_deps_dir
+from cinders.assets import REPO_ROOT, cache_dir, web_deps_dir
 from cinders.web.wheel import ensure_wheel, wheel_dir
 
 HOST = "127.0.0.1"
@@ -63,11 +63,8 @@ def gzipped(path, st):
 
 
 def default_mounts():
-    """[(url prefix, folder)]; needs the repository checkout (the demos are not in the wheel)."""
-    if not in_checkout():
-        raise FileNotFoundError(
-            "cinders demo serves web_demos/ and wasm/ from a source checkout; clone the repository "
-            "and run `pip install -e .` there")
+    """[(url prefix, folder)]: web_demos/ and wasm/ from REPO_ROOT (a checkout or the installed
+    package), the rest from the cache."""
     demos = os.path.join(REPO_ROOT, "web_demos")
     return [
         ("/node_modules/", web_deps_dir()),
@@ -114,12 +111,13 @@ def wasm_module_dir():
 
 def ensure_wasm_module():
     """cn.Wasm()'s kernels for pages without WebGPU; without the toolchain the pages still run
-    (on WebGPU, else pure Python), so a failed build is a warning."""
+    (on WebGPU, else pure Python), so a failed build is a warning. Returns the module's path or None."""
     from cinders.wasm.build import WasmBuildError, module_path
     try:
-        module_path()
+        return module_path()
     except WasmBuildError as e:
         print("cinders: cn.Wasm() unavailable in the pages: %s" % e, file=sys.stderr)
+        return None
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

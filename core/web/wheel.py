@@ -20,6 +20,7 @@ import zipfile
 
 import cinders
 from cinders.assets import REPO_ROOT, cache_dir, web_deps_dir
+from cinders.errors import SetupError
 
 # What ships inside the packages (setup.py's package_data): Python sources and kernel templates.
 SHIPPED_SUFFIXES = (".py", ".wgsl", ".json", ".js", ".html", ".css")
@@ -97,8 +98,8 @@ def precompile(wheel, out_dir):
     script = PRECOMPILE_SCRIPT
     node = shutil.which("node")
     try:
-        node_modules = web_deps_dir(install=False)
-    except FileNotFoundError:
+        node_modules = web_deps_dir()
+    except SetupError:
         node_modules = None
     version = node_modules and _pyodide_version(node_modules)
     if not (node and version and os.path.exists(script)):
