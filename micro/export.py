@@ -250,6 +250,16 @@ module("model.py", base_path="frozen")
 """
 
 
+def _onnx_hint(path, head):
+    """The error for an ONNX file given where a record belongs (named .onnx, or unreadable as a
+    record and starting with ONNX's first protobuf field, ir_version: 0x08); else None."""
+    if path.lower().endswith(".onnx") or head[:1] == b"\x08":
+        return RecordError("%s is an ONNX model, not a record: turn it into a model source and a "
+                           "record first (cinders import-onnx %s --out DIR), then export-micro "
+                           "DIR/NAME.safetensors" % (path, path))
+    return None
+
+
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
                  model_config=None, input_shape=None, allow=(), check=True, freeze=False):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
@@ -271,7 +281,14 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
                                 allow=allow, check=check, freeze=freeze)
     try:
         with open(record_path, "rb") as f:
-            meta = safetensors.Reader(f).metadata
+            try:
+                meta = safetensors.Reader(f).metadata
+            except RecordError:
+                f.seek(0)
+                hint = _onnx_hint(record_path, f.read(1))
+                if hint is None:
+                    raise
+                raise hint from None
     except OSError as e:
         raise RecordError("cannot open record %s: %s" % (record_path, e.strerror or e)) from None
     class_path = meta.get("model_class")

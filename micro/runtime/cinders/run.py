@@ -3,9 +3,9 @@ Kept in lib (compiled with the runtime) so the script the board compiles from so
 
 The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
 input shape (the record's `input_shape`, written by `cinders export-micro`, or
-`--input-shape 1,28,28`) or a batch of them. Output, like `cinders predict` on the desktop:
-a classifier (one vector per sample) gives {"class": k, "logits": [...]} (lists of them for a
-batch); any other model {"output": nested lists}.
+`--input-shape 1,28,28`) or a batch of them (neither: cinders.nested). Output, like `cinders
+predict` on the desktop: a classifier (one vector per sample) gives {"class": k, "logits":
+[...]} (lists of them for a batch); any other model {"output": nested lists}.
 """
 import gc
 import json
@@ -29,8 +29,9 @@ def _scan(path, out):
             for p in parts:
                 p = p.strip()
                 if p:
+                    v = float(p)  # raises on anything but a number: read_input names the file
                     if out is not None:
-                        out[k] = float(p)
+                        out[k] = v
                     k += 1
             if not chunk:
                 break
@@ -44,7 +45,10 @@ def read_input(path, shape, buf=None):
         n = n * d if type(d) is int and d > 0 else 0
     if not 0 < n <= 1 << 24:
         raise ValueError("input_shape %r: not positive ints of at most 2**24 elements" % (shape,))
-    k = _scan(path, None)
+    try:
+        k = _scan(path, None)
+    except ValueError:
+        raise ValueError("%s is not a JSON list of numbers" % path)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
                          "multiple of it (a batch)" % (path, k, n, shape))
@@ -90,7 +94,8 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
         with open(record_path, "rb") as f:
             shape = json.loads(Reader(f).metadata.get("input_shape") or "[]")
     if not shape:
-        raise ValueError("%s has no input_shape: pass --input-shape A,B,..." % record_path)
+        from cinders.nested import file_shape  # only here: each compiled module costs heap
+        shape = file_shape(argv[1])
     gc.collect()
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
