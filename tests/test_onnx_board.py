@@ -60,3 +60,114 @@ def test_trained_mnist_cnn_onnx_runs_on_the_unix_port(tmp_path):
         np.testing.assert_allclose(want, session.run(None, {"image": x})[0][0], rtol=1e-4, atol=1e-4)
         correct += int(np.argmax(board)) == label
     assert correct >= 2   # a trained model, not random weights
+
+
+class _ResidualCNN:
+    """A CNN that is not a layer chain: a residual Add, a Concat of two branches, BatchNorm,
+    max and average pooling, a global average pool, Flatten and Gemm (torch, random weights)."""
+
+    @staticmethod
+    def export(path):
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1, self.bn = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4)
+                self.c2, self.side = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(2, 3, 1, stride=1)
+                self.pool, self.avg = nn.MaxPool2d(2), nn.AvgPool2d(3, stride=1, padding=1)
+                self.fc = nn.Linear(7 * 5 * 4, 6)
+
+            def forward(self, x):
+                a = torch.relu(self.bn(self.c1(x)))
+                b = self.c2(a) + a
+                c = self.pool(torch.cat([b, self.side(x)], 1))
+                c = self.avg(c).sigmoid()
+                g = nn.functional.adaptive_avg_pool2d(c, 1).flatten(1).sum(1, keepdim=True)
+                return self.fc(c.flatten(1)) * g
+
+        torch.manual_seed(3)
+        net = Net().eval()
+        with torch.no_grad():
+            net.bn.running_mean.uniform_(-0.5, 0.5)
+            net.bn.running_var.uniform_(0.5, 2.0)
+        torch.onnx.export(net, torch.randn(1, 2, 10, 8), path, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+
+
+class _Signal1d:
+    """A 1-D signal model: Conv1d with stride and padding, MaxPool1d, a mean over time, Softmax."""
+
+    @staticmethod
+    def export(path):
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.pool = nn.Conv1d(3, 5, 4, stride=2, padding=1), nn.MaxPool1d(2)
+
+            def forward(self, x):
+                return torch.softmax(self.pool(torch.tanh(self.conv(x))).mean(2), -1)
+
+        torch.manual_seed(4)
+        torch.onnx.export(Net().eval(), torch.randn(1, 3, 20), path, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+
+
+def _engines():
+    """(name, micropython binary): the unix port (array engine), and the float32 4-D ulab build
+    where the firmware sources are set (built once, cached; tests/test_firmware.py builds it
+    too), for one sample. The 2-D builds and batches on ulab are left out: the graph ops read
+    ulab arrays through Python lists, which does not fit 256 KB there (see micro/README.md)."""
+    import firmware_support as fs
+    from cinders.micro import firmware
+    found = [("array", _micropython())]
+    if any(os.environ.get(v) for v in firmware.SOURCE_ENV.values()):
+        found.append(("float32-4d", fs.build(**fs.UNIX_BUILDS["float32-4d"]).path))
+    return found
+
+
+@pytest.mark.parametrize("graph", [_ResidualCNN, _Signal1d], ids=["residual-cnn", "conv1d"])
+def test_imported_graph_that_is_not_a_layer_chain_runs_on_the_board(tmp_path, graph):
+    onnx_path = str(tmp_path / "net.onnx")
+    graph.export(onnx_path)
+    _cli("import-onnx", onnx_path, "--out", str(tmp_path / "imported"), "--name", "net")
+    source = (tmp_path / "imported" / "net.py").read_text()
+    assert "ops.Conv(" in source and "from cinders.onnx import ops" in source
+    bundle = tmp_path / "bundle"
+    _cli("export-micro", str(tmp_path / "imported" / "net.safetensors"), "--out", str(bundle),
+         "--model-source", str(tmp_path / "imported" / "net.py"))
+    desktop = load(onnx_path, backend=cn.NumPy())
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    shape = session.get_inputs()[0].shape[1:]
+    x = np.random.default_rng(5).standard_normal([2] + shape).astype(np.float32)
+    want = desktop(cn.tensor(x, backend=cn.NumPy())).numpy()
+    np.testing.assert_allclose(want, session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    for batch in (x[:1], x):   # one sample (nested lists of its shape), and a batch of two
+        (tmp_path / "x.json").write_text(json.dumps(batch.tolist()))
+        for engine, exe in (_engines() if len(batch) == 1 else _engines()[:1]):
+            # 256K: the graph ops (Concat, Add, ...) read ulab arrays through Python lists
+            ran = subprocess.run([exe, "-X", "heapsize=256K", "predict.py", str(tmp_path / "x.json")],
+                                 cwd=bundle, capture_output=True, text=True, timeout=300)
+            assert ran.returncode == 0, engine + ": " + ran.stdout + ran.stderr
+            got = json.loads(ran.stdout.strip().splitlines()[-1])
+            assert got["engine"] == ("array" if engine == "array" else "ulab")
+            logits = got["logits"] if len(batch) > 1 else [got["logits"]]
+            np.testing.assert_allclose(logits, want[:len(batch)], rtol=1e-4, atol=1e-4, err_msg=engine)
+
+
+def test_export_micro_names_the_onnx_operators_the_board_lacks(tmp_path):
+    """Silero VAD's generated source uses operators the board does not have yet (LSTM, Shape,
+    If on a tensor, int32 constants): export-micro refuses it by name, writing nothing."""
+    from cinders.apps import shipped
+    _cli("import-onnx", shipped.model_path("silero_vad.onnx"), "--out", str(tmp_path / "vad"))
+    done = subprocess.run([sys.executable, "-m", "cinders", "export-micro",
+                           str(tmp_path / "vad" / "silero_vad.safetensors"), "--out", str(tmp_path / "b"),
+                           "--model-source", str(tmp_path / "vad" / "silero_vad.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "ops.LSTM (ONNX operator)" in done.stderr and "cinders.int32" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "b").exists()

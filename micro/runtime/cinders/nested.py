@@ -15,7 +15,7 @@ def nested_shape(v):
     return tuple(shape)
 
 
-def file_shape(path):
+def shape(path):
     """nested_shape of the JSON file at path."""
     try:
         with open(path) as f:

@@ -47,7 +47,7 @@ def read_input(path, shape, buf=None):
         raise ValueError("input_shape %r: not positive ints of at most 2**24 elements" % (shape,))
     try:
         k = _scan(path, None)
-    except ValueError:
+    except ValueError:  # float() of a word: name the file, not the word
         raise ValueError("%s is not a JSON list of numbers" % path)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
@@ -71,8 +71,8 @@ def result(y):
     if any(x != x for x in v):  # NaN: max() and index() would say "object not in sequence"
         raise ValueError("the model's output holds NaN: the record's weights or the input are not finite")
     rows = [v[b * m:(b + 1) * m] for b in range(B)]
-    ks = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
-    return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
+    k = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
+    return {"class": k[0], "logits": rows[0]} if B == 1 else {"class": k, "logits": rows}
 
 
 def predict(net, values, shape=(1, 1, 28, 28)):
@@ -81,8 +81,8 @@ def predict(net, values, shape=(1, 1, 28, 28)):
     return r["class"], r["logits"]
 
 
-def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
-    """shape: one sample's shape (predict.py reads it from --input-shape or the record; None:
+def main(argv, model, path="model.safetensors", pixels=None, shape=None):
+    """model: the model's module; path: the record; shape: one sample's shape (predict.py reads it from --input-shape or the record; None:
     the record's);
     pixels: an array for one sample allocated before the modules were compiled, used when the
     file holds one sample."""
@@ -91,15 +91,17 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
         return 2
     if shape is None:  # called without predict.py: the record's
         from cinders.safetensors import Reader
-        with open(record_path, "rb") as f:
+        with open(path, "rb") as f:
             shape = json.loads(Reader(f).metadata.get("input_shape") or "[]")
     if not shape:
-        from cinders.nested import file_shape  # only here: each compiled module costs heap
-        shape = file_shape(argv[1])
+        # Only here, and few new names in this module: MicroPython interns every name in
+        # blocks that double, and the next block does not fit the int8 MLP's 64 KB heap.
+        from cinders import nested
+        shape = nested.shape(argv[1])
     gc.collect()
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
-    net = record.load_model(record_path, model_module)
+    net = record.load_model(path, model)
     x = Tensor(cinders.engine.from_flat(values, full), full)
     gc.collect()  # the loader's garbage, before the first layer asks for its buffers
     out = result(net(x))
