@@ -27,7 +27,7 @@ def flat(t):
     d = t.data
     if isinstance(d, (array, memoryview)):
         return d
-    return array("f", engine.to_list(d))
+    return engine.to_array(d)  # an engine whose data is not an array('f') (ulab) converts it
 
 
 def make(values, shape):

@@ -11,7 +11,7 @@ board cannot reproduce (grouped convolution, asymmetric padding, ceil_mode) rais
 NotImplementedError naming it, never a different number.
 """
 from cinders import _ops, _ops_more, engine
-from cinders._tensor import Tensor
+from cinders._tensor import Tensor, empty
 from cinders._nn_image import per_sample
 from cinders.nn import Module as _Module
 from cinders.record import Param
@@ -86,29 +86,35 @@ def expect_shape(x, dims, name):
         raise ValueError("input %s has shape %s; the model declares %s" % (name, list(x.shape), dims))
 
 
+def _pads(X, kernel, strides, dilations, pads, auto_pad):
+    """ONNX `pads` ([begins..., ends...] of the spatial dims) after auto_pad."""
+    nd = len(X.shape) - 2
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+                 for n, k, s, d in zip(X.shape[2:], kernel, strides, dilations)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        return small + big if auto_pad == "SAME_UPPER" else big + small
+    if auto_pad == "VALID" or not pads:
+        return [0] * (2 * nd)
+    return list(pads)
+
+
 def _windows(op, X, kernel, strides, dilations, pads, auto_pad):
     """(kernel, strides, padding, dilations) of a 1-D or 2-D window op as 2-D pairs, refusing
-    what the engines cannot do (padding that differs between the two ends)."""
+    what the engines cannot do (padding that differs between the two ends: Conv pads
+    explicitly first, see there)."""
     nd = len(X.shape) - 2
     if nd not in (1, 2):
         raise NotImplementedError("%s: %d-D windows are not supported on the board (1-D, 2-D are)"
                                   % (op, nd))
     strides = list(strides or [1] * nd)
     dilations = list(dilations or [1] * nd)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for n, k, s, d in zip(X.shape[2:], kernel, strides, dilations):
-            pads.append(max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n))
-        if any(p % 2 for p in pads):
-            raise NotImplementedError("%s: auto_pad=%s pads the two ends unequally here, which the "
-                                      "board does not do" % (op, auto_pad))
-        pads = [p // 2 for p in pads] * 2
-    elif auto_pad == "VALID" or not pads:
-        pads = [0] * (2 * nd)
-    if list(pads[:nd]) != list(pads[nd:]):
+    pads = _pads(X, kernel, strides, dilations, pads, auto_pad)
+    if pads[:nd] != pads[nd:]:
         raise NotImplementedError("%s: pads=%s differ between the two ends, which the board does "
-                                  "not do" % (op, list(pads)))
-    pad = list(pads[:nd])
+                                  "not do" % (op, pads))
+    pad = pads[:nd]
     if nd == 1:
         return [1] + list(kernel), [1] + strides, [0] + pad, [1] + dilations
     return list(kernel), strides, pad, dilations
@@ -130,8 +136,12 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         raise ValueError("Conv: input of shape %s has %d channels, the weight %s wants %d"
                          % (X.shape, X.shape[1], W.shape, W.shape[1]))
     nd = len(X.shape) - 2
-    kernel, strides, pad, dilations = _windows("Conv", X, list(W.shape[2:]), strides, dilations,
-                                               pads, auto_pad)
+    kernel = list(W.shape[2:])
+    pads = _pads(X, kernel, strides or [1] * nd, dilations or [1] * nd, pads, auto_pad)
+    if pads[:nd] != pads[nd:]:  # the engines pad both ends alike: zeros first, then none
+        X = Pad(X, [0, 0] + pads[:nd] + [0, 0] + pads[nd:])
+        pads = [0] * (2 * nd)
+    kernel, strides, pad, dilations = _windows("Conv", X, kernel, strides, dilations, pads, "NOTSET")
     rows, bias = _Rows(W), (_Rows(B) if B is not None else None)
     y = per_sample(lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad,
                                                  dilations)), _as_2d(X))
@@ -250,6 +260,82 @@ def Unsqueeze(data, axes):
     for a in axes:
         shape.insert(a, 1)
     return reshape(data, shape)
+
+
+def _gather(data, tables, fill=0.0):
+    """A new tensor whose index i along axis a reads data's index tables[a][i] there (-1: fill)."""
+    v = flat(data)
+    shape = tuple(len(t) for t in tables)
+    strides = [1] * len(shape)
+    for a in range(len(shape) - 2, -1, -1):
+        strides[a] = strides[a + 1] * data.shape[a + 1]
+    out = empty("f", numel(shape))
+    idx = [0] * len(shape)
+    for k in range(len(out)):
+        off = 0
+        for a in range(len(shape)):
+            j = tables[a][idx[a]]
+            if j < 0:
+                off = -1
+                break
+            off += j * strides[a]
+        out[k] = fill if off < 0 else v[off]
+        a = len(shape) - 1
+        while a >= 0:
+            idx[a] += 1
+            if idx[a] < shape[a]:
+                break
+            idx[a] = 0
+            a -= 1
+    return _ops.make(out, shape)
+
+
+def _source(i, n, mode):
+    """The input index that output index i (counted from the first original element) reads."""
+    if 0 <= i < n:
+        return i
+    if mode == "constant":
+        return -1
+    if mode == "edge":
+        return min(max(i, 0), n - 1)
+    if mode == "reflect":
+        period = 2 * (n - 1) if n > 1 else 1
+        j = i % period
+        return period - j if j >= n else j
+    if mode == "wrap":
+        return i % n
+    raise NotImplementedError("Pad: mode %r is not supported on the board" % (mode,))
+
+
+def Pad(data, pads=None, constant_value=None, axes=None, mode="constant", value=0.0, paddings=None):
+    pads = ints(pads if pads is not None else paddings)
+    rank = len(data.shape)
+    axes = [a % rank for a in ints(axes)] if axes is not None else list(range(rank))
+    k = len(axes)
+    if len(pads) != 2 * k:
+        raise ValueError("Pad: %d pads for %d axes (needs %d)" % (len(pads), k, 2 * k))
+    before, after = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        before[a], after[a] = pads[i], pads[i + k]
+    fill = value if constant_value is None else (
+        _ops.item(constant_value) if isinstance(constant_value, Tensor) else constant_value)
+    # negative pads crop: the range simply starts or ends inside the input
+    tables = [[_source(i, n, mode) for i in range(-before[a], n + after[a])]
+              for a, n in enumerate(data.shape)]
+    return _gather(data, tables, fill)
+
+
+def Slice(data, starts=None, ends=None, axes=None, steps=None):
+    starts, ends = ints(starts), ints(ends)
+    rank = len(data.shape)
+    axes = [a % rank for a in ints(axes)] if axes is not None else list(range(len(starts)))
+    steps = ints(steps) if steps is not None else [1] * len(starts)
+    tables = [list(range(n)) for n in data.shape]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        n = data.shape[a]
+        # ONNX clamps out-of-range bounds (INT64_MAX / INT64_MIN mean "to the end"), as slices do
+        tables[a] = list(range(n))[max(-n - 1, min(s, n + 1)):max(-n - 1, min(e, n + 1)):st]
+    return _gather(data, tables)
 
 
 def Concat(*inputs, axis):
