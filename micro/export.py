@@ -89,7 +89,8 @@ def board_api():
              "methods = set(ops.METHODS) | {n for n, v in vars(Tensor).items() if n[0] != '_' and callable(v)}\n"
              "functions = set(cinders.OPS_FUNCTIONS) | {'engine', 'ENGINE', 'Tensor', '__version__'}\n"
              "import cinders.onnx_ops as onnx_ops\n"
-             "onnx = {n for n, v in vars(onnx_ops).items() if n[0] != '_' and n[0].isupper() or n == 'expect_shape'}\n"
+             "onnx = {n for n, v in vars(onnx_ops).items() if n[0].isupper() and not isinstance(v, type)}\n"
+             "onnx |= {'expect_shape', 'Module'}\n"
              "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
              "('functions', functions), ('onnx_ops', onnx))}))\n")
     r = subprocess.run([sys.executable, "-I", "-B", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)

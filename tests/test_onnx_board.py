@@ -199,3 +199,15 @@ def test_export_micro_names_the_onnx_operators_the_board_lacks(tmp_path):
     assert "ops.LSTM (ONNX operator)" in done.stderr and "cinders.int32" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "b").exists()
 
+
+
+def test_board_model_source_changes_only_the_ops_import_and_the_base_class():
+    from cinders.micro.export import board_model_source
+    source = ("# generated\nimport cinders as cn\nfrom cinders.onnx import ops\n\n\n"
+              "class Model(cn.nn.Module):\n    input_shape = [3]\n\n"
+              "    def forward(self, x):\n        return ops.Softmax(x, axis=-1)  # 'Softmax'\n")
+    board = board_model_source(source)
+    assert board.split("\n") == [line.replace("from cinders.onnx import ops", "from cinders import onnx_ops as ops")
+                                 .replace("(cn.nn.Module)", "(ops.Module)") for line in source.split("\n")]
+    plain = "from cinders import nn\n\n\nclass Net(nn.Module):\n    pass\n"
+    assert board_model_source(plain) == plain   # a model written for the board is copied unchanged
