@@ -211,3 +211,72 @@ def test_board_model_source_changes_only_the_ops_import_and_the_base_class():
                                  .replace("(cn.nn.Module)", "(ops.Module)") for line in source.split("\n")]
     plain = "from cinders import nn\n\n\nclass Net(nn.Module):\n    pass\n"
     assert board_model_source(plain) == plain   # a model written for the board is copied unchanged
+
+
+def _op_cases():
+    """(op, args, kwargs) for the board's ONNX operators; numpy arrays are tensors."""
+    rng = np.random.default_rng(9)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x = r(2, 3, 4)
+    return [
+        ("Transpose", [x], {"perm": [2, 0, 1]}), ("Transpose", [x], {}),
+        ("Reshape", [x, [0, -1]], {}), ("Flatten", [x], {"axis": 2}),
+        ("Squeeze", [r(1, 3, 1, 2), [0, 2]], {}), ("Squeeze", [r(1, 3, 1, 2)], {}),
+        ("Unsqueeze", [r(3, 2), [0, -1]], {}),
+        ("ReduceMax", [x, [1]], {}), ("ReduceMean", [x, [0, 2]], {"keepdims": 0}),
+        ("ReduceSum", [x], {}), ("ReduceMin", [x, [-1]], {"keepdims": 0}),
+        ("Softmax", [x], {"axis": 1, "opset": 11}), ("Softmax", [x], {"axis": 1}),
+        ("Clip", [x, np.float32(-0.5), np.float32(0.5)], {}), ("LeakyRelu", [x], {"alpha": 0.1}),
+        ("Max", [x, r(3, 4), r(1, 4)], {}), ("Min", [x, r(4)], {}),
+        ("Div", [x, r(3, 1) + 3], {}), ("Pow", [np.abs(x) + 0.1, r(4)], {}),
+        ("MatMul", [x, r(4, 5)], {}), ("MatMul", [r(3, 4), r(4, 2)], {}),
+        ("Gemm", [r(4, 3), r(4, 5), r(5)], {"alpha": 0.5, "beta": 2.0, "transA": 1}),
+        ("Gemm", [r(2, 4), r(5, 4), r(5)], {"transB": 1}),
+        ("Pad", [r(2, 3), [1, 0, 0, 2]], {"mode": "edge"}), ("Pad", [r(2, 3), [-1, 1, 0, 1]], {}),
+        ("Pad", [r(3, 4), [0, 2, 0, 3]], {"mode": "reflect"}), ("Pad", [r(2, 3), [1, 2, 0, 1]], {"mode": "wrap"}),
+        ("Pad", [r(2, 3), [1, 1, 1, 1], np.float32(2.5)], {}),
+        ("Slice", [r(4, 6), [1, -1], [100, 0], [0, 1], [2, -2]], {}), ("Slice", [x, [1], [3], [2]], {}),
+        ("Concat", [x, r(2, 3, 2)], {"axis": -1}),
+        ("GlobalMaxPool", [r(1, 2, 3, 3)], {}), ("GlobalAveragePool", [r(2, 2, 3, 3)], {}),
+        ("AveragePool", [r(1, 2, 5, 5)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+        ("AveragePool", [r(1, 2, 5, 5)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+        ("MaxPool", [r(1, 2, 9)], {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+        ("Conv", [r(1, 2, 7, 9), r(3, 2, 3, 2), r(3)], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 0]}),
+        ("Conv", [r(2, 3, 11), r(4, 3, 3)], {"dilations": [2], "pads": [0, 2]}),
+        ("Conv", [r(1, 2, 5, 6), r(2, 2, 2, 2)], {"auto_pad": "SAME_LOWER"}),
+        ("BatchNormalization", [r(2, 3, 2, 2), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {"epsilon": 1e-3}),
+    ]
+
+
+def test_board_onnx_ops_match_the_desktop(tmp_path):
+    """Every operator of the board's onnx_ops on the unix port against the desktop's
+    cinders.onnx.ops on cn.NumPy(), to 1e-5."""
+    from cinders.micro import export
+    from cinders.onnx import ops as desktop_ops
+    bundle = tmp_path / "lib" / "cinders"
+    bundle.mkdir(parents=True)
+    for src, name in export.runtime_sources():
+        shutil.copyfile(src, bundle / name)
+    cases = _op_cases()
+    script = ["import sys, json", "sys.path.insert(0, 'lib')", "import cinders",
+              "from cinders import onnx_ops as ops", "out = []"]
+    for op, args, kwargs in cases:
+        board_args = ", ".join("cinders.tensor(%s)" % json.dumps(a.tolist()) if isinstance(a, (np.ndarray, np.floating))
+                               else repr(a) for a in args)
+        script.append("out.append(ops.%s(%s, **%r).tolist())" % (op, board_args, kwargs))
+    script.append("print(json.dumps(out))")
+    (tmp_path / "cases.py").write_text("\n".join(script))
+    ran = subprocess.run([_micropython(), "-X", "heapsize=1M", "cases.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    got = json.loads(ran.stdout.strip().splitlines()[-1])
+    for (op, args, kwargs), board in zip(cases, got):
+        desktop_args = [cn.tensor(a, backend=cn.NumPy()) if isinstance(a, (np.ndarray, np.floating)) else a
+                        for a in args]
+        want = getattr(desktop_ops, op)(*desktop_args, **kwargs).numpy()
+        np.testing.assert_allclose(np.array(board, dtype=np.float32).reshape(want.shape), want,
+                                   rtol=1e-5, atol=1e-5, err_msg="%s %s" % (op, kwargs))
+        assert np.array(board).shape == want.shape, (op, kwargs)
