@@ -207,29 +207,58 @@ os.chdir(%(root)r)
 if "lib" not in sys.path:
     sys.path.append("lib")
 import cinders.safetensors
-pixels = array("f", a2b_base64(%(pixels)r))
+with open("model.safetensors", "rb") as f:
+    shape = json.loads(cinders.safetensors.Reader(f).metadata.get("input_shape") or "null")
+values = array("f", a2b_base64(%(values)r))
 import model
 import cinders
 from cinders import record, run
+sample = shape or %(nested)r  # a record without input_shape: the nesting is one sample
+n = 1
+for d in sample:
+    n *= d
+if len(values) %% n:
+    raise ValueError("the input holds %%d numbers, expected a multiple of %%d (one sample of "
+                     "shape %%s)" %% (len(values), n, sample))
+full = (len(values) // n,) + tuple(sample)
 net = record.load_model("model.safetensors", model)
 gc.collect()
 t0 = time.ticks_us()
-k, logits = run.predict(net, pixels)
+out = run.result(net(cinders.tensor(values, full)))
 us = time.ticks_diff(time.ticks_us(), t0)
-print(json.dumps({"class": k, "logits": logits, "engine": cinders.ENGINE, "us": us,
-                  "heap_free": gc.mem_free()}))
+out.update({"engine": cinders.ENGINE, "us": us, "heap_free": gc.mem_free()})
+print(json.dumps(out))
 """
 
 
-def run(port, pixels, root=None, timeout=120, connect_timeout=10, heap=None):
-    """Run the flashed model on one input (784 floats); the board's JSON answer as a dict:
-    class, logits, engine, us (time.ticks_us around the forward), heap_free. timeout: seconds
+def flat_input(values):
+    """(flat floats, nested shape) of an input given as a number list, flat or nested and
+    rectangular."""
+    if not isinstance(values, list) or not values:
+        raise BoardError("an input is a non-empty JSON list of numbers, flat or nested")
+    if not isinstance(values[0], list):
+        try:
+            return [float(v) for v in values], [len(values)]
+        except (TypeError, ValueError):
+            raise BoardError("an input is a JSON list of numbers, flat or nested: it holds %r"
+                             % (next(v for v in values if not isinstance(v, (int, float))),)) from None
+    rows = [flat_input(v) for v in values]
+    if any(r[1] != rows[0][1] for r in rows):
+        raise BoardError("an input's nested lists must be rectangular: rows of shapes %s and %s"
+                         % (rows[0][1], next(r[1] for r in rows if r[1] != rows[0][1])))
+    return [x for r in rows for x in r[0]], [len(rows)] + rows[0][1]
+
+
+def run(port, values, root=None, timeout=120, connect_timeout=10, heap=None):
+    """Run the flashed model on one input (nested or flat number lists: one sample of the
+    record's input_shape or a batch; a record without one takes the nesting as one sample's
+    shape); the board's JSON answer as a dict: like predict.py's (class and logits, or output),
+    engine, us (time.ticks_us around the forward), heap_free. timeout: seconds
     the board may stay silent while it computes; heap: bytes of heap to run in (the rest is
     reserved in one block right after the soft reset, as if the board had less RAM)."""
     import array
-    if len(pixels) != 28 * 28:
-        raise BoardError("an input is 784 floats (28x28), got %d" % len(pixels))
-    buf = array.array("f", [float(v) for v in pixels])
+    flat, nested = flat_input(values)
+    buf = array.array("f", flat)
     if sys.byteorder != "little":
         buf.byteswap()
     t = _transport(port, connect_timeout)
@@ -242,8 +271,8 @@ def run(port, pixels, root=None, timeout=120, connect_timeout=10, heap=None):
             else:
                 raise BoardError("no bundle on the board at %s: flash one first (cinders flash "
                                  "BUNDLE --port %s)" % (port, port))
-        out = _exec(t, RUN % {"root": root, "pixels": base64.b64encode(buf.tobytes()),
-                              "heap": heap or 0},
+        out = _exec(t, RUN % {"root": root, "values": base64.b64encode(buf.tobytes()),
+                              "nested": nested, "heap": heap or 0},
                     "running the model", timeout)
     finally:
         t.close()

@@ -39,7 +39,8 @@ def _quantize_onnx(args):
     arg("--out", required=True, help="bundle directory to write"),
     arg("--mpy", action="store_true", help="compile the runtime to .mpy with mpy-cross"),
     arg("--model-source", metavar="FILE",
-        help="the .py file defining the model class (needed for any model but Cinders' own)"),
+        help="the .py file defining the model class (needed for any model but Cinders' own; "
+             "the NAME.py that `cinders import-onnx` wrote for an imported graph)"),
     arg("--input-shape", metavar="A,B,...", type=shape_arg,
         help="shape of one input sample, e.g. 1,28,28 (default: recorded by model.save once the "
              "model has run, else the class's input_shape attribute)"),
@@ -78,8 +79,9 @@ def export_micro(args):
     arg("--method", default="auto", choices=("auto", "fs", "romfs"),
         help="fs: copy files (boards with a writable filesystem); romfs: write a ROMFS image; "
              "auto (default): fs where the board can write files, else romfs"),
-    arg("--run", dest="run_input", metavar="INPUT", help="then run the model on INPUT (JSON list of 784 floats) "
-                                        "and print the board's JSON answer"),
+    arg("--run", dest="run_input", metavar="INPUT",
+        help="then run the model on INPUT (JSON list of numbers, flat or nested: one sample of "
+             "the record's input_shape or a batch) and print the board's JSON answer"),
     arg("--dry-run", action="store_true", help="print the mpremote file-copy command only"),
     arg("--mpremote", default="mpremote", help="mpremote executable"),
 ])
@@ -101,14 +103,21 @@ def _run_board(port, input_path):
     import json
 
     from . import board
-    with open(input_path) as f:
-        pixels = json.load(f)
-    print(json.dumps(board.run(port, pixels)), flush=True)
+    from ..errors import BoardError
+    try:
+        with open(input_path) as f:
+            values = json.load(f)
+    except OSError as e:
+        raise BoardError("cannot read the input %s: %s" % (input_path, e.strerror or e)) from None
+    except ValueError as e:
+        raise BoardError("the input %s is not JSON: %s" % (input_path, e)) from None
+    print(json.dumps(board.run(port, values)), flush=True)
     return 0
 
 
 @command("run-board", "run the flashed model on a board; prints its JSON answer", [
-    arg("input", help="JSON list of 784 floats in [0, 1] (a 28x28 digit)"),
+    arg("input", help="JSON list of numbers, flat or nested: one sample of the record's "
+                      "input_shape (e.g. 784 floats of a 28x28 digit) or a batch"),
     arg("--port", required=True, help="serial port of the board"),
 ])
 def run_board(args):

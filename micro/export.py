@@ -4,6 +4,8 @@ A bundle is everything a board needs, nothing else:
     DIR/lib/cinders/*.py|.mpy   the board runtime (micro/runtime/cinders) + the shared safetensors
                                 reader (core/record/safetensors.py), optionally compiled by mpy-cross
     DIR/model.py                the source file of the record's model class, copied unchanged
+                                (a generated ONNX model: its ops import and base class pointed
+                                at the board's cinders/onnx_ops.py, see board_model_source)
     DIR/model.safetensors       the record (float16 tensors widened to float32: the board reads
                                 F32 and I8 only)
     DIR/predict.py              `micropython predict.py INPUT.json` -> one JSON line
@@ -75,7 +77,8 @@ class BoardSupportError(CindersError, ValueError):
 
 
 def board_api():
-    """{"layers": [...], "methods": [...], "functions": [...]} of the board runtime, read from
+    """{"layers": [...], "methods": [...], "functions": [...], "onnx_ops": [...]} of the board
+    runtime (onnx_ops: the ONNX operators of generated model sources, cinders/onnx_ops.py), read from
     the runtime itself (loaded in a separate interpreter, where `cinders` is the board's)."""
     probe = ("import sys, json; sys.path.insert(0, sys.argv[1])\n"
              "import cinders, cinders.nn as nn, cinders._nn_image as img, cinders._nn_more as more\n"
@@ -85,8 +88,11 @@ def board_api():
              "          if isinstance(v, type) and n[0] != '_' and issubclass(v, nn.Module)}\n"
              "methods = set(ops.METHODS) | {n for n, v in vars(Tensor).items() if n[0] != '_' and callable(v)}\n"
              "functions = set(cinders.OPS_FUNCTIONS) | {'engine', 'ENGINE', 'Tensor', '__version__'}\n"
+             "import cinders.onnx_ops as onnx_ops\n"
+             "onnx = {n for n, v in vars(onnx_ops).items() if n[0].isupper() and not isinstance(v, type)}\n"
+             "onnx |= {'expect_shape', 'Module'}\n"
              "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
-             "('functions', functions))}))\n")
+             "('functions', functions), ('onnx_ops', onnx))}))\n")
     r = subprocess.run([sys.executable, "-I", "-B", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError("cannot read the board runtime's API: %s" % r.stderr.strip())
@@ -105,7 +111,7 @@ def unsupported_on_board(source, filename="model.py"):
     tree = ast.parse(source, filename)
     api = board_api()
     desktop_methods = _desktop_tensor_methods()
-    aliases = {}  # local name -> "nn" | "cinders" | "functional"
+    aliases = {}  # local name -> "nn" | "cinders" | "functional" | "onnx_ops"
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -127,6 +133,8 @@ def unsupported_on_board(source, filename="model.py"):
                 elif node.module == "cinders":
                     if a.name not in api["functions"] and a.name != "nn":
                         yield node.lineno, "cinders.%s" % a.name
+                elif node.module == "cinders.onnx" and a.name == "ops":
+                    aliases[local] = "onnx_ops"  # export-micro points it at cinders/onnx_ops.py
                 else:
                     yield node.lineno, "%s (module)" % node.module
     for node in ast.walk(tree):
@@ -138,6 +146,8 @@ def unsupported_on_board(source, filename="model.py"):
                 yield node.lineno, "%s.%s (cinders.nn.functional)" % (node.value.id, node.attr)
             elif kind == "cinders" and node.attr not in api["functions"] and node.attr != "nn":
                 yield node.lineno, "cinders.%s" % node.attr
+            elif kind == "onnx_ops" and node.attr not in api["onnx_ops"]:
+                yield node.lineno, "ops.%s (ONNX operator)" % node.attr
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name = node.func.attr
             target = node.func.value
@@ -165,6 +175,29 @@ def check_board_support(model_file):
                 model_file, ", ".join("%s (line %d)" % (what, line) for line, what in missing),
                 ", ".join(sorted(board_api()["layers"] - {"Module"})),
                 ", ".join(sorted(board_api()["methods"]))))
+
+
+def board_model_source(source):
+    """The model source as the board runs it: a generated ONNX model's `from cinders.onnx import
+    ops` becomes the board's operators (cinders/onnx_ops.py) and its classes' base `cn.nn.Module`
+    becomes `ops.Module` (whose tensors are its parameters); those lines only, the rest is kept
+    byte for byte. Any other source is returned unchanged."""
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    ops_names = [a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                 and node.module == "cinders.onnx" for a in node.names if a.name == "ops"]
+    if not ops_names:
+        return source
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "cinders.onnx":
+            lines[node.lineno - 1] = "from cinders import onnx_ops as %s" % ops_names[0]
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if ast.unparse(base) in ("cn.nn.Module", "cinders.nn.Module", "nn.Module"):
+                    line = lines[base.lineno - 1]
+                    lines[base.lineno - 1] = (line[:base.col_offset] + ops_names[0] + ".Module"
+                                              + line[base.end_col_offset:])
+    return "\n".join(lines)
 
 
 def uses_tensor_ops(source):
@@ -250,6 +283,16 @@ module("model.py", base_path="frozen")
 """
 
 
+def _onnx_hint(path, head):
+    """The error for an ONNX file given where a record belongs (named .onnx, or unreadable as a
+    record and starting with ONNX's first protobuf field, ir_version: 0x08); else None."""
+    if path.lower().endswith(".onnx") or head[:1] == b"\x08":
+        return RecordError("%s is an ONNX model, not a record: turn it into a model source and a "
+                           "record first (cinders import-onnx %s --out DIR), then export-micro "
+                           "DIR/NAME.safetensors" % (path, path))
+    return None
+
+
 def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=None, model_class=None,
                  model_config=None, input_shape=None, allow=(), check=True, freeze=False):
     """Write the bundle of `record_path` into `out_dir`; returns the list of files written.
@@ -271,7 +314,14 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
                                 allow=allow, check=check, freeze=freeze)
     try:
         with open(record_path, "rb") as f:
-            meta = safetensors.Reader(f).metadata
+            try:
+                meta = safetensors.Reader(f).metadata
+            except RecordError:
+                f.seek(0)
+                hint = _onnx_hint(record_path, f.read(1))
+                if hint is None:
+                    raise
+                raise hint from None
     except OSError as e:
         raise RecordError("cannot open record %s: %s" % (record_path, e.strerror or e)) from None
     class_path = meta.get("model_class")
@@ -310,19 +360,22 @@ def export_micro(record_path, out_dir, mpy=False, model_file=None, mpy_cross=Non
             with open(dst, "w") as f:
                 f.write(board_source(src))
         written.append(dst)
-    for src, dst in ((model_file, os.path.join(code_dir, "model.py")),
-                     (os.path.join(RUNTIME_DIR, "predict.py"), os.path.join(out_dir, "predict.py"))):
-        shutil.copyfile(src, dst)
-        written.append(dst)
+    with open(model_file) as f:
+        source = f.read()
+    dst = os.path.join(code_dir, "model.py")
+    with open(dst, "w") as f:
+        f.write(board_model_source(source))
+    written.append(dst)
+    dst = os.path.join(out_dir, "predict.py")
+    shutil.copyfile(os.path.join(RUNTIME_DIR, "predict.py"), dst)
+    written.append(dst)
     if freeze:
         dst = os.path.join(out_dir, "manifest.py")
         with open(dst, "w") as f:
             f.write(MANIFEST % {"path": dst})
         written.append(dst)
     dst = os.path.join(out_dir, "model.safetensors")
-    with open(model_file) as f:
-        tensor_ops = uses_tensor_ops(f.read())
-    write_board_record(record_path, dst, input_shape, tensor_ops)
+    write_board_record(record_path, dst, input_shape, uses_tensor_ops(source))
     written.append(dst)
     return written
 

@@ -82,6 +82,16 @@ def test_flash_and_run_mlp_and_cnn_on_the_emulated_board(qemu_board, records, tm
         code, out, err = _cli("run-board", d1, "--port", port)
         assert code == 0, out + err
         fs.check_answer(json.loads(out.strip().splitlines()[-1]), records[kind], pixels1, "ulab")
+    nested = str(tmp_path / "nested.json")  # any input: nested lists of the record's input_shape
+    with open(nested, "w") as f:
+        json.dump([[pixels1[r * 28:(r + 1) * 28] for r in range(28)]], f)
+    code, out, err = _cli("run-board", nested, "--port", port)
+    assert code == 0, out + err
+    fs.check_answer(json.loads(out.strip().splitlines()[-1]), records["cnn-int8"], pixels1, "ulab")
+    with open(nested, "w") as f:
+        json.dump([pixels1[:700]], f)
+    code, out, err = _cli("run-board", nested, "--port", port)
+    assert code != 0 and "holds 700 numbers, expected a multiple of 784" in out + err, out + err
 
 
 def test_bundle_too_large_for_the_flash(qemu_board, tmp_path):

@@ -349,3 +349,62 @@ def test_quantize_command_line(records, tmp_path):
     r = subprocess.run([sys.executable, "-m", "cinders", "quantize", out, "--out",
                         str(tmp_path / "qq.safetensors")], capture_output=True, text=True)
     assert r.returncode != 0 and "already quantized" in r.stderr
+
+
+def test_board_input_shape_from_nesting_and_clear_input_errors(micropython, records, digits, tmp_path):
+    """A record without input_shape takes the input file's nesting as one sample's shape; a
+    file that is not a JSON list of numbers is named as such (not "holds 1 numbers")."""
+    bundle = str(tmp_path / "bundle")
+    export.export_micro(records["mlp"], bundle)
+    pixels = digits[0][0]
+    flat = os.path.join(bundle, "flat.json")
+    with open(flat, "w") as f:
+        json.dump(pixels, f)
+    nested = os.path.join(bundle, "nested.json")
+    with open(nested, "w") as f:
+        json.dump([[pixels[r * 28:(r + 1) * 28] for r in range(28)]], f)
+    want = _run(micropython, bundle, "160K", "flat.json")
+    rc, out = _board(micropython, bundle, "import model\nfrom cinders.run import main\n"
+                     "main(['predict.py', 'nested.json'], model, shape=())")
+    assert rc == 0, out
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["class"] == want["class"]
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-6, atol=1e-6)
+    for name, text, says in (("words.txt", "hello world\n", "words.txt is not a JSON list of numbers"),
+                             ("bad.json", "[1.0, true, 2.0]", "bad.json is not a JSON list of numbers")):
+        with open(os.path.join(bundle, name), "w") as f:
+            f.write(text)
+        r = subprocess.run([micropython, "-X", "heapsize=160K", "predict.py", name],
+                           cwd=bundle, capture_output=True, text=True, timeout=60)
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and says in out and "holds 1 numbers" not in out, out
+
+
+def test_export_micro_of_an_onnx_file_points_to_import_onnx(tmp_path):
+    from cinders.errors import RecordError
+    pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    data = helper.make_model(graph).SerializeToString()
+    for name in ("mlp.onnx", "mlp.bin"):  # by name, and by its first protobuf field
+        path = str(tmp_path / name)
+        with open(path, "wb") as f:
+            f.write(data)
+        with pytest.raises(RecordError, match="is an ONNX model, not a record.*cinders import-onnx"):
+            export.export_micro(path, str(tmp_path / "bundle"))
+
+
+def test_board_input_flattens_nested_lists_and_names_bad_ones():
+    from cinders.errors import BoardError
+    from cinders.micro import board
+    assert board.flat_input([[[1, 2], [3, 4]], [[5, 6], [7, 8]]]) == ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+                                                                         [2, 2, 2])
+    assert board.flat_input([0.5] * 784) == ([0.5] * 784, [784])
+    with pytest.raises(BoardError, match="rectangular"):
+        board.flat_input([[1, 2], [3]])
+    with pytest.raises(BoardError, match="'a'"):
+        board.flat_input([1, "a"])
+    with pytest.raises(BoardError, match="non-empty JSON list"):
+        board.flat_input({"x": 1})

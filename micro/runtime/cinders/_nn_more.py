@@ -8,7 +8,7 @@ from cinders._tensor import Tensor, empty, live
 
 
 def _flat(d):
-    return d if isinstance(d, (array, memoryview)) else array("f", engine.to_list(d))
+    return d if isinstance(d, (array, memoryview)) else engine.to_array(d)
 
 
 def per_sample(fn, x):

@@ -27,7 +27,7 @@ def flat(t):
     d = t.data
     if isinstance(d, (array, memoryview)):
         return d
-    return array("f", engine.to_list(d))
+    return engine.to_array(d)  # an engine whose data is not an array('f') (ulab) converts it
 
 
 def make(values, shape):
@@ -335,11 +335,11 @@ def tensor(values, shape=None):
     return from_nested(values)
 
 
-def zeros(*shape):
+def zeros(*shape, **desktop_only):  # backend=, dtype= of the desktop's signature: float32 here
     return full(shape, 0.0)
 
 
-def ones(*shape):
+def ones(*shape, **desktop_only):
     return full(shape, 1.0)
 
 

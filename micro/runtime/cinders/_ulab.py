@@ -17,6 +17,7 @@ tanh, max, sum, slicing, slice assignment, `scipy.special.erf` when present); we
 
 import gc
 import math
+from array import array
 
 from ulab import numpy as np
 
@@ -69,6 +70,12 @@ def from_flat(values, shape):
 
 def to_list(data):
     return [float(v) for v in data.flatten()]
+
+
+def to_array(data):
+    """The values as a flat array('f'): what the tensor ops read (_ops.flat). Filled straight
+    from the ndarray, never through a list (a list boxes every float: ~24 bytes a value)."""
+    return array("f", data.flatten())
 
 
 def reshape(x, shape):

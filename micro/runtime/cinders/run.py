@@ -3,9 +3,9 @@ Kept in lib (compiled with the runtime) so the script the board compiles from so
 
 The input file is a JSON list of numbers, flat or nested, holding one sample of the model's
 input shape (the record's `input_shape`, written by `cinders export-micro`, or
-`--input-shape 1,28,28`) or a batch of them. Output, like `cinders predict` on the desktop:
-a classifier (one vector per sample) gives {"class": k, "logits": [...]} (lists of them for a
-batch); any other model {"output": nested lists}.
+`--input-shape 1,28,28`) or a batch of them (neither: cinders.nested). Output, like `cinders
+predict` on the desktop: a classifier (one vector per sample) gives {"class": k, "logits":
+[...]} (lists of them for a batch); any other model {"output": nested lists}.
 """
 import gc
 import json
@@ -29,8 +29,9 @@ def _scan(path, out):
             for p in parts:
                 p = p.strip()
                 if p:
+                    v = float(p)  # raises on anything but a number: read_input names the file
                     if out is not None:
-                        out[k] = float(p)
+                        out[k] = v
                     k += 1
             if not chunk:
                 break
@@ -44,7 +45,10 @@ def read_input(path, shape, buf=None):
         n = n * d if type(d) is int and d > 0 else 0
     if not 0 < n <= 1 << 24:
         raise ValueError("input_shape %r: not positive ints of at most 2**24 elements" % (shape,))
-    k = _scan(path, None)
+    try:
+        k = _scan(path, None)
+    except ValueError:  # float() of a word: name the file, not the word
+        raise ValueError("%s is not a JSON list of numbers" % path)
     if k == 0 or k % n:
         raise ValueError("%s holds %d numbers, expected %d (one input of shape %s) or a "
                          "multiple of it (a batch)" % (path, k, n, shape))
@@ -67,8 +71,8 @@ def result(y):
     if any(x != x for x in v):  # NaN: max() and index() would say "object not in sequence"
         raise ValueError("the model's output holds NaN: the record's weights or the input are not finite")
     rows = [v[b * m:(b + 1) * m] for b in range(B)]
-    ks = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
-    return {"class": ks[0], "logits": rows[0]} if B == 1 else {"class": ks, "logits": rows}
+    k = [r.index(max(r)) for r in rows]  # the first of equal maxima, like argmax
+    return {"class": k[0], "logits": rows[0]} if B == 1 else {"class": k, "logits": rows}
 
 
 def predict(net, values, shape=(1, 1, 28, 28)):
@@ -77,8 +81,8 @@ def predict(net, values, shape=(1, 1, 28, 28)):
     return r["class"], r["logits"]
 
 
-def main(argv, model_module, record_path="model.safetensors", pixels=None, shape=None):
-    """shape: one sample's shape (predict.py reads it from --input-shape or the record; None:
+def main(argv, model, path="model.safetensors", pixels=None, shape=None):
+    """model: the model's module; path: the record; shape: one sample's shape (predict.py reads it from --input-shape or the record; None:
     the record's);
     pixels: an array for one sample allocated before the modules were compiled, used when the
     file holds one sample."""
@@ -87,14 +91,17 @@ def main(argv, model_module, record_path="model.safetensors", pixels=None, shape
         return 2
     if shape is None:  # called without predict.py: the record's
         from cinders.safetensors import Reader
-        with open(record_path, "rb") as f:
+        with open(path, "rb") as f:
             shape = json.loads(Reader(f).metadata.get("input_shape") or "[]")
     if not shape:
-        raise ValueError("%s has no input_shape: pass --input-shape A,B,..." % record_path)
+        # Only here, and few new names in this module: MicroPython interns every name in
+        # blocks that double, and the next block does not fit the int8 MLP's 64 KB heap.
+        from cinders import nested
+        shape = nested.shape(argv[1])
     gc.collect()
     values, full = read_input(argv[1], shape, pixels)
     gc.collect()
-    net = record.load_model(record_path, model_module)
+    net = record.load_model(path, model)
     x = Tensor(cinders.engine.from_flat(values, full), full)
     gc.collect()  # the loader's garbage, before the first layer asks for its buffers
     out = result(net(x))

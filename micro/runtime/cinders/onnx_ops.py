@@ -1,0 +1,395 @@
+"""The ONNX operators that `cinders import-onnx` writes as `ops.X(...)`, on the board: the same
+names, arguments and semantics as the desktop's cinders.onnx.ops (core/onnx/ops/*.py), for the
+float32 graphs of image and signal models (convolutions, pooling, Gemm, Concat, reductions,
+shape ops). Built on the board's own primitives: the engine's conv2d/pool2d (_array_conv.py,
+_ulab.py) and the tensor ops of _ops.py/_ops_more.py; nothing here is a kernel of its own.
+
+`cinders export-micro` rewrites a generated model's `from cinders.onnx import ops` to this module
+and its base class `cn.nn.Module` to `ops.Module` (its tensors are parameters), and refuses,
+before writing anything, a model that calls an operator not defined here. An attribute value the
+board cannot reproduce (grouped convolution, asymmetric padding, ceil_mode) raises
+NotImplementedError naming it, never a different number.
+"""
+from cinders import _ops, _ops_more, engine
+from cinders._tensor import Tensor, empty
+from cinders._nn_image import per_sample
+from cinders.nn import Module as _Module
+from cinders.record import Param
+
+flat, numel, reshape, binary, unary = _ops.flat, _ops.numel, _ops.reshape, _ops.binary, _ops.unary
+
+
+class Module(_Module):
+    """A generated model: its tensor attributes are its parameters (named like the record's
+    tensors), read whole into RAM when the record is bound."""
+
+    @property
+    def _params(self):
+        return tuple(k for k in self.__dict__ if isinstance(self.__dict__[k], Tensor))
+
+    def param_shapes(self):
+        return {k: tuple(getattr(self, k).shape) for k in self._params}
+
+    def loaded(self):
+        for k in list(self.__dict__):  # MicroPython's __dict__ is read-only: setattr
+            p = self.__dict__[k]
+            if isinstance(p, Param):
+                setattr(self, k, Weight(p.data, tuple(p.shape)))
+
+
+class Weight(Tensor):
+    """A parameter: a tensor of the engine that keeps the record's flat float32 values too, which
+    conv and Gemm read as weight rows (on ulab, flattening the engine's array again would box
+    every value)."""
+
+    def __init__(self, values, shape):
+        Tensor.__init__(self, engine.from_flat(values, shape), shape)
+        self.values = values
+
+
+class _Rows:
+    """A weight tensor seen as the engines read record weights (record.Param's interface): rows
+    of the first dim, float32, no int8 scale."""
+    scale = None
+    typecode = "f"
+
+    def __init__(self, t):
+        self.data = t.values if isinstance(t, Weight) else flat(t)
+        self.rows = t.shape[0]
+        self.row_len = len(self.data) // self.rows
+
+    def chunks(self, k):
+        mv = memoryview(self.data)
+        L = self.row_len
+        for j in range(0, self.rows, k):
+            n = min(k, self.rows - j)
+            yield j, n, mv[j * L:(j + n) * L]
+
+
+def _own(t):
+    """t in memory of its own: the array engine writes conv/pool outputs into shared activation
+    buffers, which a graph (unlike a layer chain) may still need after the next layer ran."""
+    return _ops.clone(t) if t.slot is not None else t
+
+
+def ints(v):
+    """A list of ints from a list, a number or a (shape) tensor; None stays None."""
+    if v is None or isinstance(v, list):
+        return v
+    if isinstance(v, Tensor):
+        v = _ops.tolist(v)
+    return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)]
+
+
+def expect_shape(x, dims, name):
+    if len(x.shape) != len(dims) or any(type(d) is int and d != n for d, n in zip(dims, x.shape)):
+        raise ValueError("input %s has shape %s; the model declares %s" % (name, list(x.shape), dims))
+
+
+def _pads(X, kernel, strides, dilations, pads, auto_pad):
+    """ONNX `pads` ([begins..., ends...] of the spatial dims) after auto_pad."""
+    nd = len(X.shape) - 2
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+                 for n, k, s, d in zip(X.shape[2:], kernel, strides, dilations)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        return small + big if auto_pad == "SAME_UPPER" else big + small
+    if auto_pad == "VALID" or not pads:
+        return [0] * (2 * nd)
+    return list(pads)
+
+
+def _windows(op, X, kernel, strides, dilations, pads, auto_pad):
+    """(kernel, strides, padding, dilations) of a 1-D or 2-D window op as 2-D pairs, refusing
+    what the engines cannot do (padding that differs between the two ends: Conv pads
+    explicitly first, see there)."""
+    nd = len(X.shape) - 2
+    if nd not in (1, 2):
+        raise NotImplementedError("%s: %d-D windows are not supported on the board (1-D, 2-D are)"
+                                  % (op, nd))
+    strides = list(strides or [1] * nd)
+    dilations = list(dilations or [1] * nd)
+    pads = _pads(X, kernel, strides, dilations, pads, auto_pad)
+    if pads[:nd] != pads[nd:]:
+        raise NotImplementedError("%s: pads=%s differ between the two ends, which the board does "
+                                  "not do" % (op, pads))
+    pad = pads[:nd]
+    if nd == 1:
+        return [1] + list(kernel), [1] + strides, [0] + pad, [1] + dilations
+    return list(kernel), strides, pad, dilations
+
+
+def _as_2d(X):
+    return reshape(X, X.shape[:2] + (1,) + X.shape[2:]) if len(X.shape) == 3 else X
+
+
+def _from_2d(y, nd):
+    return reshape(y, y.shape[:2] + y.shape[3:]) if nd == 1 else y
+
+
+def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+         strides=None):
+    if group != 1:
+        raise NotImplementedError("Conv: group=%d is not supported on the board" % group)
+    if X.shape[1] != W.shape[1]:
+        raise ValueError("Conv: input of shape %s has %d channels, the weight %s wants %d"
+                         % (X.shape, X.shape[1], W.shape, W.shape[1]))
+    nd = len(X.shape) - 2
+    kernel = list(W.shape[2:])
+    pads = _pads(X, kernel, strides or [1] * nd, dilations or [1] * nd, pads, auto_pad)
+    if pads[:nd] != pads[nd:]:  # the engines pad both ends alike: zeros first, then none
+        X = Pad(X, [0, 0] + pads[:nd] + [0, 0] + pads[nd:])
+        pads = [0] * (2 * nd)
+    kernel, strides, pad, dilations = _windows("Conv", X, kernel, strides, dilations, pads, "NOTSET")
+    rows, bias = _Rows(W), (_Rows(B) if B is not None else None)
+    y = per_sample(lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad,
+                                                 dilations)), _as_2d(X))
+    return _from_2d(y, nd)
+
+
+def _pool(op, mode, X, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations):
+    if ceil_mode or any(d != 1 for d in dilations or ()):
+        raise NotImplementedError("%s: ceil_mode and dilations are not supported on the board" % op)
+    nd = len(X.shape) - 2
+    kernel, strides, pad, _ = _windows(op, X, kernel_shape, strides, None, pads, auto_pad)
+    y = per_sample(lambda xb: _own(engine.pool2d(xb, kernel, strides, pad, mode)), _as_2d(X))
+    return _from_2d(y, nd)
+
+
+def MaxPool(X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None, pads=None,
+            storage_order=0, strides=None, outputs=1):
+    if outputs > 1:
+        raise NotImplementedError("MaxPool: the Indices output is not supported")
+    return _pool("MaxPool", "max", X, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations)
+
+
+def AveragePool(X, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None,
+                kernel_shape=None, pads=None, strides=None):
+    return _pool("AveragePool", "avg" if count_include_pad else "avg_valid", X, kernel_shape,
+                 strides, pads, auto_pad, ceil_mode, dilations)
+
+
+def _reduce(name, data, axes, keepdims, noop_with_empty_axes=0):
+    """Reduce over several axes: moved last and merged, then one reduction (exact, unlike
+    reducing axis by axis)."""
+    axes = ints(axes)
+    if not axes:
+        if noop_with_empty_axes:
+            return data
+        axes = list(range(len(data.shape)))
+    rank = len(data.shape)
+    axes = sorted(a % rank for a in axes)
+    kept = [d for d in range(rank) if d not in axes]
+    x = _ops_more.permute(data, *(kept + axes)) if kept + axes != list(range(rank)) else data
+    x = reshape(x, tuple(data.shape[d] for d in kept) + (numel([data.shape[d] for d in axes]),))
+    y = _ops_more.reduce(name, x, -1)
+    if keepdims:
+        y = reshape(y, tuple(1 if d in axes else data.shape[d] for d in range(rank)))
+    return y
+
+
+def _reducer(name):
+    return lambda data, axes=None, keepdims=1, noop_with_empty_axes=0: _reduce(
+        name, data, axes, keepdims, noop_with_empty_axes)
+
+
+ReduceMean = _reducer("mean")
+ReduceSum = _reducer("sum")
+ReduceMax = _reducer("max")
+ReduceMin = _reducer("min")
+
+
+def GlobalAveragePool(X):
+    return _reduce("mean", X, list(range(2, len(X.shape))), 1)
+
+
+def GlobalMaxPool(X):
+    return _reduce("max", X, list(range(2, len(X.shape))), 1)
+
+
+def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    n = B.shape[0]
+    if transB and not transA and alpha == 1.0 and beta == 1.0 and (C is None or C.shape == (n,)):
+        # a Linear layer (what exporters write): the engine's linear reads B's rows in place,
+        # where a transposed copy would need B's size again
+        rows, bias = _Rows(B), (_Rows(C) if C is not None else None)
+        return per_sample(lambda a: _own(engine.linear(a, rows, bias, n)), A)
+    a = _ops_more.transpose(A, 0, 1) if transA else A
+    b = _ops_more.transpose(B, 0, 1) if transB else B
+    out = _ops_more.matmul(a, b)
+    if alpha != 1.0:
+        out = binary("mul", out, alpha)
+    if C is not None:
+        out = binary("add", out, C if beta == 1.0 else binary("mul", C, beta))
+    return out
+
+
+def MatMul(A, B):
+    return _ops_more.matmul(A, B)
+
+
+def Flatten(input, axis=1):  # noqa: A002  (ONNX names)
+    a = axis % len(input.shape) if input.shape else 0
+    return reshape(input, numel(input.shape[:a]), numel(input.shape[a:]))
+
+
+def Reshape(data, shape, allowzero=0):
+    shape = ints(shape)
+    if not allowzero:
+        shape = [data.shape[i] if d == 0 and i < len(data.shape) else d for i, d in enumerate(shape)]
+    return reshape(data, shape)
+
+
+def Transpose(data, perm=None):
+    return _ops_more.permute(data, *(perm if perm is not None else range(len(data.shape) - 1, -1, -1)))
+
+
+def Squeeze(data, axes=None):
+    axes = ints(axes)
+    if axes is None:
+        return reshape(data, [d for d in data.shape if d != 1])
+    axes = [a % len(data.shape) for a in axes]
+    return reshape(data, [d for i, d in enumerate(data.shape) if i not in axes])
+
+
+def Unsqueeze(data, axes):
+    rank = len(data.shape) + len(ints(axes))
+    axes = sorted(a % rank for a in ints(axes))
+    shape = list(data.shape)
+    for a in axes:
+        shape.insert(a, 1)
+    return reshape(data, shape)
+
+
+def _gather(data, tables, fill=0.0):
+    """A new tensor whose index i along axis a reads data's index tables[a][i] there (-1: fill)."""
+    v = flat(data)
+    shape = tuple(len(t) for t in tables)
+    strides = [1] * len(shape)
+    for a in range(len(shape) - 2, -1, -1):
+        strides[a] = strides[a + 1] * data.shape[a + 1]
+    out = empty("f", numel(shape))
+    idx = [0] * len(shape)
+    for k in range(len(out)):
+        off = 0
+        for a in range(len(shape)):
+            j = tables[a][idx[a]]
+            if j < 0:
+                off = -1
+                break
+            off += j * strides[a]
+        out[k] = fill if off < 0 else v[off]
+        a = len(shape) - 1
+        while a >= 0:
+            idx[a] += 1
+            if idx[a] < shape[a]:
+                break
+            idx[a] = 0
+            a -= 1
+    return _ops.make(out, shape)
+
+
+def _source(i, n, mode):
+    """The input index that output index i (counted from the first original element) reads."""
+    if 0 <= i < n:
+        return i
+    if mode == "constant":
+        return -1
+    if mode == "edge":
+        return min(max(i, 0), n - 1)
+    if mode == "reflect":
+        period = 2 * (n - 1) if n > 1 else 1
+        j = i % period
+        return period - j if j >= n else j
+    if mode == "wrap":
+        return i % n
+    raise NotImplementedError("Pad: mode %r is not supported on the board" % (mode,))
+
+
+def Pad(data, pads=None, constant_value=None, axes=None, mode="constant", value=0.0, paddings=None):
+    pads = ints(pads if pads is not None else paddings)
+    rank = len(data.shape)
+    axes = [a % rank for a in ints(axes)] if axes is not None else list(range(rank))
+    k = len(axes)
+    if len(pads) != 2 * k:
+        raise ValueError("Pad: %d pads for %d axes (needs %d)" % (len(pads), k, 2 * k))
+    before, after = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        before[a], after[a] = pads[i], pads[i + k]
+    fill = value if constant_value is None else (
+        _ops.item(constant_value) if isinstance(constant_value, Tensor) else constant_value)
+    # negative pads crop: the range simply starts or ends inside the input
+    tables = [[_source(i, n, mode) for i in range(-before[a], n + after[a])]
+              for a, n in enumerate(data.shape)]
+    return _gather(data, tables, fill)
+
+
+def Slice(data, starts=None, ends=None, axes=None, steps=None):
+    starts, ends = ints(starts), ints(ends)
+    rank = len(data.shape)
+    axes = [a % rank for a in ints(axes)] if axes is not None else list(range(len(starts)))
+    steps = ints(steps) if steps is not None else [1] * len(starts)
+    tables = [list(range(n)) for n in data.shape]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        n = data.shape[a]
+        # ONNX clamps out-of-range bounds (INT64_MAX / INT64_MIN mean "to the end"), as slices do
+        tables[a] = list(range(n))[max(-n - 1, min(s, n + 1)):max(-n - 1, min(e, n + 1)):st]
+    return _gather(data, tables)
+
+
+def Concat(*inputs, axis):
+    return _ops_more.cat(inputs, axis) if len(inputs) > 1 else inputs[0]
+
+
+def Softmax(input, axis=None, opset=13):  # noqa: A002
+    if opset >= 13:
+        return _ops_more.softmax(input, -1 if axis is None else axis)
+    a = (1 if axis is None else axis) % len(input.shape)  # before 13: the input as a 2-D matrix
+    y = _ops_more.softmax(reshape(input, numel(input.shape[:a]), numel(input.shape[a:])), 1)
+    return reshape(y, input.shape)
+
+
+def BatchNormalization(X, scale, B, input_mean, input_var, epsilon=1e-5, momentum=0.9,
+                       training_mode=0, spatial=1, outputs=1):
+    if training_mode or outputs > 1:
+        raise NotImplementedError("BatchNormalization: training mode is not supported")
+    per = (X.shape[1],) + (1,) * (len(X.shape) - 2)
+    inv = unary("sqrt", binary("add", reshape(input_var, per), epsilon))
+    y = binary("div", binary("sub", X, reshape(input_mean, per)), inv)
+    return binary("add", binary("mul", y, reshape(scale, per)), reshape(B, per))
+
+
+def Clip(input, min=None, max=None):  # noqa: A002  (ONNX names)
+    return _ops.clamp(input, _ops.item(min) if isinstance(min, Tensor) else min,
+                      _ops.item(max) if isinstance(max, Tensor) else max)
+
+
+def _binary(name):
+    return lambda A, B: binary(name, A, B)
+
+
+Add, Sub, Mul, Div, Pow = (_binary(n) for n in ("add", "sub", "mul", "div", "pow"))
+
+
+def Max(*inputs):
+    out = inputs[0]
+    for t in inputs[1:]:
+        out = binary("maximum", out, t)
+    return out
+
+
+def Min(*inputs):
+    out = inputs[0]
+    for t in inputs[1:]:
+        out = binary("minimum", out, t)
+    return out
+
+
+def LeakyRelu(X, alpha=0.01):
+    return binary("maximum", X, binary("mul", X, alpha)) if alpha <= 1.0 else \
+        binary("minimum", X, binary("mul", X, alpha))
+
+
+def Identity(input):  # noqa: A002
+    return input
