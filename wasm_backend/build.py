@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 from cinders.assets import cache_dir
 
@@ -51,26 +52,33 @@ def module_dir():
     return path
 
 
-SERVED_NAME = "cinders-kernels.wasm"   # the copy the demo server serves at /wasm-kernels/
+SERVED_NAME = "cinders-kernels.wasm"   # the name pages ask for at /wasm-kernels/
+STALE_AFTER_S = 24 * 3600               # other sources' builds older than this are removed
 
 
 def module_path(build=True):
-    """Path of the built module for the current source; builds it first when missing, and
-    keeps the served copy (SERVED_NAME, same folder) equal to it."""
+    """Path of the built module for the current source; builds it first when missing."""
     source = c_source()
     path = os.path.join(module_dir(), "cinders-kernels-%s.wasm" % _source_hash(source))
     if not os.path.exists(path):
         if not build:
             raise FileNotFoundError("cn.Wasm()'s module is not built: run `python -m cinders.wasm.build`")
         _build(source, path)
-    served = os.path.join(module_dir(), SERVED_NAME)
-    with open(path, "rb") as f:
-        data = f.read()
-    if not os.path.exists(served) or os.path.getsize(served) != len(data) or open(served, "rb").read() != data:
-        with open(served + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(served + ".tmp", served)
     return path
+
+
+def served_dir(build=True):
+    """The folder the demo server serves at /wasm-kernels/: this source's module as SERVED_NAME,
+    in a folder of its own per source, so checkouts of other versions sharing the cache (or
+    running at the same time) each serve the module their pages' command ids were made for."""
+    path = module_path(build)
+    folder = os.path.join(module_dir(), "served-" + os.path.basename(path)[len("cinders-kernels-"):-len(".wasm")])
+    served = os.path.join(folder, SERVED_NAME)
+    if not os.path.exists(served):
+        os.makedirs(folder, exist_ok=True)
+        shutil.copyfile(path, served + ".%d.tmp" % os.getpid())
+        os.replace(served + ".%d.tmp" % os.getpid(), served)
+    return folder
 
 
 def _tool(name):
@@ -103,13 +111,24 @@ def _build(source, path):
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise WasmBuildError("wasm-opt failed:\n" + done.stderr[-4000:])
-        # old builds of other sources are stale
-        for old in os.listdir(os.path.dirname(path)):
-            if old.startswith("cinders-kernels-") and old.endswith(".wasm") and old != SERVED_NAME:
-                os.remove(os.path.join(os.path.dirname(path), old))
+        _remove_stale(os.path.dirname(path))
         tmp_out = path + ".tmp"
         shutil.copyfile(optimised, tmp_out)
         os.replace(tmp_out, path)
+
+
+def _remove_stale(folder):
+    """Builds of other sources not used for a day (a process of another version may still be
+    running on a recent one: the cache is shared)."""
+    now = time.time()
+    for old in os.listdir(folder):
+        full = os.path.join(folder, old)
+        if not old.startswith(("cinders-kernels-", "served-")) or now - os.path.getmtime(full) <= STALE_AFTER_S:
+            continue
+        if os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            os.remove(full)
 
 
 def main():

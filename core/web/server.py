@@ -105,8 +105,13 @@ def ensure_setup():
 
 
 def wasm_module_dir():
-    from cinders.wasm.build import module_dir
-    return module_dir()
+    """What /wasm-kernels/ serves: this source's cn.Wasm() module as cinders-kernels.wasm, or an
+    empty folder without the toolchain (the pages then run on WebGPU or Python)."""
+    from cinders.wasm.build import WasmBuildError, module_dir, served_dir
+    try:
+        return served_dir()
+    except WasmBuildError:
+        return module_dir()
 
 
 def ensure_wasm_module():
