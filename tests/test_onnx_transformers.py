@@ -477,3 +477,94 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder_path):
         assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
     with pytest.raises(OnnxError, match="temperature"):
         generate(model, prompt, 3, temperature=-1.0)
+
+
+# -- the benchmark's BERT (benchmarks/onnx_transformers.py): its build and export, smaller --------------
+
+def _benchmark_module():
+    """benchmarks/onnx_transformers.py, loaded by path (benchmarks/ on sys.path would shadow onnx)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                        "onnx_transformers.py")
+    spec = importlib.util.spec_from_file_location("onnx_transformers_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_bert_captures_at_batch_1_and_16(tmp_path):
+    """The benchmark's BERT (its build() and export(): vocab 1000, 512 positions, exported at seq 128),
+    2 layers of d 32 instead of 4 of d 256: captured on cn.Wgpu() at batch 1 and 16 with no device
+    read, matching onnxruntime."""
+    bench = _benchmark_module()
+    config = dict(bench.SMALL, seq=128)
+    path = str(tmp_path / "bert.onnx")
+    bench.export(bench.build("bert", config), config["seq"], path)
+    backend = cn.Wgpu(autotune=False)
+    model = load(path, backend=backend)
+    assert model.device_reads == []
+    forward = cn.capture(model)
+    for batch in (1, 16):
+        ids = np.random.default_rng(batch).integers(0, 1000, (batch, config["seq"])).astype(np.int64)
+        with cn.profile(backend) as p:
+            outputs = [forward(*_tensors([ids], backend)) for _ in range(4)]
+        assert p.device_reads == 0, [e for e in p.events if e["kind"] == "read"]
+        _assert_close(outputs[-1].numpy(), _ort(path, [ids]), batch)
+    assert forward.replays == 2
+
+
+def test_shape_of_a_value_of_unknown_rank_is_a_vector():
+    """transformers 5.17's BERT (what the GPU machine has): the token-type ids are expanded to a
+    shape computed on the host (Where(Equal(shape, -1), 1, shape)), so the embeddings' rank is not
+    known at import; the attention mask's expand then takes Shape -> Gather -> Concat -> Reshape ->
+    Shape -> ConstantOfShape of those embeddings. Shape's output is a vector whatever its input's
+    rank, and an Expand keeps its target's length: the ConstantOfShape is folded (four ones), the
+    mask's shape stays on the host, and the Expand reads nothing from the device."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    consts = [numpy_helper.from_array(rng.standard_normal((10, 4)).astype(np.float32), "table"),
+              numpy_helper.from_array(np.zeros((1, 16), np.int64), "types"),
+              numpy_helper.from_array(np.array([-1, -1], np.int64), "minus_ones"),
+              numpy_helper.from_array(np.array([1, 1], np.int64), "ones"),
+              numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+              numpy_helper.from_array(np.array(0, np.int64), "i0"),
+              numpy_helper.from_array(np.array(1, np.int64), "i1"),
+              numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+              numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+              numpy_helper.from_array(np.array(-1, np.int64), "scalar_minus_one"),
+              numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "one_mask")]
+    node = helper.make_node
+    nodes = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "i0"], ["b"]), node("Gather", ["s", "i1"], ["t"]),
+             node("Unsqueeze", ["b", "axis0"], ["ub"]), node("Unsqueeze", ["t", "axis0"], ["ut"]),
+             node("Concat", ["ub", "ut"], ["bt"], axis=0),
+             node("Equal", ["bt", "minus_ones"], ["is_minus"]), node("Where", ["is_minus", "ones", "bt"], ["target"]),
+             node("Slice", ["types", "axis0", "ut", "axis1"], ["types_t"]),
+             node("Expand", ["types_t", "target"], ["types_bt"]),   # rank unknown before the fix
+             node("Add", ["x", "types_bt"], ["ids"]),
+             node("Gather", ["table", "ids"], ["h"]),
+             node("Shape", ["h"], ["hs"]), node("Gather", ["hs", "i0"], ["hb"]), node("Gather", ["hs", "i1"], ["ht"]),
+             node("Unsqueeze", ["hb", "axis0"], ["uhb"]), node("Unsqueeze", ["ht", "axis0"], ["uht"]),
+             node("Concat", ["uhb", "minus_one", "uht", "uht"], ["mask_shape"], axis=0),
+             node("Reshape", ["mask_shape", "minus_one"], ["flat"]), node("Shape", ["flat"], ["n"]),
+             node("ConstantOfShape", ["n"], ["filled"], value=helper.make_tensor("v", TensorProto.INT64, [1], [1])),
+             node("Mul", ["filled", "scalar_minus_one"], ["minus_filled"]),
+             node("Equal", ["flat", "minus_filled"], ["unknown"]),
+             node("Where", ["unknown", "filled", "flat"], ["mask_target"]),
+             node("Expand", ["one_mask", "mask_target"], ["mask"]),
+             node("ReduceSum", ["h", "minus_one"], ["row"], keepdims=1),
+             node("Unsqueeze", ["row", "axis0"], ["row4"]),
+             node("Mul", ["mask", "row4"], ["y"])]
+    data = _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.INT64, ["batch", "seq"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts)
+    forward = to_source(data).split("def forward")[1]
+    assert "ConstantOfShape(" not in forward   # folded: four ones
+    backend = cn.Wgpu(autotune=False)
+    model = load(data, backend=backend)
+    assert model.device_reads == []
+    captured = cn.capture(model)
+    ids = [np.random.default_rng(s).integers(0, 5, (2, 6)).astype(np.int64) for s in range(5)]
+    with cn.profile(backend) as p:
+        outputs = [captured(*_tensors([x], backend)) for x in ids]
+    assert p.device_reads == 0, [e for e in p.events if e["kind"] == "read"]
+    for x, out in zip(ids, outputs):
+        _assert_close(out.numpy(), _ort(data, [x]), "mask")
