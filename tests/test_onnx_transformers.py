@@ -72,8 +72,8 @@ def _build(name):
         call = lambda m, x: m(input_ids=x).last_hidden_state  # noqa: E731
     elif name == "vit":
         inner = tf.ViTModel(tf.ViTConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=heads,
-                                         intermediate_size=ff, image_size=32, patch_size=8, attn_implementation="eager"),
-                           add_pooling_layer=False)
+                                         intermediate_size=ff, image_size=32, patch_size=8,
+                                         attn_implementation="eager"), add_pooling_layer=False)
         call = lambda m, x: m(pixel_values=x).last_hidden_state  # noqa: E731
         ids, dims = torch.randn(2, 3, 32, 32), {"x": {0: "batch"}}
     elif name == "whisper":
