@@ -627,3 +627,34 @@ def test_shape_of_a_value_of_unknown_rank_is_a_vector():
     assert p.device_reads == 0, [e for e in p.events if e["kind"] == "read"]
     for x, out in zip(ids, outputs):
         _assert_close(out.numpy(), _ort(data, [x]), "mask")
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu"])
+def test_pow_by_a_constant_2_or_3_is_products(backend_name):
+    """GELU's tanh form cubes and RMS norms square by a scalar constant: the code multiplies (as
+    onnxruntime does for these exponents), bit for bit onnxruntime's answer; other exponents and
+    int exponents stay Pow."""
+    from onnx import TensorProto, helper, numpy_helper
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("two", 2.0), ("three", 3.0),
+                                                                            ("half", 0.5))] + \
+        [numpy_helper.from_array(np.array(3, np.int32), "int_three")]
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]), helper.make_node("Pow", ["x", "three"], ["cube"]),
+             helper.make_node("Pow", ["sq", "half"], ["root"]), helper.make_node("Pow", ["n", "int_three"], ["ncube"]),
+             helper.make_node("Pow", ["n", "two"], ["nsq"])]
+    data = _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5]),
+                          helper.make_tensor_value_info("n", TensorProto.INT32, [4])],
+                  [helper.make_tensor_value_info(n, t, None) for n, t in (("sq", TensorProto.FLOAT),
+                   ("cube", TensorProto.FLOAT), ("root", TensorProto.FLOAT), ("ncube", TensorProto.INT32),
+                   ("nsq", TensorProto.INT32))], consts)
+    source = to_source(data)
+    assert source.count("ops.power_by_constant(") == 3 and "ops.Pow(sq" in source and "ops.Pow(n" in source
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32) * 3
+    n = np.array([-3, 0, 2, 7], np.int32)
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x, "n": n})
+    backend = {"numpy": cn.NumPy, "python": cn.Python, "wgpu": lambda: cn.Wgpu(autotune=False)}[backend_name]()
+    got = load(data, backend=backend)(cn.tensor(x, backend=backend), cn.tensor(n, backend=backend, dtype=cn.int32))
+    for g, e in zip(got[:2], expected[:2]):
+        np.testing.assert_array_equal(g.numpy(), e)
+    np.testing.assert_allclose(got[2].numpy(), expected[2], rtol=1e-6)
+    np.testing.assert_array_equal(got[3].numpy(), expected[3])
+    np.testing.assert_array_equal(got[4].numpy(), expected[4])   # an int base: Pow, rounded
