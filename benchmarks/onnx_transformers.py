@@ -12,9 +12,22 @@ d 256, 4 heads, seq 64, logits). Stacks:
     numpy     cn.NumPy() against onnxruntime's CPU provider with one thread (--cpu)
 Medians of --repeat calls after warm-up (capture's first three calls included in the warm-up).
 
-    python benchmarks/onnx_transformers.py               # a real GPU (and torch with CUDA)
-    python benchmarks/onnx_transformers.py --cpu         # cn.NumPy() vs onnxruntime, 1 thread
-    python benchmarks/onnx_transformers.py --small       # tiny shapes: lavapipe, a smoke run
+With --decode, one JSON line per (batch, stack) of per-token decode latency of the GPT-2 model
+exported with its KV cache (optimum-style: input_ids, attention_mask, position_ids and the past
+keys/values in, logits and the present keys/values out; dynamo exporter):
+    {"bench": "transformers-decode", "model", "batch", "prompt", "stack", "cinders_ms_per_token",
+     "reference", "reference_ms_per_token", "ratio", "cinders_tokens_per_s", "same_tokens", "device"}
+Cinders runs `cinders.onnx.generate` (greedy; on a GPU backend its decode steps replay one
+captured program); the reference decodes greedily with its own cache: torch eager with
+past_key_values (wgpu stack), or an onnxruntime session (1 thread) over the same ONNX file with
+growing pasts (numpy stack). Per-token latency = (time of LONG new tokens - time of SHORT new
+tokens) / (LONG - SHORT), the median of --repeat such pairs, so the prompt step and the capture's
+warm-up calls cancel out. same_tokens: both picked the same greedy tokens.
+
+    python benchmarks/onnx_transformers.py --backend wgpu           # a real GPU (and torch with CUDA)
+    python benchmarks/onnx_transformers.py --backend numpy          # cn.NumPy() vs onnxruntime, 1 thread
+    python benchmarks/onnx_transformers.py --small                  # tiny shapes: lavapipe, a smoke run
+    python benchmarks/onnx_transformers.py --backend wgpu --decode  # per-token decode latency
 """
 
 import argparse
@@ -141,15 +154,154 @@ def cpu_rows(name, c, path, batches, repeat):
                "device": "cpu"}
 
 
+# -- per-token decode latency with a KV cache ------------------------------------------------------
+
+PROMPT, SHORT, LONG = 8, 8, 40   # prompt tokens; new tokens of the short and the long run
+
+
+def gpt2_with_cache(c):
+    """(GPT-2 of config c from `transformers` (random weights, eval mode), a wrapper taking
+    (input_ids, attention_mask, position_ids, *pasts) and returning (logits, *presents))."""
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import onnx_models
+    onnx_models._torchvision_models()
+    import transformers as tf
+    torch.manual_seed(0)
+    inner = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=1000, n_embd=c["d"], n_layer=c["layers"], n_head=c["heads"],
+                                             n_inner=c["ff"], n_positions=512, bos_token_id=0,
+                                             eos_token_id=0)).eval()
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, attention_mask, position_ids, *past):
+            cache = tf.DynamicCache()
+            for i in range(c["layers"]):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.inner(input_ids=ids, past_key_values=cache, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=True)
+            return (out.logits,) + tuple(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
+    return inner, WithCache().eval()
+
+
+def export_with_cache(wrapper, c, path):
+    import torch
+    heads, head_dim, layers = c["heads"], c["d"] // c["heads"], c["layers"]
+    pasts = ["past_key_values.%d.%s" % (i, kv) for i in range(layers) for kv in ("key", "value")]
+    example = (torch.randint(0, 1000, (2, 3)), torch.ones(2, 7, dtype=torch.int64), torch.arange(4, 7).repeat(2, 1)) + \
+        tuple(torch.randn(2, heads, 4, head_dim) for _ in pasts)
+    dim = torch.export.Dim
+    batch, seq = dim("batch", min=1, max=64), dim("seq", min=1, max=256)
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: dim("total", min=1, max=512)}, {0: batch, 1: seq},
+              tuple({0: batch, 2: dim("past", min=0, max=256)} for _ in pasts))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapper, example, dynamo=True, dynamic_shapes=shapes, verbose=False,
+                          input_names=["input_ids", "attention_mask", "position_ids"] + pasts,
+                          output_names=["logits"] + [n.replace("past_key_values", "present") for n in pasts]).save(path)
+
+
+def per_token_ms(run, repeat):
+    """(ms per new token, tokens of a LONG run): the median over --repeat interleaved pairs of
+    (time of LONG new tokens - time of SHORT) / (LONG - SHORT), after one warm-up pair (a pair's
+    two runs see the same load on the machine)."""
+    def timed(new):
+        start = time.perf_counter()
+        rows = run(new)
+        return (time.perf_counter() - start) * 1e3, rows
+    timed(SHORT), timed(LONG)
+    per_token = []
+    for _ in range(repeat):
+        short, _ = timed(SHORT)
+        long, rows = timed(LONG)
+        per_token.append((long - short) / (LONG - SHORT))
+    return statistics.median(per_token), rows
+
+
+def torch_greedy(inner, prompt, new, device):
+    import torch
+    with torch.no_grad():
+        ids = torch.tensor(prompt, device=device)
+        out = inner(input_ids=ids, use_cache=True)
+        tokens = []
+        for _ in range(new):
+            picked = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(picked)
+            out = inner(input_ids=picked, past_key_values=out.past_key_values, use_cache=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        rows = torch.cat([ids] + tokens, 1).tolist()
+    return rows
+
+
+def ort_greedy(session, c, prompt, new):
+    names = [i.name for i in session.get_inputs()]
+    heads, head_dim = c["heads"], c["d"] // c["heads"]
+    rows = [list(r) for r in prompt]
+    ids, filled = np.array(prompt, np.int64), 0
+    past = {n: np.zeros((len(prompt), heads, 0, head_dim), np.float32) for n in names[3:]}
+    for _ in range(new):
+        n = ids.shape[1]
+        feed = dict(past, input_ids=ids, attention_mask=np.ones((len(prompt), filled + n), np.int64),
+                    position_ids=np.tile(np.arange(filled, filled + n), (len(prompt), 1)))
+        logits, *presents = session.run(None, {k: feed[k] for k in names})
+        past, filled = dict(zip(names[3:], presents)), filled + n
+        ids = logits[:, -1].argmax(-1).reshape(-1, 1).astype(np.int64)
+        for r, (t,) in zip(rows, ids):
+            r.append(int(t))
+    return rows
+
+
+def decode_rows(c, path, inner, stack, batches, repeat):
+    from cinders.onnx import generate
+    backend = cn.Wgpu() if stack == "wgpu" else cn.NumPy()
+    model = load(path, backend=backend)
+    if stack == "wgpu":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        inner = inner.to(device)
+        reference, theirs = "torch-%s-eager" % device, lambda prompt, new: torch_greedy(inner, prompt, new, device)
+    else:
+        import onnxruntime as ort
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        reference, theirs = "onnxruntime-cpu-1-thread", lambda prompt, new: ort_greedy(session, c, prompt, new)
+    for batch in batches:
+        prompt = np.random.default_rng(batch).integers(0, 1000, (batch, PROMPT)).tolist()
+        ms, ours = per_token_ms(lambda new: generate(model, prompt, new), repeat)
+        ref_ms, want = per_token_ms(lambda new: theirs(prompt, new), repeat)
+        yield {"bench": "transformers-decode", "model": "gpt2", "batch": batch, "prompt": PROMPT, "stack": stack,
+               "cinders_ms_per_token": round(ms, 3), "reference": reference,
+               "reference_ms_per_token": round(ref_ms, 3), "ratio": round(ms / ref_ms, 3),
+               "cinders_tokens_per_s": round(1e3 * batch / ms, 1), "same_tokens": ours == want,
+               "device": backend.device.name if stack == "wgpu" else "cpu"}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cpu", action="store_true", help="cn.NumPy() vs onnxruntime (1 thread)")
+    parser.add_argument("--backend", choices=["wgpu", "numpy"], default="wgpu",
+                        help="wgpu: captured on cn.Wgpu() vs torch; numpy: cn.NumPy() vs onnxruntime (1 thread)")
+    parser.add_argument("--cpu", action="store_true", help="the same as --backend numpy")
+    parser.add_argument("--decode", action="store_true", help="per-token decode latency of GPT-2 with a KV cache")
     parser.add_argument("--small", action="store_true", help="tiny shapes (lavapipe smoke run)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--models", nargs="*", default=sorted(CONFIGS))
     args = parser.parse_args()
+    args.cpu = args.cpu or args.backend == "numpy"
     with tempfile.TemporaryDirectory() as folder:
+        if args.decode:
+            c = SMALL if args.small else CONFIGS["gpt2"]
+            inner, wrapper = gpt2_with_cache(c)
+            path = os.path.join(folder, "gpt2-kv.onnx")
+            export_with_cache(wrapper, c, path)
+            for row in decode_rows(c, path, inner, "numpy" if args.cpu else "wgpu", args.batches, args.repeat):
+                print(json.dumps(row), flush=True)
+            return
         for name in args.models:
             c = SMALL if args.small else CONFIGS[name]
             model = build(name, c)

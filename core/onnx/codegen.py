@@ -743,7 +743,10 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
     while len(outs) > 1 and outs[-1] == "_":
         outs.pop()
     inline = _INLINE.get(node.op_type) if not fn.domain else None
-    if inline is not None and not attributes and len(args) == inline.count("{") and "None" not in args \
+    exponent = _small_constant_exponent(node, constants) if node.op_type == "Pow" and not fn.domain else None
+    if exponent is not None and not attributes:
+        expr = "ops.power_by_constant(%s, %d)" % (args[0], exponent)
+    elif inline is not None and not attributes and len(args) == inline.count("{") and "None" not in args \
             and not any(a.startswith("[") or a[:1].isdigit() or a[:1] == "-" for a in args):
         expr = inline.format(*args)
     else:
@@ -766,6 +769,16 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
         target = outs[0] if outs else "_"
     comment = "  # %s" % ascii(node.name) if node.name else ""
     return "%s = %s%s" % (target, expr, comment)
+
+
+def _small_constant_exponent(node, constants):
+    """2 or 3 when Pow's exponent is a float scalar constant of that value (a scalar: the result
+    has x's shape), else None."""
+    const = constants.get(node.input[1]) if len(node.input) > 1 else None
+    if const is None or const.dtype != "float32" or const.shape != ():
+        return None
+    value = float(const.values[0])
+    return int(value) if value in (2.0, 3.0) else None
 
 
 def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, stored,

@@ -85,6 +85,16 @@ def _axis(axis, rank):
     return axis + rank if axis < 0 else axis
 
 
+def _vector(info):
+    """The elements of a 1-D shape vector: its (partial) values, else as many unknowns as its
+    length says (an Expand or Reshape target whose dims are computed keeps its rank)."""
+    if info is None or info.value is not None:
+        return None if info is None else info.value
+    if info.shape is not None and len(info.shape) == 1 and isinstance(info.shape[0], int):
+        return [None] * info.shape[0]
+    return None
+
+
 def _ints_of(info, attrs, name, index, inputs):
     """A parameter given as an attribute (old opsets) or as a constant input (newer ones)."""
     if name in attrs:
@@ -121,8 +131,8 @@ def infer(op_type, inputs, attrs, n_outputs):
 
 
 def _shape(x, inputs, attrs):
-    if x.shape is None:
-        return None
+    if x.shape is None:   # rank unknown: still a vector (what Gather, Concat after it rely on)
+        return Info((None,))
     n = len(x.shape)
     start, end = attrs.get("start", 0), attrs.get("end")
     s = max(0, min(n, start + n if start < 0 else start))
@@ -230,7 +240,7 @@ def _slice(x, inputs, attrs):
 
 
 def _reshape(x, inputs, attrs):
-    target = inputs[1].value if len(inputs) > 1 and inputs[1] is not None else None
+    target = _vector(inputs[1]) if len(inputs) > 1 else None
     if target is None and "shape" in attrs:
         target = list(attrs["shape"])
     if target is None:
@@ -262,10 +272,15 @@ def _constant_of_shape(x, inputs, attrs):
 
 
 def _expand(x, inputs, attrs):
-    target = inputs[1].value if len(inputs) > 1 and inputs[1] is not None else None
+    target = _vector(inputs[1]) if len(inputs) > 1 else None
     if target is None or x.shape is None:
         return None
     return Info(broadcast([x.shape, tuple(d if d != -1 else None for d in target)]))
+
+
+def _gather_elements(x, inputs, attrs):
+    idx = inputs[1] if len(inputs) > 1 else None
+    return None if idx is None or idx.shape is None else Info(idx.shape)
 
 
 def _range(x, inputs, attrs):
@@ -333,7 +348,7 @@ _RULES = {
     "Shape": _shape, "Size": _size, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape,
     "Expand": _expand, "Range": _range, "Transpose": _transpose, "MatMul": _matmul, "Gemm": _gemm,
-    "Flatten": _flatten,
+    "Flatten": _flatten, "GatherElements": _gather_elements,
     **{name: _reduce for name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                                   "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
 }

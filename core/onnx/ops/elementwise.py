@@ -34,6 +34,15 @@ def Pow(x, y, broadcast=0, axis=None):
     return (x.cast(float32) ** y.cast(float32)).round().cast(x.dtype)
 
 
+def power_by_constant(x, n):
+    """Pow(x, n) for a constant exponent n of 2 or 3 (the codegen decides it at import: GELU's
+    tanh form cubes, RMS norms square): float x as products, as onnxruntime computes these
+    exponents (and far faster than a general power)."""
+    if x.dtype is not float32:
+        return Pow(x, cn.tensor(float(n), backend=x.backend))
+    return x * x if n == 2 else x * x * x
+
+
 @op()
 def Reciprocal(x):
     return 1.0 / x

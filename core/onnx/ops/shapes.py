@@ -108,7 +108,22 @@ def Slice(data, starts=None, ends=None, axes=None, steps=None):
 
 @op()
 def Gather(data, indices, axis=0):
+    if data.ndim == 1 and data.backend is host_backend() and indices.backend is host_backend() and indices.numel():
+        picked = _pick_from_host_vector(data.tolist(), indices.tolist())
+        if picked is not None:
+            return cn.tensor(picked, backend=data.backend, dtype=data.dtype)
     return _take(data, _axis(axis, data.ndim), indices.cast(int32))
+
+
+def _pick_from_host_vector(values, picks):
+    """Gather of a shape vector (`Gather(Shape(x), 1)`, run per call) with Python lists: a tensor
+    operation per element would cost more than the model's arithmetic at batch 1. None when an
+    index is out of range (the tensor path raises the error)."""
+    if isinstance(picks, list):
+        rows = [_pick_from_host_vector(values, p) for p in picks]
+        return None if any(r is None for r in rows) else rows
+    n = len(values)
+    return values[int(picks)] if -n <= picks < n else None
 
 
 @op()
