@@ -104,3 +104,38 @@ def test_board_input_shape_is_one_clear_error(micropython, bundle, tmp_path, sha
     last = out.strip().splitlines()[-1]
     assert code != 0 and last.startswith("RecordError: input_shape"), out
     assert "MemoryError" not in out and "invalid syntax" not in out, out
+
+
+def test_int8_tensors_the_layers_read_as_floats_are_refused(micropython, tmp_path):
+    """A BatchNorm weight stored as I8 with a scale: the desktop dequantizes it; the board's
+    BatchNorm reads plain floats, and used to fold the raw int8 values in (a wrong answer with
+    no error). It is refused now, naming the tensor; the int8 record as `cinders quantize`
+    writes it runs."""
+    from cinders.micro import export
+    from cinders.record import safetensors_write as stw
+    from test_micro import all_layers_model
+    model, src = all_layers_model(tmp_path)
+    path = str(tmp_path / "all.safetensors")
+    cn.record.save(model, path)
+    q = quantize.quantize_file(path, str(tmp_path / "all-int8.safetensors"))
+    metadata, stored = st.read_file(q)
+    values = list(stored["features.1.weight"][2])
+    qv, scales = quantize.quantize_rows(values, len(values))
+    stored = dict(stored)
+    stored["features.1.weight"] = ("I8", (len(values),), list(qv))
+    stored["features.1.weight.scale"] = ("F32", (len(values),), list(scales))
+    bad = str(tmp_path / "bn-int8.safetensors")
+    stw.write_file(bad, {n: (d, s, list(v)) for n, (d, s, v) in stored.items()}, metadata)
+    cn.load_model(bad, backend=cn.NumPy(), allow=[type(model)])  # the desktop takes it
+    with open(tmp_path / "x.json", "w") as f:
+        json.dump([0.5] * 784, f)
+    for record_path, ok in ((q, True), (bad, False)):
+        bundle = str(tmp_path / ("bundle-ok" if ok else "bundle-bad"))
+        export.export_micro(record_path, bundle, model_file=str(src), input_shape=(1, 28, 28))
+        p = subprocess.run([micropython, "-X", "heapsize=4M", "predict.py", str(tmp_path / "x.json")],
+                           cwd=bundle, capture_output=True, text=True, timeout=300)
+        if ok:
+            assert p.returncode == 0, p.stdout + p.stderr
+        else:
+            last = (p.stdout + p.stderr).strip().splitlines()[-1]
+            assert p.returncode != 0 and last.startswith("RecordError") and "features.1.weight" in last, last
