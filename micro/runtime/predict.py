@@ -22,7 +22,7 @@ if "--input-shape" in a:
 else:
     with open("model.safetensors", "rb") as f:
         s = cinders.safetensors.Reader(f).metadata.get("input_shape") or ""
-shape = tuple(int(d) for d in s.strip("[]").split(",") if d.strip())
+shape = cinders.record.input_shape(s)  # RecordError for [1e400], [0], [1e9], ...
 n = 1
 for d in shape:
     n *= d

@@ -174,16 +174,35 @@ class _ConvBlock:
         self.act = act._op if act is not None else None
         self.pool = (pool.kernel_size, pool.stride, pool.padding, pool._mode) if pool else None
 
-    def __call__(self, x):
+    def args(self):
+        """engine.conv2d's arguments after the input."""
         c = self.conv
-        c._check(x)
-        return per_sample(lambda xb: engine.conv2d(
-            xb, c.weight, c.bias, c.out_channels, c.kernel_size, c.stride, c.padding,
-            c.dilation, self.act, self.pool), x)
+        return (c.weight, c.bias, c.out_channels, c.kernel_size, c.stride, c.padding,
+                c.dilation, self.act, self.pool)
+
+    def __call__(self, x):
+        self.conv._check(x)
+        return per_sample(lambda xb: engine.conv2d(xb, *self.args()), x)
+
+
+class _ConvChain:
+    """Two _ConvBlocks in a row, on an engine that declares CONV_CHAIN: the second computes its
+    output a band at a time from the rows of the first's it reads (engine.conv_chain), so the
+    first's output never exists whole. Same numbers as running the two blocks."""
+
+    def __init__(self, first, second):
+        self.first = first
+        self.second = second
+
+    def __call__(self, x):
+        self.first.conv._check(x)
+        return per_sample(lambda xb: engine.conv_chain(xb, self.first.args(),
+                                                       self.second.args()), x)
 
 
 def fuse(layers):
-    """Sequential's steps: each Conv2d [activation] [pool] run becomes one _ConvBlock."""
+    """Sequential's steps: each Conv2d [activation] [pool] run becomes one _ConvBlock, and on an
+    engine with CONV_CHAIN two such blocks in a row one _ConvChain."""
     steps = []
     i = 0
     while i < len(layers):
@@ -198,7 +217,13 @@ def fuse(layers):
                 pool = layers[j]
                 j += 1
             if j > i + 1:
-                steps.append(_ConvBlock(layer, act, pool))
+                block = _ConvBlock(layer, act, pool)
+                last = steps[-1] if steps else None
+                if (getattr(engine, "CONV_CHAIN", False) and isinstance(last, _ConvBlock)
+                        and last.conv.out_channels == layer.in_channels):
+                    steps[-1] = _ConvChain(last, block)
+                else:
+                    steps.append(block)
                 i = j
                 continue
         steps.append(layer)

@@ -48,9 +48,12 @@ def _max_dims():
 
 
 DIMS = _max_dims()
-_CHUNK_BYTES = 4096  # weight rows (as the build's floats) per step (8192 left the double build's
-#                     CNN 8 KB short of one contiguous block at 160 KB once the tensor API came)
-_BAND_ITEMS = 2048 // FLOAT_BYTES  # convolution outputs per band (and channel chunk)
+# Small heaps (a 64 KB board) get small scratch, pieces that fit between the heap's objects, and
+# the convolution chain (conv_chain): the frozen int8 CNN then runs in 61 KB, at ~2.5x the time.
+# Larger heaps get 4 KB weight chunks and 2 KB bands and run each conv block whole.
+_SMALL_HEAP = gc.mem_free() < 96 * 1024
+_CHUNK_BYTES = 2048 if _SMALL_HEAP else 4096  # weight rows (as the build's floats) per step
+_BAND_ITEMS = (512 if _SMALL_HEAP else 2048) // FLOAT_BYTES  # conv outputs per band (and chunk)
 
 
 def _layout(shape):
@@ -65,6 +68,11 @@ def _layout(shape):
 
 
 def from_flat(values, shape):
+    """The build's floats of a flat sequence. An array('f') on a float32 build is viewed in
+    place, like the array engine takes it as it is: a second copy of the input (3 KB for a digit)
+    is what a 64 KB heap cannot spare."""
+    if FLOAT_BYTES == 4 and isinstance(values, array):
+        return np.frombuffer(values, dtype=np.float).reshape(_layout(shape))
     return np.array(values, dtype=np.float).reshape(_layout(shape))
 
 
@@ -145,15 +153,18 @@ def _valid(o0, n, k, s, p, size):
     return lo, max(lo, hi), lo * s + k - p
 
 
-def _tap(x, C, H, W, ky, kx, sh, sw, ph, pw, r0, nb, OW):
+def _tap(x, C, H, W, ky, kx, sh, sw, ph, pw, r0, nb, OW, top):
     """Kernel tap (ky, kx) (dilation applied) under output rows r0..r0+nb: the input values it
-    multiplies, zero where it reads padding. (C, nb * OW); without padding a plain slice."""
+    multiplies, zero where it reads padding. (C, nb * OW); without padding a plain slice.
+    x holds rows top.. of the (C, H, W) image: all of them, or the window a chain computed."""
     ya, yb, iy = _valid(r0, nb, ky, sh, ph, H)
     xa, xb, ix = _valid(0, OW, kx, sw, pw, W)
+    held = x.shape[1] // W
+    iy -= top
     ye = iy + (yb - ya - 1) * sh + 1  # MicroPython cannot build slice objects: bounds only
     xe = ix + (xb - xa - 1) * sw + 1
     if DIMS >= 3:
-        x3 = x.reshape((C, H, W))
+        x3 = x.reshape((C, held, W))
         if yb - ya == nb and xb - xa == OW:
             return np.array(x3[:, iy:ye:sh, ix:xe:sw]).reshape((C, nb * OW))
         t = np.zeros((C, nb, OW), dtype=np.float)
@@ -163,65 +174,122 @@ def _tap(x, C, H, W, ky, kx, sh, sw, ph, pw, r0, nb, OW):
     t = np.zeros((C * nb, OW), dtype=np.float)  # channel c's rows are c * nb .. (c + 1) * nb
     if yb > ya and xb > xa:
         for c in range(C):
-            t[c * nb + ya - r0:c * nb + yb - r0, xa:xb] = x[c, :].reshape((H, W))[iy:ye:sh, ix:xe:sw]
+            t[c * nb + ya - r0:c * nb + yb - r0, xa:xb] = x[c, :].reshape((held, W))[iy:ye:sh, ix:xe:sw]
     return t.reshape((C, nb * OW))
+
+
+class _Block:
+    """Conv2d [activation] [pool] on a (C, H, W) input: its geometry, worked out once.
+    An in-band pool (see _in_band_pool) makes `step` output rows one pooled row; the block's
+    result has `PH` rows of `PW`."""
+
+    def __init__(self, C, H, W, weight, bias, out_channels, kernel, stride, padding, dilation,
+                 act, pool):
+        self.C, self.H, self.W = C, H, W
+        self.weight, self.bias, self.out_channels = weight, bias, out_channels
+        self.kernel, self.stride, self.padding, self.dilation = kernel, stride, padding, dilation
+        self.act, self.pool = act, pool
+        self.OH = window_count(H, kernel[0], stride[0], padding[0], dilation[0])
+        self.OW = window_count(W, kernel[1], stride[1], padding[1], dilation[1])
+        self.banded = _in_band_pool(pool)
+        self.step = pool[0][0] if self.banded else 1  # bands hold whole pooling windows
+        self.PH = (self.OH - self.OH % self.step) // self.step
+        self.PW = self.OW // pool[0][1] if self.banded else self.OW
+
+    def inputs_of(self, lo, hi):
+        """The input rows (first, end) that the result's rows lo..hi read."""
+        sh, ph, reach = self.stride[0], self.padding[0], (self.kernel[0] - 1) * self.dilation[0]
+        return max(0, lo * self.step * sh - ph), min(self.H, ((hi * self.step) - 1) * sh - ph + reach + 1)
+
+    def rows(self, xd, top, lo, hi):
+        """The result's rows lo..hi as (out_channels, (hi - lo) * PW), from xd holding input rows
+        top.. . Output channels a chunk of weight rows at a time (as they stream from the record),
+        and within a chunk a band of output rows at a time: per kernel tap, np.dot of the
+        chunk's weights for that tap (n, C) with the tap's inputs (C, band). No padded copy of
+        the input, no full weight matrix, no full-size output when a pool follows."""
+        C, H, W, OW, step, PW = self.C, self.H, self.W, self.OW, self.step, self.PW
+        kh, kw = self.kernel
+        sh, sw = self.stride
+        ph, pw = self.padding
+        dh, dw = self.dilation
+        K = kh * kw
+        pool, act, bias = self.pool, self.act, self.bias
+        gc.collect()  # the previous layer's scratch: the output wants one contiguous block
+        out = np.zeros((self.out_channels, (hi - lo) * PW), dtype=np.float)
+        for j, n, w, scale in _weight_rows(self.weight, max(1, _BAND_ITEMS // (step * OW))):
+            band = max(step, _BAND_ITEMS // (max(n, C) * OW) // step * step)
+            bcol = _column(bias.data[j:j + n]) if bias is not None else None
+            gc.collect()  # free the previous chunk's scratch in one piece: bands need ~3x 8 KB
+            for r0 in range(lo * step, hi * step, band):
+                nb = min(band, hi * step - r0)
+                acc = None
+                for t in range(K):
+                    ky, kx = t // kw, t % kw
+                    d = np.dot(w[:, t::K], _tap(xd, C, H, W, ky * dh, kx * dw, sh, sw, ph, pw,
+                                                r0, nb, OW, top))
+                    if acc is None:
+                        acc = d
+                    else:
+                        acc += d
+                if scale is not None:
+                    acc *= scale
+                if bcol is not None:
+                    acc += bcol
+                if act is not None:
+                    acc = _unary(act, acc)
+                if self.banded:
+                    pk = pool[0]
+                    acc = _pool_windows(acc.reshape((n * nb, OW)), pk[0], pk[1], pk[0], pk[1],
+                                        n * nb // pk[0], PW, pool[3] == "max")
+                    if pool[3] != "max":
+                        acc = acc * (1.0 / (pk[0] * pk[1]))
+                m = (nb // step) * PW
+                o = (r0 // step - lo) * PW
+                out[j:j + n, o:o + m] = acc.reshape((n, m))
+        return out
+
 
 def conv2d(x, weight, bias, out_channels, kernel, stride, padding, dilation, act=None,
            pool=None):
-    """Output channels a chunk of weight rows at a time (as they stream from the record), and
-    within a chunk a band of output rows at a time: per kernel tap, np.dot of the chunk's
-    weights for that tap (n, C) with the tap's inputs (C, band). No padded copy of the input,
-    no full weight matrix, no full-size output when a pool follows."""
+    """Conv2d, then an optional activation and pool, computed a band of rows at a time (_Block)."""
     _, C, H, W = x.shape
-    kh, kw = kernel
-    sh, sw = stride
-    ph, pw = padding
-    dh, dw = dilation
-    OH = window_count(H, kh, sh, ph, dh)
-    OW = window_count(W, kw, sw, pw, dw)
-    K = kh * kw
-    banded = _in_band_pool(pool)
-    step = pool[0][0] if banded else 1  # bands hold whole pooling windows
-    rows = OH - OH % step
-    PW = OW // pool[0][1] if banded else OW
-    gc.collect()  # the previous layer's scratch: the output wants one contiguous block
-    out = np.zeros((out_channels, (rows // step) * PW), dtype=np.float)
-    xd = x.data
-    for j, n, w, scale in _weight_rows(weight, max(1, _BAND_ITEMS // (step * OW))):
-        band = max(step, _BAND_ITEMS // (max(n, C) * OW) // step * step)
-        bcol = _column(bias.data[j:j + n]) if bias is not None else None
-        gc.collect()  # free the previous chunk's scratch in one piece: bands need ~3x 8 KB
-        for r0 in range(0, rows, band):
-            nb = min(band, rows - r0)
-            acc = None
-            for t in range(K):
-                ky, kx = t // kw, t % kw
-                d = np.dot(w[:, t::K], _tap(xd, C, H, W, ky * dh, kx * dw, sh, sw, ph, pw,
-                                            r0, nb, OW))
-                if acc is None:
-                    acc = d
-                else:
-                    acc += d
-            if scale is not None:
-                acc *= scale
-            if bcol is not None:
-                acc += bcol
-            if act is not None:
-                acc = _unary(act, acc)
-            if banded:
-                pk = pool[0]
-                acc = _pool_windows(acc.reshape((n * nb, OW)), pk[0], pk[1], pk[0], pk[1],
-                                    n * nb // pk[0], PW, pool[3] == "max")
-                if pool[3] != "max":
-                    acc = acc * (1.0 / (pk[0] * pk[1]))
-            m = (nb // step) * PW
-            out[j:j + n, (r0 // step) * PW:(r0 // step) * PW + m] = acc.reshape((n, m))
-    if banded:
-        return Tensor(out, (1, out_channels, rows // step, PW))
-    y = Tensor(out, (1, out_channels, OH, OW))
+    blk = _Block(C, H, W, weight, bias, out_channels, kernel, stride, padding, dilation, act, pool)
+    out = blk.rows(x.data, 0, 0, blk.PH if blk.banded else blk.OH)
+    if blk.banded:
+        return Tensor(out, (1, out_channels, blk.PH, blk.PW))
+    y = Tensor(out, (1, out_channels, blk.OH, blk.OW))
     if pool is not None:
         y = pool2d(y, *pool)
     return y
+
+
+CONV_CHAIN = _SMALL_HEAP  # nn's Sequential hands two conv blocks in a row to conv_chain
+
+
+def conv_chain(x, first, second):
+    """Two conv blocks in a row (each the arguments of conv2d after x), the second computed a
+    pooled row at a time from only the rows of the first's result that it reads: the first's
+    result never exists whole (for the MNIST CNN its 12.5 KB, the largest block of a 64 KB
+    heap). The first's rows at band edges are computed twice (a halo): cheap, as a first
+    convolution has few input channels. Pools that do not tile their input run unchained."""
+    if not (_chainable(first[-1]) and _chainable(second[-1])):
+        return conv2d(conv2d(x, *first), *second)
+    _, C, H, W = x.shape
+    a = _Block(C, H, W, *first)
+    b = _Block(a.out_channels, a.PH if a.banded else a.OH, a.PW, *second)
+    end = b.PH if b.banded else b.OH
+    gc.collect()
+    out = np.zeros((b.out_channels, end * b.PW), dtype=np.float)
+    for r in range(end):
+        lo, hi = b.inputs_of(r, r + 1)
+        rows = b.rows(a.rows(x.data, 0, lo, hi), lo, r, r + 1)
+        out[:, r * b.PW:(r + 1) * b.PW] = rows
+        rows = None
+    return Tensor(out, (1, b.out_channels, end, b.PW))
+
+
+def _chainable(pool):
+    return pool is None or _in_band_pool(pool)
 
 def pool2d(x, kernel, stride, padding, mode):
     _, C, H, W = x.shape

@@ -6,7 +6,11 @@ buys little speed and costs contiguous RAM, the scarce kind) and the small tenso
 scales, norms) are read into RAM once. Pass a larger resident_bytes where RAM is plentiful (the
 browser page does).
 int8 records (`cinders quantize`) hold "<name>" as I8 and "<name>.scale" as F32, one scale per
-output row; rows stay int8 in RAM and are scaled as they are used.
+output row, and say quantization="int8-per-channel-symmetric" in their metadata: the records the
+desktop reads (cinders.record.validate.check_quantized), checked the same way here. Weight
+matrices and kernels stay int8 in RAM and are scaled as they are used; other int8 tensors (a
+norm's weight, a bias: `cinders quantize` never writes them) are refused, since those layers
+read plain floats.
 """
 
 import gc
@@ -25,13 +29,8 @@ class Param:
     """One tensor of the record: in RAM (`data`) or in the file, read by `chunks`."""
 
     def __init__(self, reader, info, resident, scale=None):
-        tc = _TYPECODES.get(info.dtype)
-        if tc is None:
-            from cinders.safetensors import RecordError
-            raise RecordError("tensor %r: dtype %s cannot run on the board (F32 or I8)"
-                              % (info.name, info.dtype))
+        tc = _TYPECODES[info.dtype]  # load has checked it
         self.name = info.name
-        self.shape = info.shape
         self.typecode = tc
         self.rows = info.shape[0] if info.shape else 1
         self.row_len = (info.nbytes // _SIZES[tc]) // max(self.rows, 1)
@@ -69,11 +68,17 @@ class Param:
 def load(model, f, resident_bytes=RESIDENT_BYTES, reader=None):
     """Bind the tensors of the open record file `f` to `model` by state_dict name.
 
-    Every parameter the model declares must be in the record with its shape, and every tensor
-    of the record must be used; otherwise RecordError names them and nothing is half-bound.
+    Every parameter the model declares must be in the record with its shape and dtype (int8
+    records checked as the desktop checks them: cinders.record.validate.check_quantized), and
+    every tensor of the record must be used; otherwise RecordError names them and nothing is
+    half-bound.
     """
     from cinders.safetensors import Reader, RecordError
     r = reader if reader is not None else Reader(f)
+    scheme = r.metadata.get("quantization")  # the one of cinders.record.validate
+    if scheme not in (None, "int8-per-channel-symmetric"):
+        raise RecordError("unknown quantization %r (the board reads int8-per-channel-symmetric)"
+                          % (scheme,))
     bound = []
     used = {}
     for prefix, layer in model.named_modules():
@@ -85,16 +90,21 @@ def load(model, f, resident_bytes=RESIDENT_BYTES, reader=None):
                 raise RecordError("tensor %r: the record has shape %s, %s expects %s"
                                   % (name, info.shape, type(layer).__name__, shapes[pname]))
             scale = None
-            if info.dtype == "I8" and pname == "weight":
+            # int8 weight matrices and kernels, which Linear and the convolutions scale row by
+            # row; other int8 tensors (read as plain floats by their layers) are refused
+            if info.dtype == "I8" and scheme and pname == "weight" and len(info.shape) > 1:
                 s = r.info(name + ".scale")
                 if s.dtype != "F32" or s.shape != (info.shape[0],):
                     raise RecordError("tensor %r: expected F32 of shape (%d,), got %s %s"
                                       % (s.name, info.shape[0], s.dtype, s.shape))
                 scale = r.read_into(s.name, empty("f", s.shape[0]))
+                for v in scale:
+                    if not 0.0 < v < float("inf"):
+                        raise RecordError("%r holds %r: scales are positive and finite" % (s.name, v))
                 used[s.name] = 1
             elif info.dtype != "F32":
-                raise RecordError("tensor %r: expected F32%s, got %s"
-                                  % (name, " or I8" if pname == "weight" else "", info.dtype))
+                raise RecordError("tensor %r is %s: the board reads F32, and I8 weight matrices of"
+                                  " int8-per-channel-symmetric records" % (name, info.dtype))
             resident = pname != "weight" or info.nbytes <= resident_bytes
             bound.append((layer, pname, Param(r, info, resident, scale)))
             used[name] = 1
@@ -163,6 +173,27 @@ def load_model(path, allow=(), resident_bytes=RESIDENT_BYTES):
     r = None
     forget_reader()
     return model
+
+
+def input_shape(text):
+    """The shape of a record's input_shape ("[1, 28, 28]") or of --input-shape ("1,28,28"): 1 to 8
+    positive integers, at most 2 ** 24 elements in all, checked before anything is allocated
+    ([1e400], [0] and [1e9] are refused here, as on the desktop); () where none is given."""
+    body = text.strip().strip("[]").strip()
+    if not body:
+        return ()
+    shape = []
+    n = 1
+    for p in body.split(","):
+        p = p.strip()
+        d = int(p) if p.isdigit() and len(p) < 10 else 0  # not "1e400", "1.5", "-1", '"a"'
+        n *= d
+        shape.append(d)
+    if not (0 < n <= 2 ** 24 and len(shape) <= 8):
+        from cinders.safetensors import RecordError
+        raise RecordError("input_shape %r is not 1 to 8 positive integers of at most %d "
+                          "elements in all" % (text, 2 ** 24))
+    return tuple(shape)
 
 
 def forget_reader():
