@@ -39,8 +39,9 @@ import tempfile
 import time
 import warnings
 
-# benchmarks/onnx.py would shadow the onnx package that torch's exporter imports
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+# benchmarks/timing.py, also when a test or quantized.py loads this file by its path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -89,16 +90,6 @@ def export(model, seq, path):
                           dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17)
 
 
-def median_ms(run, repeat, warm=4):
-    for _ in range(warm):
-        run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
 
 def gpu_rows(name, c, path, torch_model, batches, repeat):
     import torch
@@ -123,11 +114,11 @@ def gpu_rows(name, c, path, torch_model, batches, repeat):
             if device == "cuda":
                 torch.cuda.synchronize()
             return out
-        ms = median_ms(ours, repeat)
+        ms = median_ms(ours, repeat, warm=4)
         with cn.profile(backend) as p:   # the forward alone: its device reads (0 expected)
             out = forward(x)
         got = out.numpy()
-        ref_ms = median_ms(theirs, repeat)
+        ref_ms = median_ms(theirs, repeat, warm=4)
         want = theirs().float().cpu().numpy()
         yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"], "stack": "wgpu",
                "cinders_ms": round(ms, 3), "reference": "torch-%s" % device, "reference_ms": round(ref_ms, 3),
@@ -145,8 +136,8 @@ def cpu_rows(name, c, path, batches, repeat):
     for batch in batches:
         ids = np.random.default_rng(batch).integers(0, 1000, (batch, c["seq"])).astype(np.int64)
         x = cn.tensor(ids.astype(np.int32), backend=backend, dtype=cn.int32)
-        ms = median_ms(lambda: model(x).numpy(), repeat)
-        ref_ms = median_ms(lambda: session.run(None, {"x": ids}), repeat)
+        ms = median_ms(lambda: model(x).numpy(), repeat, warm=4)
+        ref_ms = median_ms(lambda: session.run(None, {"x": ids}), repeat, warm=4)
         diff = float(np.abs(model(x).numpy() - session.run(None, {"x": ids})[0]).max())
         yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"], "stack": "numpy",
                "cinders_ms": round(ms, 3), "reference": "onnxruntime-cpu-1-thread", "reference_ms": round(ref_ms, 3),

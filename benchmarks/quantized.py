@@ -29,9 +29,7 @@ import importlib.util
 import json
 import logging
 import os
-import statistics
 import sys
-import time
 import tracemalloc
 import warnings
 
@@ -39,9 +37,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# benchmarks/onnx.py would shadow the onnx package: keep this folder off sys.path
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+from timing import median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -123,16 +120,6 @@ class _Calibration:
     def get_next(self):
         return next(self.batches, None)
 
-
-def median_ms(run, repeat, warm=2):
-    for _ in range(warm):
-        run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def _backend(stack):

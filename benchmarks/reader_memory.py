@@ -21,8 +21,6 @@ import subprocess
 import sys
 import tempfile
 
-# benchmarks/onnx.py would shadow the onnx package when this file runs as a script
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 # case: (what writes the file, what loads it)
 CASES = ("onnx_float32", "onnx_float16", "onnx_bfloat16", "onnx_int64", "onnx_external",

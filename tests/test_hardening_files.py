@@ -6,12 +6,10 @@ that are FIFOs, and the writers behind `--out` (records, import-onnx, export-web
 import os
 import subprocess
 import sys
-import threading
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import cinders as cn
 import cinders.onnx

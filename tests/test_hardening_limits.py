@@ -6,7 +6,6 @@ _load_from_bytes blobs sharing one storage, encrypted entries, giant safetensors
 
 import io
 import math
-import os
 import pickle
 import signal
 import struct
