@@ -28,13 +28,15 @@ class Module(_Module):
         return tuple(k for k in self.__dict__ if isinstance(self.__dict__[k], Tensor))
 
     def param_shapes(self):
-        return {k: tuple(getattr(self, k).shape) for k in self._params}
+        # kept for loaded(): a record's Param does not carry its shape (heap, record.py)
+        self._shapes = {k: tuple(getattr(self, k).shape) for k in self._params}
+        return self._shapes
 
     def loaded(self):
         for k in list(self.__dict__):  # MicroPython's __dict__ is read-only: setattr
             p = self.__dict__[k]
             if isinstance(p, Param):
-                setattr(self, k, Weight(p.data, tuple(p.shape)))
+                setattr(self, k, Weight(p.data, self._shapes[k]))
 
 
 class Weight(Tensor):
