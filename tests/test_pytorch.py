@@ -120,7 +120,7 @@ def test_checkpoint_dict_finds_the_state_dict_and_lists_the_rest(tmp_path):
     nested = _save(tmp_path / "n.pt", {"model": {"backbone": model_state}, "other": {"x": torch.ones(1)}}, "zip", 2)
     assert list(load_pytorch(nested, top_level_key="model.backbone")) == ["fc.weight", "fc.bias"]
     ambiguous = _save(tmp_path / "a.pt", {"a": model_state, "b": model_state}, "zip", 2)
-    with pytest.raises(cn.RecordError, match="cannot tell which entry.*'a', 'b'"):
+    with pytest.raises(cn.RecordError, match=r"cannot tell which entry.*'a', 'b'.*top_level_key= \(cinders convert: --key\)"):
         load_pytorch(ambiguous)
 
 

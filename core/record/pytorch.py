@@ -650,8 +650,8 @@ def _choose_state(obj, top_level_key):
             return obj[key], key, others(key)
     if len(candidates) == 1:
         return obj[candidates[0]], candidates[0], others(candidates[0])
-    raise RecordError("checkpoint: cannot tell which entry is the state dict (%s); pass top_level_key= "
-                      "(the file holds: %s)" % ("candidates: %s" % candidates if candidates else "none holds tensors",
+    raise RecordError("checkpoint: cannot tell which entry is the state dict (%s); name it with "
+                      "top_level_key= (cinders convert: --key) (the file holds: %s)" % ("candidates: %s" % candidates if candidates else "none holds tensors",
                                                  "; ".join("%s: %s" % kv for kv in list(others(None).items())[:20])))
 
 
