@@ -39,13 +39,10 @@ package_data["cinders.wasm"] += ["*.h", "*.mjs"]   # the kernels' C runtime, the
 package_data["cinders.micro"] += ["runtime/*.py", "runtime/cinders/*.py"]
 
 # Web assets ship as data folders, each folder one entry (no __init__.py: never imported, and left
-# out of the browser's own wheel, core/web/wheel.py, which walks import packages only). The micro
-# page's bundle, written beside it by `cinders demo` in a checkout (micro/web.py), is not shipped.
-NOT_SHIPPED = os.path.join("web_demos", "mnist-micro", "bundle")
+# out of the browser's own wheel, core/web/wheel.py, which walks import packages only).
 for folder in ("wasm", "web_demos"):
     for dirpath, dirnames, _ in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__"))
-                             and os.path.join(dirpath, d) != NOT_SHIPPED)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
         name = "cinders.web.assets." + dirpath.replace(os.sep, ".")
         package_dir[name] = dirpath
         package_data[name] = ["*"]

@@ -532,7 +532,11 @@ def export_web(args):
     elif args.model_source is None:
         raise ArgumentError("export-web of a record needs --model-source FILE (the model's class)")
     else:
-        files = web_export.export_web(args.record, args.model_source, args.out, args.input_shape)
+        # The site's input shape, as `predict` finds it (a first Linear tells it; a first conv needs
+        # --input-shape, there being no input file to size its picture from).
+        model, meta = load_model_for_cli(args.record, make_backend(None), args.model_source)
+        shape = input_shape_of(model, meta, args.input_shape)
+        files = web_export.export_web(args.record, args.model_source, args.out, shape)
     print("wrote %d files to %s; run: cinders serve %s" % (len(files), args.out, args.out), flush=True)
     return 0
 

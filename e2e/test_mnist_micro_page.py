@@ -2,7 +2,7 @@
 the Pyodide page, on both loaders; drawing; parity of held-out digits with cn.NumPy() on the
 desktop; nothing fetched from outside 127.0.0.1.
 
-Its bundle (web_demos/mnist-micro/bundle/, gitignored) is built by the demo server's set-up
+Its bundle (<cache>/mnist-micro-bundle/) is built by the demo server's set-up
 (`ensure_setup`, which the `demo_server` fixture runs like `cinders demo` does). Cold start is
 printed (run with -s to see it), never asserted: speed is measured in benchmarks/micro.py.
 """

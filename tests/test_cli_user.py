@@ -282,6 +282,24 @@ def test_a_model_saved_before_it_ran_takes_its_shape_from_the_first_layer(tmp_pa
     sys.modules.pop("shipped", None)
 
 
+def test_export_web_of_a_model_saved_before_it_ran_takes_its_shape_from_the_first_layer(tmp_path, monkeypatch):
+    """A first Linear(3, 2) sizes the site's input; a first conv cannot without an input file, so
+    the error asks for --input-shape."""
+    (tmp_path / "shipped.py").write_text(SHIPPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("shipped", None)
+    import shipped
+    for cls, expect in ((shipped.Tiny, "INPUT_SHAPE = (3,)"), (shipped.TinyConv, None)):
+        cls().save(str(tmp_path / "m.safetensors"))
+        r = cinders("export-web", "m.safetensors", "--model-source", "shipped.py", "--out", "site", cwd=tmp_path)
+        if expect:
+            assert r.returncode == 0, r.stderr
+            assert expect in (tmp_path / "site" / "main.py").read_text()
+        else:
+            assert r.returncode == 1 and r.stderr.strip().endswith("pass --input-shape A,B,..."), r.stderr
+    sys.modules.pop("shipped", None)
+
+
 @pytest.mark.parametrize("layer, x_shape, words", [
     (lambda: cn.nn.Conv1d(3, 4, 3), (1, 2, 10), ["Conv1d", "3-D", "C = 3", "(1, 2, 10)"]),
     (lambda: cn.nn.Conv1d(3, 4, 3), (1, 3, 2, 10), ["Conv1d", "3-D", "(1, 3, 2, 10)"]),

@@ -6,6 +6,7 @@ and a missing extra or missing browser packages are one line that says what to i
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tomllib
 import urllib.request
@@ -173,6 +174,13 @@ def test_demo_serves_the_pages_from_the_installed_package(plain, env, tmp_path):
             assert "./model.safetensors" in json.load(resp)["files"]
     finally:
         inst.stop(server)
+    # The bundle was written into the user's cache: an installed package is only read (it may be
+    # read-only: a system site-packages, a container image).
+    site = subprocess.run([os.path.join(plain, "python"), "-c", "import cinders, os; print(os.path.dirname(cinders.__file__))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.isdir(os.path.join(site, "web", "assets", "web_demos", "mnist-micro"))
+    assert not os.path.exists(os.path.join(site, "web", "assets", "web_demos", "mnist-micro", "bundle"))
+    assert os.path.exists(os.path.join(env["CINDERS_CACHE"], "mnist-micro-bundle", "pyscript.json"))
 
 
 def test_import_onnx_without_the_onnx_package(plain, env, tmp_path):

@@ -2,6 +2,7 @@
 
 URL layout (longest prefix wins):
     /                  web_demos/mnist/          the MNIST drawing page
+    /mnist-micro/bundle/  <cache>/mnist-micro-bundle/  its exported model and board runtime
     /mnist-micro/      web_demos/mnist-micro/    the MicroPython-wasm variant
     /pyscript/         web_demos/pyscript/       the PyScript example app
     /onnx/             web_demos/onnx/           import an ONNX file in the tab and run it
@@ -63,8 +64,10 @@ def gzipped(path, st):
 
 
 def default_mounts():
-    """[(url prefix, folder)]: web_demos/ and wasm/ from REPO_ROOT (a checkout or the installed
-    package), the rest from the cache."""
+    """[(url prefix, folder)], longer prefixes first: web_demos/ and wasm/ from REPO_ROOT (a
+    checkout or the installed package, only read), the rest from the cache."""
+    # Imported here: cinders.micro's exporter is desktop-side code the browser wheel never runs.
+    from cinders.micro.web import web_bundle_dir
     demos = os.path.join(REPO_ROOT, "web_demos")
     return [
         ("/node_modules/", web_deps_dir()),
@@ -73,6 +76,7 @@ def default_mounts():
         ("/wasm-kernels/", wasm_module_dir()),
         ("/models/", os.path.join(demos, "models")),
         ("/shared/", os.path.join(demos, "shared")),
+        ("/mnist-micro/bundle/", web_bundle_dir()),
         ("/mnist-micro/", os.path.join(demos, "mnist-micro")),
         ("/pyscript/", os.path.join(demos, "pyscript")),
         ("/onnx/", os.path.join(demos, "onnx")),
