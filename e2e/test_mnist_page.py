@@ -107,9 +107,10 @@ def test_reading_webgpu_tensors_awaits_or_blocks_only_with_jspi(mnist_page, new_
         let plain;
         try { plain = py.runPython("import cinders as cn\\n(cn.tensor([1.0], backend=cn.Wgpu()) + 1).tolist()"); }
         catch (error) { plain = error.message; }
-        return [inAsync, String(plain), window.cindersDemo.model.timings.snapshot];
+        const timings = window.cindersDemo.model.timings;
+        return [inAsync, String(plain), timings.snapshot, timings.snapshot_error];
     }""", READS)
-    assert got[2] is True
+    assert got[2] is True, got[3]
     assert got[0].startswith("[[[2.0, 4.0], [6.0, 8.0]], ") and "await t.to_data_async()" in got[0]
     assert "DeviceError" in got[1] and "await t.to_data_async()" in got[1]
     # Started without the snapshot, code run by runPythonAsync can block on the GPU (JSPI).

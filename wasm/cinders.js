@@ -103,7 +103,11 @@ async function startRuntime(options) {
       timings.snapshot = true;
     } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
       console.warn("cinders: the Pyodide snapshot did not load, starting without it:", error);
+      timings.snapshot_error = String(error);
     }
+  } else if (options.snapshot) {
+    timings.snapshot_error = "the server has no snapshot for Pyodide " + version +
+      " (cinders.web.wheel printed why when it built the wheel)";
   }
   if (!pyodide) {
     pyodide = await loadPyodide({ indexURL: options.pyodideURL });

@@ -40,10 +40,15 @@ fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
 // Every cinders module that imports here (those needing NumPy, wgpu-py, ... cannot), so a page
 // imports nothing itself, plus what unpackArchive runs on (cinders.js unpacks the wheel after).
 // No module may hold a JS object at import time: the snapshot is plain wasm memory.
-// Except the tools a page loads only on demand (the ONNX importer, the apps and their audio/vision
-// helpers, cn.Router/cn.Remote, data-parallel training, the PyTorch reader, the board
-// exporter): Pyodide restores a snapshot into its wasm memory as first sized, never grown, so
-// the imported modules must fit in it (they did not once those joined: "offset is out of bounds").
+// Pyodide restores a snapshot into its wasm memory as first sized, never grown, so the imported
+// modules must fit in it ("offset is out of bounds" when they did not), with room to spare: how
+// much memory an import takes varies from run to run (string hashes are salted per process), and
+// a margin of a few hundred KB once made every second build fail. Left out, so:
+//   - the tools a page loads only on demand: the ONNX importer, the apps and their audio/vision
+//     helpers, cn.Router/cn.Remote, data-parallel training, the PyTorch reader, the board exporter;
+//   - what only the desktop runs: the CLI (argparse), the demo server (http.server, email), the
+//     site exporter, the kernels' build and desktop engines, Remote's server-to-server peers.
+const HEADROOM_BYTES = 3 << 20;
 const memoryAtStart = pyodide._module.HEAP8.length;
 pyodide.runPython(`
 import importlib, os, sysconfig
@@ -55,18 +60,23 @@ for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
         on_demand = package.startswith(("cinders.micro", "cinders.onnx", "cinders.apps")) or name in (
             "pytorch.py", "pickle_vm.py", "remote.py", "remote_wire.py", "remote_socket.py", "remote_server.py",
             "router.py", "data_parallel.py", "vision.py", "audio.py")
-        if name.endswith(".py") and name != "__main__.py" and not on_demand:  # __main__ runs a command
+        desktop_only = name in ("__main__.py", "cli.py", "server.py", "export.py", "build.py", "engines.py",
+                                "remote_peers.py")
+        if name.endswith(".py") and not (on_demand or desktop_only):
             module = package if name == "__init__.py" else package + "." + name[:-3]
             try:
                 importlib.import_module(module)
             except Exception:  # desktop-only (numpy, wgpu-py, ...) or a script: not for the browser
                 pass
-del importlib, os, sysconfig, site, folder, files, package, name, module, on_demand
+del importlib, os, sysconfig, site, folder, files, package, name, module, on_demand, desktop_only
 `);
+// The headroom, proven: a block of HEADROOM_BYTES must still fit without growing the memory.
+pyodide.runPython(`_headroom = bytearray(${HEADROOM_BYTES}); del _headroom`);
 if (pyodide._module.HEAP8.length > memoryAtStart) {
-  console.error(`precompile: importing cinders grew Pyodide's memory from ${memoryAtStart} to ` +
-                `${pyodide._module.HEAP8.length} bytes; a snapshot of it would not restore. Load more ` +
-                "modules on demand (see the list above). No snapshot written.");
+  console.error(`precompile: importing cinders left less than ${HEADROOM_BYTES} bytes free in ` +
+                `Pyodide's first ${memoryAtStart} bytes of memory (it grew to ${pyodide._module.HEAP8.length}); ` +
+                "a snapshot would not restore reliably. Load more modules on demand (see the list above). " +
+                "No snapshot written.");
   process.exit(1);
 }
 fs.writeFileSync(snapshotPath, pyodide.makeMemorySnapshot());
