@@ -165,8 +165,8 @@ backend = predictor.backend
 base = backend
 while getattr(base, "inner", None) is not None:  # cn.Fusion(cn.Wgpu()): count the device's launches
     base = base.inner
-device = getattr(base, "device", None)
-engine = getattr(base, "engine", None)  # cn.Wasm(): count its kernel calls instead
+device = base.device if PAGE_BACKEND == "webgpu" else None
+engine = base.engine if PAGE_BACKEND == "wasm" else None  # cn.Wasm(): count its kernel calls instead
 counts = {"dispatches": 0}
 if engine is not None:
     plain_call = engine.call
@@ -243,6 +243,7 @@ def cinders_split(page, pixels, repeats=5):
         """async ([code, pixels, repeats]) => {
              const py = window.cindersDemo.model.runtime.pyodide;
              py.globals.set("PREDICTOR", window.cindersDemo.model._predictor);
+             py.globals.set("PAGE_BACKEND", window.cindersDemo.model.backend);
              py.globals.set("PIXELS", pixels);
              py.globals.set("REPEATS", repeats);
              const result = await py.runPythonAsync(code);
@@ -275,7 +276,7 @@ def measure_cinders(browser, base, model_url, backend, pixels, warm):
         row = {"cold_start_ms": demo["readyAt"], "first_ms": first, "warm_ms": statistics.median(times),
                "warm_min_ms": round(min(times), 3),
                "backend_used": demo["backend"], "logits": logits,
-               "where": {k: round(v, 1) for k, v in demo["timings"].items()}}
+               "where": {k: round(v, 1) if isinstance(v, float) else v for k, v in demo["timings"].items()}}
         row["where"].update({k: round(v, 3) if isinstance(v, float) else v
                              for k, v in cinders_split(page, pixels).items()})
         row["where"]["first_use_overhead_ms"] = round(first - row["warm_ms"], 1)
