@@ -28,6 +28,7 @@ warm-up calls cancel out. same_tokens: both picked the same greedy tokens.
     python benchmarks/onnx_transformers.py --backend numpy          # cn.NumPy() vs onnxruntime, 1 thread
     python benchmarks/onnx_transformers.py --small                  # tiny shapes: lavapipe, a smoke run
     python benchmarks/onnx_transformers.py --backend wgpu --decode  # per-token decode latency
+    python benchmarks/onnx_transformers.py --kernels                # + GPU time per kernel
 """
 
 import argparse
@@ -41,7 +42,7 @@ import warnings
 
 # benchmarks/timing.py, also when a test or quantized.py loads this file by its path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import median_ms  # noqa: E402
+from timing import kernel_table, median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -91,12 +92,13 @@ def export(model, seq, path):
 
 
 
-def gpu_rows(name, c, path, torch_model, batches, repeat):
+def gpu_rows(name, c, path, torch_model, batches, repeat, kernels=False, fusion=False):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    backend = cn.Wgpu()
+    gpu = cn.Wgpu()
+    backend = cn.Fusion(gpu) if fusion else gpu
     model = load(path, backend=backend)
     forward = cn.capture(model)
     reference = torch_model.to(device)
@@ -120,10 +122,18 @@ def gpu_rows(name, c, path, torch_model, batches, repeat):
         got = out.numpy()
         ref_ms = median_ms(theirs, repeat, warm=4)
         want = theirs().float().cpu().numpy()
-        yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"], "stack": "wgpu",
+        yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"],
+               "stack": "wgpu+fusion" if fusion else "wgpu",
                "cinders_ms": round(ms, 3), "reference": "torch-%s" % device, "reference_ms": round(ref_ms, 3),
                "ratio": round(ms / ref_ms, 3), "replays": forward.replays, "device_reads": p.device_reads,
-               "max_abs_diff": float(np.abs(got - want).max()), "device": backend.device.name}
+               "max_abs_diff": float(np.abs(got - want).max()), "device": gpu.device.name}
+        if kernels:  # where the GPU time goes: one uncaptured forward, GPU timestamps per kernel
+            with cn.profile(backend) as p:
+                model(x).numpy()
+            total, table = kernel_table(p)
+            yield {"bench": "transformers-kernels", "model": name, "batch": batch,
+                   "stack": "wgpu+fusion" if fusion else "wgpu", "launches": p.kernel_launches,
+                   "gpu_ms": total, "top": table, "device": gpu.device.name}
 
 
 def cpu_rows(name, c, path, batches, repeat):
@@ -282,6 +292,9 @@ def main():
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--models", nargs="*", default=sorted(CONFIGS))
+    parser.add_argument("--fusion", action="store_true", help="also cn.Fusion(cn.Wgpu()) (wgpu)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also a line per (model, batch) with the GPU time of each kernel (wgpu)")
     args = parser.parse_args()
     args.cpu = args.cpu or args.backend == "numpy"
     with tempfile.TemporaryDirectory() as folder:
@@ -298,10 +311,14 @@ def main():
             model = build(name, c)
             path = os.path.join(folder, name + ".onnx")
             export(model, c["seq"], path)
-            rows = cpu_rows(name, c, path, args.batches, args.repeat) if args.cpu else \
-                gpu_rows(name, c, path, model, args.batches, args.repeat)
-            for row in rows:
-                print(json.dumps(row), flush=True)
+            if args.cpu:
+                stacks = [cpu_rows(name, c, path, args.batches, args.repeat)]
+            else:
+                stacks = [gpu_rows(name, c, path, model, args.batches, args.repeat, args.kernels, fusion)
+                          for fusion in ((False, True) if args.fusion else (False,))]
+            for rows in stacks:
+                for row in rows:
+                    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

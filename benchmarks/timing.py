@@ -1,4 +1,6 @@
-"""The one timing rule the benchmarks share: warm up, then the median of `repeat` runs, in ms."""
+"""The timing rules the benchmarks share: warm up, then the median of `repeat` runs, in ms; and
+where a GPU spends a forward pass, by kernel."""
+import collections
 import statistics
 import time
 
@@ -14,3 +16,16 @@ def median_ms(run, repeat, warm=2):
         run()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def kernel_table(profile, top=12):
+    """GPU time of a `cn.profile` block by kernel name, most expensive first:
+    (total GPU ms, [[name, launches, GPU ms], ...] of the `top` names). Needs a backend with
+    GPU timestamps (cn.Wgpu() on an adapter with timestamp-query)."""
+    launches, seconds = collections.Counter(), collections.Counter()
+    for event in profile.events:
+        if event["kind"] == "kernel":
+            launches[event["name"]] += 1
+            seconds[event["name"]] += event.get("gpu_time") or 0.0
+    rows = [[name, launches[name], round(s * 1e3, 4)] for name, s in seconds.most_common(top)]
+    return round(sum(seconds.values()) * 1e3, 4), rows
