@@ -18,6 +18,20 @@ def median_ms(run, repeat, warm=2):
     return statistics.median(times)
 
 
+def interleaved_ms(ours, theirs, rounds, repeat, warm=2):
+    """(our median ms, their median ms, median of the per-round ratios): `rounds` alternating
+    blocks of `repeat` calls each, so that both sides see the same machine state (GPU clocks,
+    other tenants) and a slow spell cannot land on one side only."""
+    ours_ms, theirs_ms, ratios = [], [], []
+    for _ in range(rounds):
+        a = median_ms(ours, repeat, warm)
+        b = median_ms(theirs, repeat, warm)
+        ours_ms.append(a)
+        theirs_ms.append(b)
+        ratios.append(a / b)
+    return statistics.median(ours_ms), statistics.median(theirs_ms), statistics.median(ratios)
+
+
 def kernel_table(profile, top=12):
     """GPU time of a `cn.profile` block by kernel name, most expensive first:
     (total GPU ms, [[name, launches, GPU ms], ...] of the `top` names). Needs a backend with
