@@ -2,10 +2,12 @@
 
 The same weights in both (copied from the cinders model into an identical torch.nn.Sequential);
 latency is one forward pass plus reading the logits back to the host, median of --repeat runs.
-One JSON line per batch size:
-    {"bench": "mnist_cnn", "batch", "cinders_ms", "captured_ms", "torch_ms", "ratio",
+One JSON line per (stack, batch size):
+    {"bench": "mnist_cnn", "stack", "batch", "cinders_ms", "captured_ms", "torch_ms", "ratio",
      "captured_ratio", "max_abs_diff", ...}
-cinders_ms runs the model as it is; captured_ms the same model through cn.capture (replays).
+cinders_ms runs the model as it is; captured_ms the same model through cn.capture (replays),
+timed against torch in five alternating rounds (captured_ratio: the median of their ratios).
+Stacks: cn.Wgpu(), and with --fusion also cn.Fusion(cn.Wgpu()).
 
     python benchmarks/gpu_mnist.py             # batch 1 and 256 (a real GPU)
     python benchmarks/gpu_mnist.py --small     # fewer repeats: runs on lavapipe
@@ -18,7 +20,7 @@ import numpy as np
 
 import cinders as cn
 from cinders.models.mnist import MnistCNN
-from timing import median_ms
+from timing import interleaved_ms, median_ms
 
 
 
@@ -50,45 +52,53 @@ def main():
     parser.add_argument("--small", action="store_true", help="few repeats (lavapipe)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 256])
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--fusion", action="store_true", help="also cn.Fusion(cn.Wgpu())")
     args = parser.parse_args()
     repeat = 3 if args.small else args.repeat
-    backend = cn.Wgpu()
-    model = MnistCNN().to(backend).eval()
+    gpu = cn.Wgpu()
+    cn.manual_seed(0)
+    weights = MnistCNN().to(gpu).eval()
     try:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        net = torch_model(model).to(device)
+        net = torch_model(weights).to(device)
     except ImportError:
         torch, device, net = None, "none", None
     rng = np.random.default_rng(0)
-    for batch in args.batches:
-        x_np = rng.random((batch, 1, 28, 28), dtype=np.float32)
-        x = cn.tensor(x_np, backend=backend)
+    for stack in ("wgpu", "wgpu+fusion") if args.fusion else ("wgpu",):
+        backend = cn.Fusion(gpu) if stack == "wgpu+fusion" else gpu
+        model = MnistCNN().to(backend).eval()
+        model.load_state_dict(weights.state_dict())
+        for batch in args.batches:
+            x_np = rng.random((batch, 1, 28, 28), dtype=np.float32)
+            x = cn.tensor(x_np, backend=backend)
 
-        def run_cinders():
-            return model(x).numpy()
+            def run_cinders():
+                return model(x).numpy()
 
-        fast = cn.capture(model)
-        ours = median_ms(run_cinders, repeat)
-        fast(x), fast(x)  # the first three calls run the model (median_ms warms up twice more)
-        captured = median_ms(lambda: fast(x).numpy(), repeat)
-        theirs = diff = None
-        if net is not None:
-            xt = torch.from_numpy(x_np).to(device)
+            fast = cn.capture(model)
+            ours = median_ms(run_cinders, repeat)
+            fast(x), fast(x)  # the first three calls run the model (the timing warms up more)
+            theirs = diff = ratio = None
+            if net is not None:
+                xt = torch.from_numpy(x_np).to(device)
 
-            def run_torch():
-                with torch.no_grad():
-                    return net(xt).cpu().numpy()
+                def run_torch():
+                    with torch.no_grad():
+                        return net(xt).cpu().numpy()
 
-            theirs = median_ms(run_torch, repeat)
-            diff = float(np.max(np.abs(run_cinders() - run_torch())))
-        print(json.dumps({
-            "bench": "mnist_cnn", "batch": batch, "cinders_ms": round(ours, 4),
-            "captured_ms": round(captured, 4), "torch_ms": round(theirs, 4) if theirs else None,
-            "ratio": round(ours / theirs, 4) if theirs else None,
-            "captured_ratio": round(captured / theirs, 4) if theirs else None,
-            "max_abs_diff": diff, "device": backend.device.name, "torch_device": device}),
-            flush=True)
+                captured, theirs, ratio = interleaved_ms(lambda: fast(x).numpy(), run_torch, rounds=5,
+                                                         repeat=max(1, repeat // 5))
+                diff = float(np.max(np.abs(run_cinders() - run_torch())))
+            else:
+                captured = median_ms(lambda: fast(x).numpy(), repeat)
+            print(json.dumps({
+                "bench": "mnist_cnn", "stack": stack, "batch": batch, "cinders_ms": round(ours, 4),
+                "captured_ms": round(captured, 4), "torch_ms": round(theirs, 4) if theirs else None,
+                "ratio": round(ours / theirs, 4) if theirs else None,
+                "captured_ratio": round(ratio, 4) if ratio else None,
+                "max_abs_diff": diff, "device": gpu.device.name, "torch_device": device}),
+                flush=True)
 
 
 if __name__ == "__main__":
