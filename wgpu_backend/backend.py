@@ -368,8 +368,12 @@ class Wgpu(Backend):
         h = self._readable(h)
         first, count, skip, nbytes = self._span(h)
         data = self.device.read(h.storage.raw, first, count)[skip:skip + nbytes]
-        out = np.frombuffer(data, dtype=h.dtype.word_code).reshape(h.shape).copy()
-        return out.astype(np.bool_) if h.dtype is dtypes.bool_ else out
+        out = np.frombuffer(data, dtype=h.dtype.word_code).reshape(h.shape)
+        if h.dtype is dtypes.bool_:
+            return out.astype(np.bool_)
+        # The read is a private copy already (a bytearray's view): a second one only where the
+        # device handed back read-only bytes.
+        return out if out.flags.writeable else out.copy()
 
     # ---- elementwise and reductions: Programs of one node (programs.py) ---------------------
     def _elementwise(self, op, inputs, out_dtype, out=None):

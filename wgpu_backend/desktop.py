@@ -46,7 +46,10 @@ _STORAGE_BINDING = re.compile(r"@binding\((\d+)\)\s*var<storage,\s*(read_write|r
 # so one bind group serves every batch in which the same buffers meet the same kernel layout.
 _PARAMS_WINDOW = 256
 _MAX_CACHED_GROUPS = 4096
-_STAGING_MAX = 1 << 20  # reads up to this size go through reused staging buffers
+# Reads up to this size go through reused staging buffers (one per power-of-two size class):
+# creating a mappable buffer per read cost more than the copy, and reading a batch's
+# activations back (2-4 MB for a transformer at batch 16) is what an app does every call.
+_STAGING_MAX = 1 << 26
 
 
 def _adapters():
@@ -250,7 +253,7 @@ class DesktopDevice(Device):
         # one per read costs more than the copy.
         size = -(-nbytes // 4) * 4
         if size > _STAGING_MAX:
-            return bytes(self.queue.read_buffer(raw, offset, nbytes))
+            return self.queue.read_buffer(raw, offset, nbytes)
         cls = max(256, 1 << (size - 1).bit_length())
         with self.lock:
             free = self._staging.setdefault(cls, [])
@@ -260,8 +263,8 @@ class DesktopDevice(Device):
         encoder.copy_buffer_to_buffer(raw, offset, staging, 0, size)
         self.queue.submit([encoder.finish()])
         staging.map_sync(wgpu.MapMode.READ, 0, size)
-        try:
-            data = bytes(staging.read_mapped(0, size))[:nbytes]
+        try:  # one copy out of the mapping (a writable bytearray's view); slicing copies nothing
+            data = staging.read_mapped(0, size)[:nbytes]
         finally:
             staging.unmap()
             with self.lock:

@@ -15,7 +15,7 @@ What an implementation provides (the abstract methods below, all small):
     _submit(dispatches, params, timed)  encode the recorded dispatches into ONE command encoder
                                         and submit; returns a token for `_timings` (or None)
     _timings(token) -> [seconds]        GPU time of each dispatch of a timed submit (blocking)
-    _read_buffer(raw, offset, nbytes) -> bytes            blocking readback
+    _read_buffer(raw, offset, nbytes) -> bytes-like  blocking readback (a private copy)
     async _read_buffer_async(raw, offset, nbytes) -> bytes
     _prepare(dispatches, params) -> program          a captured sequence made ready to replay
     _replay(program, rebinds, patches, copies)       encode it (and buffer copies) in ONE submit
