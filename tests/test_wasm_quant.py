@@ -91,3 +91,25 @@ def test_dynamic_quantize_matmul_of_a_transformer_layer(wasm):
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
     got = load(data, backend=wasm)(cn.tensor(a, backend=wasm)).numpy()
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("values", ["normal", "positive", "zeros", "ties"])
+def test_dynamic_quantize_linear_in_one_kernel_equals_onnxruntime(wasm, values, monkeypatch):
+    rng = np.random.default_rng(7)
+    x = {"normal": rng.standard_normal((3, 37)) * 4, "positive": rng.uniform(1, 2, (5, 8)),
+         "zeros": np.zeros((2, 3)),
+         "ties": np.array([[-2.0, 0.5, 1.5, 2.5, 3.5, 125.5, 253.0, -1.0, 0.0, 1.0, 7.25]])}[values]
+    x = x.astype(np.float32)
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in (("y", 2), ("s", 1), ("z", 2))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    names, queue = [], wasm.commands.add
+    monkeypatch.setattr(wasm, "_run", lambda name, *args: (names.append(name), queue(name, *args)))
+    got = [t.numpy() for t in load(data, backend=wasm)(cn.tensor(x, backend=wasm))]
+    assert names == ["dynamic_quantize_f32"], names
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(g, e)

@@ -219,6 +219,8 @@ class Wasm(Backend):
     # 4-bit: matmul_quantized dequantizes them as it reads them (runtime.h).
     storage_dtypes = (dtypes.int8, dtypes.uint8, dtypes.float16)
     quantized_matmul = True
+    # ... and the activations' DynamicQuantizeLinear is one kernel (runtime.h dynamic_quantize_f32)
+    dynamic_quantize = True
 
     def __init__(self, engine=None):
         if engine is None:
@@ -497,6 +499,14 @@ class Wasm(Backend):
                   0 if integer else scale.ptr + 4 * layout.scale[0],
                   0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch)
         return out
+
+    def dynamic_quantize(self, x):
+        """ONNX DynamicQuantizeLinear in one kernel (core/backend.py "dynamic_quantize")."""
+        x = self._contiguous(x)
+        y = self._new(x.shape, dtypes.int32)
+        scale, zero_point = self._new((), dtypes.float32), self._new((), dtypes.int32)
+        self._run("dynamic_quantize_f32", y, x, scale, zero_point, numel(x.shape))
+        return y, scale, zero_point
 
     # -- movement: views ------------------------------------------------------------------------------
     def reshape(self, x, shape):

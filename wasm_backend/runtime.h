@@ -631,6 +631,32 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
     }
 }
 
+/* ONNX DynamicQuantizeLinear of x (n values, contiguous): y (int32, 0..255), its scale
+ * (float32) and zero point (int32), with the float32 arithmetic of the composition in
+ * core/onnx/ops/quantization.py (NaN propagates through min and max, rounding half to even):
+ * one pass for the range, one to quantize, instead of a dozen elementwise kernels */
+EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, float *scale_out,
+                                                       int *zp_out, int n) {
+    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4;   /* (the range always includes 0) */
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v128_t v = wasm_v128_load(x + i);
+        lo4 = wasm_f32x4_min(lo4, v);
+        hi4 = wasm_f32x4_max(hi4, v);
+    }
+    float lo = min_f32(min_f32(wasm_f32x4_extract_lane(lo4, 0), wasm_f32x4_extract_lane(lo4, 1)),
+                       min_f32(wasm_f32x4_extract_lane(lo4, 2), wasm_f32x4_extract_lane(lo4, 3)));
+    float hi = max_f32(max_f32(wasm_f32x4_extract_lane(hi4, 0), wasm_f32x4_extract_lane(hi4, 1)),
+                       max_f32(wasm_f32x4_extract_lane(hi4, 2), wasm_f32x4_extract_lane(hi4, 3)));
+    for (; i < n; i++) { lo = min_f32(lo, x[i]); hi = max_f32(hi, x[i]); }
+    float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+    float zp = min_f32(max_f32(__builtin_rintf(-lo / scale), 0.0f), 255.0f);
+    VECTOR_LOOP for (i = 0; i < n; i++)
+        y[i] = trunc_f32_i32(min_f32(max_f32(__builtin_rintf(x[i] / scale) + zp, 0.0f), 255.0f));
+    *scale_out = scale;
+    *zp_out = (int)zp;
+}
+
 /* -- images: im2col and its adjoint ------------------------------------------------------ */
 /* g = [N, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW] */
 EXPORT(unfold2d_f32) void unfold2d_f32(float *o, const float *x, const int *g, int pad_bits) {
