@@ -64,9 +64,10 @@ def test_full_range_weights_blocked_zero_points_and_wide_values(wasm):
     k, n = 70, 12
     a = rng.integers(-255, 256, (6, k)).astype(np.int32)
     q = rng.integers(-128, 128, (k, n)).astype(np.int8)
-    zp = rng.integers(-128, 128, (3, n)).astype(np.int8)   # blocks of 32 along K
-    centered = q.astype(np.int64) - np.repeat(zp.astype(np.int64), 32, axis=0)[:k]
-    np.testing.assert_array_equal(_product(wasm, a, q, zp, k, n, block=32), a.astype(np.int64) @ centered)
+    for block in (32, 7):   # (an odd block: pairs of k that straddle two blocks)
+        zp = rng.integers(-128, 128, (-(-k // block), n)).astype(np.int8)
+        centered = q.astype(np.int64) - np.repeat(zp.astype(np.int64), block, axis=0)[:k]
+        np.testing.assert_array_equal(_product(wasm, a, q, zp, k, n, block=block), a.astype(np.int64) @ centered)
     # an A past int16 (not MatMulInteger's, but the primitive's contract): the general loop, wrapping
     a[2, 5] = 40000
     a[4, 0] = -2 ** 31

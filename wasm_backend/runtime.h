@@ -571,7 +571,22 @@ static void fill_pairs(const int *p, const void *q, const void *z, int n0, int n
         for (int k = k0; k < k1; k++) {
             const signed char *qs = (const signed char *)q + q_off + k * q_sk + n0;
             short *row = panel + (k >> 1) * 2 * width + (k & 1);
-            for (int j = 0; j < nn; j++) row[2 * j] = (short)((qs[j] & mask) - q_zp[j]);
+            int j = 0;
+            if (!(k & 1) && k + 1 < k1) {   /* rows k and k + 1: 8 columns' pairs per shuffle */
+                const signed char *qs1 = qs + q_sk;
+                for (; j + 8 <= nn; j += 8) {
+                    v128_t z8 = wasm_i16x8_narrow_i32x4(wasm_v128_load(q_zp + j), wasm_v128_load(q_zp + j + 4));
+                    v128_t r0 = mask < 0 ? wasm_i16x8_load8x8(qs + j) : wasm_u16x8_load8x8(qs + j);
+                    v128_t r1 = mask < 0 ? wasm_i16x8_load8x8(qs1 + j) : wasm_u16x8_load8x8(qs1 + j);
+                    r0 = wasm_i16x8_sub(r0, z8);
+                    r1 = wasm_i16x8_sub(r1, z8);
+                    wasm_v128_store(row + 2 * j, wasm_i16x8_shuffle(r0, r1, 0, 8, 1, 9, 2, 10, 3, 11));
+                    wasm_v128_store(row + 2 * j + 8, wasm_i16x8_shuffle(r0, r1, 4, 12, 5, 13, 6, 14, 7, 15));
+                }
+                for (int t = j; t < nn; t++) row[2 * t + 1] = (short)((qs1[t] & mask) - q_zp[t]);
+            }
+            for (; j < nn; j++) row[2 * j] = (short)((qs[j] & mask) - q_zp[j]);
+            if (!(k & 1) && k + 1 < k1) k++;
         }
     }
 }
