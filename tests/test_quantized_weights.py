@@ -203,10 +203,12 @@ def test_wasm_holds_float16_at_two_bytes():
     assert ints.dtype is cn.float16 and ints.tolist() == [253.0, 200.0]
 
 
-def test_captured_quantized_model_replays_the_same_answer(backend):
+@pytest.mark.parametrize("make", [int4_model, int8_model], ids=["int4", "int8"])
+def test_captured_quantized_model_replays_the_same_answer(backend, make):
     """cn.capture replays the quantized matmul like any other kernel (the weights it reads stay
-    where the model holds them)."""
-    data = int4_model()
+    where the model holds them; int8: the activations' quantization and the integer product's
+    scratch too)."""
+    data = make()
     model = load(data, backend=backend)
     x = cn.tensor(A, backend=backend)
     expected = model(x).numpy()
