@@ -666,7 +666,14 @@ EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, f
     for (; i < n; i++) { lo = min_f32(lo, x[i]); hi = max_f32(hi, x[i]); }
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = min_f32(max_f32(__builtin_rintf(-lo / scale), 0.0f), 255.0f);
-    VECTOR_LOOP for (i = 0; i < n; i++)
+    /* (NaN stays NaN through f32x4.max/min and truncates to 0, as trunc_f32_i32 does) */
+    v128_t s4 = wasm_f32x4_splat(scale), z4 = wasm_f32x4_splat(zp);
+    v128_t bottom = wasm_f32x4_splat(0.0f), top = wasm_f32x4_splat(255.0f);
+    for (i = 0; i + 4 <= n; i += 4) {
+        v128_t v = wasm_f32x4_add(wasm_f32x4_nearest(wasm_f32x4_div(wasm_v128_load(x + i), s4)), z4);
+        wasm_v128_store(y + i, wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_min(wasm_f32x4_max(v, bottom), top)));
+    }
+    for (; i < n; i++)
         y[i] = trunc_f32_i32(min_f32(max_f32(__builtin_rintf(x[i] / scale) + zp, 0.0f), 255.0f));
     *scale_out = scale;
     *zp_out = (int)zp;
