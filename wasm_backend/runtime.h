@@ -442,9 +442,6 @@ static inline int q_at(const void *q, int e, int bits, int is_signed) {
     return is_signed ? ((const signed char *)q)[e] : ((const u8 *)q)[e];
 }
 
-/* panel <- B[:, n0:n0 + nn] dequantized (ints stored in the float array's bits when integer),
- * in runs of rows that share a block: (K, nn) row-major, or (nn, K) when `transposed` (B's K
- * contiguous, as MatMulNBits stores it), so that q is read and the panel written in order */
 /* q_zp[j], q_scale[j] <- the zero point and scale of block blk of columns n0 .. n0 + nn */
 static void q_block_params(const int *p, const float *s, const void *z, int blk, int n0, int nn) {
     int s_sb = p[7], s_sn = p[8], z_off = p[9], z_sb = p[10], z_sn = p[11], z_default = p[12];
@@ -503,11 +500,11 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
 /* (unrolled, so that the accumulators live in registers: the build says -fno-unroll-loops) */
 #define ROWS_LOOP _Pragma("clang loop unroll(full)")
 
-/* ROWS (4 or 1) rows of o (rows ldo apart) = a's pairs (rows K2 apart) @ the panel's columns
- * j0 .. N (N a multiple of 4 here): 8 columns per step, then 4 */
+/* ROWS (4 or 1) rows of o (rows ldo apart) = a's pairs (rows K2 apart) @ the panel's N columns
+ * (N a multiple of 4): 8 columns per step, then 4 */
 static inline __attribute__((always_inline)) void
-mm_pairs_rows(int *o, const int *a, const short *b, int ROWS, int K2, int N, int ldo, int j0) {
-    int j = j0;
+mm_pairs_rows(int *o, const int *a, const short *b, int ROWS, int K2, int N, int ldo) {
+    int j = 0;
     for (; j + 8 <= N; j += 8) {
         v128_t c[4][2];
         ROWS_LOOP for (int r = 0; r < ROWS; r++) c[r][0] = c[r][1] = wasm_i32x4_splat(0);
@@ -540,8 +537,8 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
                      int ldo) {
     const int *a = (const int *)a16;   /* (k, k+1) pairs as one int32 each */
     int i = 0;
-    for (; i + 4 <= M; i += 4) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 4, K2, nn, ldo, 0);
-    for (; i < M; i++) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 1, K2, nn, ldo, 0);
+    for (; i + 4 <= M; i += 4) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 4, K2, nn, ldo);
+    for (; i < M; i++) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 1, K2, nn, ldo);
 }
 
 /* a16 (M, K2 * 2) <- a (M, K) int32, 0 past K; 0 when a value does not fit int16 (then the
