@@ -6,7 +6,7 @@ One JSON line per (stack, batch size):
     {"bench": "mnist_cnn", "stack", "batch", "cinders_ms", "captured_ms", "torch_ms", "ratio",
      "captured_ratio", "max_abs_diff", ...}
 cinders_ms runs the model as it is; captured_ms the same model through cn.capture (replays),
-timed against torch in five alternating rounds (captured_ratio: the median of their ratios).
+timed against torch call by call in turns (timing.interleaved_median_ms).
 Stacks: cn.Wgpu(), and with --fusion also cn.Fusion(cn.Wgpu()).
 
     python benchmarks/gpu_mnist.py             # batch 1 and 256 (a real GPU)
@@ -20,7 +20,7 @@ import numpy as np
 
 import cinders as cn
 from cinders.models.mnist import MnistCNN
-from timing import interleaved_ms, median_ms
+from timing import interleaved_median_ms, median_ms
 
 
 
@@ -87,8 +87,9 @@ def main():
                     with torch.no_grad():
                         return net(xt).cpu().numpy()
 
-                captured, theirs, ratio = interleaved_ms(lambda: fast(x).numpy(), run_torch, rounds=5,
-                                                         repeat=max(1, repeat // 5))
+                times = interleaved_median_ms({"ours": lambda: fast(x).numpy(), "theirs": run_torch}, repeat)
+                captured, theirs = times["ours"], times["theirs"]
+                ratio = captured / theirs
                 diff = float(np.max(np.abs(run_cinders() - run_torch())))
             else:
                 captured = median_ms(lambda: fast(x).numpy(), repeat)

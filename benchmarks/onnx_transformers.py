@@ -8,9 +8,9 @@ One JSON line per (model, batch, stack):
 Models (issue 22's): "bert" (4 layers, d 256, 4 heads, ff 1024, seq 128) and "gpt2" (4 layers,
 d 256, 4 heads, seq 64, logits). Stacks:
     wgpu      cn.Wgpu() under cn.capture (call + reading the result back), against torch on the
-              GPU (TF32 off, cuDNN included), whose result is read back to the host too;
-              five alternating rounds of --repeat/5 calls each, the ratio the median of the
-              rounds' ratios (a GPU's clocks and neighbours vary between rounds)
+              GPU (TF32 off, cuDNN included), whose result is read back to the host too; the
+              two take turns call by call (timing.interleaved_median_ms: a GPU's clocks and
+              neighbours vary over a run)
     wgpu+fusion  (--fusion) the same under cn.Fusion(cn.Wgpu())
     numpy     cn.NumPy() against onnxruntime's CPU provider with one thread (--cpu)
 Medians of --repeat calls after warm-up (capture's first three calls included in the warm-up).
@@ -45,7 +45,7 @@ import warnings
 
 # benchmarks/timing.py, also when a test or quantized.py loads this file by its path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import interleaved_ms, kernel_table, median_ms  # noqa: E402
+from timing import interleaved_median_ms, kernel_table, median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -116,7 +116,8 @@ def gpu_rows(name, c, path, torch_model, batches, repeat, kernels=False, fusion=
         def theirs():  # read back to the host as well, as ours does
             with torch.no_grad():
                 return reference(tx).float().cpu()
-        ms, ref_ms, ratio = interleaved_ms(ours, theirs, rounds=5, repeat=max(1, repeat // 5), warm=4)
+        times = interleaved_median_ms({"ours": ours, "theirs": theirs}, repeat, warm=4)
+        ms, ref_ms = times["ours"], times["theirs"]
         with cn.profile(backend) as p:   # the forward alone: its device reads (0 expected)
             out = forward(x)
         got = out.numpy()
@@ -124,7 +125,7 @@ def gpu_rows(name, c, path, torch_model, batches, repeat, kernels=False, fusion=
         yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"],
                "stack": "wgpu+fusion" if fusion else "wgpu",
                "cinders_ms": round(ms, 3), "reference": "torch-%s" % device, "reference_ms": round(ref_ms, 3),
-               "ratio": round(ratio, 3), "replays": forward.replays, "device_reads": p.device_reads,
+               "ratio": round(ms / ref_ms, 3), "replays": forward.replays, "device_reads": p.device_reads,
                "max_abs_diff": float(np.abs(got - want).max()), "device": gpu.device.name}
         if kernels:  # where the GPU time goes: one uncaptured forward, GPU timestamps per kernel
             with cn.profile(backend) as p:

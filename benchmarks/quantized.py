@@ -17,11 +17,15 @@ One JSON line per (model, variant, stack):
      "memory_bytes" (what the loaded model holds: Wgpu memory_stats allocated bytes, NumPy
      tracemalloc, Wasm heap bytes in use; onnxruntime: null), "memory_ratio" (to f32 on the same stack),
      "ms" (median of --repeat calls after warm-up), "time_ratio" (to f32 on the same stack),
-     "max_abs_diff" (to onnxruntime on the same file), "device"}
+     "ort_ratio" (to onnxruntime on the same file), "max_abs_diff" (to onnxruntime on the same
+     file), "device"}
+Every model's files are loaded on every stack first and then timed in turns, one call of each
+per round (timing.interleaved_median_ms), so the ratios hold on a loaded machine.
 
     python benchmarks/quantized.py --backend wgpu           # the lent GPU (with onnxruntime CPU)
     python benchmarks/quantized.py --small                  # lavapipe / 2 cores: small shapes
     python benchmarks/quantized.py --backend numpy,wasm,wgpu,ort --models bert
+    python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
 """
 
 import argparse
@@ -38,7 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from timing import median_ms  # noqa: E402
+from timing import interleaved_median_ms  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -141,7 +145,8 @@ def _memory(stack, backend):
     return tracemalloc.get_traced_memory()[0]
 
 
-def cinders_row(stack, path, feeds, repeat):
+def cinders_runner(stack, path, feeds):
+    """({memory_bytes, device}, run) of the model at path loaded on `stack`; run() -> output."""
     backend = _backend(stack)
     if stack == "wgpu":
         backend.synchronize()
@@ -157,18 +162,16 @@ def cinders_row(stack, path, feeds, repeat):
     def run():
         out = model(*inputs)
         return (out[0] if isinstance(out, (tuple, list)) else out).numpy()
-    ms = median_ms(run, repeat)
     device = backend.device.name if stack == "wgpu" else stack
-    return {"memory_bytes": held, "ms": ms, "device": device}, run()
+    return {"memory_bytes": held, "device": device}, run
 
 
-def ort_row(path, feeds, repeat):
+def ort_runner(path, feeds):
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    ms = median_ms(lambda: session.run(None, feeds), repeat)
-    return {"memory_bytes": None, "ms": ms, "device": "onnxruntime-cpu-1-thread"}, session.run(None, feeds)[0]
+    return {"memory_bytes": None, "device": "onnxruntime-cpu-1-thread"}, lambda: session.run(None, feeds)[0]
 
 
 def main():
@@ -187,33 +190,35 @@ def main():
         parser.error("unknown stacks or variants: %s" % ", ".join(unknown))
     for name in args.models.split(","):
         src, feeds = float_model(name, args.small)
-        base = {}   # stack -> its f32 row (the ratios' denominators)
+        rows, runs = {}, {}   # (variant, stack) -> its row so far, its run()
         for variant in args.variants.split(","):
             path = quantized_file(src, variant, feeds)
-            reference_row, reference = ort_row(path, feeds, args.repeat)
-            for stack in stacks:
-                if stack == "ort":
-                    row, out = reference_row, reference
-                else:
-                    try:
-                        row, out = cinders_row(stack, path, feeds, args.repeat)
-                    except cn.CindersError as e:   # a graph this stack refuses: say so, go on
-                        print(json.dumps({"bench": "quantized", "model": name, "variant": variant,
-                                          "stack": stack, "error": str(e)[:300]}), flush=True)
-                        continue
-                row = dict(bench="quantized", model=name, variant=variant, stack=stack,
-                           file_bytes=os.path.getsize(path), **row)
-                row["max_abs_diff"] = float(np.abs(np.asarray(out, np.float64) - reference).max())
-                if variant == "f32":
-                    base[stack] = row
-                first = base.get(stack)
-                if first:
-                    row["file_ratio"] = round(row["file_bytes"] / first["file_bytes"], 4)
-                    row["time_ratio"] = round(row["ms"] / first["ms"], 4)
-                    if row["memory_bytes"] and first["memory_bytes"]:
-                        row["memory_ratio"] = round(row["memory_bytes"] / first["memory_bytes"], 4)
-                row["ms"] = round(row["ms"], 3)
-                print(json.dumps(row), flush=True)
+            for stack in ["ort"] + [s for s in stacks if s != "ort"]:   # onnxruntime: the reference
+                try:
+                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds)
+                except cn.CindersError as e:   # a graph this stack refuses: say so, go on
+                    print(json.dumps({"bench": "quantized", "model": name, "variant": variant,
+                                      "stack": stack, "error": str(e)[:300]}), flush=True)
+                    continue
+                rows[variant, stack] = dict(bench="quantized", model=name, variant=variant, stack=stack,
+                                            file_bytes=os.path.getsize(path), **row)
+                runs[variant, stack] = run
+        ms = interleaved_median_ms(runs, args.repeat)
+        for (variant, stack), row in rows.items():
+            if stack == "ort" and "ort" not in stacks:
+                continue
+            reference = runs[variant, "ort"]()
+            row["ms"] = ms[variant, stack]
+            row["max_abs_diff"] = float(np.abs(np.asarray(runs[variant, stack](), np.float64) - reference).max())
+            row["ort_ratio"] = round(ms[variant, stack] / ms[variant, "ort"], 4)   # to onnxruntime, same file
+            first = rows.get(("f32", stack))
+            if first:
+                row["file_ratio"] = round(row["file_bytes"] / first["file_bytes"], 4)
+                row["time_ratio"] = round(ms[variant, stack] / ms["f32", stack], 4)
+                if row["memory_bytes"] and first["memory_bytes"]:
+                    row["memory_ratio"] = round(row["memory_bytes"] / first["memory_bytes"], 4)
+            print(json.dumps(dict(row, ms=round(row["ms"], 3))), flush=True)
+        del rows, runs
 
 
 if __name__ == "__main__":

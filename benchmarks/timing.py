@@ -18,18 +18,20 @@ def median_ms(run, repeat, warm=2):
     return statistics.median(times)
 
 
-def interleaved_ms(ours, theirs, rounds, repeat, warm=2):
-    """(our median ms, their median ms, median of the per-round ratios): `rounds` alternating
-    blocks of `repeat` calls each, so that both sides see the same machine state (GPU clocks,
-    other tenants) and a slow spell cannot land on one side only."""
-    ours_ms, theirs_ms, ratios = [], [], []
-    for _ in range(rounds):
-        a = median_ms(ours, repeat, warm)
-        b = median_ms(theirs, repeat, warm)
-        ours_ms.append(a)
-        theirs_ms.append(b)
-        ratios.append(a / b)
-    return statistics.median(ours_ms), statistics.median(theirs_ms), statistics.median(ratios)
+def interleaved_median_ms(runs, repeat, warm=2):
+    """{key: median ms} of several `run()`s timed in turns (one call of each per round), so that
+    every one of them sees the same machine load: the side-by-side rule for ratios measured on a
+    shared machine."""
+    for run in runs.values():
+        for _ in range(warm):
+            run()
+    times = {key: [] for key in runs}
+    for _ in range(repeat):
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[key].append((time.perf_counter() - start) * 1e3)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def kernel_table(profile, top=12):

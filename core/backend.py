@@ -138,6 +138,10 @@ elsewhere reads these flags (never hasattr or class names):
                        (C float32, scaled per block) or int32 (scale None: C int32, exact
                        integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
                        where the backend declares it, and compose the same result elsewhere.
+    dynamic_quantize   dynamic_quantize(x) -> (y, scale, zero_point): ONNX DynamicQuantizeLinear
+                       of float32 x in one kernel, y int32 (0..255) shaped like x, scale
+                       float32 and zero_point int32 of shape (); the same float32 arithmetic
+                       as the composition in core/onnx/ops/quantization.py
 A decorator forwards the abilities that pass through it (cn.Fusion is capturable when its
 inner backend is; cn.Autodiff is differentiable whatever it wraps).
 
@@ -269,6 +273,7 @@ class Backend:
     # every other op, and refuses them on a backend that does not list them.
     storage_dtypes = ()
     quantized_matmul = False  # matmul_quantized(a, q, scale, zero_point, layout), see above
+    dynamic_quantize = False  # dynamic_quantize(x) -> (y, scale, zero_point), see above
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

@@ -12,6 +12,9 @@ Packed 4-bit weights (records and `cinders quantize`'s q4 files) are uint8 tenso
 values per byte, the first value in the low nibble (ONNX's int4/uint4 and MatMulNBits layout).
 """
 
+import math
+import struct
+
 from .errors import DTypeError
 
 
@@ -60,6 +63,24 @@ bool_ = DType("bool", 1, "b", "b", "u32", "I")
 float16 = DType("float16", 2, "f", "e", "f32", "e", compute=float32, per_word=2)
 int8 = DType("int8", 1, "i", "b", "i32", "b", compute=int32, bounds=(-128, 127), per_word=4)
 uint8 = DType("uint8", 1, "u", "B", "i32", "B", compute=int32, bounds=(0, 255), per_word=4)
+
+
+
+def float16_bytes(values):
+    """Python floats -> their float16 bit patterns (little-endian bytes), rounded to nearest
+    even from the float itself (as NumPy's astype: no float32 step); values beyond float16's
+    range become infinity (struct refuses them). Backends that hold float16 as bits use it."""
+    try:
+        return struct.pack("<%de" % len(values), *values)
+    except OverflowError:
+        return struct.pack("<%de" % len(values), *[v if abs(v) < 65520.0 else math.copysign(math.inf, v)
+                                                   for v in values])
+
+
+def float16_values(data):
+    """Little-endian float16 bit patterns (bytes) -> list of Python floats."""
+    return list(struct.unpack("<%de" % (len(data) // 2), data))
+
 
 _BY_NAME = {d.name: d for d in (float32, float16, int32, bool_, int8, uint8)}
 COMPUTE_DTYPES = (float32, int32, bool_)

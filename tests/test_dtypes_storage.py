@@ -7,7 +7,7 @@ import pytest
 import cinders as cn
 from cinders import record
 
-HOLDERS = [cn.Python(), cn.NumPy(), cn.Wgpu(autotune=False)]  # Wgpu: packed (test_wgpu_dtypes)
+HOLDERS = [cn.Python(), cn.NumPy(), cn.Wgpu(autotune=False), cn.Wasm()]  # Wgpu: packed (test_wgpu_dtypes)
 
 
 @pytest.fixture(params=HOLDERS, ids=lambda b: b.name)

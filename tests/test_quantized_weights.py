@@ -148,7 +148,7 @@ def test_matmul_integer_is_exact_in_the_kernel(backend, monkeypatch):
 
 @pytest.mark.parametrize("dtype,np_dtype", [(cn.int8, np.int8), (cn.uint8, np.uint8)], ids=repr)
 def test_wasm_holds_8_bit_tensors_at_one_byte(dtype, np_dtype, tmp_path):
-    """cn.Wasm's int8/uint8 (its float16 is not done: it refuses it): creation, casts that wrap
+    """cn.Wasm's int8/uint8: creation, casts that wrap
     like NumPy's, views, writes into regions, gather, records, one byte each in the heap."""
     from cinders import record
     wasm = cn.Wasm()
@@ -178,14 +178,37 @@ def test_wasm_holds_8_bit_tensors_at_one_byte(dtype, np_dtype, tmp_path):
     record.save_tensors(path, {"w": x})
     kept = record.read_tensors(path, wasm, keep_dtypes=True)[1]["w"]
     assert kept.dtype is dtype and kept.tolist() == a.tolist()
-    with pytest.raises(cn.DTypeError, match="does not hold cn.float16"):
-        cn.tensor([1.0], backend=wasm).cast(cn.float16)
 
 
-def test_captured_quantized_model_replays_the_same_answer(backend):
+def test_wasm_holds_float16_at_two_bytes():
+    """cn.Wasm's float16: its bit patterns in two bytes, from data, casts both ways (to 8-bit
+    dtypes through float32), views, pads, gathers; ops widen it to float32."""
+    wasm = cn.Wasm()
+    a = (RNG.standard_normal((5, 7)) * 100).astype(np.float16)
+    before = wasm.heap.in_use
+    h = cn.tensor(a, backend=wasm, dtype=cn.float16)
+    assert wasm.heap.in_use - before == 80   # 70 bytes in a 16-byte-aligned block
+    assert h.numpy().dtype == np.float16
+    np.testing.assert_array_equal(h.numpy(), a)
+    np.testing.assert_array_equal(h.permute(1, 0)[2:, ::2].numpy(), a.T[2:, ::2])
+    np.testing.assert_array_equal(cn.pad(h, (1, 2, 0, 1), 3).numpy(),
+                                  np.pad(a, ((0, 1), (1, 2)), constant_values=3))
+    index = np.array([[0, 6, 3], [2, 2, 5]])
+    np.testing.assert_array_equal(h[1:3].gather(1, cn.tensor(index, backend=wasm)).numpy(),
+                                  np.take_along_axis(a[1:3], index, 1))
+    assert (h * 2).dtype is cn.float32
+    np.testing.assert_array_equal((h * 2).numpy(), a.astype(np.float32) * 2)
+    np.testing.assert_array_equal(h.cast(cn.int8).numpy(), a.astype(np.float32).astype(np.int32).astype(np.int8))
+    ints = cn.tensor([253, 200], backend=wasm, dtype=cn.uint8).cast(cn.float16)
+    assert ints.dtype is cn.float16 and ints.tolist() == [253.0, 200.0]
+
+
+@pytest.mark.parametrize("make", [int4_model, int8_model], ids=["int4", "int8"])
+def test_captured_quantized_model_replays_the_same_answer(backend, make):
     """cn.capture replays the quantized matmul like any other kernel (the weights it reads stay
-    where the model holds them)."""
-    data = int4_model()
+    where the model holds them; int8: the activations' quantization and the integer product's
+    scratch too)."""
+    data = make()
     model = load(data, backend=backend)
     x = cn.tensor(A, backend=backend)
     expected = model(x).numpy()

@@ -15,8 +15,11 @@ from cinders.wasm.engines import WasmEngineError
 
 # An earlier issue's goal was <= 150 KB; the recurrent cells and the quantized matmul with its
 # 8-bit dtypes took it to 151 KiB (ORT Web's wasm build is 14 MB). The budget still catches a
-# kernel table that multiplies by accident.
-MODULE_BUDGET = 152 * 1024
+# kernel table that multiplies by accident. Issue 28's q8 and float16 work took it to 160.4 KiB:
+# +4.2 KiB for the exact integer product on i32x4.dot_i16x8 (mm_pairs, fill_pairs with its SIMD
+# interleave, the packing of A), +0.7 KiB for DynamicQuantizeLinear in one kernel, +4.7 KiB for
+# float16 storage (its copy, the two casts to and from float32, its gather).
+MODULE_BUDGET = 161 * 1024
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,11 @@ from ..ops import result_dtype
 from . import kernels
 
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8", dtypes.int8: "i8",
-         dtypes.uint8: "ui8"}
+         dtypes.uint8: "ui8", dtypes.float16: "f16"}
 _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B", dtypes.int8: "b",
-          dtypes.uint8: "B"}
-_SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1, dtypes.int8: 1, dtypes.uint8: 1}
+          dtypes.uint8: "B", dtypes.float16: "H"}   # float16: its bit patterns
+_SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1, dtypes.int8: 1, dtypes.uint8: 1,
+         dtypes.float16: 2}
 # matmul_quantized's code of a zero point's dtype (runtime.h)
 _ZP_CODE = {None: 0, dtypes.int8: 1, dtypes.uint8: 2, dtypes.int32: 3}
 _ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2}  # conv2d_f32's (runtime.h)
@@ -213,10 +214,13 @@ class Wasm(Backend):
     recurrent_kernels = True
     # cn.capture records the queued kernel calls and replays them as one call (capture.py).
     capturable = True
-    # int8/uint8 at one byte each in linear memory (float16: not yet); quantized weights stay
-    # 8-bit or packed 4-bit: matmul_quantized dequantizes them as it reads them (runtime.h).
-    storage_dtypes = (dtypes.int8, dtypes.uint8)
+    # int8/uint8 at one byte each in linear memory, float16 at two (its bit patterns, widened
+    # to float32 by a cast kernel before any op); quantized weights stay 8-bit or packed
+    # 4-bit: matmul_quantized dequantizes them as it reads them (runtime.h).
+    storage_dtypes = (dtypes.int8, dtypes.uint8, dtypes.float16)
     quantized_matmul = True
+    # ... and the activations' DynamicQuantizeLinear is one kernel (runtime.h dynamic_quantize_f32)
+    dynamic_quantize = True
 
     def __init__(self, engine=None):
         if engine is None:
@@ -333,7 +337,10 @@ class Wasm(Backend):
         out = self._new(shape, dtype)
         if dtype is dtypes.bool_:
             values = [1 if v else 0 for v in values]
-        data = array(_ARRAY[dtype], values).tobytes()
+        if dtype is dtypes.float16:  # rounded on the host from the Python floats, as NumPy does
+            data = dtypes.float16_bytes([float(v) for v in values])
+        else:
+            data = array(_ARRAY[dtype], values).tobytes()
         if data:
             self._write(out.ptr, data)
         return out
@@ -346,6 +353,9 @@ class Wasm(Backend):
                 self._run("fill_8", out, n, 1 if value else 0)
             elif _SIZE[dtype] == 1:
                 self._run("fill_8", out, n, int(value) & 0xFF)
+            elif dtype is dtypes.float16:  # two per word (a block is a multiple of 16 bytes)
+                bits = struct.unpack("<H", dtypes.float16_bytes([float(value)]))[0]
+                self._run("fill_32", out, (n + 1) // 2, struct.unpack("<i", struct.pack("<HH", bits, bits))[0])
             else:
                 bits = _f32_bits(value) if dtype is dtypes.float32 else int(value)
                 self._run("fill_32", out, n, bits)
@@ -374,6 +384,8 @@ class Wasm(Backend):
             values.frombytes(self.engine.read(h.ptr, n * _SIZE[h.dtype]))
         if h.dtype is dtypes.bool_:
             return [v != 0 for v in values]
+        if h.dtype is dtypes.float16:
+            return dtypes.float16_values(values.tobytes())
         return values.tolist()
 
     async def to_flat_async(self, h):
@@ -410,8 +422,10 @@ class Wasm(Backend):
         if dtype is x.dtype:
             return x
         kernel = "cast_%s_%s" % (_CODE[x.dtype], _CODE[dtype])
-        if kernel not in self.engine.kernels:  # between bool and 8-bit dtypes: through int32
-            return self.cast(self.cast(x, dtypes.int32), dtype)
+        if kernel not in self.engine.kernels:
+            # float16 converts through float32 only; between bool and 8-bit dtypes: through int32
+            via = dtypes.float32 if dtypes.float16 in (x.dtype, dtype) else dtypes.int32
+            return self.cast(self.cast(x, via), dtype)
         return self._map(kernel, self._new(x.shape, dtype), [x])
 
     # -- reductions ------------------------------------------------------------------------------
@@ -478,11 +492,21 @@ class Wasm(Backend):
                   + layout.zp[0], layout.zp[1], layout.zp[2], layout.zp_default, layout.bits,
                   layout.zp_bits, int(q.dtype is dtypes.int8),
                   _ZP_CODE[None if zero_point is None else zero_point.dtype], int(integer))
+        # the integer product's A as int16 pairs (runtime.h pack_pairs): (m, k rounded up to even)
+        scratch = self._new((m * (k + (k & 1)) // 2,), dtypes.int32) if integer else 0
         # (q and zero_point are read from their buffers' starts: the offsets are in params)
         self._run("matmul_quantized", out, a, q.buf.ptr,
                   0 if integer else scale.ptr + 4 * layout.scale[0],
-                  0 if zero_point is None else zero_point.buf.ptr, self._constant(params))
+                  0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch)
         return out
+
+    def dynamic_quantize(self, x):
+        """ONNX DynamicQuantizeLinear in one kernel (core/backend.py "dynamic_quantize")."""
+        x = self._contiguous(x)
+        y = self._new(x.shape, dtypes.int32)
+        scale, zero_point = self._new((), dtypes.float32), self._new((), dtypes.int32)
+        self._run("dynamic_quantize_f32", y, x, scale, zero_point, numel(x.shape))
+        return y, scale, zero_point
 
     # -- movement: views ------------------------------------------------------------------------------
     def reshape(self, x, shape):

@@ -8,12 +8,13 @@ written by hand, in runtime.h. build.py compiles the result with clang --target=
 
 Kernel names are what backend.py calls: unary_<op>_<dtype>, binary_<op>_<dtype>, where_<dtype>,
 cast_<from>_<to>, reduce_<op>_<dtype>. Dtypes in names: f32, i32, u8 (bool, 0/1), and the
-storage dtypes i8 (int8) and ui8 (uint8), one byte each: they have copies, casts and gathers
-only (every other op widens them first, core/dtypes.py), and matmul_quantized reads them as B.
+storage dtypes i8 (int8) and ui8 (uint8), one byte each, and f16 (float16, its bit patterns in
+two bytes): they have copies, casts and gathers only (every other op widens them first,
+core/dtypes.py), and matmul_quantized reads the 8-bit ones as B.
 """
 
 C_TYPE = {"f32": "float", "i32": "int", "u8": "u8"}
-STORAGE_C_TYPE = {"i8": "signed char", "ui8": "u8"}
+STORAGE_C_TYPE = {"i8": "signed char", "ui8": "u8", "f16": "uint16_t"}  # f16: its bit patterns
 
 # op -> {dtype: C expression of x}. The result has the operand's dtype (logical_not: bool).
 # Integer arithmetic goes through unsigned so that overflow wraps (as in NumPy) instead of being
@@ -66,9 +67,12 @@ CAST = {
 # Casts between bool or 8-bit dtypes have no kernel (the module's size budget): backend.py
 # casts through int32.
 _WRAP = {"i8": "(signed char)(u8)(unsigned)(%s)", "ui8": "(u8)(unsigned)(%s)"}
-for _t in STORAGE_C_TYPE:
+for _t in _WRAP:
     CAST.update({("f32", _t): _WRAP[_t] % "trunc_f32_i32(x)", ("i32", _t): _WRAP[_t] % "x",
                  (_t, "f32"): "(float)x", (_t, "i32"): "(int)x"})
+# float16 converts to and from float32 only (runtime.h: round to nearest even); backend.py casts
+# it to anything else through float32.
+CAST.update({("f32", "f16"): "f32_to_f16(x)", ("f16", "f32"): "f16_to_f32(x)"})
 
 # op -> {dtype: (initial value, C expression combining acc and x)}; an empty axis gives the
 # initial value (sum 0, prod 1). max/min propagate NaN: once acc is NaN nothing replaces it.
@@ -86,8 +90,8 @@ ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
                 "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32",
-                "matmul_quantized", "lstm_cell_f32", "gru_cell_f32"]
-GATHER_DTYPES = ("f32", "i32", "u8", "i8", "ui8")
+                "matmul_quantized", "dynamic_quantize_f32", "lstm_cell_f32", "gru_cell_f32"]
+GATHER_DTYPES = ("f32", "i32", "u8", "i8", "ui8", "f16")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 
 
@@ -97,7 +101,7 @@ SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 _MACRO_PARAMS = {"MAP1": "ppp", "MAP2": "pppp", "MAP3": "ppppp", "REDUCE": "ppiii", "ARG_REDUCE": "ppiii"}
 HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
                        "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
-                       "conv2d_f32": "pppppp", "matmul_quantized": "pppppp", "lstm_cell_f32": "pppii",
+                       "conv2d_f32": "pppppp", "matmul_quantized": "ppppppp", "dynamic_quantize_f32": "ppppi", "lstm_cell_f32": "pppii",
                        "gru_cell_f32": "ppppii"}
 
 

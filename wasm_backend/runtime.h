@@ -69,6 +69,30 @@ static inline int trunc_f32_i32(float x) {  /* saturating: NaN -> 0, never a tra
     return (int)x;
 }
 
+/* float16 (its bit patterns) <-> float32, as NumPy converts: round to nearest even, overflow
+ * to infinity, NaN stays NaN (quiet) */
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 0x3ff;
+    union { uint32_t i; float f; } u;
+    if (e == 0) return sign ? -(float)m * 5.9604645e-8f : (float)m * 5.9604645e-8f; /* m * 2^-24 */
+    u.i = sign | (e == 31 ? 0x7f800000u | m << 13 : (e + 112) << 23 | m << 13);
+    return u.f;
+}
+
+static inline uint16_t f32_to_f16(float f) {
+    union { float f; uint32_t i; } u = { f };
+    uint32_t sign = (u.i >> 16) & 0x8000, a = u.i & 0x7fffffff;
+    if (a >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000 ? 0x200 | ((a >> 13) & 0x3ff) : 0));
+    if (a >= 0x477ff000) return (uint16_t)(sign | 0x7c00);    /* >= 65520: rounds past 65504 */
+    if (a < 0x38800000) {   /* below 2^-14: a subnormal, rounded by a float add at 2^-24 */
+        u.i = a;
+        u.f += 0.5f;
+        return (uint16_t)(sign | (u.i - 0x3f000000));
+    }
+    a += 0xc8000fffu + ((a >> 13) & 1);   /* rebias the exponent, round half to even */
+    return (uint16_t)(sign | (a >> 13));
+}
+
 /* -- N-d strided iteration -------------------------------------------------------------- */
 static inline int row_count(const int *d) {
     int rows = 1;
@@ -418,23 +442,29 @@ static inline int q_at(const void *q, int e, int bits, int is_signed) {
     return is_signed ? ((const signed char *)q)[e] : ((const u8 *)q)[e];
 }
 
+/* q_zp[j], q_scale[j] <- the zero point and scale of block blk of columns n0 .. n0 + nn */
+static void q_block_params(const int *p, const float *s, const void *z, int blk, int n0, int nn) {
+    int s_sb = p[7], s_sn = p[8], z_off = p[9], z_sb = p[10], z_sn = p[11], z_default = p[12];
+    int zp_bits = p[14], z_code = p[16], integer = p[17];
+    for (int j = 0; j < nn; j++) {
+        int n = n0 + j, ze = z_off + blk * z_sb + n * z_sn;
+        q_zp[j] = z_code == 3 ? ((const int *)z)[ze]
+                : z_code ? q_at(z, ze, zp_bits, z_code == 1) : z_default;
+        q_scale[j] = integer ? 1.0f : s[blk * s_sb + n * s_sn];
+    }
+}
+
 /* panel <- B[:, n0:n0 + nn] dequantized (ints stored in the float array's bits when integer),
  * in runs of rows that share a block: (K, nn) row-major, or (nn, K) when `transposed` (B's K
  * contiguous, as MatMulNBits stores it), so that q is read and the panel written in order */
 static void q_fill(const int *p, const void *q, const float *s, const void *z, int n0, int nn,
                    int transposed) {
-    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], s_sb = p[7], s_sn = p[8];
-    int z_off = p[9], z_sb = p[10], z_sn = p[11], z_default = p[12], bits = p[13];
-    int zp_bits = p[14], q_signed = p[15], z_code = p[16], integer = p[17];
+    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], bits = p[13];
+    int q_signed = p[15], integer = p[17];
     int *ints = (int *)q_panel;
     for (int k0 = 0; k0 < K; k0 += block) {
-        int blk = k0 / block, k1 = k0 + block < K ? k0 + block : K;
-        for (int j = 0; j < nn; j++) {
-            int n = n0 + j, ze = z_off + blk * z_sb + n * z_sn;
-            q_zp[j] = z_code == 3 ? ((const int *)z)[ze]
-                    : z_code ? q_at(z, ze, zp_bits, z_code == 1) : z_default;
-            q_scale[j] = integer ? 1.0f : s[blk * s_sb + n * s_sn];
-        }
+        int k1 = k0 + block < K ? k0 + block : K;
+        q_block_params(p, s, z, k0 / block, n0, nn);
         if (bits == 8 && q_sn == 1 && !transposed && !integer) {   /* (float: the hot case) */
             for (int k = k0; k < k1; k++) {
                 int base = q_off + k * q_sk + n0;
@@ -459,9 +489,135 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
     }
 }
 
+/* -- the exact integer product on i32x4.dot_i16x8_s -------------------------------------- */
+/* MatMulInteger's operands are differences of 8-bit values (|v| <= 255): they fit int16, and
+ * one i32x4.dot_i16x8_s multiplies 8 pairs and adds them two by two into 4 int32 lanes (sums
+ * wrap as int32 sums do, so the result is exact), twice the products of an f32x4 multiply-add
+ * on a quarter of the bytes. Both operands hold k in pairs: A's rows as int16 (K rounded up to
+ * even, 0 padded), the B panel as (K/2, nn, 2) int16, so one 32-bit splat of A's pair (k, k+1)
+ * meets four columns' pairs in one vector. */
+#define DOT2(acc, x, y) acc = wasm_i32x4_add(acc, wasm_i32x4_dot_i16x8(x, y))
+/* (unrolled, so that the accumulators live in registers: the build says -fno-unroll-loops) */
+#define ROWS_LOOP _Pragma("clang loop unroll(full)")
+
+/* ROWS (4 or 1) rows of o (rows ldo apart) = a's pairs (rows K2 apart) @ the panel's N columns
+ * (N a multiple of 4): 8 columns per step, then 4 */
+static inline __attribute__((always_inline)) void
+mm_pairs_rows(int *o, const int *a, const short *b, int ROWS, int K2, int N, int ldo) {
+    int j = 0;
+    for (; j + 8 <= N; j += 8) {
+        v128_t c[4][2];
+        ROWS_LOOP for (int r = 0; r < ROWS; r++) c[r][0] = c[r][1] = wasm_i32x4_splat(0);
+        const short *bk = b + 2 * j;
+        for (int k = 0; k < K2; k++, bk += 2 * N) {
+            v128_t b0 = wasm_v128_load(bk), b1 = wasm_v128_load(bk + 8);
+            ROWS_LOOP for (int r = 0; r < ROWS; r++) {
+                v128_t x = wasm_i32x4_splat(a[r * K2 + k]);
+                DOT2(c[r][0], x, b0); DOT2(c[r][1], x, b1);
+            }
+        }
+        ROWS_LOOP for (int r = 0; r < ROWS; r++) {
+            wasm_v128_store(o + r * ldo + j, c[r][0]); wasm_v128_store(o + r * ldo + j + 4, c[r][1]);
+        }
+    }
+    for (; j < N; j += 4) {
+        v128_t c[4];
+        ROWS_LOOP for (int r = 0; r < ROWS; r++) c[r] = wasm_i32x4_splat(0);
+        const short *bk = b + 2 * j;
+        for (int k = 0; k < K2; k++, bk += 2 * N) {
+            v128_t b0 = wasm_v128_load(bk);
+            ROWS_LOOP for (int r = 0; r < ROWS; r++) DOT2(c[r], wasm_i32x4_splat(a[r * K2 + k]), b0);
+        }
+        ROWS_LOOP for (int r = 0; r < ROWS; r++) wasm_v128_store(o + r * ldo + j, c[r]);
+    }
+}
+
+/* o (M, nn) int32 (rows ldo apart) = a16 (M, 2 * K2) @ the (K2, nn, 2) panel; nn % 4 == 0 */
+static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2, int nn,
+                     int ldo) {
+    const int *a = (const int *)a16;   /* (k, k+1) pairs as one int32 each */
+    int i = 0;
+    for (; i + 4 <= M; i += 4) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 4, K2, nn, ldo);
+    for (; i < M; i++) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 1, K2, nn, ldo);
+}
+
+/* a16 (M, K2 * 2) <- a (M, K) int32, 0 past K; 0 when a value does not fit int16 (then the
+ * product takes the general int32 loop) */
+static int pack_pairs(short *a16, const int *a, int M, int K) {
+    int K2 = (K + 1) / 2, outside = 0;
+    for (int m = 0; m < M; m++, a += K, a16 += 2 * K2) {
+        for (int k = 0; k < K; k++) {
+            int v = a[k];
+            outside |= (unsigned)(v + 32768) > 65535u;
+            a16[k] = (short)v;
+        }
+        if (K & 1) a16[K] = 0;
+    }
+    return !outside;
+}
+
+/* the (K2, nn, 2) int16 panel of B[:, n0:n0 + nn] - zero point (8-bit B, n contiguous), its
+ * columns past nn up to `width` and the k past K 0 */
+static void fill_pairs(const int *p, const void *q, const void *z, int n0, int nn, int width) {
+    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], mask = p[15] ? -1 : 0xFF;
+    short *panel = (short *)q_panel;
+    if ((K & 1) || width > nn) memset(panel, 0, sizeof(short) * 2 * width * ((K + 1) / 2));
+    for (int k0 = 0; k0 < K; k0 += block) {
+        int k1 = k0 + block < K ? k0 + block : K;
+        q_block_params(p, 0, z, k0 / block, n0, nn);
+        for (int k = k0; k < k1; k++) {
+            const signed char *qs = (const signed char *)q + q_off + k * q_sk + n0;
+            short *row = panel + (k >> 1) * 2 * width + (k & 1);
+            int j = 0;
+            if (!(k & 1) && k + 1 < k1) {   /* rows k and k + 1: 8 columns' pairs per shuffle */
+                const signed char *qs1 = qs + q_sk;
+                for (; j + 8 <= nn; j += 8) {
+                    v128_t z8 = wasm_i16x8_narrow_i32x4(wasm_v128_load(q_zp + j), wasm_v128_load(q_zp + j + 4));
+                    v128_t r0 = mask < 0 ? wasm_i16x8_load8x8(qs + j) : wasm_u16x8_load8x8(qs + j);
+                    v128_t r1 = mask < 0 ? wasm_i16x8_load8x8(qs1 + j) : wasm_u16x8_load8x8(qs1 + j);
+                    r0 = wasm_i16x8_sub(r0, z8);
+                    r1 = wasm_i16x8_sub(r1, z8);
+                    wasm_v128_store(row + 2 * j, wasm_i16x8_shuffle(r0, r1, 0, 8, 1, 9, 2, 10, 3, 11));
+                    wasm_v128_store(row + 2 * j + 8, wasm_i16x8_shuffle(r0, r1, 4, 12, 5, 13, 6, 14, 7, 15));
+                }
+                for (int t = j; t < nn; t++) row[2 * t + 1] = (short)((qs1[t] & mask) - q_zp[t]);
+            }
+            for (; j < nn; j++) row[2 * j] = (short)((qs[j] & mask) - q_zp[j]);
+            if (!(k & 1) && k + 1 < k1) k++;
+        }
+    }
+}
+
+/* The integer product takes the pairs when B is 8-bit with an 8-bit zero point (|q - zp| <= 255),
+ * a panel holds 4 columns of K (K <= Q_PANEL / 2) and A's values fit int16; else, as the
+ * float product, the general loop below. scratch: (M, K rounded up to even) int16 for A's
+ * pairs (unused by the float product). */
 EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const void *q,
-                                               const float *s, const void *z, const int *p) {
+                                               const float *s, const void *z, const int *p,
+                                               short *scratch) {
     int M = p[0], N = p[1], K = p[2], integer = p[17], transposed = p[5] == 1 && p[6] != 1;
+    int zp_8bit = p[16] == 1 || p[16] == 2 || (p[16] == 0 && p[12] >= -255 && p[12] <= 255);
+    if (integer && p[13] == 8 && p[6] == 1 && zp_8bit && K <= Q_PANEL / 2 &&
+        pack_pairs(scratch, a, M, K)) {
+        int K2 = (K + 1) / 2, width = (2 * Q_PANEL / (2 * K2)) & ~7;
+        if (width < 4) width = 4;
+        if (width > Q_PANEL / 8) width = Q_PANEL / 8;
+        int N4 = N & ~3;
+        for (int n0 = 0; n0 < N4; n0 += width) {
+            int nn = N4 - n0 < width ? N4 - n0 : width;
+            fill_pairs(p, q, z, n0, nn, nn);
+            mm_pairs((int *)o + n0, scratch, (const short *)q_panel, M, K2, nn, N);
+        }
+        if (N4 == N) return;
+        /* the last N % 4 columns: a 4-wide panel whose padding columns are not stored */
+        int tail[4];
+        fill_pairs(p, q, z, N4, N - N4, 4);
+        for (int m = 0; m < M; m++) {
+            mm_pairs(tail, scratch + m * 2 * K2, (const short *)q_panel, 1, K2, 4, 4);
+            for (int j = 0; j < N - N4; j++) ((int *)o)[m * N + N4 + j] = tail[j];
+        }
+        return;
+    }
     int width = (Q_PANEL / K) & ~7;   /* panel columns: a multiple of mm_nn's 8 */
     if (width < 8) width = Q_PANEL / K > 0 ? Q_PANEL / K : 1;
     if (width > Q_PANEL / 8) width = Q_PANEL / 8;
@@ -485,6 +641,39 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
             }
         }
     }
+}
+
+/* ONNX DynamicQuantizeLinear of x (n values, contiguous): y (int32, 0..255), its scale
+ * (float32) and zero point (int32), with the float32 arithmetic of the composition in
+ * core/onnx/ops/quantization.py (NaN propagates through min and max, rounding half to even):
+ * one pass for the range, one to quantize, instead of a dozen elementwise kernels */
+EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, float *scale_out,
+                                                       int *zp_out, int n) {
+    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4;   /* (the range always includes 0) */
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v128_t v = wasm_v128_load(x + i);
+        lo4 = wasm_f32x4_min(lo4, v);
+        hi4 = wasm_f32x4_max(hi4, v);
+    }
+    float lo = min_f32(min_f32(wasm_f32x4_extract_lane(lo4, 0), wasm_f32x4_extract_lane(lo4, 1)),
+                       min_f32(wasm_f32x4_extract_lane(lo4, 2), wasm_f32x4_extract_lane(lo4, 3)));
+    float hi = max_f32(max_f32(wasm_f32x4_extract_lane(hi4, 0), wasm_f32x4_extract_lane(hi4, 1)),
+                       max_f32(wasm_f32x4_extract_lane(hi4, 2), wasm_f32x4_extract_lane(hi4, 3)));
+    for (; i < n; i++) { lo = min_f32(lo, x[i]); hi = max_f32(hi, x[i]); }
+    float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+    float zp = min_f32(max_f32(__builtin_rintf(-lo / scale), 0.0f), 255.0f);
+    /* (NaN stays NaN through f32x4.max/min and truncates to 0, as trunc_f32_i32 does) */
+    v128_t s4 = wasm_f32x4_splat(scale), z4 = wasm_f32x4_splat(zp);
+    v128_t bottom = wasm_f32x4_splat(0.0f), top = wasm_f32x4_splat(255.0f);
+    for (i = 0; i + 4 <= n; i += 4) {
+        v128_t v = wasm_f32x4_add(wasm_f32x4_nearest(wasm_f32x4_div(wasm_v128_load(x + i), s4)), z4);
+        wasm_v128_store(y + i, wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_min(wasm_f32x4_max(v, bottom), top)));
+    }
+    for (; i < n; i++)
+        y[i] = trunc_f32_i32(min_f32(max_f32(__builtin_rintf(x[i] / scale) + zp, 0.0f), 255.0f));
+    *scale_out = scale;
+    *zp_out = (int)zp;
 }
 
 /* -- images: im2col and its adjoint ------------------------------------------------------ */

@@ -19,7 +19,6 @@ only when the fast one raised, so edge values cost nothing on ordinary data.
 """
 
 import math
-import struct
 from array import array
 from operator import itemgetter, mul
 
@@ -133,21 +132,15 @@ def _store(values, dtype):
 
 
 def _half_bits(values):
-    """Python floats -> array('H') of float16 bit patterns, rounded to nearest even; values
-    beyond float16's range become infinity (struct refuses them)."""
-    try:
-        packed = struct.pack("<%de" % len(values), *values)
-    except OverflowError:
-        packed = struct.pack("<%de" % len(values), *[v if abs(v) < 65520.0 else math.copysign(_INF, v)
-                                                       for v in values])
+    """Python floats -> array('H') of float16 bit patterns (dtypes.float16_bytes)."""
     data = array("H")
-    data.frombytes(packed)
+    data.frombytes(dtypes.float16_bytes(values))
     return data
 
 
 def _half_values(data):
     """array('H') of float16 bit patterns -> list of Python floats."""
-    return list(struct.unpack("<%de" % len(data), data.tobytes()))
+    return dtypes.float16_values(data.tobytes())
 
 
 def _wrap_bits(values, dtype):

@@ -1,0 +1,116 @@
+"""cn.Wasm()'s integer product (runtime.h mm_pairs: int16 pairs on i32x4.dot_i16x8_s) and its
+float16 storage.
+
+MatMulInteger and DynamicQuantizeMatMul with 8-bit weights run the pairs kernel; the shapes
+below cover its tiles' edges (rows past a multiple of 4, columns past 8 and 4, odd K, panels of
+several column blocks). Integer outputs equal onnxruntime's exactly (7-bit int8 weights:
+onnxruntime's u8 x s8 kernel saturates int16 pair sums with full-range ones, see
+test_onnx_quant.py) and NumPy's int64 product with full-range weights; an A that does not fit
+int16 takes the general int32 loop and is exact too."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+import cinders as cn
+from cinders.backend import QuantizedLayout
+from cinders.onnx import load
+from cinders.onnx.ops.quantization import quantized_product
+
+
+@pytest.fixture(scope="module")
+def wasm():
+    return cn.Wasm()
+
+
+def _matmul_integer(w, wz):
+    node = helper.make_node("MatMulInteger", ["a", "w", "az", "wz"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 2, None)],
+                              [helper.make_tensor_value_info("y", 6, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.uint8(117), "az"),
+                               numpy_helper.from_array(wz, "wz")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (3, 9, 13), (4, 16, 8), (5, 33, 6), (9, 64, 44),
+                                   (6, 255, 20), (17, 300, 300)])
+@pytest.mark.parametrize("weights", [np.int8, np.uint8])
+def test_matmul_integer_is_exact_against_onnxruntime(wasm, m, k, n, weights):
+    rng = np.random.default_rng(m * 1000 + k + n)
+    a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    if weights == np.int8:
+        w, wz = rng.integers(-63, 64, (k, n)).astype(np.int8), rng.integers(-3, 4, n).astype(np.int8)
+    else:
+        w, wz = rng.integers(0, 256, (k, n)).astype(np.uint8), rng.integers(0, 256, n).astype(np.uint8)
+    data = _matmul_integer(w, wz)
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    got = load(data, backend=wasm)(cn.tensor(a.astype(np.int32), backend=wasm)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, (a.astype(np.int64) - 117) @ (w.astype(np.int64) - wz))
+
+
+def _product(wasm, a, q, zp, k, n, block=None):
+    layout = QuantizedLayout(k, n, 8, block or k, (0, n, 1), zp=(0, 0 if zp is None else n, 1))
+    dtype = cn.int8 if q.dtype == np.int8 else cn.uint8
+    return quantized_product(cn.tensor(a, backend=wasm), cn.tensor(q, backend=wasm, dtype=dtype), None,
+                             None if zp is None else cn.tensor(zp, backend=wasm, dtype=dtype), layout).numpy()
+
+
+def test_full_range_weights_blocked_zero_points_and_wide_values(wasm):
+    rng = np.random.default_rng(5)
+    k, n = 70, 12
+    a = rng.integers(-255, 256, (6, k)).astype(np.int32)
+    q = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    for block in (32, 7):   # (an odd block: pairs of k that straddle two blocks)
+        zp = rng.integers(-128, 128, (-(-k // block), n)).astype(np.int8)
+        centered = q.astype(np.int64) - np.repeat(zp.astype(np.int64), block, axis=0)[:k]
+        np.testing.assert_array_equal(_product(wasm, a, q, zp, k, n, block=block), a.astype(np.int64) @ centered)
+    # an A past int16 (not MatMulInteger's, but the primitive's contract): the general loop, wrapping
+    a[2, 5] = 40000
+    a[4, 0] = -2 ** 31
+    expected = ((a.astype(np.int64) @ q.astype(np.int64) + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+    np.testing.assert_array_equal(_product(wasm, a, q, None, k, n), expected)
+
+
+def test_dynamic_quantize_matmul_of_a_transformer_layer(wasm):
+    """transformers.js' q8 form on a BERT-sized projection (panels of several column blocks)."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((1, 24, 256)).astype(np.float32)
+    w = rng.integers(-63, 64, (256, 1000)).astype(np.int8)
+    node = helper.make_node("DynamicQuantizeMatMul", ["a", "w", "ws"], ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 1, a.shape)],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(rng.uniform(0.01, 0.02, 1000).astype(np.float32), "ws")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    got = load(data, backend=wasm)(cn.tensor(a, backend=wasm)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("values", ["normal", "positive", "zeros", "ties"])
+def test_dynamic_quantize_linear_in_one_kernel_equals_onnxruntime(wasm, values, monkeypatch):
+    rng = np.random.default_rng(7)
+    x = {"normal": rng.standard_normal((3, 37)) * 4, "positive": rng.uniform(1, 2, (5, 8)),
+         "zeros": np.zeros((2, 3)),
+         "ties": np.array([[-2.0, 0.5, 1.5, 2.5, 3.5, 125.5, 253.0, -1.0, 0.0, 1.0, 7.25]])}[values]
+    x = x.astype(np.float32)
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in (("y", 2), ("s", 1), ("z", 2))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    names, queue = [], wasm.commands.add
+    monkeypatch.setattr(wasm, "_run", lambda name, *args: (names.append(name), queue(name, *args)))
+    got = [t.numpy() for t in load(data, backend=wasm)(cn.tensor(x, backend=wasm))]
+    assert names == ["dynamic_quantize_f32"], names
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(g, e)
