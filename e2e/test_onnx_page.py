@@ -21,7 +21,7 @@ from browser_env import QUIET_FLAGS, wait_ready
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 sys.path.insert(0, TESTS)
 import onnx_models  # noqa: E402
-from test_onnx_transformers import decoder_path, _ort_greedy as ort_greedy  # noqa: E402,F401 (a fixture)
+from test_onnx_transformers import decoder_path, _ort_generate as ort_generate  # noqa: E402,F401 (a fixture)
 
 TOLERANCE = 1e-4
 
@@ -212,7 +212,7 @@ def test_a_decoder_generates_the_tokens_of_an_onnxruntime_greedy_loop(new_page, 
     page.click("#generate-button")
     _wait_done(page)
     generation = json.loads(page.evaluate("() => JSON.stringify(window.cindersOnnx.generation)"))
-    expected = ort_greedy(path, [[5, 7, 9, 11]], 10)[0][4:]
+    expected = ort_generate(path, [[5, 7, 9, 11]], 10)[0][4:]
     assert generation["tokens"] == generation["result"]["tokens"] == expected
     assert len(generation["seconds"]) == 10 and generation["seconds"] == sorted(generation["seconds"])
     assert page.text_content("#tokens") == "5 7 9 11 | " + " ".join(map(str, expected))
