@@ -477,14 +477,17 @@ def decoder_path(tmp_path_factory):
     return get
 
 
-def _reference_pick(last, step, temperature, top_k, seed):
+def _reference_pick(last, step, temperature, top_k, seed, u=None):
     """The tokens cinders.onnx.generate picks from the last logits rows at `step`, in float64
-    NumPy: greedy, or the Gumbel-max draw on cn.random's uniforms (core/onnx/generate.py)."""
+    NumPy: greedy, or the Gumbel-max draw on cn.random's uniforms (core/onnx/generate.py), or on
+    the uniforms `u` given."""
     if not temperature:
         return last.argmax(-1)
     if top_k:
         last = np.where(last >= np.sort(last, -1)[:, -top_k:][:, :1], last, -np.inf)
-    u = np.array(reference_random(last.size, "uniform", (seed * 1000003 + step) & 0xFFFFFFFF)).reshape(last.shape)
+    if u is None:
+        u = np.array(reference_random(last.size, "uniform", (seed * 1000003 + step) & 0xFFFFFFFF))
+        u = u.reshape(last.shape)
     return (last / temperature - np.log(np.maximum(-np.log1p(-u), 2.0 ** -25))).argmax(-1)
 
 
@@ -557,6 +560,35 @@ def test_sampling_gives_the_tokens_of_the_reference_draw_on_every_backend(decode
         assert tokens == _ort_generate(decoder_path(kind), prompt, 10, temperature, top_k, seed), (temperature, top_k)
         assert p.device_reads == 10   # the ten picked tokens, read once at the end
     assert tokens != _ort_generate(decoder_path(kind), prompt, 10)   # it did sample: not the greedy tokens
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu", "wasm"])
+def test_pick_draws_as_the_reference_at_the_edges_of_the_uniforms(backend_name):
+    """generate's pick on wide rows against the float64 draw, where the uniforms are at their
+    edges: u = 0 (E clamped), the smallest u (E by its series, where a GPU log near 1 is exact
+    only to 2**-21), both sides of the series' bound 1/32, u just below 1; with and without top-k
+    (a masked token with u = 0 never wins), and a top-k whose k-th value ties."""
+    from cinders.onnx.generate import pick
+    backend = BACKENDS[backend_name]()
+    batch, vocab = 5, 1024
+    logits = np.array(reference_random(batch * vocab, "normal", 11), np.float32).reshape(batch, vocab) * 3
+    u = np.array(reference_random(batch * vocab, "uniform", 12), np.float32).reshape(batch, vocab)
+    u[0, 5] = 0.0
+    u[1, 7], u[1, 9] = 2.0 ** -24, 2.0 ** -23
+    logits[2, 100] = logits[2, 200] = logits[2].max() + 10   # a tie the uniforms decide, across 1/32
+    u[2, 100], u[2, 200] = 1 / 32 - 2.0 ** -16, 1 / 32 + 2.0 ** -16   # scores 0.001 apart
+    u[3, :] = 1 - 2.0 ** -24
+    u[3, 17] = 1 - 2.0 ** -23
+    logits[4, 30] = logits[4, 31] = logits[4].max() + 1   # the top 2 tie: top_k=1 keeps both
+    got_logits, got_u = (cn.tensor(a.tolist(), backend=backend) for a in (logits, u))
+    for temperature, top_k in ((1.0, None), (0.7, 40), (1.3, 1), (0.5, 3)):
+        got = pick(got_logits, temperature, top_k, got_u).tolist()
+        expected = _reference_pick(logits.astype(np.float64), None, temperature, top_k, None, u.astype(np.float64))
+        assert got == expected.reshape(batch, 1).tolist(), (temperature, top_k)
+        if top_k is None:   # the edges decide: u = 0 wins; 2**-24 beats 2**-23 by less than the logits
+            assert expected[:3].tolist() == [5, 9, 100], expected
+        if top_k == 1:
+            assert expected[4] in (30, 31) and expected[2] == 100, expected
 
 
 def test_sampling_seeds_and_top_k_1(decoder_path):
