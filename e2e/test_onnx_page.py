@@ -3,7 +3,7 @@ and run on the browser's WebGPU device (captured, no device read) or, in a brows
 WebGPU, on cn.Wasm(); outputs match onnxruntime on the desktop for the prefilled inputs and for
 inputs typed into the page. A model with external data (.onnx + .onnx.data, as torch.onnx.export
 writes it) loads from both files; a decoder with a KV cache generates the tokens of an
-onnxruntime greedy loop."""
+onnxruntime greedy loop, and sampled with a seed those of cinders.onnx.generate on the desktop."""
 import base64
 import json
 import os
@@ -21,7 +21,7 @@ from browser_env import QUIET_FLAGS, wait_ready
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 sys.path.insert(0, TESTS)
 import onnx_models  # noqa: E402
-from test_onnx_transformers import decoder_path, _ort_greedy as ort_greedy  # noqa: E402,F401 (a fixture)
+from test_onnx_transformers import decoder_path, _ort_generate as ort_generate  # noqa: E402,F401 (a fixture)
 
 TOLERANCE = 1e-4
 
@@ -195,12 +195,23 @@ def test_without_webgpu_mobilenet_runs_on_wasm(new_page, no_webgpu_browser):
     _assert_close(_output(_result(page)), expected)
 
 
+def _generate(page, new_tokens, temperature="0", top_k="", seed=""):
+    page.fill("#new-tokens", str(new_tokens))
+    page.fill("#temperature", temperature)
+    page.fill("#top-k", top_k)
+    page.fill("#seed", seed)
+    page.click("#generate-button")
+    _wait_done(page)
+    return json.loads(page.evaluate("() => JSON.stringify(window.cindersOnnx.generation)"))
+
+
 @pytest.mark.parametrize("webgpu", [True, False], ids=["webgpu", "wasm"])
-def test_a_decoder_generates_the_tokens_of_an_onnxruntime_greedy_loop(new_page, decoder_path, no_webgpu_browser,
-                                                                       webgpu):
-    """Greedy generation in the tab (the optimum-style decoder, whose decode steps replay one
-    captured program on WebGPU), on WebGPU and on cn.Wasm(): tokens appear one by one, with
-    tokens per second."""
+def test_a_decoder_generates_the_desktop_tokens_greedy_and_sampled(new_page, decoder_path, no_webgpu_browser, webgpu):
+    """Generation in the tab (the optimum-style decoder, whose decode steps and picks replay
+    captured programs), on WebGPU and on cn.Wasm(): greedy gives the tokens of an onnxruntime
+    greedy loop; sampled with a seed, those of cinders.onnx.generate on the desktop with that
+    seed (and of the same draw on onnxruntime's logits). Tokens appear one by one, with tokens/s."""
+    from cinders.onnx import generate, load
     path = decoder_path("optimum")
     page = wait_ready(new_page("/onnx/", on_browser=None if webgpu else no_webgpu_browser))
     assert page.text_content("#backend") == ("webgpu" if webgpu else "wasm")
@@ -208,16 +219,28 @@ def test_a_decoder_generates_the_tokens_of_an_onnxruntime_greedy_loop(new_page, 
     _wait_done(page)
     assert page.locator("#generate").is_visible()
     page.fill("#prompt", "5 7 9 11")
-    page.fill("#new-tokens", "10")
-    page.click("#generate-button")
-    _wait_done(page)
-    generation = json.loads(page.evaluate("() => JSON.stringify(window.cindersOnnx.generation)"))
-    expected = ort_greedy(path, [[5, 7, 9, 11]], 10)[0][4:]
+    generation = _generate(page, 10)
+    expected = ort_generate(path, [[5, 7, 9, 11]], 10)[0][4:]
     assert generation["tokens"] == generation["result"]["tokens"] == expected
     assert len(generation["seconds"]) == 10 and generation["seconds"] == sorted(generation["seconds"])
     assert page.text_content("#tokens") == "5 7 9 11 | " + " ".join(map(str, expected))
     assert page.text_content("#tokens-per-s").split()[1] == "tokens/s"
     assert generation["result"]["tokens_per_s"] > 0
+    # steps 5-10 and picks 5-10 replay (tests/test_onnx_transformers.py counts them on the desktop)
+    assert generation["result"]["replays"] == 5 + 6, generation["result"]
+
+    sampled = _generate(page, 12, temperature="0.9", top_k="10", seed="3")
+    desktop = generate(load(path, backend=cn.NumPy()), [[5, 7, 9, 11]], 12, temperature=0.9, top_k=10, seed=3)[0][4:]
+    assert sampled["options"] == {"temperature": 0.9, "top_k": 10, "seed": 3}
+    assert sampled["tokens"] == sampled["result"]["tokens"] == desktop
+    assert desktop == ort_generate(path, [[5, 7, 9, 11]], 12, 0.9, 10, 3)[0][4:]
+    assert desktop[:10] != expected   # it did sample
+    assert sampled["result"]["replays"] == 7 + 8 and sampled["result"]["tokens_per_s"] > 0
+
+    # a bad field is one line, before anything runs
+    page.fill("#top-k", "0")
+    page.click("#generate-button")
+    assert _wait_error(page) == "error: top-k must be an integer ≥ 1 or empty, got \"0\""
 
 
 @pytest.mark.parametrize("path", ["/onnx/", "/mnist-micro/"])

@@ -25,10 +25,12 @@ import pytest
 
 import cinders as cn
 from cinders.assets import cache_dir
+from cinders.backend import reference_random
 from cinders.onnx import OnnxError, load, to_source
 
 sys.path.insert(0, os.path.dirname(__file__))
 import onnx_models  # noqa: E402
+from backends import BACKENDS  # noqa: E402
 
 TOLERANCE = 1e-4
 TINY = dict(layers=2, d=64, heads=4, ff=128, vocab=100)
@@ -475,20 +477,35 @@ def decoder_path(tmp_path_factory):
     return get
 
 
-def _ort_greedy(path, prompt, steps):
-    """The reference: a greedy loop on onnxruntime, the pasts growing from empty."""
+def _reference_pick(last, step, temperature, top_k, seed, u=None):
+    """The tokens cinders.onnx.generate picks from the last logits rows at `step`, in float64
+    NumPy: greedy, or the Gumbel-max draw on cn.random's uniforms (core/onnx/generate.py), or on
+    the uniforms `u` given."""
+    if not temperature:
+        return last.argmax(-1)
+    if top_k:
+        last = np.where(last >= np.sort(last, -1)[:, -top_k:][:, :1], last, -np.inf)
+    if u is None:
+        u = np.array(reference_random(last.size, "uniform", (seed * 1000003 + step) & 0xFFFFFFFF))
+        u = u.reshape(last.shape)
+    return (last / temperature - np.log(np.maximum(-np.log1p(-u), 2.0 ** -25))).argmax(-1)
+
+
+def _ort_generate(path, prompt, steps, temperature=0.0, top_k=None, seed=None):
+    """The reference: a generation loop on onnxruntime, the pasts growing from empty."""
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     rows = [list(r) for r in prompt]
     ids, filled = np.array(prompt, np.int64), 0
     past = {n: np.zeros((len(prompt), HEADS, 0, HEAD_DIM), np.float32) for n in PASTS}
-    for _ in range(steps):
+    for step in range(steps):
         new = ids.shape[1]
         feed = dict(past, input_ids=ids, attention_mask=np.ones((len(prompt), filled + new), np.int64),
                     position_ids=np.tile(np.arange(filled, filled + new), (len(prompt), 1)))
         logits, *presents = session.run(None, {n: feed[n] for n in names})
         past, filled = dict(zip(PASTS, presents)), filled + new
-        ids = logits[:, -1].argmax(-1).reshape(-1, 1).astype(np.int64)
+        ids = _reference_pick(logits[:, -1].astype(np.float64), step, temperature, top_k, seed)
+        ids = ids.reshape(-1, 1).astype(np.int64)
         for r, (t,) in zip(rows, ids):
             r.append(int(t))
     return rows
@@ -504,7 +521,7 @@ def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name, kind)
     model = load(decoder_path(kind), backend=backend)
     assert model.device_reads == []
     prompt = [[5, 7, 9, 11], [1, 2, 3, 4]]
-    assert generate(model, prompt, 12) == _ort_greedy(decoder_path(kind), prompt, 12)
+    assert generate(model, prompt, 12) == _ort_generate(decoder_path(kind), prompt, 12)
 
 
 def test_window_decode_steps_replay_without_device_reads(decoder_path):
@@ -517,23 +534,75 @@ def test_window_decode_steps_replay_without_device_reads(decoder_path):
     prompt = [[5, 7, 9, 11]]
     with cn.profile(backend) as p:
         tokens = generate(model, prompt, 10)
-    replays = [e for e in p.events if e["kind"] == "replay"]
+    replays = [e["name"] for e in p.events if e["kind"] == "replay"]
     # the prompt step and the first decode step (presents of prompt + window slots) have shapes
-    # of their own; decode steps 2-4 run (warm, recorded twice), steps 5-9 replay
-    assert len(replays) == 5
+    # of their own; decode steps 2-4 run (warm, recorded twice), steps 5-9 replay. The pick (its
+    # own program) gets the prompt step's logits as a strided view, the others' whole: picks 2-4
+    # run, 5-10 replay
+    assert replays.count("step") == 5 and replays.count("next_tokens") == 6, replays
     assert p.device_reads == 10     # the ten picked tokens, read once at the end
-    assert tokens == _ort_greedy(decoder_path("optimum"), prompt, 10)
+    assert tokens == _ort_generate(decoder_path("optimum"), prompt, 10)
 
 
-def test_sampling_is_seeded_and_top_k_1_is_greedy(decoder_path):
+@pytest.mark.parametrize("kind", ["plain", "optimum"])
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu", "wasm"])
+def test_sampling_gives_the_tokens_of_the_reference_draw_on_every_backend(decoder_path, backend_name, kind):
+    """Sampled on the device (the Gumbel-max draw on cn.random's uniforms, top-k by TopK): one
+    seed gives the same tokens on every backend, those of the same draw on onnxruntime's logits,
+    and reads nothing from the device until the tokens are returned."""
     from cinders.onnx import generate
-    for kind in ("plain", "optimum"):
-        model = load(decoder_path(kind), backend=cn.NumPy())
-        prompt = [[5, 7, 9]]
-        first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
-        assert first == generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
-        assert all(0 <= t < 50 for t in first[0]) and len(first[0]) == 11
-        assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
+    backend = BACKENDS[backend_name]()
+    model = load(decoder_path(kind), backend=backend)
+    prompt = [[5, 7, 9, 11], [1, 2, 3, 4]]
+    for temperature, top_k, seed in ((0.9, 10, 3), (1.5, None, 7)):
+        with cn.profile(backend) as p:
+            tokens = generate(model, prompt, 10, temperature=temperature, top_k=top_k, seed=seed)
+        assert tokens == _ort_generate(decoder_path(kind), prompt, 10, temperature, top_k, seed), (temperature, top_k)
+        assert p.device_reads == 10   # the ten picked tokens, read once at the end
+    assert tokens != _ort_generate(decoder_path(kind), prompt, 10)   # it did sample: not the greedy tokens
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "python", "wgpu", "wasm"])
+def test_pick_draws_as_the_reference_at_the_edges_of_the_uniforms(backend_name):
+    """generate's pick on wide rows against the float64 draw, where the uniforms are at their
+    edges: u = 0 (E clamped), the smallest u (E by its series, where a GPU log near 1 is exact
+    only to 2**-21), both sides of the series' bound 1/32, u just below 1; with and without top-k
+    (a masked token with u = 0 never wins), and a top-k whose k-th value ties."""
+    from cinders.onnx.generate import pick
+    backend = BACKENDS[backend_name]()
+    batch, vocab = 5, 1024
+    logits = np.array(reference_random(batch * vocab, "normal", 11), np.float32).reshape(batch, vocab) * 3
+    u = np.array(reference_random(batch * vocab, "uniform", 12), np.float32).reshape(batch, vocab)
+    u[0, 5] = 0.0
+    u[1, 7], u[1, 9] = 2.0 ** -24, 2.0 ** -23
+    logits[2, 100] = logits[2, 200] = logits[2].max() + 10   # a tie the uniforms decide, across 1/32
+    u[2, 100], u[2, 200] = 1 / 32 - 2.0 ** -16, 1 / 32 + 2.0 ** -16   # scores 0.001 apart
+    u[3, :] = 1 - 2.0 ** -24
+    u[3, 17] = 1 - 2.0 ** -23
+    logits[4, 30] = logits[4, 31] = logits[4].max() + 1   # the top 2 tie: top_k=1 keeps both
+    got_logits, got_u = (cn.tensor(a.tolist(), backend=backend) for a in (logits, u))
+    for temperature, top_k in ((1.0, None), (0.7, 40), (1.3, 1), (0.5, 3)):
+        got = pick(got_logits, temperature, top_k, got_u).tolist()
+        expected = _reference_pick(logits.astype(np.float64), None, temperature, top_k, None, u.astype(np.float64))
+        assert got == expected.reshape(batch, 1).tolist(), (temperature, top_k)
+        if top_k is None:   # the edges decide: u = 0 wins; 2**-24 beats 2**-23 by less than the logits
+            assert expected[:3].tolist() == [5, 9, 100], expected
+        if top_k == 1:
+            assert expected[4] in (30, 31) and expected[2] == 100, expected
+
+
+def test_sampling_seeds_and_top_k_1(decoder_path):
+    """seed=None draws from cn.random's counter (cn.manual_seed(s) then gives seed=s's tokens);
+    top_k=1 at any temperature is greedy; bad arguments are one-line errors."""
+    from cinders.onnx import generate
+    model = load(decoder_path("optimum"), backend=cn.NumPy())
+    prompt = [[5, 7, 9]]
+    first = generate(model, prompt, 8, temperature=0.9, top_k=10, seed=3)
+    assert all(0 <= t < 50 for t in first[0]) and len(first[0]) == 11
+    cn.manual_seed(3)
+    assert generate(model, prompt, 8, temperature=0.9, top_k=10) == first
+    assert generate(model, prompt, 8, temperature=0.9, top_k=10) != first   # the counter moved on
+    assert generate(model, prompt, 8, temperature=2.0, top_k=1, seed=4) == generate(model, prompt, 8)
     with pytest.raises(OnnxError, match="temperature"):
         generate(model, prompt, 3, temperature=-1.0)
 

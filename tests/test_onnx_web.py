@@ -12,7 +12,7 @@ import pytest
 from cinders.onnx import OnnxError, web
 from cinders.web import bridge
 
-from test_onnx_transformers import decoder_path, _ort_greedy as ort_greedy  # noqa: F401 (a fixture)
+from test_onnx_transformers import decoder_path, _ort_generate as ort_generate  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,11 +113,13 @@ def test_one_onnx_file_is_picked(names, message):
     assert str(e.value) == message
 
 
-def test_a_decoder_generates_greedy_tokens_one_by_one(decoder_path):
+def test_a_decoder_generates_tokens_one_by_one_greedy_and_sampled(decoder_path):
     path = decoder_path("optimum")
     info = web.import_files(_files(path))
     assert info["generates"]
     seen = []
     done = asyncio.run(web.generate([5, 7, 9, 11], 8, lambda token, seconds: seen.append((token, seconds))))
-    assert done["tokens"] == [t for t, _ in seen] == ort_greedy(path, [[5, 7, 9, 11]], 8)[0][4:]
+    assert done["tokens"] == [t for t, _ in seen] == ort_generate(path, [[5, 7, 9, 11]], 8)[0][4:]
     assert [s for _, s in seen] == sorted(s for _, s in seen) and done["tokens_per_s"] > 0
+    sampled = asyncio.run(web.generate([5, 7, 9, 11], 8, None, temperature=0.9, top_k=10, seed=3))
+    assert sampled["tokens"] == ort_generate(path, [[5, 7, 9, 11]], 8, 0.9, 10, 3)[0][4:] != done["tokens"]

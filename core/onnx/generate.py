@@ -18,16 +18,25 @@ Two ways to run the steps, chosen by the model's inputs:
            until the end.
   growing  otherwise: the pasts start empty and grow by one position per step (each step a new
            shape: not captured).
+
+The next tokens are picked on the device by `pick` (its own cn.capture program: its shapes never
+change), so nothing is read back until the caller reads the tokens (`await to_data_async()` in
+the browser, where a blocking read is impossible). Greedy is the argmax of the last logits;
+sampling is a Gumbel-max draw, the same tokens on every backend for one seed:
+    kept    = logits where logits >= the top_k-th largest of their row (all when top_k is None)
+    token   = argmax(kept / temperature - log(E)),  E = -log(1 - u), u = cn.random((batch, vocab),
+              seed=seed * 1000003 + step)  (step 0, 1, ...: what cn.manual_seed(seed) then draws)
+argmax of logits/T plus Gumbel noise is a draw from softmax(logits/T). seed=None draws the step
+seeds from cn.random's counter.
 """
 
 import math
-import random
 
 from ..capture import capture
-from ..creation import tensor, zeros
+from ..creation import random, tensor, zeros
 from ..dtypes import int32
-from ..tensor import Tensor
-from .ops import backend_of
+from ..tensor import Tensor, where
+from .ops import TopK, backend_of
 from .proto import OnnxError
 
 _MADE_HERE = ("attention_mask", "position_ids")
@@ -50,13 +59,23 @@ def _pasts(model):
     return pasts
 
 
-def _pick(row, temperature, top_k, rng):
-    """The next token from one row of logits: a sample of softmax(row / temperature) over the
-    top_k largest (all when top_k is None)."""
-    order = sorted(range(len(row)), key=lambda i: -row[i])[:top_k]
-    top = row[order[0]] / temperature
-    weights = [math.exp(row[i] / temperature - top) for i in order]
-    return rng.choices(order, weights=weights)[0]
+SEED_STRIDE = 1000003      # step n of seed s draws with seed s * SEED_STRIDE + n, as cn.manual_seed(s) does
+SERIES_BELOW = 1.0 / 32    # E = -log(1 - u) by its series below this: GPU logs are exact only to 2**-21
+SMALLEST_E = 2.0 ** -25    # below the least nonzero E (2**-24, u = 2**-24): u = 0 stays finite
+
+
+def pick(last, temperature=0.0, top_k=None, uniform=None):
+    """The next token ids (batch, 1) from the last logits rows (batch, vocab): the argmax when
+    temperature is 0, else the Gumbel-max draw of the module docstring with `uniform` as its u."""
+    if not temperature:
+        return last.argmax(-1).reshape(last.shape[0], 1)
+    if top_k is not None and top_k < last.shape[-1]:
+        kth = TopK(last, top_k, outputs=1)[:, top_k - 1:]
+        last = where(last >= kth, last, -math.inf)
+    u = uniform
+    series = u * (1 + u * (1 / 2 + u * (1 / 3 + u * (1 / 4 + u / 5))))   # -log(1 - u), to u**6
+    e = where(u < SERIES_BELOW, series, -(1 - u).log()).clamp(min=SMALLEST_E)
+    return (last / temperature - e.log()).argmax(-1).reshape(last.shape[0], 1)
 
 
 def _keep_last(t, axis, n):
@@ -81,7 +100,7 @@ def generate(model, input_ids, max_new_tokens, temperature=0.0, top_k=None, seed
     rows = input_ids.tolist() if isinstance(input_ids, Tensor) else [list(r) for r in input_ids]
     tokens = list(generate_steps(model, rows, max_new_tokens, temperature, top_k, seed))
     out = [list(r) for r in rows]
-    for picked in tokens:   # read at the end: greedy steps never wait for the device
+    for picked in tokens:   # read at the end: the steps never wait for the device
         for r, (token,) in zip(out, picked.tolist()):
             r.append(int(token))
     return out
@@ -102,29 +121,31 @@ def generate_steps(model, input_ids, max_new_tokens, temperature=0.0, top_k=None
     size = prompt + max_new_tokens if window else 0   # past slots (window: fixed; growing: start)
     state = [zeros(*[batch if i == 0 else size if i == axis else d for i, d in enumerate(dims)], backend=backend)
              for _, axis, dims in pasts]
-    rng = random.Random(seed)
 
     def step(ids, mask, positions, *past):
-        """One forward: (next ids (batch, 1) if greedy, else the last logits rows; presents)."""
+        """One forward: (the last logits rows (batch, vocab); presents)."""
         if window:   # the last `size` slots: the oldest (empty) ones are dropped, the length kept
             past = [_keep_last(p, axis, size) for p, (_, axis, _) in zip(past, pasts)]
         feed = dict(zip([n for n, _, _ in pasts], past), attention_mask=mask, position_ids=positions)
         feed[model.input_names[0]] = ids
         results = model(*[feed[n] for n in model.input_names])
-        last = results[0][:, -1, :]
         # (the presents are returned whole: a captured program's inputs are whole buffers)
-        return (last.argmax(-1).reshape(batch, 1) if not temperature else last,) + tuple(results[1:])
+        return (results[0][:, -1, :],) + tuple(results[1:])
+
+    def next_tokens(last, *uniform):
+        return pick(last, temperature, top_k, *uniform)
 
     run = capture(step, backend) if window else step
+    choose = capture(next_tokens, backend)   # shapes never change: replayed from the fourth call on
     ids, filled = tensor(rows, backend=backend, dtype=int32), 0
-    for _ in range(max_new_tokens):
+    for n in range(max_new_tokens):
         new = ids.shape[1]
         mask = tensor([[0] * (size - filled) + [1] * (filled + new)] * batch, backend=backend, dtype=int32)
         positions = tensor([list(range(filled, filled + new))] * batch, backend=backend, dtype=int32)
-        picked, *state = run(ids, mask, positions, *state)
+        last, *state = run(ids, mask, positions, *state)
         filled += new
-        if temperature:
-            picked = tensor([[_pick(row, temperature, top_k, rng)] for row in picked.tolist()], backend=backend,
-                            dtype=int32)
-        yield picked
-        ids = picked
+        # the draw is an input of the captured pick: a seed inside it would be replayed unchanged
+        uniform = () if not temperature else (random(last.shape, backend=backend, seed=None if seed is None else
+                                                     (seed * SEED_STRIDE + n) & 0xFFFFFFFF),)
+        ids = choose(last, *uniform)
+        yield ids

@@ -6,6 +6,7 @@ cn.Wasm() or Python) on inputs the visitor can edit, and generate text with a KV
     info = import_model(data, "model.onnx")                         # one file
     result = await run([{"shape": [1, 8], "values": "[5, 7, ...]"}, ...])   # the page's fields
     done = await generate([5, 7, 9], 12, on_token)                  # greedy, token by token
+    done = await generate([5, 7, 9], 12, on_token, temperature=0.8, top_k=40, seed=1)   # sampled
 
 Example inputs (what the pages prefill their input fields with) come from `example`:
 floats are cn.random(shape, distribution="normal", seed=i) for the i-th input - the same numbers
@@ -175,24 +176,31 @@ async def run(inputs):
             "captured": getattr(forward, "replays", 0) > 0, "device_reads": device_reads}
 
 
-async def generate(token_ids, max_new_tokens, on_token=None):
-    """Greedy generation from one prompt with the imported KV-cache decoder (cinders.onnx's
-    generate_steps: captured decode steps where the model has attention_mask/position_ids).
-    Each token is read as it comes and handed to on_token(token, seconds since the start), so
-    the page shows them one by one. Returns {"tokens", "tokens_per_s", "ms"}."""
+async def generate(token_ids, max_new_tokens, on_token=None, temperature=0.0, top_k=None, seed=None):
+    """Generation from one prompt with the imported KV-cache decoder (cinders.onnx's
+    generate_steps: captured decode steps where the model has attention_mask/position_ids; the
+    tokens picked on the device, greedy or sampled, so WebGPU never needs a blocking read).
+    Each token is awaited as it comes and handed to on_token(token, seconds since the start),
+    so the page shows them one by one. Returns {"tokens", "tokens_per_s", "ms", "replays" (captured
+    programs replayed: decode steps and picks)}; the same seed
+    gives the tokens of cinders.onnx.generate on the desktop, on any backend."""
     model = _state["model"]
     if model is None:
         raise RuntimeError("import a model first")
     prompt = [int(t) for t in token_ids]
     started, tokens = time.perf_counter(), []
-    for picked in generate_steps(model, [prompt], int(max_new_tokens)):
-        token = int((await picked.to_data_async())[0][0])
-        tokens.append(token)
-        if on_token is not None:
-            on_token(token, time.perf_counter() - started)
-            await asyncio.sleep(0)   # the page repaints: the tokens appear one by one
+    steps = generate_steps(model, [prompt], int(max_new_tokens), float(temperature),
+                           None if top_k is None else int(top_k), None if seed is None else int(seed))
+    with cn.profile(_backend()) as p:   # how many steps and picks replayed a captured program
+        for picked in steps:
+            token = int((await picked.to_data_async())[0][0])
+            tokens.append(token)
+            if on_token is not None:
+                on_token(token, time.perf_counter() - started)
+                await asyncio.sleep(0)   # the page repaints: the tokens appear one by one
     seconds = time.perf_counter() - started
-    return {"tokens": tokens, "ms": seconds * 1e3, "tokens_per_s": len(tokens) / seconds if seconds else 0.0}
+    return {"tokens": tokens, "ms": seconds * 1e3, "tokens_per_s": len(tokens) / seconds if seconds else 0.0,
+            "replays": sum(1 for e in p.events if e["kind"] == "replay")}
 
 
 def _flat(v):

@@ -25,13 +25,29 @@ async function runModel(onnxWeb, pyodide, fields) {
   status("done");
 }
 
+// The sampling fields as generate's keyword arguments: temperature 0 is greedy; an empty top-k
+// keeps every token, an empty seed draws from cn.random's counter.
+function samplingOptions() {
+  const options = { temperature: Number($("temperature").value || 0) };
+  if (!(options.temperature >= 0)) throw new Error(`the temperature must be a number ≥ 0, got "${$("temperature").value}"`);
+  for (const [name, id, least] of [["top_k", "top-k", 1], ["seed", "seed", 0]]) {
+    const text = $(id).value.trim();
+    if (!text) continue;
+    const value = Number(text);
+    if (!Number.isInteger(value) || value < least) throw new Error(`${id} must be an integer ≥ ${least} or empty, got "${text}"`);
+    options[name] = value;
+  }
+  return options;
+}
+
 async function generate(onnxWeb, pyodide) {
   const prompt = $("prompt").value.trim().split(/[\s,]+/).filter(Boolean).map(Number);
   if (!prompt.length || prompt.some((t) => !Number.isInteger(t) || t < 0)) {
     throw new Error(`the prompt must be token ids (integers ≥ 0) separated by spaces, got "${$("prompt").value}"`);
   }
+  const options = samplingOptions();
   status("generating");
-  const generation = (api.generation = { prompt, tokens: [], seconds: [], result: null });
+  const generation = (api.generation = { prompt, options, tokens: [], seconds: [], result: null });
   $("tokens").textContent = prompt.join(" ") + " |";
   $("tokens-per-s").textContent = "";
   const onToken = (token, seconds) => {     // called from Python as each token is read
@@ -40,7 +56,8 @@ async function generate(onnxWeb, pyodide) {
     $("tokens").textContent += " " + token;
     $("tokens-per-s").textContent = `${(generation.tokens.length / seconds).toFixed(1)} tokens/s`;
   };
-  generation.result = plain(await onnxWeb.generate(pyodide.toPy(prompt), Number($("new-tokens").value) || 1, onToken));
+  const newTokens = Number($("new-tokens").value) || 1;
+  generation.result = plain(await onnxWeb.generate.callKwargs(pyodide.toPy(prompt), newTokens, onToken, options));
   $("tokens-per-s").textContent = `${generation.result.tokens_per_s.toFixed(1)} tokens/s ` +
     `(${generation.tokens.length} tokens in ${generation.result.ms.toFixed(0)} ms)`;
   status("done");
