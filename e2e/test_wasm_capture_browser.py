@@ -16,7 +16,7 @@ def no_webgpu_browser(launch_browser):
 
 
 def test_captured_forward_on_wasm_in_the_page(new_page, no_webgpu_browser):
-    page = wait_ready(new_page("/", on_browser=no_webgpu_browser))
+    page = wait_ready(new_page("/?worker=0", on_browser=no_webgpu_browser))  # Pyodide in the page
     assert page.text_content("#backend") == "wasm"
     got = json.loads(run_python(page, """
 import json
