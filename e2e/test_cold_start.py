@@ -1,5 +1,5 @@
-"""Cold starts as a first-time visitor has them: the bytes each page downloads before it is ready
-(CDP's encodedDataLength: what crossed the network, compressed, headers included), its time from
+"""Cold starts as a first-time visitor has them: the bytes each page and its workers download before
+it is ready (Playwright's request sizes: what crossed the network, compressed, headers included), its time from
 navigation to ready, a progress bar while it loads, and a second visit served from the browser's
 cache. Prints one line per page:
 
@@ -39,12 +39,11 @@ def profile_context(playwright, tmp_path_factory):
 
 
 def visit(context, url):
-    """Open `url` in `context`, wait until ready; (bytes, requests, ms to ready, progress seen)."""
+    """Open `url` in `context`, wait until ready; (page, bytes, requests, ms to ready, progress seen)."""
     page = context.new_page()
-    cdp = context.new_cdp_session(page)
-    cdp.send("Network.enable")
-    sizes = {}
-    cdp.on("Network.loadingFinished", lambda e: sizes.__setitem__(e["requestId"], e["encodedDataLength"]))
+    finished = []   # the page's requests and its workers' (a page-level CDP session misses those)
+    page.on("requestfinished", lambda request: finished.append(request))
+    page.on("requestfailed", lambda request: finished.append(request))
     page.goto(url)
     # The bar shows while the page loads (a step reached, bytes counted), and is gone when ready.
     progress = page.evaluate("""() => new Promise((resolve) => {
@@ -59,8 +58,11 @@ def visit(context, url):
     ready_ms = page.evaluate("() => performance.now()")
     # Every page is cross-origin isolated (the server's COOP/COEP): SharedArrayBuffer and precise timers.
     assert page.evaluate("() => crossOriginIsolated") is True
-    page.wait_for_timeout(200)  # late loadingFinished events of files fetched before ready
-    return page, sum(sizes.values()), len(sizes), ready_ms, progress
+    page.wait_for_timeout(200)  # late events of files fetched before ready
+    # What crossed the network, compressed, headers included (0 body bytes for a 304).
+    sizes = [request.sizes() for request in finished]
+    total = sum(size["responseBodySize"] + size["responseHeadersSize"] for size in sizes)
+    return page, total, len(sizes), ready_ms, progress
 
 
 @pytest.mark.parametrize("path", sorted(PAGES))
