@@ -159,8 +159,8 @@ new PerformanceObserver((list) => { for (const e of list.getEntries()) window.lo
 def test_page_answers_input_while_the_model_loads_in_a_worker(browser, demo_server, outside_requests,
                                                               desktop_model):
     """Pyodide starts in a Web Worker (the default; ?worker=0 runs it on the page's thread, where
-    one task of seconds freezes the page): while it loads, strokes on the canvas draw and no task
-    on the page's thread takes over 100 ms; once ready, the worker's model answers like the desktop."""
+    one task of seconds freezes the page): while it loads, strokes on the canvas draw within
+    100 ms and no task on the page's thread is long; once ready, the worker's model answers like the desktop."""
     context = outside_requests.attach(browser.new_context())
     try:
         page = context.new_page()
@@ -183,12 +183,15 @@ def test_page_answers_input_while_the_model_loads_in_a_worker(browser, demo_serv
         long_tasks = [(t, d) for t, d in long_tasks if t < ready_at]   # while loading
         while_loading = sorted(d["ms"] for d in delays if d["status"] != "ready")
         print("[worker page] %d clicks answered while loading: median %.0f ms, slowest %.0f ms; "
-              "long tasks on the page's thread while loading: %s" % (
+              "long tasks on the page's thread while loading (ready at %.0f ms): %s" % (
                   len(while_loading), while_loading[len(while_loading) // 2] if while_loading else -1,
-                  max(while_loading, default=-1), ["%.0f ms at %.0f ms" % (d, t) for t, d in long_tasks]))
+                  max(while_loading, default=-1), ready_at, ["%.0f ms at %.0f ms" % (d, t) for t, d in long_tasks]))
         assert len(while_loading) >= 5, "the page answered %d clicks while loading" % len(while_loading)
-        assert while_loading[len(while_loading) // 2] < 100, while_loading
-        assert [d for _, d in long_tasks if d > 100] == [], long_tasks
+        # Nine in ten within 100 ms, and no task on the page's thread over 500 ms: on two cores
+        # shared with other sessions a task of the page sometimes waits for a core (up to 200 ms
+        # seen); on the page's thread Pyodide's start is one task of 1-18 s.
+        assert while_loading[len(while_loading) * 9 // 10] < 100, while_loading
+        assert [d for _, d in long_tasks if d > 500] == [], long_tasks
         # The strokes were drawn (the DOM answered them): the canvas is no longer blank.
         assert page.evaluate("""() => { const c = document.querySelector('#digit-canvas');
             return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((v) => v > 0); }""")
