@@ -267,7 +267,9 @@ def resource_times(page):
 
 def measure_cinders(browser, base, model_url, backend, pixels, warm):
     fusion = backend.endswith("+fusion")
-    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d"
+    # worker=0: Pyodide on the page's thread, as ORT Web runs here (no message round trip in the
+    # times), and cinders_split reaches into it.
+    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d&worker=0"
                               % (base, backend.split("+")[0], model_url, fusion))
     try:
         demo = page.evaluate("() => ({readyAt: window.cindersDemo.readyAt, timings: window.cindersDemo.model.timings,"

@@ -85,8 +85,9 @@ def new_page(browser, demo_server, outside_requests):
 
 @pytest.fixture(scope="session")
 def mnist_page(new_page):
-    """The MNIST page on WebGPU, loaded once for the session."""
-    return wait_ready(new_page("/"))
+    """The MNIST page on WebGPU, loaded once for the session, with Pyodide on the page's thread
+    (?worker=0) so tests can run Python in it (window.cindersDemo.model.runtime.pyodide)."""
+    return wait_ready(new_page("/?worker=0"))
 
 
 @pytest.fixture(autouse=True)

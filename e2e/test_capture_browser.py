@@ -86,7 +86,7 @@ def test_captured_forward_in_the_page(page_backend, request, new_page):
     if page_backend == "webgpu":
         page = request.getfixturevalue("mnist_page")
     else:
-        page = wait_ready(new_page("/", on_browser=request.getfixturevalue("no_webgpu_browser")))
+        page = wait_ready(new_page("/?worker=0", on_browser=request.getfixturevalue("no_webgpu_browser")))
         assert page.text_content("#backend") == "wasm"
     got = json.loads(run_python(page, "PAGE = %r\n" % page_backend + CAPTURE_IN_PAGE))
     if page_backend == "wasm":

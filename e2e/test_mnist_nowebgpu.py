@@ -30,7 +30,9 @@ def no_webgpu_browser(launch_browser):
 
 @pytest.fixture(scope="module")
 def wasm_page(new_page, no_webgpu_browser):
-    return wait_ready(new_page("/", on_browser=no_webgpu_browser))
+    # ?worker=0: the conformance replay runs Python in the page's Pyodide (the default page's
+    # worker on cn.Wasm(): test_mnist_page.py's CPU fallback test and the ?backend= tests here).
+    return wait_ready(new_page("/?worker=0", on_browser=no_webgpu_browser))
 
 
 def test_page_runs_on_wasm_without_webgpu(wasm_page):

@@ -76,6 +76,25 @@ def test_server_never_serves_outside_its_folders(server):
         assert b"outside every mount" not in body and status == 404, path
 
 
+def test_server_sends_brotli_then_gzip_to_browsers_that_accept_them(server, tmp_path):
+    import brotli
+    import gzip
+    body = b"export const table = [%s];\n" % b", ".join(b"%d" % (i % 97) for i in range(20000))
+    (tmp_path / "site" / "big.js").write_bytes(body)
+
+    def get(accept):
+        request = urllib.request.Request(server.url + "big.js", headers={"Accept-Encoding": accept})
+        with urllib.request.urlopen(request) as r:
+            return r.headers.get("Content-Encoding"), r.headers.get("Vary"), r.read()
+
+    encoding, vary, sent = get("gzip, deflate, br, zstd")   # what Chromium sends
+    assert (encoding, vary) == ("br", "Accept-Encoding") and brotli.decompress(sent) == body
+    assert len(sent) < len(body) / 4
+    encoding, _, sent = get("gzip;q=1.0, identity")
+    assert encoding == "gzip" and gzip.decompress(sent) == body
+    assert get("identity") == (None, None, body)
+
+
 def test_demo_command_is_registered():
     args = build_parser().parse_args(["demo", "--port", "8123", "--no-open"])
     assert (args.port, args.no_open) == (8123, True)

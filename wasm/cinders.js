@@ -4,6 +4,11 @@
 //   const model = await Cinders.load({ model: "/models/mnist-cnn.safetensors" });
 //   const { class: digit, logits, probabilities } = await model.predict(pixels);  // 784 floats in [0, 1]
 //
+// With `worker: true` the runtime lives in a dedicated Web Worker (cinders-worker.js): the page's
+// own thread only posts pixels and draws, so it answers input while Pyodide starts, while the
+// model loads and while it runs. The model then has the same predict/predictBatch/info/backend/
+// timings, but no `runtime` (Pyodide is in the worker).
+//
 // Nothing is fetched from outside the page's server unless a caller passes a CDN `pyodideURL`.
 // Python does the work (cinders.web.bridge): it picks the backend (WebGPU through
 // cinders.wgpu.browser, else WebAssembly SIMD kernels through cinders.wasm, else Python), reads the record with cinders' own loader and rebuilds the
@@ -22,7 +27,12 @@ const DEFAULTS = {
   onStatus: null,                                               // (text) => void, progress messages
   onProgress: null,   // ({step, steps, text, bytes}) => void: the step reached (1..steps) and the
                       // bytes the network delivered so far (compressed), for a progress bar
+  worker: false,      // run Pyodide and the model in a Web Worker (the page never freezes)
 };
+
+// Options that name files: a worker resolves relative URLs against its own script, so they are
+// made absolute against the page first.
+const URL_OPTIONS = ["model", "pyodideURL", "wheelManifest", "kernelsURL"];
 
 // The steps of a load, in order (onStatus texts; onProgress's step counts them).
 export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"];
@@ -185,6 +195,72 @@ class Model {
   }
 }
 
+// The page's side of a model loaded in a worker: each call is a message answered by id.
+class WorkerModel {
+  constructor(worker, loaded) {
+    this.worker = worker;
+    this.info = loaded.info;
+    this.backend = loaded.backend;
+    this.backendName = loaded.backendName;
+    this.backendNote = loaded.backendNote;
+    this.timings = loaded.timings;
+    this.pending = new Map();
+    this.nextId = 0;
+    worker.onmessage = ({ data }) => {
+      const call = this.pending.get(data.id);
+      this.pending.delete(data.id);
+      if (data.type === "result") call.resolve(data.result);
+      else call.reject(new Error(data.message));
+    };
+  }
+
+  call(type, payload, transfer = []) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.worker.postMessage({ type, id, ...payload }, transfer);
+    });
+  }
+
+  // As Model.predict; `ms` is what the page waited (the worker's own time is `worker_ms`).
+  async predict(input) {
+    const pixels = Float32Array.from(flatPixels(input));   // a copy: its buffer moves to the worker
+    const t0 = now();
+    const result = await this.call("predict", { pixels }, [pixels.buffer]);
+    result.worker_ms = result.ms;
+    result.ms = now() - t0;
+    return result;
+  }
+
+  predictBatch(inputs) {
+    return this.call("predictBatch", { inputs: inputs.map((input) => Float32Array.from(flatPixels(input))) });
+  }
+
+  terminate() { this.worker.terminate(); }
+}
+
+// Cinders.load({worker: true}): starts cinders-worker.js, which runs Cinders.load itself and
+// forwards its onStatus/onProgress calls; resolves to a WorkerModel once the model is loaded.
+function loadInWorker(options) {
+  const settings = {};
+  for (const [key, value] of Object.entries(options)) {
+    if (typeof value === "function") continue;   // callbacks stay here, their calls come as messages
+    settings[key] = URL_OPTIONS.includes(key) && value ? new URL(value, location.href).href : value;
+  }
+  const worker = new Worker(new URL("./cinders-worker.js", import.meta.url), { type: "module" });
+  return new Promise((resolve, reject) => {
+    const failed = (message) => { worker.terminate(); reject(new Error(message)); };
+    worker.onerror = (event) => failed(`cinders: the worker failed to start: ${event.message || "script error"}`);
+    worker.onmessage = ({ data }) => {
+      if (data.type === "status") (options.onStatus || (() => {}))(data.text);
+      else if (data.type === "progress") (options.onProgress || (() => {}))(data.progress);
+      else if (data.type === "error") failed(data.message);
+      else if (data.type === "ready") { worker.onerror = null; resolve(new WorkerModel(worker, data)); }
+    };
+    worker.postMessage({ type: "load", options: settings });
+  });
+}
+
 export const Cinders = {
   // The shared runtime (one Pyodide per page): {pyodide, bridge, backend, timings}.
   runtime(options = {}) {
@@ -194,6 +270,7 @@ export const Cinders = {
 
   async load(options = {}) {
     if (!options.model) throw new TypeError("cinders: Cinders.load({model: url}) needs the record's URL");
+    if (options.worker) return loadInWorker(options);
     const t0 = now();
     const progress = progressReporter(options);
     try {

@@ -1,6 +1,8 @@
 // The MNIST drawing page: pointer strokes -> MNIST-like 28x28 -> cinders model in Pyodide.
 // URL options: ?backend=auto|webgpu|wasm|python (default auto: WebGPU, else WebAssembly SIMD,
-// else Python), ?model=<record url>, ?fusion=1 (WebGPU through cn.Fusion).
+// else Python), ?model=<record url>, ?fusion=1 (WebGPU through cn.Fusion), ?worker=0 (Pyodide on
+// the page's thread instead of a Web Worker: window.cindersDemo.model.runtime.pyodide then exists,
+// for tests and benchmarks that run Python in the page; the page freezes while it loads).
 // The page itself (drawing, bars, timings, window.cindersDemo) is web_demos/shared/digit_page.js;
 // here the model is loaded. window.cindersDemo adds {model, readyAt} for tests and benchmarks.
 import { Cinders } from "/wasm/cinders.js";
@@ -15,6 +17,7 @@ try {
     model: params.get("model") || "/models/mnist-cnn.safetensors",
     backend: params.get("backend") || "auto",
     fusion: params.get("fusion") === "1",
+    worker: params.get("worker") !== "0",
     onStatus: (text) => { document.getElementById("status").textContent = text; },
     onProgress: page.progress,
   });
