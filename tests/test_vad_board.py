@@ -23,7 +23,7 @@ from test_vad import speak  # noqa: E402
 
 CHUNKS = 4          # 0.13 s: two chunks of silence, then the start of "Hello"
 # The least heap each engine ran the bundle in, measured with -X heapsize (64-bit unix port):
-# array 272K (256K fails), ulab float32 320K (288K fails), ulab double 448K (416K fails).
+# array 304K (288K fails), ulab float32 288K (272K fails), ulab double 448K (416K fails).
 HEAPS = {"array": "320K", "float32-2d": "320K", "float64-2d": "512K"}
 
 

@@ -198,9 +198,54 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         pads = [0] * (2 * nd)
     kernel, strides, pad, dilations = _windows("Conv", X, kernel, strides, dilations, pads, "NOTSET")
     rows, bias = rows_of(W), (_Rows(B) if B is not None else None)
-    y = per_sample(lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad,
-                                                 dilations)), _as_2d(X))
-    return _from_2d(y, nd)
+    X2 = _as_2d(X)
+    out = [_span(X2.shape[2 + i], kernel[i], strides[i], pad[i], dilations[i]) for i in (0, 1)]
+    positions = out[0] * out[1]
+    if positions <= FEW_POSITIONS or positions < kernel[0] * kernel[1]:
+        conv = lambda xb: _conv_by_position(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations, out)
+    else:
+        conv = lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations))
+    return _from_2d(per_sample(conv, X2), nd)
+
+
+FEW_POSITIONS = 8  # a streaming model's chunk (silero's convs: 4 and fewer)
+
+
+def _span(n, k, s, p, d):
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv_by_position(x, rows, bias, M, kernel, strides, pad, dilations, out):
+    """A conv with few output positions (an STFT's 256-tap kernel at 4 positions, silero's
+    encoder at 4 and 1): the input patch under the kernel at each position (zeros where it reads
+    padding) times every weight row on the engine's linear, where the engines' conv2d would loop
+    over the taps for every chunk of weight rows. An engine with batched linear (array) reads
+    the weights once for all positions; ulab once per position."""
+    C, H, Wd = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = kernel
+    OH, OW = out
+    P, L = OH * OW, C * kh * kw
+    v = flat(x)
+    patches = empty("f", P * L)
+    i = 0
+    for oy in range(OH):
+        for ox in range(OW):
+            for c in range(C):
+                for ky in range(kh):
+                    iy = oy * strides[0] - pad[0] + ky * dilations[0]
+                    for kx in range(kw):
+                        ix = ox * strides[1] - pad[1] + kx * dilations[1]
+                        patches[i] = v[(c * H + iy) * Wd + ix] if 0 <= iy < H and 0 <= ix < Wd else 0.0
+                        i += 1
+    y = empty("f", M * P)
+    groups = [(0, P)] if getattr(engine, "BATCHED", False) else [(p, 1) for p in range(P)]
+    mv = memoryview(patches)
+    for first, n in groups:
+        cols = flat(engine.linear(_ops.make(mv[first * L:(first + n) * L], (n, L)), rows, bias, M))
+        for p in range(n):
+            for m in range(M):
+                y[m * P + first + p] = cols[p * M + m]
+    return _ops.make(y, (1, M, OH, OW))
 
 
 def _pool(op, mode, X, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations):
