@@ -248,6 +248,9 @@ def _op_cases():
         ("Conv", [r(1, 2, 7, 9), r(3, 2, 3, 2), r(3)], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 1, 0]}),
         ("Conv", [r(2, 3, 11), r(4, 3, 3)], {"dilations": [2], "pads": [0, 2]}),
         ("Conv", [r(1, 2, 5, 6), r(2, 2, 2, 2)], {"auto_pad": "SAME_LOWER"}),
+        # few output positions (6): the board's position-by-position conv, padding read too
+        ("Conv", [r(2, 2, 5, 5), r(3, 2, 3, 3), r(3)], {"strides": [2, 2], "dilations": [2, 1], "pads": [1, 1, 1, 1]}),
+        ("LSTM", [r(3, 2, 4), r(1, 8, 4), r(1, 8, 2), r(1, 16)], {"hidden_size": 2}),   # 3 steps, batch of 2
         ("BatchNormalization", [r(2, 3, 2, 2), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {"epsilon": 1e-3}),
     ]
 
