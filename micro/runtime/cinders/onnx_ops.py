@@ -15,6 +15,7 @@ import math
 from cinders import _ops, _ops_more, engine
 from cinders._tensor import Tensor, empty
 from cinders._nn_image import per_sample
+from cinders._window import window_count
 from cinders.nn import Module as _Module
 from cinders.record import Param
 
@@ -74,7 +75,7 @@ class Streamed(Tensor):
     """A parameter left in the record file: Conv, Gemm and LSTM read its rows while they run
     (record.Param.chunks); any other op reads it whole, for that op only."""
 
-    def __init__(self, param, shape):  # noqa: A002  (no Tensor.__init__: nothing in RAM)
+    def __init__(self, param, shape):  # no Tensor.__init__: nothing in RAM
         self.param = param
         self.shape = shape
         self.slot = None
@@ -114,7 +115,9 @@ def rows_of(t, rows=None):
     when t is Streamed, else from RAM."""
     if isinstance(t, Streamed):
         p = t.param
-        if rows and rows != p.rows:  # an ONNX LSTM's (1, 4 * hidden, n) weight: 4 * hidden rows
+        if rows and rows != p.rows:
+            # an ONNX LSTM's (1, 4 * hidden, n) weight read as 4 * hidden rows (its only use: the
+            # regrouping stays; record.py has no method for it, every name there costs the 64 KB MLP)
             p.row_len, p._row_bytes = p.row_len * p.rows // rows, p._row_bytes * p.rows // rows
             p.rows = rows
         return p
@@ -199,7 +202,7 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
     kernel, strides, pad, dilations = _windows("Conv", X, kernel, strides, dilations, pads, "NOTSET")
     rows, bias = rows_of(W), (_Rows(B) if B is not None else None)
     X2 = _as_2d(X)
-    out = [_span(X2.shape[2 + i], kernel[i], strides[i], pad[i], dilations[i]) for i in (0, 1)]
+    out = [window_count(X2.shape[2 + i], kernel[i], strides[i], pad[i], dilations[i]) for i in (0, 1)]
     positions = out[0] * out[1]
     if positions <= FEW_POSITIONS or positions < kernel[0] * kernel[1]:
         conv = lambda xb: _conv_by_position(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations, out)
@@ -209,10 +212,6 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
 
 
 FEW_POSITIONS = 8  # a streaming model's chunk (silero's convs: 4 and fewer)
-
-
-def _span(n, k, s, p, d):
-    return (n + 2 * p - d * (k - 1) - 1) // s + 1
 
 
 def _conv_by_position(x, rows, bias, M, kernel, strides, pad, dilations, out):
