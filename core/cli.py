@@ -87,6 +87,26 @@ def shape_arg(text):
     return shape
 
 
+def named_value(text):
+    """--fixed-input: "sr=16000" -> ("sr", 16000); the value a number or JSON nested lists."""
+    name, eq, value = text.partition("=")
+    try:
+        number = json.loads(value) if eq and name else None
+    except ValueError:
+        number = None
+    if number is None or isinstance(number, (str, dict, bool)):
+        raise argparse.ArgumentTypeError("%r is not NAME=NUMBER (or NAME=[nested, lists])" % (text,))
+    return name, number
+
+
+def named_shape(text):
+    """--input-shape NAME=1,576 -> ("NAME", (1, 576))."""
+    name, eq, dims = text.partition("=")
+    if not (eq and name):
+        raise argparse.ArgumentTypeError("%r is not NAME=D,D,..." % (text,))
+    return name, shape_arg(dims)
+
+
 BACKEND_ARG = arg("--backend", choices=["numpy", "python", "wgpu", "fusion-wgpu"],
                   help="compute backend (default: numpy when it is installed, else python)")
 
@@ -632,13 +652,19 @@ def named_or_counted(nodes, most_named=5):
     arg("--out", required=True, help="folder to write NAME.py and NAME.safetensors into"),
     arg("--name", default=None, help="module name (default: from the file name)"),
     arg("--verbose", action="store_true", help="name every unsupported or device-reading node (otherwise counted by op type)"),
+    arg("--fixed-input", action="append", default=[], type=named_value, metavar="NAME=VALUE",
+        help="an input that is the same on every call (e.g. sr=16000), decided at import; repeatable"),
+    arg("--input-shape", action="append", default=[], type=named_shape, metavar="NAME=D,D,...",
+        help="the shape an input always has (e.g. input=1,576): shape arithmetic on it is decided at "
+             "import (what a board wants); repeatable"),
 ])
 def import_onnx(args):
     from cinders.onnx import import_onnx as write
     from cinders.onnx.codegen import UnsupportedOps
     started = time.perf_counter()
     try:
-        py_path, record_path, device_reads = write(args.model, args.out, args.name)
+        py_path, record_path, device_reads = write(args.model, args.out, args.name, dict(args.fixed_input) or None,
+                                               dict(args.input_shape) or None)
     except UnsupportedOps as e:
         if args.verbose:
             print("\n".join(e.nodes), file=sys.stderr)

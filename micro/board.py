@@ -231,6 +231,16 @@ print(json.dumps(out))
 """
 
 
+def execute(port, code, what="running a script", timeout=120, connect_timeout=10):
+    """Run MicroPython `code` on the board at `port` (raw REPL); what it printed. timeout:
+    seconds the board may stay silent while it computes."""
+    t = _transport(port, connect_timeout)
+    try:
+        return _exec(t, code, what, timeout)
+    finally:
+        t.close()
+
+
 def flat_input(values):
     """(flat floats, nested shape) of an input given as a number list, flat or nested and
     rectangular."""

@@ -32,7 +32,10 @@ from . import RUNTIME_DIR
 
 _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(safetensors.__file__)))
 BOARD_DTYPES = ("F32", "I8")
+EXACT_IN_F32 = 1 << 24  # I32 tensors (a generated model's indices) go to the board as F32 below this
 DROPPED = ("num_batches_tracked",)  # training bookkeeping, not weights
+# What a generated model computes on shapes per call (the board has none of it: see check_board_support)
+SHAPE_OPS = ("ops.Shape", "ops.Size", "ops.truth", "ops.host_tensor")
 TOP_FILES = ("model.py", "model.safetensors", "predict.py")
 
 
@@ -90,7 +93,7 @@ def board_api():
              "functions = set(cinders.OPS_FUNCTIONS) | {'engine', 'ENGINE', 'Tensor', '__version__'}\n"
              "import cinders.onnx_ops as onnx_ops\n"
              "onnx = {n for n, v in vars(onnx_ops).items() if n[0].isupper() and not isinstance(v, type)}\n"
-             "onnx |= {'expect_shape', 'Module'}\n"
+             "onnx |= {'expect_shape', 'Module', 'param', 'power_by_constant'}\n"
              "print(json.dumps({k: sorted(v) for k, v in (('layers', layers), ('methods', methods), "
              "('functions', functions), ('onnx_ops', onnx))}))\n")
     r = subprocess.run([sys.executable, "-I", "-B", "-c", probe, RUNTIME_DIR], capture_output=True, text=True)
@@ -130,11 +133,12 @@ def unsupported_on_board(source, filename="model.py"):
                 elif node.module == "cinders.nn":
                     if a.name not in api["layers"]:
                         yield node.lineno, "cinders.nn.%s" % a.name
+                elif node.module == "cinders.onnx" and a.name == "ops" or \
+                        node.module == "cinders" and a.name == "onnx_ops":
+                    aliases[local] = "onnx_ops"  # export-micro points it at cinders/onnx_ops.py
                 elif node.module == "cinders":
                     if a.name not in api["functions"] and a.name != "nn":
                         yield node.lineno, "cinders.%s" % a.name
-                elif node.module == "cinders.onnx" and a.name == "ops":
-                    aliases[local] = "onnx_ops"  # export-micro points it at cinders/onnx_ops.py
                 else:
                     yield node.lineno, "%s (module)" % node.module
     for node in ast.walk(tree):
@@ -165,39 +169,66 @@ def check_board_support(model_file):
     except OSError as e:
         raise RecordError("cannot read model source %s: %s" % (model_file, e.strerror or e)) from None
     try:
-        missing = sorted(set(unsupported_on_board(source, model_file)))
+        missing = sorted(set(unsupported_on_board(board_model_source(source), model_file)))
     except SyntaxError as e:
         raise RecordError("model source %s is not valid Python: %s" % (model_file, e)) from None
     if missing:
+        lines = {}
+        for line, what in missing:
+            lines.setdefault(what, []).append(line)
+        shapes = any(what.split(" ")[0] in SHAPE_OPS for what in lines)
         raise BoardSupportError(
-            "%s uses what the board runtime does not have (nothing was written): %s. The board has "
+            "%s uses what the board runtime does not have (nothing was written): %s.%s The board has "
             "layers %s and Tensor methods %s" % (
-                model_file, ", ".join("%s (line %d)" % (what, line) for line, what in missing),
+                model_file, ", ".join("%s (line %d%s)" % (what, at[0], " and %d more" % (len(at) - 1) if len(at) > 1 else "")
+                                      for what, at in sorted(lines.items(), key=lambda kv: kv[1][0])),
+                " Shape arithmetic and Ifs on it are decided at import when the input shapes are "
+                "fixed: cinders import-onnx MODEL.onnx --input-shape NAME=D,D,... (and --fixed-input "
+                "NAME=VALUE for an input that never changes)." if shapes else "",
                 ", ".join(sorted(board_api()["layers"] - {"Module"})),
                 ", ".join(sorted(board_api()["methods"]))))
 
 
 def board_model_source(source):
     """The model source as the board runs it: a generated ONNX model's `from cinders.onnx import
-    ops` becomes the board's operators (cinders/onnx_ops.py) and its classes' base `cn.nn.Module`
-    becomes `ops.Module` (whose tensors are its parameters); those lines only, the rest is kept
-    byte for byte. Any other source is returned unchanged."""
+    ops` becomes the board's operators (cinders/onnx_ops.py), its classes' base `cn.nn.Module`
+    becomes `ops.Module` (whose tensors are its parameters), and the `cn.zeros(SHAPE, ...)` of
+    their __init__ become `ops.param(SHAPE)` (a shape, where zeros would fill RAM with values the
+    record replaces: silero VAD's are 1.2 MB); those spans only, the rest is kept byte for byte
+    (one line each). Any other source is returned unchanged."""
     tree = ast.parse(source)
     lines = source.split("\n")
     ops_names = [a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
                  and node.module == "cinders.onnx" for a in node.names if a.name == "ops"]
     if not ops_names:
         return source
+    ops = ops_names[0]
+    edits = []   # (line, start, end, text), applied right to left
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == "cinders.onnx":
-            lines[node.lineno - 1] = "from cinders import onnx_ops as %s" % ops_names[0]
+            edits.append((node.lineno, 0, len(lines[node.lineno - 1]), "from cinders import onnx_ops as %s" % ops))
         elif isinstance(node, ast.ClassDef):
             for base in node.bases:
                 if ast.unparse(base) in ("cn.nn.Module", "cinders.nn.Module", "nn.Module"):
-                    line = lines[base.lineno - 1]
-                    lines[base.lineno - 1] = (line[:base.col_offset] + ops_names[0] + ".Module"
-                                              + line[base.end_col_offset:])
+                    edits.append((base.lineno, base.col_offset, base.end_col_offset, ops + ".Module"))
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                    edits += [e for call in ast.walk(fn) for e in _param_edit(call, ops)]
+    for line, start, end, text in sorted(edits, reverse=True):
+        lines[line - 1] = lines[line - 1][:start] + text + lines[line - 1][end:]
     return "\n".join(lines)
+
+
+def _param_edit(call, ops):
+    """[(line, start, end, `ops.param(SHAPE, dtype)`)] for a one-line `cn.zeros(SHAPE, backend=...,
+    dtype=cn.X)` call of a generated __init__; [] for anything else."""
+    if not (isinstance(call, ast.Call) and ast.unparse(call.func) in ("cn.zeros", "cinders.zeros")
+            and len(call.args) == 1 and call.lineno == call.end_lineno):
+        return []
+    dtype = [k.value for k in call.keywords if k.arg == "dtype"]
+    extra = ", %r" % ast.unparse(dtype[0]).rpartition(".")[2] if dtype else ""
+    return [(call.lineno, call.col_offset, call.end_col_offset,
+             "%s.param(%s%s)" % (ops, ast.unparse(call.args[0]), extra))]
 
 
 def uses_tensor_ops(source):
@@ -243,7 +274,8 @@ def model_source(class_path, allow=()):
 
 
 def write_board_record(src, dst, input_shape=None, tensor_ops=True):
-    """Copy the record as the board reads it: F16 widened to F32, training bookkeeping
+    """Copy the record as the board reads it: F16 widened to F32, I32 (a generated model's
+    indices, which its ops.param(..., 'int32') turns back into ints) as exact F32, training bookkeeping
     (BatchNorm's num_batches_tracked) dropped, other dtypes rejected; `input_shape` (one
     sample's) stored in the metadata for predict.py."""
     with open(src, "rb") as f:
@@ -253,16 +285,19 @@ def write_board_record(src, dst, input_shape=None, tensor_ops=True):
             info = r.info(n)
             if n.split(".")[-1] in DROPPED:
                 continue
-            if info.dtype not in BOARD_DTYPES + ("F16",):
+            if info.dtype == "I32" and any(abs(v) >= EXACT_IN_F32 for v in r.read(n)):
+                raise RecordError("%s: tensor %r holds int32 values of %d or more, which the board's "
+                                  "float32 cannot hold exactly" % (src, n, EXACT_IN_F32))
+            if info.dtype not in BOARD_DTYPES + ("F16", "I32"):
                 raise RecordError("%s: tensor %r is %s; the board runtime reads %s"
                                   % (src, n, info.dtype, " and ".join(BOARD_DTYPES)))
 
             def payload(n=n, info=info):  # one tensor in memory at a time
-                if info.dtype == "F16":
-                    return safetensors_write.encode(r.read(n), "F32", n)
+                if info.dtype in ("F16", "I32"):
+                    return safetensors_write.encode([float(v) for v in r.read(n)], "F32", n)
                 return r.read_bytes(n)
 
-            entries.append((n, "F32" if info.dtype == "F16" else info.dtype, info.shape, payload))
+            entries.append((n, "F32" if info.dtype in ("F16", "I32") else info.dtype, info.shape, payload))
         meta = dict(r.metadata)
         if meta.get("dtype") == "float16":
             meta["dtype"] = "float32"

@@ -59,3 +59,30 @@ def test_a_fixed_input_must_be_an_input_of_the_right_shape():
         load(rate_switch_model(), backend=cn.NumPy(), fixed_inputs={"sr": [16000, 8000]})
     with pytest.raises(OnnxError, match="not a number"):
         load(rate_switch_model(), backend=cn.NumPy(), fixed_inputs={"sr": "16k"})
+
+
+def test_fixed_input_shapes_decide_silero_shape_arithmetic_at_import():
+    """input_shapes= fixes the graph's symbolic dims: silero VAD's Shape/Gather/Equal chains and the
+    Ifs on them fold (what the board needs), and the model still equals onnxruntime chunk by
+    chunk with its state carried; other shapes are refused."""
+    from cinders.apps import shipped
+    path = shipped.model_path("silero_vad.onnx")
+    shapes = {"input": [1, 576], "state": [2, 1, 128]}
+    source = to_source(path, fixed_inputs={"sr": 16000}, input_shapes=shapes)
+    assert "ops.Shape(" not in source and "ops.truth(" not in source and "ops.LSTM(" in source
+    model = load(path, backend=cn.NumPy(), fixed_inputs={"sr": 16000}, input_shapes=shapes)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    state, mine = np.zeros((2, 1, 128), np.float32), cn.zeros(2, 1, 128, backend=cn.NumPy())
+    for _ in range(3):
+        x = (rng.standard_normal((1, 576)) * 0.3).astype(np.float32)
+        want, state = session.run(None, {"input": x, "state": state, "sr": np.array(16000, np.int64)})
+        got, mine = model(cn.tensor(x, backend=cn.NumPy()), mine)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(mine.numpy(), state, rtol=1e-4, atol=1e-5)
+    with pytest.raises(OnnxError, match="declares"):
+        model(cn.zeros(1, 512, backend=cn.NumPy()), mine)
+    with pytest.raises(OnnxError, match="does not fit"):
+        to_source(path, input_shapes={"state": [3, 1, 128]})
+    with pytest.raises(OnnxError, match="not an input"):
+        to_source(path, input_shapes={"audio": [1, 576]})

@@ -108,16 +108,18 @@ def _model(data):
     return model
 
 
-def _generate(source, class_name="Model", fixed_inputs=None):
+def _generate(source, class_name="Model", fixed_inputs=None, input_shapes=None):
     data, folder, name = _read(source)
     model = _model(data)
-    src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name, fixed_inputs)
+    src, constants, _ = codegen.generate(model, _external_reader(folder), class_name, name, fixed_inputs,
+                                         input_shapes)
     return src, constants, name
 
 
-def to_source(source, class_name="Model", fixed_inputs=None):
-    """The generated Python source of an ONNX model (a path or bytes); fixed_inputs as in load."""
-    return _generate(source, class_name, fixed_inputs)[0]
+def to_source(source, class_name="Model", fixed_inputs=None, input_shapes=None):
+    """The generated Python source of an ONNX model (a path or bytes); fixed_inputs and
+    input_shapes as in load."""
+    return _generate(source, class_name, fixed_inputs, input_shapes)[0]
 
 
 def _tensors(constants, backend):
@@ -134,15 +136,17 @@ def _tensors(constants, backend):
     return out
 
 
-def load(source, backend=None, fixed_inputs=None):
+def load(source, backend=None, fixed_inputs=None, input_shapes=None):
     """The ONNX model at `source` (a path or bytes) as a cinders.nn.Module on `backend` (default:
     cn.default_backend()). fixed_inputs: {input name: value} of inputs that are the same on every
     call (a sample rate, a flag): they become constants and leave the forward's arguments, and
-    what depends only on them (an If on them, shape arithmetic) is decided at import. Raises
-    OnnxError for unreadable files and lists every unsupported op."""
+    what depends only on them (an If on them, shape arithmetic) is decided at import.
+    input_shapes: {input name: dims} the model will always get (the graph's symbolic dims made
+    fixed), so shape arithmetic and the Ifs on it are decided at import too: what a board wants.
+    Raises OnnxError for unreadable files and lists every unsupported op."""
     from ..tensor import default_backend
     backend = backend or default_backend()
-    src, constants, name = _generate(source, fixed_inputs=fixed_inputs)
+    src, constants, name = _generate(source, fixed_inputs=fixed_inputs, input_shapes=input_shapes)
     module = types.ModuleType("cinders_onnx_model")
     module.__file__ = "<onnx %s>" % name
     exec(compile(src, module.__file__, "exec"), module.__dict__)  # our generated source, see codegen
@@ -152,9 +156,10 @@ def load(source, backend=None, fixed_inputs=None):
     return model.eval()
 
 
-def import_onnx(source, out_dir, name=None):
+def import_onnx(source, out_dir, name=None, fixed_inputs=None, input_shapes=None):
     """Write OUT_DIR/NAME.py and OUT_DIR/NAME.safetensors; returns the two paths and the nodes
-    that read device values at run time (their results depend on data: NonZero, Unique, ...)."""
+    that read device values at run time (their results depend on data: NonZero, Unique, ...).
+    fixed_inputs, input_shapes: as in load."""
     from .. import record
     from ..tensor import default_backend
     data, folder, display = _read(source)
@@ -163,7 +168,8 @@ def import_onnx(source, out_dir, name=None):
         name = codegen.module_name(base)
     elif not name.isidentifier() or not name.isascii():
         raise OnnxError("--name %r is not a Python module name" % (name,))
-    src, constants, device_reads = codegen.generate(_model(data), _external_reader(folder), "Model", display)
+    src, constants, device_reads = codegen.generate(_model(data), _external_reader(folder), "Model", display,
+                                                    fixed_inputs, input_shapes)
     os.makedirs(out_dir, exist_ok=True)
     py_path = os.path.join(out_dir, name + ".py")
     st_path = os.path.join(out_dir, name + ".safetensors")

@@ -28,6 +28,10 @@ LITERAL_LIMIT = 4096
 # when their inputs and output hold at most this many elements; bigger ones run with the model.
 # Products (a MatMul of two weights) cost far more per element: they fold up to LITERAL_LIMIT.
 FOLD_LIMIT = 1 << 16
+# Ops that only move values cost little more than reading their inputs: a slice of a weight (an
+# LSTM's gates reordered) folds when its output is within FOLD_LIMIT and its inputs within MOVE_LIMIT.
+MOVES = {"Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Transpose", "Gather"}
+MOVE_LIMIT = 1 << 18
 PRODUCTS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger", "QLinearMatMul",
             "QLinearConv", "LSTM", "GRU", "RNN", "Attention"}
 SUPPORTED_DOMAINS = ("", "ai.onnx")
@@ -105,13 +109,12 @@ class _Known(set):
         return set.__contains__(self, name)
 
 
-def _sample_shape(inputs):
+def _sample_shape(declared):
     """`input_shape = (...)`: one sample's shape, for a single input whose dims past the batch are
     fixed (what cinders export-micro and the board's predict.py read); none otherwise."""
-    if len(inputs) != 1:
+    if len(declared) != 1:
         return []
-    dims = list(element_type(inputs[0].type)[1] or [])
-    sample = dims[1:]
+    sample = declared[0][1:]
     if not sample or not all(isinstance(d, int) and d > 0 for d in sample):
         return []
     return ["input_shape = %s   # one sample (the batch dim left out)" % literal(tuple(sample))]
@@ -488,14 +491,19 @@ class _Scope:
                 raise _Unsupported("%s has %d outputs, the If %d" % (key, len(graph.output), len(outs)))
             body += ["%s = %s" % (target, out) for target, out in zip(outs, inside.outputs(graph, key))]
             lines += ["    " + line for line in body] if len(keys) == 2 else body
+            if len(keys) == 1:   # decided: its outputs are the branch's, with what is known of them
+                self.infos.update((o, inside.info(vi.name)) for o, vi in zip(node.output, graph.output) if o)
         return lines
 
 
-def generate(model, external=None, class_name="Model", source_name="model.onnx", fixed_inputs=None):
+def generate(model, external=None, class_name="Model", source_name="model.onnx", fixed_inputs=None,
+             input_shapes=None):
     """(source, {attribute: Constant}, device_reads) for the ModelProto `model`; device_reads
     names the nodes whose results depend on data, which read device values at run time.
     fixed_inputs: {input name: value (a number or nested lists)} given now for every call: those
-    inputs become constants, so what depends only on them is decided at import. Raises OnnxError
+    inputs become constants, so what depends only on them is decided at import. input_shapes:
+    {input name: dims} that replace the graph's declared (symbolic) dims, so shape arithmetic
+    on them folds at import too (the model then refuses other shapes). Raises OnnxError
     listing every unsupported node at once."""
     graph = model.graph
     opset = opset_of(model)
@@ -522,7 +530,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     problems = []
     scope = _Scope(opset, values, attrs, constants, known, problems, external)
     scope.types.update(_value_types(graph, constants))
-    declared = [list(element_type(vi.type)[1] or []) for vi in inputs]
+    declared = _declared_shapes(inputs, input_shapes or {})
     for vi, dims in zip(inputs, declared):
         if element_type(vi.type)[1] is not None:
             scope.infos[vi.name] = infer.Info(dims)
@@ -532,7 +540,8 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     lines += scope.emit(graph.node)
     if problems:
         raise UnsupportedOps(source_name, problems)
-    layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
+    layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values,
+                            declared)
     if layered is not None:
         return layered + ([],)
     outputs = []
@@ -541,8 +550,31 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
         outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
     stored = list({c.attr: c for every in scope.every_constants for c in every.values() if c.attr}.values())
-    return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs,
-                          lines, stored, scope.device_reads), {c.attr: c for c in stored}, scope.device_reads
+    return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines,
+                          stored, scope.device_reads, declared), {c.attr: c for c in stored}, scope.device_reads
+
+
+def _declared_shapes(inputs, given):
+    """The dims of each graph input: the graph's, or those `given` for it (checked against them)."""
+    names = [vi.name for vi in inputs]
+    for name in given:
+        if name not in names:
+            raise OnnxError("input shape for %s, which is not an input of the graph (its inputs: %s)"
+                            % (ascii(name), ", ".join(ascii(n) for n in names)))
+    out = []
+    for vi in inputs:
+        dims = list(element_type(vi.type)[1] or [])
+        shape = given.get(vi.name)
+        if shape is not None:
+            shape = list(shape)
+            if element_type(vi.type)[1] is not None and (len(shape) != len(dims) or any(
+                    isinstance(d, int) and d != n for d, n in zip(dims, shape))):
+                raise OnnxError("input shape %s for %s does not fit the graph's %s" % (shape, ascii(vi.name), dims))
+            if not all(isinstance(n, int) and n > 0 for n in shape):
+                raise OnnxError("input shape %s for %s is not positive integers" % (shape, ascii(vi.name)))
+            dims = shape
+        out.append(dims)
+    return out
 
 
 def _fixed_constants(graph, fixed, constants):
@@ -659,7 +691,7 @@ def _fold(node, fn, attributes, opset, constants, infos):
     if "input_types" in fn.params:   # quantized ops: a folded value would lose its int8/uint8 type
         return None
     if sum(len(constants[i].values) for i in node.input if i) > \
-            (LITERAL_LIMIT if node.op_type in PRODUCTS else FOLD_LIMIT):
+            (LITERAL_LIMIT if node.op_type in PRODUCTS else MOVE_LIMIT if node.op_type in MOVES else FOLD_LIMIT):
         return None
     sizes = [i.numel() for o, i in zip(node.output, infos) if o]
     if any(n is None and node.op_type in SIZED_BY_VALUE or n is not None and n > FOLD_LIMIT for n in sizes):
@@ -782,7 +814,7 @@ def _small_constant_exponent(node, constants):
 
 
 def _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines, stored,
-                   device_reads):
+                   device_reads, declared):
     header = [
         "# Generated by cinders from %s: do not expect it to match the file byte for byte," % ascii(source_name),
         "# but feel free to edit, fine-tune (cn.Autodiff) or export it (cinders export-micro).",
@@ -797,10 +829,10 @@ def _module_source(model, class_name, source_name, opset, inputs, input_vars, ou
     body = [
         "input_names = %s" % literal([vi.name for vi in inputs]),
         "output_names = %s" % literal([o.name for o in model.graph.output]),
-        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_shapes = %s" % literal(declared),
         "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
-    ] + _sample_shape(inputs) + [
+    ] + _sample_shape(declared) + [
         "buffers = %s" % literal(buffers),
         "# nodes whose result depends on data: they read device values (a GPU waits for them)",
         "device_reads = %s" % literal(device_reads),
@@ -908,7 +940,7 @@ def _layer_for(node, constants):
     return None
 
 
-def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values):
+def _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values, declared):
     graph = model.graph
     type_name, dims = element_type(inputs[0].type) if len(inputs) == 1 else (None, None)
     if len(inputs) != 1 or len(graph.output) != 1 or type_name not in ("float32", None) or len(dims or ()) < 2:
@@ -951,10 +983,10 @@ def _layer_source(model, class_name, source_name, opset, inputs, input_vars, con
     body = [
         "input_names = %s" % literal([vi.name for vi in inputs]),
         "output_names = %s" % literal([o.name for o in graph.output]),
-        "input_shapes = %s" % literal([list(element_type(vi.type)[1] or []) for vi in inputs]),
+        "input_shapes = %s" % literal(declared),
         "input_types = %s" % literal([element_type(vi.type)[0] or "float32" for vi in inputs]),
         "opset = %d" % opset,
-    ] + _sample_shape(inputs) + [
+    ] + _sample_shape(declared) + [
         "",
         "def __init__(self, backend=None):   # backend: the desktop's; the board's layers ignore it",
         "    super().__init__()",

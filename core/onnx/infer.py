@@ -344,7 +344,48 @@ def _reduce(x, inputs, attrs):
     return Info([d for i, d in enumerate(x.shape) if i not in drop])
 
 
+def _conv(x, inputs, attrs):
+    w = inputs[1]
+    if x.shape is None or w is None or w.shape is None or len(x.shape) < 3:
+        return None
+    nd = len(x.shape) - 2
+    kernel = list(attrs.get("kernel_shape") or w.shape[2:])
+    strides = list(attrs.get("strides") or [1] * nd)
+    dilations = list(attrs.get("dilations") or [1] * nd)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    spatial = []
+    for i, n in enumerate(x.shape[2:]):
+        if not isinstance(n, int):
+            spatial.append(None)
+        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            spatial.append(-(-n // strides[i]))
+        else:
+            pads = list(attrs.get("pads") or [0] * (2 * nd)) if auto_pad != "VALID" else [0] * (2 * nd)
+            span = n + pads[i] + pads[i + nd] - dilations[i] * (kernel[i] - 1) - 1
+            spatial.append(span // strides[i] + 1 if span >= 0 else None)
+    return Info([x.shape[0], w.shape[0]] + spatial)
+
+
+def _pad(x, inputs, attrs):
+    pads = _ints_of(x, attrs, "pads", 1, inputs)
+    if x.shape is None or pads is None or len(inputs) > 3 and inputs[3] is not None:
+        return None   # `axes` given: left to the op
+    rank = len(x.shape)
+    return Info([d + pads[i] + pads[i + rank] if isinstance(d, int) else None for i, d in enumerate(x.shape)])
+
+
+def _lstm(x, inputs, attrs):
+    """Y (seq, directions, batch, hidden), Y_h and Y_c (directions, batch, hidden): layout 0."""
+    if x.shape is None or len(x.shape) != 3 or attrs.get("layout", 0):
+        return None
+    directions = 2 if attrs.get("direction") == "bidirectional" else 1
+    hidden = attrs["hidden_size"]
+    state = Info([directions, x.shape[1], hidden])
+    return [Info([x.shape[0], directions, x.shape[1], hidden]), state, state]
+
+
 _RULES = {
+    "Conv": _conv, "Pad": _pad, "LSTM": _lstm,
     "Shape": _shape, "Size": _size, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape,
     "Expand": _expand, "Range": _range, "Transpose": _transpose, "MatMul": _matmul, "Gemm": _gemm,

@@ -36,6 +36,7 @@ class Module:
     """Base of every layer and model. Sub-modules are found among the attributes."""
 
     _params = ()
+    _streamed = ("weight",)  # the parameters record.load may leave in the file (read row by row)
 
     def __init__(self):
         pass

@@ -10,33 +10,55 @@ before writing anything, a model that calls an operator not defined here. An att
 board cannot reproduce (grouped convolution, asymmetric padding, ceil_mode) raises
 NotImplementedError naming it, never a different number.
 """
+import math
+
 from cinders import _ops, _ops_more, engine
 from cinders._tensor import Tensor, empty
 from cinders._nn_image import per_sample
+from cinders._window import window_count
 from cinders.nn import Module as _Module
 from cinders.record import Param
 
 flat, numel, reshape, binary, unary = _ops.flat, _ops.numel, _ops.reshape, _ops.binary, _ops.unary
+_sigmoid = _ops.UNARY["sigmoid"]
 
 
 class Module(_Module):
     """A generated model: its tensor attributes are its parameters (named like the record's
-    tensors), read whole into RAM when the record is bound."""
+    tensors). Those up to record.RESIDENT_BYTES are read into RAM when the record is bound; larger
+    ones stay in the file (Streamed), so a model may hold more weights than the heap."""
 
     @property
     def _params(self):
         return tuple(k for k in self.__dict__ if isinstance(self.__dict__[k], Tensor))
 
+    _streamed = _params
+
     def param_shapes(self):
         # kept for loaded(): a record's Param does not carry its shape (heap, record.py)
         self._shapes = {k: tuple(getattr(self, k).shape) for k in self._params}
+        self._ints = [k for k in self._params if getattr(self, k).dtype == "int32"]
         return self._shapes
 
     def loaded(self):
         for k in list(self.__dict__):  # MicroPython's __dict__ is read-only: setattr
             p = self.__dict__[k]
             if isinstance(p, Param):
-                setattr(self, k, Weight(p.data, self._shapes[k]))
+                shape = self._shapes[k]
+                if k in self._ints:  # an index constant (Gather's), stored as exact floats
+                    setattr(self, k, [int(v) for v in p.data] if shape else int(p.data[0]))
+                elif p.data is None:
+                    setattr(self, k, Streamed(p, shape))
+                else:
+                    setattr(self, k, Weight(p.data, shape))
+
+
+def param(shape, dtype="float32"):
+    """A parameter of a generated model before the record is bound (`cinders export-micro` writes
+    it for the `cn.zeros(...)` of its __init__): the shape only, no RAM for the values."""
+    t = Tensor(None, tuple(shape))
+    t.dtype = dtype
+    return t
 
 
 class Weight(Tensor):
@@ -49,15 +71,35 @@ class Weight(Tensor):
         self.values = values
 
 
+class Streamed(Tensor):
+    """A parameter left in the record file: Conv, Gemm and LSTM read its rows while they run
+    (record.Param.chunks); any other op reads it whole, for that op only."""
+
+    def __init__(self, param, shape):  # no Tensor.__init__: nothing in RAM
+        self.param = param
+        self.shape = shape
+        self.slot = None
+        self.gen = 0
+
+    @property
+    def values(self):
+        for _, _, view in self.param.chunks(self.param.rows):  # one chunk: every row
+            return view
+
+    @property
+    def data(self):
+        return engine.from_flat(self.values, self.shape)
+
+
 class _Rows:
     """A weight tensor seen as the engines read record weights (record.Param's interface): rows
-    of the first dim, float32, no int8 scale."""
+    of the first dim (or `rows` rows), float32, no int8 scale."""
     scale = None
     typecode = "f"
 
-    def __init__(self, t):
+    def __init__(self, t, rows=None):
         self.data = t.values if isinstance(t, Weight) else flat(t)
-        self.rows = t.shape[0]
+        self.rows = rows or t.shape[0]
         self.row_len = len(self.data) // self.rows
 
     def chunks(self, k):
@@ -66,6 +108,20 @@ class _Rows:
         for j in range(0, self.rows, k):
             n = min(k, self.rows - j)
             yield j, n, mv[j * L:(j + n) * L]
+
+
+def rows_of(t, rows=None):
+    """The weight t as rows for the engines' linear and conv2d: read from the file as they run
+    when t is Streamed, else from RAM."""
+    if isinstance(t, Streamed):
+        p = t.param
+        if rows and rows != p.rows:
+            # an ONNX LSTM's (1, 4 * hidden, n) weight read as 4 * hidden rows (its only use: the
+            # regrouping stays; record.py has no method for it, every name there costs the 64 KB MLP)
+            p.row_len, p._row_bytes = p.row_len * p.rows // rows, p._row_bytes * p.rows // rows
+            p.rows = rows
+        return p
+    return _Rows(t, rows)
 
 
 def _own(t):
@@ -144,10 +200,51 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         X = Pad(X, [0, 0] + pads[:nd] + [0, 0] + pads[nd:])
         pads = [0] * (2 * nd)
     kernel, strides, pad, dilations = _windows("Conv", X, kernel, strides, dilations, pads, "NOTSET")
-    rows, bias = _Rows(W), (_Rows(B) if B is not None else None)
-    y = per_sample(lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad,
-                                                 dilations)), _as_2d(X))
-    return _from_2d(y, nd)
+    rows, bias = rows_of(W), (_Rows(B) if B is not None else None)
+    X2 = _as_2d(X)
+    out = [window_count(X2.shape[2 + i], kernel[i], strides[i], pad[i], dilations[i]) for i in (0, 1)]
+    positions = out[0] * out[1]
+    if positions <= FEW_POSITIONS or positions < kernel[0] * kernel[1]:
+        conv = lambda xb: _conv_by_position(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations, out)
+    else:
+        conv = lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations))
+    return _from_2d(per_sample(conv, X2), nd)
+
+
+FEW_POSITIONS = 8  # a streaming model's chunk (silero's convs: 4 and fewer)
+
+
+def _conv_by_position(x, rows, bias, M, kernel, strides, pad, dilations, out):
+    """A conv with few output positions (an STFT's 256-tap kernel at 4 positions, silero's
+    encoder at 4 and 1): the input patch under the kernel at each position (zeros where it reads
+    padding) times every weight row on the engine's linear, where the engines' conv2d would loop
+    over the taps for every chunk of weight rows. An engine with batched linear (array) reads
+    the weights once for all positions; ulab once per position."""
+    C, H, Wd = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = kernel
+    OH, OW = out
+    P, L = OH * OW, C * kh * kw
+    v = flat(x)
+    patches = empty("f", P * L)
+    i = 0
+    for oy in range(OH):
+        for ox in range(OW):
+            for c in range(C):
+                for ky in range(kh):
+                    iy = oy * strides[0] - pad[0] + ky * dilations[0]
+                    for kx in range(kw):
+                        ix = ox * strides[1] - pad[1] + kx * dilations[1]
+                        patches[i] = v[(c * H + iy) * Wd + ix] if 0 <= iy < H and 0 <= ix < Wd else 0.0
+                        i += 1
+    y = empty("f", M * P)
+    groups = [(0, P)] if getattr(engine, "BATCHED", False) else [(p, 1) for p in range(P)]
+    mv = memoryview(patches)
+    for first, n in groups:
+        cols = flat(engine.linear(_ops.make(mv[first * L:(first + n) * L], (n, L)), rows, bias, M))
+        for p in range(n):
+            for m in range(M):
+                y[m * P + first + p] = cols[p * M + m]
+    return _ops.make(y, (1, M, OH, OW))
 
 
 def _pool(op, mode, X, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations):
@@ -215,7 +312,7 @@ def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     if transB and not transA and alpha == 1.0 and beta == 1.0 and (C is None or C.shape == (n,)):
         # a Linear layer (what exporters write): the engine's linear reads B's rows in place,
         # where a transposed copy would need B's size again
-        rows, bias = _Rows(B), (_Rows(C) if C is not None else None)
+        rows, bias = rows_of(B), (_Rows(C) if C is not None else None)
         return per_sample(lambda a: _own(engine.linear(a, rows, bias, n)), A)
     a = _ops_more.transpose(A, 0, 1) if transA else A
     b = _ops_more.transpose(B, 0, 1) if transB else B
@@ -395,3 +492,74 @@ def LeakyRelu(X, alpha=0.01):
 
 def Identity(input):  # noqa: A002
     return input
+
+
+def Cast(input, to, saturate=1, round_mode="up"):  # noqa: A002
+    if to != "float32":
+        raise NotImplementedError("Cast: to=%s; the board computes float32" % to)
+    return input
+
+
+def power_by_constant(x, n):
+    """Pow(x, n) for the constant exponents 2 and 3, as products (like the desktop's)."""
+    y = binary("mul", x, x)
+    return binary("mul", y, x) if n == 3 else y
+
+
+def Gather(data, indices, axis=0):
+    """data's slices at the (constant) indices along axis; an int index drops that axis."""
+    a = axis % len(data.shape)
+    n = data.shape[a]
+    picks = [i % n if -n <= i < n else n for i in ints(indices)]
+    if n in picks:
+        raise IndexError("Gather: an index of %s is out of range for a dim of %d" % (indices, n))
+    tables = [list(range(d)) for d in data.shape]
+    tables[a] = picks
+    y = _gather(data, tables)
+    if isinstance(indices, int):
+        y = reshape(y, data.shape[:a] + data.shape[a + 1:])
+    return y
+
+
+def LSTM(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,
+         activation_alpha=None, activation_beta=None, activations=None, clip=None,
+         direction="forward", hidden_size=None, input_forget=0, layout=0, outputs=1):
+    """ONNX LSTM, forward, with the default activations (what exporters of nn.LSTM write): per
+    step the gates are W x + R h + biases (the engine's linear, rows streamed from the record
+    when W and R are), in ONNX's order i, o, f, c."""
+    if direction != "forward" or layout or P is not None or clip is not None or input_forget \
+            or activations is not None or sequence_lens is not None:
+        raise NotImplementedError("LSTM: only direction=forward, layout=0 and the default "
+                                  "activations, without peepholes, clip or sequence_lens")
+    H = hidden_size
+    T, N = X.shape[0], X.shape[1]
+    Wr, Rr = rows_of(W, 4 * H), rows_of(R, 4 * H)
+    bias = None
+    if B is not None:
+        b = flat(B)
+        bias = _Rows(_ops.make([b[j] + b[4 * H + j] for j in range(4 * H)], (4 * H,)))
+    h = [list(flat(initial_h))[k * H:(k + 1) * H] if initial_h is not None else [0.0] * H
+         for k in range(N)]
+    c = [list(flat(initial_c))[k * H:(k + 1) * H] if initial_c is not None else [0.0] * H
+         for k in range(N)]
+    xs = flat(X)
+    I = X.shape[2]
+    Y = []
+    for t in range(T):
+        for k in range(N):
+            x = _ops.make(xs[(t * N + k) * I:(t * N + k + 1) * I], (1, I))
+            g = list(flat(engine.linear(x, Wr, bias, 4 * H)))   # a copy: the next linear reuses its buffer
+            r = flat(engine.linear(_ops.make(h[k], (1, H)), Rr, None, 4 * H))
+            hk, ck = h[k], c[k]
+            for j in range(H):
+                i_ = _sigmoid(g[j] + r[j])
+                o_ = _sigmoid(g[H + j] + r[H + j])
+                f_ = _sigmoid(g[2 * H + j] + r[2 * H + j])
+                cj = f_ * ck[j] + i_ * math.tanh(g[3 * H + j] + r[3 * H + j])
+                ck[j] = cj
+                hk[j] = o_ * math.tanh(cj)
+            Y.extend(hk)
+    Y_h = _ops.make([v for hk in h for v in hk], (1, N, H))
+    Y_c = _ops.make([v for ck in c for v in ck], (1, N, H))
+    res = (_ops.make(Y, (T, 1, N, H)), Y_h, Y_c)
+    return res[:outputs] if outputs > 1 else res[0]

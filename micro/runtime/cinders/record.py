@@ -1,7 +1,8 @@
 """Binding a safetensors record to a model on the board, without loading it whole.
 
 Weights stay in the file and are read a row at a time while a layer runs (a 784x128 float layer
-is 400 KB: more than an ESP32 has); only weights up to `resident_bytes` (1 KB by default: more
+is 400 KB: more than an ESP32 has; a layer names the tensors that may stay there in `_streamed`);
+only weights up to `resident_bytes` (1 KB by default: more
 buys little speed and costs contiguous RAM, the scarce kind) and the small tensors (biases,
 scales, norms) are read into RAM once. Pass a larger resident_bytes where RAM is plentiful (the
 browser page does).
@@ -105,7 +106,7 @@ def load(model, f, resident_bytes=RESIDENT_BYTES, reader=None):
             elif info.dtype != "F32":
                 raise RecordError("tensor %r is %s: the board reads F32, and I8 weight matrices of"
                                   " int8-per-channel-symmetric records" % (name, info.dtype))
-            resident = pname != "weight" or info.nbytes <= resident_bytes
+            resident = pname not in layer._streamed or info.nbytes <= resident_bytes
             bound.append((layer, pname, Param(r, info, resident, scale)))
             used[name] = 1
     extra = [n for n in r.order if n not in used and n.split(".")[-1] not in _IGNORED]
