@@ -353,6 +353,15 @@ class Fusion(Backend):
             return self._inner.conv2d(x, w, bias, stride, padding, dilation, groups, activation)
         return self._boundary("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
 
+    @property
+    def pool2d_kernel(self):
+        return self._inner.pool2d_kernel
+
+    def pool2d(self, x, op, kernel, stride, padding, dilation):
+        if self.compiler is None:
+            return self._inner.pool2d(x, op, kernel, stride, padding, dilation)
+        return self._boundary("pool2d", x, op, kernel, stride, padding, dilation)
+
     # -- movement: constants stay constants, views of data stay views --------------------------
 
     def _const_as(self, x, shape):
