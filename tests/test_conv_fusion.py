@@ -59,7 +59,8 @@ def test_pools_against_the_composition(gpu, args):
 
 
 def test_conv_relu_pool_runs_two_kernels(gpu):
-    """conv + ReLU (the conv's epilogue) + max pool: two kernels, no unfold2d, no reduction."""
+    """conv + ReLU (the conv's epilogue) + max pool: two kernels, no unfold2d, no reduction
+    (the MNIST CNN's block; see also the pool prologue on Fusion below)."""
     x = RNG.standard_normal((2, 4, 12, 12)).astype(np.float32)
     w = RNG.standard_normal((16, 4, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(16).astype(np.float32)
@@ -74,6 +75,34 @@ def test_conv_relu_pool_runs_two_kernels(gpu):
         assert [n.split("_")[0] for n in names[-2:]] == ["conv2d", "pool2d"], names
         assert not any("unfold" in n or "reduce" in n for n in names), names
         np.testing.assert_allclose(forward(backend).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_fusion_runs_the_elementwise_group_inside_the_pool(gpu, op):
+    """On cn.Fusion a pending elementwise group feeding a pool (conv -> + bias -> ReLU, NaN
+    included) is the pool kernel's prologue: one launch after the conv, the group never stored;
+    read afterwards, the group is computed by its own kernel and equals the composition."""
+    x = RNG.standard_normal((2, 4, 10, 9)).astype(np.float32)
+    w = RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal((1, 8, 1, 1)).astype(np.float32)
+    x[1, 2, 3, 4] = np.nan
+    pool = (lambda t: cn.max_pool2d(t, 3, stride=2, padding=1)) if op == "max" else \
+        (lambda t: cn.avg_pool2d(t, 2, padding=1, count_include_pad=False))
+
+    def forward(backend, keep=False):
+        t = lambda a: cn.tensor(a, backend=backend)
+        act = ((cn.conv2d(t(x), t(w)) + t(b)) * 0.5).relu()
+        return (pool(act), act) if keep else pool(act)
+
+    want, want_act = (v.numpy() for v in forward(cn.NumPy(), keep=True))
+    fused = cn.Fusion(gpu)
+    names = _kernels(fused, lambda: forward(fused))
+    assert len(names) == 2 and names[0].startswith("conv2d"), names
+    assert names[1].startswith("pool2d_" + op) and "_fused_add_mul_le_where" in names[1], names
+    np.testing.assert_allclose(forward(fused).numpy(), want, rtol=1e-5, atol=1e-5)
+    got, act = forward(fused, keep=True)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(act.numpy(), want_act, rtol=1e-5, atol=1e-5)
 
 
 def test_abilities_are_declared(gpu):
