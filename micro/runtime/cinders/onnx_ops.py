@@ -131,7 +131,8 @@ def _from_2d(y, nd):
 
 
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-         strides=None):
+         strides=None, activation=None):
+    # activation: not ONNX's; the importer folds a Relu / Clip(0, 6) after a Conv into it
     if group != 1:
         raise NotImplementedError("Conv: group=%d is not supported on the board" % group)
     if X.shape[1] != W.shape[1]:
@@ -147,6 +148,8 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
     rows, bias = _Rows(W), (_Rows(B) if B is not None else None)
     y = per_sample(lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad,
                                                  dilations)), _as_2d(X))
+    if activation is not None:
+        y = _ops.clamp(y, 0.0, 6.0 if activation == "relu6" else None)
     return _from_2d(y, nd)
 
 
