@@ -9,6 +9,7 @@ cinders_ms runs the model as it is; captured_ms the same model through cn.captur
 
     python benchmarks/gpu_mnist.py             # batch 1 and 256 (a real GPU)
     python benchmarks/gpu_mnist.py --small     # fewer repeats: runs on lavapipe
+    python benchmarks/gpu_mnist.py --fusion    # on cn.Fusion(cn.Wgpu())
 """
 
 import argparse
@@ -50,9 +51,11 @@ def main():
     parser.add_argument("--small", action="store_true", help="few repeats (lavapipe)")
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 256])
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--fusion", action="store_true", help="run on cn.Fusion(cn.Wgpu())")
     args = parser.parse_args()
     repeat = 3 if args.small else args.repeat
-    backend = cn.Wgpu()
+    gpu = cn.Wgpu()
+    backend = cn.Fusion(gpu) if args.fusion else gpu
     model = MnistCNN().to(backend).eval()
     try:
         import torch
@@ -89,7 +92,8 @@ def main():
             "captured_ms": round(captured, 4), "torch_ms": round(theirs, 4) if theirs else None,
             "ratio": round(ours / theirs, 4) if theirs else None,
             "captured_ratio": round(captured / theirs, 4) if theirs else None,
-            "max_abs_diff": diff, "dispatches_per_forward": prof.kernel_launches, "device": backend.device.name, "torch_device": device}),
+            "max_abs_diff": diff, "dispatches_per_forward": prof.kernel_launches,
+            "backend": repr(backend), "device": gpu.device.name, "torch_device": device}),
             flush=True)
 
 
