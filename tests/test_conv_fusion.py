@@ -177,17 +177,22 @@ def test_batch_norm_and_activation_fold_into_the_conv(gpu):
 
 
 def test_batch_norm_that_cannot_fold_stays(gpu):
-    """A conv output read by the batch norm and by another node: the batch norm stays, and the
-    result still equals onnxruntime's."""
-    from onnx import helper
+    """A conv output read by the batch norm and by another node, or by a node of an If branch:
+    the batch norm stays, and the result still equals onnxruntime's."""
+    from onnx import TensorProto, helper
     x = RNG.standard_normal((1, 3, 6, 7)).astype(np.float32)
-    inits = {"w": RNG.standard_normal((5, 3, 3, 3)).astype(np.float32)}
+    inits = {"w": RNG.standard_normal((5, 3, 3, 3)).astype(np.float32), "cond": np.array(True)}
     inits.update(_bn_inits(5, "n"))
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             _bn("c", "y", "n"),
-             helper.make_node("Add", ["y", "c"], ["z"])]
-    source = _check_against_onnxruntime(gpu, _model(nodes, inits, x.shape), x)
-    assert "BatchNormalization" in source
+    head = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), _bn("c", "y", "n")]
+    branch = lambda name, op: helper.make_graph(   # noqa: E731
+        [helper.make_node(op, ["c"], ["b_" + name])], name, [],
+        [helper.make_tensor_value_info("b_" + name, TensorProto.FLOAT, None)])
+    for tail in ([helper.make_node("Add", ["y", "c"], ["z"])],
+                 [helper.make_node("If", ["cond"], ["t"], then_branch=branch("then", "Relu"),
+                                   else_branch=branch("else", "Neg")),
+                  helper.make_node("Add", ["y", "t"], ["z"])]):
+        source = _check_against_onnxruntime(gpu, _model(head + tail, inits, x.shape), x)
+        assert "BatchNormalization" in source
 
 
 MAXPOOLS = [dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),      # resnet's

@@ -264,15 +264,15 @@ class ProgramRunner:
         params = images.POOL2D_PARAMS.pack(
             x_off=0, x_strides=row_major_strides(shape),
             **images.geometry_values(total, shape, kernel, stride, padding, dilation, (oh, ow)))
-        key = ("pool2d_prologue", op, program.key, tuple(binding_of[j] for j in range(len(program.leaves))),
-               slot_types)
+        key = ("pool2d_prologue", op, program.key,
+               tuple(binding_of[j] for j in range(len(program.leaves))), slot_types)
         if key not in _POOL_SOURCES:  # (a builder closing over the program would keep its buffers)
-            _POOL_SOURCES[key] = images.pool2d_wgsl(op, (prologue_wgsl(program, binding_of, first), slot_types,
-                                                    layout.size))
-        return self.backend.launch(key, lambda: _POOL_SOURCES[key], handles, [((n, c, oh, ow), dtypes.float32)],
-                                   params + layout.pack(**values), groups_for(total, WG),
-                                   "pool2d_%s_%s" % (op, program.name), 4 * sum(e.value.size for e in program.leaves),
-                                   4 * total)[0]
+            _POOL_SOURCES[key] = images.pool2d_wgsl(
+                op, (prologue_wgsl(program, binding_of, first), slot_types, layout.size))
+        return self.backend.launch(
+            key, lambda: _POOL_SOURCES[key], handles, [((n, c, oh, ow), dtypes.float32)],
+            params + layout.pack(**values), groups_for(total, WG), "pool2d_%s_%s" % (op, program.name),
+            4 * sum(e.value.size for e in program.leaves), 4 * total)[0]
 
     @staticmethod
     def _frame_view(h, shape, axis):

@@ -12,7 +12,8 @@ is needed: an elementwise group over its output (bias + activation after a Linea
 runs inside the matmul kernel, at its store. A pool (the optional pool2d primitive) whose
 input is a pending flat group runs that group as its prologue, where its windows read it.
 Everything else (argmax, movement copies, gather, unfold, conv2d...) is a boundary: its inputs
-are computed first, then the inner backend runs it as usual. A group is compiled and launched ("flushed") when
+are computed first, then the inner backend runs it as usual. A group is compiled and launched
+("flushed") when
   * its data is read (to_flat) or a boundary op consumes it;
   * it would read more buffers than one kernel may bind (the device's
     maxStorageBuffersPerShaderStage), or grow beyond MAX_GROUP_OPS ops;

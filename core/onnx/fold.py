@@ -24,12 +24,16 @@ _NODE = MESSAGE_CLASSES["NodeProto"]
 _ATTRIBUTE = MESSAGE_CLASSES["AttributeProto"]
 
 
-def _readers(nodes, outputs):
-    """{value name: how many node inputs (and graph outputs) read it}."""
-    count = {}
+def _readers(nodes, outputs, count=None):
+    """{value name: how many node inputs (and graph outputs) read it}, the nodes of subgraphs
+    (If branches, Loop and Scan bodies, which may read outer values) included."""
+    count = {} if count is None else count
     for node in nodes:
         for name in node.input:
             count[name] = count.get(name, 0) + 1
+        for a in node.attribute:
+            for graph in ([a.g] if a.g is not None else []) + list(a.graphs):
+                _readers(graph.node, [vi.name for vi in graph.output], count)
     for name in outputs:
         count[name] = count.get(name, 0) + 1
     return count

@@ -156,17 +156,16 @@ def fold2d_wgsl(ty):
 
 
 POOL2D_PARAMS = ParamLayout(*_GEOMETRY_FIELDS, "x_off", ("x_strides", 4))
-POOL_OPS = ("max", "avg", "avg_real")   # avg: / kh*kw (padding counts); avg_real: / real pixels
 
 
 def pool2d_wgsl(op, prologue=None):
     """max_pool2d / avg_pool2d without the unfolded matrix: each thread reads its window of x
     (through strides) and writes one pixel of out (N, C, OH, OW) contiguous. max propagates NaN
-    and treats padding as -inf; avg_real divides by the pixels inside the image only.
-    prologue: (WGSL of `fn prologue(i) -> f32`, binding types of its leaves, the size of the
-    parameter block with its parameters): x is not stored
-    but computed where the window reads it (program.prologue_wgsl; x_off, x_strides then
-    address its frame, contiguous). P: POOL2D_PARAMS (then the prologue's own)."""
+    and treats padding as -inf; avg divides by kh*kw (padding counts), avg_real by the pixels
+    inside the image only. prologue: (WGSL of `fn prologue(i) -> f32`, binding types of its
+    leaves, the size of the parameter block with its parameters): x is not stored but computed
+    where a window reads it (program.prologue_wgsl; x_off, x_strides then address its frame,
+    contiguous). P: POOL2D_PARAMS (then the prologue's own)."""
     P = POOL2D_PARAMS
     # -inf through a `let` of its bits: Chrome's WGSL compiler rejects a constant expression
     # that evaluates to inf (mathlib.py)
