@@ -4,7 +4,7 @@ The same weights in both (copied from the cinders model into an identical torch.
 latency is one forward pass plus reading the logits back to the host, median of --repeat runs.
 One JSON line per (stack, batch size):
     {"bench": "mnist_cnn", "stack", "batch", "cinders_ms", "captured_ms", "torch_ms", "ratio",
-     "captured_ratio", "max_abs_diff", ...}
+     "captured_ratio", "max_abs_diff", "dispatches_per_forward", ...}
 cinders_ms runs the model as it is; captured_ms the same model through cn.capture (replays),
 timed against torch call by call in turns (timing.interleaved_median_ms).
 Stacks: cn.Wgpu(), and with --fusion also cn.Fusion(cn.Wgpu()).
@@ -93,12 +93,15 @@ def main():
                 diff = float(np.max(np.abs(run_cinders() - run_torch())))
             else:
                 captured = median_ms(lambda: fast(x).numpy(), repeat)
+            with cn.profile(backend) as prof:
+                run_cinders()
             print(json.dumps({
                 "bench": "mnist_cnn", "stack": stack, "batch": batch, "cinders_ms": round(ours, 4),
                 "captured_ms": round(captured, 4), "torch_ms": round(theirs, 4) if theirs else None,
                 "ratio": round(ours / theirs, 4) if theirs else None,
                 "captured_ratio": round(ratio, 4) if ratio else None,
-                "max_abs_diff": diff, "device": gpu.device.name, "torch_device": device}),
+                "max_abs_diff": diff, "dispatches_per_forward": prof.kernel_launches,
+                "device": gpu.device.name, "torch_device": device}),
                 flush=True)
 
 

@@ -79,6 +79,15 @@ and that composition is the reference every kernel is tested against.
                           (NaN propagates); -> (N, O, OH, OW). Reference: functional.conv2d's
                           unfold2d + matmul composition. Decorators forward the flag of the
                           backend they wrap and record the op (Autodiff: its gradient).
+    pool2d(x, op, kernel, stride, padding, dilation)       flag: pool2d_kernel
+                          max_pool2d / avg_pool2d without the unfold2d matrix: x (N, C, H, W)
+                          float32, op "max" (padding counts as -inf, NaN propagates), "avg"
+                          (sum / kh*kw, padding counts as 0) or "avg_real" (sum / the window's
+                          pixels inside the image); kernel/stride/padding/dilation pairs,
+                          padding symmetric (ph, pw) at most half the kernel -> (N, C, OH, OW).
+                          Reference: functional.max_pool2d / avg_pool2d's unfold2d + reduce.
+                          Fusion forwards the flag (a boundary); Autodiff does not (it
+                          differentiates the composition).
     lstm_cell(gates, c)   flag: recurrent_kernels
                           one LSTM step after its matmuls: gates (B, 4H) float32 in ONNX's
                           order i, o, f, g (biases added), c (B, H) the cell state ->
@@ -191,7 +200,7 @@ PRIMITIVES = (
     "gather", "scatter_add",
     "unfold2d", "fold2d",
 )
-OPTIONAL_PRIMITIVES = ("conv2d",)
+OPTIONAL_PRIMITIVES = ("conv2d", "pool2d")
 
 # Each primitive's arguments in call order: "H" a handle, "Hs" a list of handles, other kinds
 # plain values ("op" an op-table name, "shape", "ints", "pair", "pairs", "int", "bool",
@@ -265,6 +274,7 @@ class Backend:
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
+    pool2d_kernel = False     # pool2d(...): max/avg pooling kernels of their own (else unfold + reduce)
     recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step
     sends_to_peers = False    # send_to(handles, other): its server sends them to other's (cn.Remote)
     # Storage dtypes (cn.int8, cn.uint8, cn.float16: core/dtypes.py) this backend holds at their

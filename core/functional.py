@@ -260,6 +260,8 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1):
     kernel, stride, padding, dilation, (oh, ow) = _pool_args("max_pool2d", x, kernel_size, stride,
                                                             padding, dilation)
     n, c = x.shape[0], x.shape[1]
+    if x.backend.pool2d_kernel and x.numel():
+        return _pool2d_kernel(x, "max", kernel, stride, padding, dilation, (oh, ow))
     cols = unfold2d(x, kernel, stride, padding, dilation, pad_value=-math.inf)
     return cols.reshape(n, c, kernel[0] * kernel[1], oh * ow).max(2).reshape(n, c, oh, ow)
 
@@ -269,12 +271,21 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
     border windows divide by the number of real pixels they cover."""
     kernel, stride, padding, _, (oh, ow) = _pool_args("avg_pool2d", x, kernel_size, stride, padding)
     n, c = x.shape[0], x.shape[1]
+    if x.backend.pool2d_kernel and x.numel():
+        op = "avg" if count_include_pad or padding == (0, 0) else "avg_real"
+        return _pool2d_kernel(x, op, kernel, stride, padding, (1, 1), (oh, ow))
     cols = unfold2d(x, kernel, stride, padding).reshape(n, c, kernel[0] * kernel[1], oh * ow)
     if count_include_pad or padding == (0, 0):
         return cols.mean(2).reshape(n, c, oh, ow)
     ones = full((1, 1) + x.shape[2:], 1.0, backend=x.backend, dtype=float32)
     counts = unfold2d(ones, kernel, stride, padding).sum(1)          # (1, L) real pixels per window
     return (cols.sum(2) / counts).reshape(n, c, oh, ow)
+
+
+def _pool2d_kernel(x, op, kernel, stride, padding, dilation, out_hw):
+    """The backend's pool2d primitive (core/backend.py): one kernel, no unfolded matrix."""
+    h = x.backend.pool2d(x.handle, op, kernel, stride, padding, dilation)
+    return Tensor(x.backend, h, x.shape[:2] + tuple(out_hw), float32)
 
 
 __all__ = ["sigmoid", "relu", "gelu", "softmax", "log_softmax", "mean", "clamp", "stack", "one_hot",

@@ -115,6 +115,8 @@ class Wgpu(Backend):
 
     # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
     conv2d_kernel = True
+    # ... and so has the optional pool2d primitive (codegen/images.py: a window per thread).
+    pool2d_kernel = True
     # int8/uint8 packed four to a u32 word, float16 two (codegen/packing.py).
     storage_dtypes = dtypes.STORAGE_DTYPES
     # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
@@ -628,6 +630,20 @@ class Wgpu(Backend):
 
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
+
+    def pool2d(self, x, op, kernel, stride, padding, dilation):
+        n, c, h, w = x.shape
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
+        out = self._new((n, c, oh, ow), x.dtype)
+        total = out.size
+        if total == 0:
+            return out
+        params = images.POOL2D_PARAMS.pack(
+            x_off=x.offset, x_strides=x.strides,
+            **images.geometry_values(total, x.shape, kernel, stride, padding, dilation, (oh, ow)))
+        self.launch(("pool2d", op), lambda: images.pool2d_wgsl(op), [x], [out], params,
+                    groups_for(total, WG), "pool2d_" + op, 4 * total * kernel[0] * kernel[1], 4 * total)
+        return out
 
     def fold2d(self, cols, size, kernel, stride, padding, dilation):
         n = cols.shape[0]

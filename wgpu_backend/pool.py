@@ -112,6 +112,7 @@ class BufferPool:
         self.buffers_created = 0
         self.reused = 0             # allocations served from the pool
         self.inplace = 0            # elementwise results written into a dead input's buffer
+        self.inplace_bytes = 0      # ... and the bytes (size classes) those results saved
         self._held = {}             # id -> raw of every buffer a Storage holds
         self._released = deque()    # (raw, size class) handed back by dead storages, not yet pooled
         self._reserved = set()      # ids of buffers owned by captured programs
@@ -181,6 +182,7 @@ class BufferPool:
                 dispatch.pipeline = pipeline
                 dispatch.buffers = dispatch.buffers[:-1]  # the output binding goes
                 self.inplace += 1
+                self.inplace_bytes += cls
                 break
         else:
             # The launch is the last one recorded, so every pooled buffer's last reader comes
@@ -276,4 +278,4 @@ class BufferPool:
                 "reserved_bytes": self.allocated_bytes + self.pooled_bytes,
                 "peak_bytes": self.peak_bytes, "buffers_created": self.buffers_created,
                 "captured_bytes": self.reserved_bytes,
-                "reused": self.reused, "inplace": self.inplace}
+                "reused": self.reused, "inplace": self.inplace, "inplace_bytes": self.inplace_bytes}

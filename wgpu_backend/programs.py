@@ -5,7 +5,7 @@ A `ProgramRunner` lays out bindings and parameters for the generated kernel (cod
 chooses its shape (flat or rows, vec4 or not, threads per row) and launches it through the
 backend's public compile-and-launch interface (`Wgpu.empty`, `Wgpu.launch`). It is what
 `Wgpu.fusion_compiler()` returns to cn.Fusion (the interface described in core/fusion/backend.py:
-`max_buffers`, `binding_key`, `run`, `run_matmul`).
+`max_buffers`, `binding_key`, `run`, `run_matmul`, `run_pool`).
 
 Planning a Program (bindings, layouts, parameter block, grid) is the runner's Python cost per
 launch. A plain op's plan depends only on its structure (op, shapes, strides, dtypes, alignment,
@@ -16,18 +16,21 @@ call would (benchmarks/wgpu_dispatch.py).
 
 import math
 
-from cinders.backend import row_major_strides
+from cinders import dtypes
+from cinders.backend import row_major_strides, unfold2d_output_size
 from cinders.fusion.graph import Expr, LEAF, PENDING, Program, row_shape
 
+from .codegen import images
 from .codegen.prelude import WG, bits, groups_for
 from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, row_threads,
-                              epilogue_layout, epilogue_wgsl, buffers, ROW_THREADS)
+                              epilogue_layout, epilogue_wgsl, prologue_wgsl, buffers, ROW_THREADS)
 from .codegen.matmul import matmul_param_count
 from .codegen.packing import binding_type
 
 
 _LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
 _SOURCES = {}  # kernel key -> {None or in-place slot: WGSL} of the plans kept by run_op
+_POOL_SOURCES = {}  # kernel key -> WGSL of the pool kernels with a prologue (run_pool)
 MAX_PLANS = 4096
 
 
@@ -209,13 +212,7 @@ class ProgramRunner:
         outs = [backend.empty(program.exprs[o].shape, program.exprs[o].dtype)
                 for o in program.outputs]
         leaves = [(j, e) for j, e in enumerate(program.leaves) if j != product]
-        slots, binding_of, handles = [], {}, []
-        for j, e in leaves:
-            key = (id(e.value.storage), e.dtype)
-            if key not in slots:
-                slots.append(key)
-                handles.append(e.value)
-            binding_of[j] = slots.index(key)
+        slots, binding_of, handles = self._leaf_slots(leaves)
         slot_types = tuple(binding_type(dt) for _, dt in slots)
         # Its parameters follow the matmul's own (the frame has the product's rank).
         first = matmul_param_count(len(a.shape) - 2)
@@ -235,6 +232,47 @@ class ProgramRunner:
         if not backend.matmul_epilogue(a, b, epilogue):
             return None
         return outs
+
+    def _leaf_slots(self, leaves):
+        """(slots, binding_of, handles): one binding per distinct (buffer, dtype) of `leaves`
+        [(leaf index, Expr)]; binding_of[leaf index] -> its slot."""
+        slots, binding_of, handles = [], {}, []
+        for j, e in leaves:
+            key = (id(e.value.storage), e.dtype)
+            if key not in slots:
+                slots.append(key)
+                handles.append(e.value)
+            binding_of[j] = slots.index(key)
+        return slots, binding_of, handles
+
+    def run_pool(self, program, op, kernel, stride, padding, dilation):
+        """The flat float32 group `program` (one output over an (N, C, H, W) frame) computed
+        where the pool2d kernel reads its windows (its prologue), never stored: the pooled
+        handle. op, kernel, ...: as the pool2d primitive (core/backend.py)."""
+        shape = program.shape
+        n, c, h, w = shape
+        oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
+        total = n * c * oh * ow
+        slots, binding_of, handles = self._leaf_slots(list(enumerate(program.leaves)))
+        slot_types = tuple(binding_type(dt) for _, dt in slots)
+        first = images.POOL2D_PARAMS.size
+        layout = epilogue_layout(program, None, first)
+        values = {"shape": shape, "consts": [bits(x.arg, x.dtype) for x in program.consts]}
+        for j, e in enumerate(program.leaves):
+            _, strides, offset = self._frame_view(e.value, shape, None)
+            values["l%d_off" % j], values["l%d_strides" % j] = offset, strides
+        params = images.POOL2D_PARAMS.pack(
+            x_off=0, x_strides=row_major_strides(shape),
+            **images.geometry_values(total, shape, kernel, stride, padding, dilation, (oh, ow)))
+        key = ("pool2d_prologue", op, program.key,
+               tuple(binding_of[j] for j in range(len(program.leaves))), slot_types)
+        if key not in _POOL_SOURCES:  # (a builder closing over the program would keep its buffers)
+            _POOL_SOURCES[key] = images.pool2d_wgsl(
+                op, (prologue_wgsl(program, binding_of, first), slot_types, layout.size))
+        return self.backend.launch(
+            key, lambda: _POOL_SOURCES[key], handles, [((n, c, oh, ow), dtypes.float32)],
+            params + layout.pack(**values), groups_for(total, WG), "pool2d_%s_%s" % (op, program.name),
+            4 * sum(e.value.size for e in program.leaves), 4 * total)[0]
 
     @staticmethod
     def _frame_view(h, shape, axis):

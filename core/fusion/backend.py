@@ -9,9 +9,11 @@ What is recorded: unary/binary/comparison ops, where, cast, constants (`full`), 
 reductions sum/prod/max/min (whose elementwise prologue and epilogue join the same kernel:
 softmax and layer norm become one kernel per row), and matmul, launched only when its result
 is needed: an elementwise group over its output (bias + activation after a Linear or a conv)
-runs inside the matmul kernel, at its store. Everything else (argmax, movement
-copies, gather, unfold...) is a boundary: its inputs are computed first, then the inner backend
-runs it as usual. A group is compiled and launched ("flushed") when
+runs inside the matmul kernel, at its store. A pool (the optional pool2d primitive) whose
+input is a pending flat group runs that group as its prologue, where its windows read it.
+Everything else (argmax, movement copies, gather, unfold, conv2d...) is a boundary: its inputs
+are computed first, then the inner backend runs it as usual. A group is compiled and launched
+("flushed") when
   * its data is read (to_flat) or a boundary op consumes it;
   * it would read more buffers than one kernel may bind (the device's
     maxStorageBuffersPerShaderStage), or grow beyond MAX_GROUP_OPS ops;
@@ -37,9 +39,11 @@ def compiler_for(inner, max_buffers=None):
     """The fusion compiler of `inner` (a backend declaring `compiles_kernels`), or None (then
     Fusion passes ops through). A compiler has `max_buffers` (storage buffers one kernel may
     bind), `binding_key(handle)` (which buffer a handle reads), `run(program) -> [inner handle
-    per output]` (graph.Program) and `run_matmul(program, leaf_index, a, b)`: the program run
+    per output]` (graph.Program), `run_matmul(program, leaf_index, a, b)`: the program run
     as the epilogue of the matmul a @ b (its leaf `leaf_index`), or None where that matmul
-    cannot take one."""
+    cannot take one; and, where the inner backend declares pool2d_kernel,
+    `run_pool(program, op, kernel, stride, padding, dilation)`: the pool of the program's one
+    output, the program computed inside the pool kernel."""
     return inner.fusion_compiler(max_buffers) if inner.compiles_kernels else None
 
 
@@ -352,6 +356,36 @@ class Fusion(Backend):
         if self.compiler is None:
             return self._inner.conv2d(x, w, bias, stride, padding, dilation, groups, activation)
         return self._boundary("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
+
+    @property
+    def pool2d_kernel(self):
+        return self._inner.pool2d_kernel
+
+    def pool2d(self, x, op, kernel, stride, padding, dilation):
+        if self.compiler is None:
+            return self._inner.pool2d(x, op, kernel, stride, padding, dilation)
+        order = self._pool_prologue(x.expr)
+        if order is None:
+            return self._boundary("pool2d", x, op, kernel, stride, padding, dilation)
+        # The pending group runs inside the pool kernel, where its windows read it. It stays
+        # pending: dead afterwards (the usual case: conv -> ReLU -> pool) it is never stored;
+        # still wanted, it is computed again by its own kernel when read.
+        e = x.expr
+        out = self.compiler.run_pool(Program(order, [e], e.frame), op, kernel, stride, padding, dilation)
+        return self._leaf(out, self._inner.shape(out), e.dtype)
+
+    def _pool_prologue(self, e):
+        """The pending exprs of e's group (inputs first) when one pool kernel can compute them
+        as its prologue: a flat float32 group of e's shape within the binding limit; else None."""
+        if e.kind != PENDING or e.frame != (e.shape, None) or e.dtype is not dtypes.float32:
+            return None
+        order = topo_pending(e)
+        for product in {id(x): x for y in order for x in y.inputs if x.kind == MATMUL}.values():
+            self._compute(product)      # (a leaf of the group from now on)
+        if not all(y.shape == e.shape and y.frame == e.frame for y in order):
+            return None
+        keys = {self.compiler.binding_key(x.value) for y in order for x in y.inputs if x.kind == LEAF}
+        return order if len(keys) + 1 <= self.compiler.max_buffers else None
 
     # -- movement: constants stay constants, views of data stay views --------------------------
 

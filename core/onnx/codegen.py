@@ -18,6 +18,7 @@ from array import array
 from ..nn.module import Module
 from . import infer
 from . import ops as onnx_ops
+from .fold import fold_batch_norms, fold_conv_activations
 from .ops import cinders_dtype_name
 from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
 
@@ -518,6 +519,10 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     constants.update(_fixed_constants(graph, fixed_inputs or {}, constants))
     if graph.sparse_initializer:
         raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
+    # Batch norms after constant-weight convs become the convs' weights and biases (fold.py).
+    model, graph = copy.copy(model), copy.copy(graph)
+    model.graph = graph
+    graph.node = fold_batch_norms(graph.node, constants, [vi.name for vi in graph.output])
 
     if not graph.output:
         raise OnnxError("the graph has no outputs")
@@ -537,7 +542,8 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # Shapes decided at import assume the declared dims: an input of other dims is refused.
     lines = ["ops.expect_shape(%s, %s, %s)" % (var, literal(dims), ascii(vi.name))
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
-    lines += scope.emit(graph.node)
+    # Activations fold into convs in this source only: the layer-style one keeps its ReLU layers.
+    lines += scope.emit(fold_conv_activations(graph.node, constants, [vi.name for vi in graph.output]))
     if problems:
         raise UnsupportedOps(source_name, problems)
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values,

@@ -153,3 +153,54 @@ def fold2d_wgsl(ty):
 """.replace("{T}", ty).replace("{Z}", zero(ty))
     src = header(P.size, [("cols", ty, False), ("out", ty, True)])
     return src + entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"
+
+
+POOL2D_PARAMS = ParamLayout(*_GEOMETRY_FIELDS, "x_off", ("x_strides", 4))
+
+
+def pool2d_wgsl(op, prologue=None):
+    """max_pool2d / avg_pool2d without the unfolded matrix: each thread reads its window of x
+    (through strides) and writes one pixel of out (N, C, OH, OW) contiguous. max propagates NaN
+    and treats padding as -inf; avg divides by kh*kw (padding counts), avg_real by the pixels
+    inside the image only. prologue: (WGSL of `fn prologue(i) -> f32`, binding types of its
+    leaves, the size of the parameter block with its parameters): x is not stored but computed
+    where a window reads it (program.prologue_wgsl; x_off, x_strides then address its frame,
+    contiguous). P: POOL2D_PARAMS (then the prologue's own)."""
+    P = POOL2D_PARAMS
+    # -inf through a `let` of its bits: Chrome's WGSL compiler rejects a constant expression
+    # that evaluates to inf (mathlib.py)
+    first = "let ninf_bits = 0xff800000u;\n  var acc = bitcast<f32>(ninf_bits);" if op == "max" \
+        else "var acc = 0.0;"
+    combine = "fmax_f(acc, v)" if op == "max" else "acc + v"
+    body = _geometry(P) + """  var r = i;
+  let ox = r % OW; r = r / OW; let oy = r % OH; r = r / OH; let c = r % C; let n = r / C;
+  let base = {XO} + n * {XS0} + c * {XS1};
+  {FIRST}
+  var count = 0u;
+  for (var ki = 0u; ki < kh; ki = ki + 1u) {
+    let y = i32(oy * sh + ki * dh) - i32(ph);
+    if (y < 0i || y >= i32(H)) { continue; }
+    for (var j = 0u; j < kw; j = j + 1u) {
+      let x = i32(ox * sw + j * dw) - i32(pw);
+      if (x < 0i || x >= i32(W)) { continue; }
+      let v = {READ};
+      acc = {COMBINE};
+      count = count + 1u;
+    }
+  }
+""".replace("{FIRST}", first).replace("{COMBINE}", combine).replace(
+        "{READ}", ("inp[%s]" if prologue is None else "prologue(%s)") % "base + u32(y) * {XS2} + u32(x) * {XS3}")
+    body += {"max": "  out[i] = acc;\n",
+             "avg": "  out[i] = acc / f32(kh * kw);\n",
+             "avg_real": "  out[i] = acc / f32(count);\n"}[op]
+    for name, value in (("{XO}", P["x_off"]), ("{XS0}", P["x_strides", 0]), ("{XS1}", P["x_strides", 1]),
+                        ("{XS2}", P["x_strides", 2]), ("{XS3}", P["x_strides", 3])):
+        body = body.replace(name, value)
+    if prologue is None:
+        bindings, function, n_params = [("inp", "f32", False)], "", P.size
+    else:
+        function, slot_types, n_params = prologue
+        bindings = [("b%d" % s, t, False) for s, t in enumerate(slot_types)]
+    src = header(n_params, bindings + [("out", "f32", True)]) + function
+    src += entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"
+    return helpers_for(src) + src

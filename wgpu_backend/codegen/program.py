@@ -342,3 +342,24 @@ def epilogue_wgsl(program, product, binding_of, first):
     lines += ["  " + store(program.nodes[o][4], "out%d" % j, "i", "x%d" % o)
               for j, o in enumerate(program.outputs)]
     return _finish("\n".join(lines) + "\n}\n", program)
+
+
+# ---- pool prologues ------------------------------------------------------------------------
+def prologue_wgsl(program, binding_of, first):
+    """`fn prologue(i) -> f32`: the value of the group's one output at element i of its frame,
+    every leaf read through (offset, strides), nothing written (P: epilogue_layout with no
+    product): the pool kernel calls it for each pixel of its windows (images.pool2d_wgsl)."""
+    nd = len(program.shape)
+    P = epilogue_layout(program, None, first)
+    lines = ["fn prologue(i: u32) -> f32 {", unravel("i", P.array("shape")).rstrip("\n")]
+    lines += _const_lines(program, P)
+    coords = ["c%d" % d for d in range(nd)]
+    names = []
+    for j in range(len(program.leaves)):
+        lines.append("  let l%d = %s;" % (j, load(
+            program.leaves[j].dtype, "b%d" % binding_of[j],
+            dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j)))))
+        names.append("l%d" % j)
+    lines += _flat_chain(program, names, "")
+    lines.append("  return x%d;" % program.outputs[0])
+    return _finish("\n".join(lines) + "\n}\n", program)

@@ -4,7 +4,7 @@ import math
 
 import cinders as cn
 from ...dtypes import float32
-from ...functional import conv2d
+from ...functional import conv2d, max_pool2d
 from ...tensor import unfold2d
 from ..proto import OnnxError
 from .base import op
@@ -51,7 +51,9 @@ def _pad_spatial(x, begins, ends, value):
 
 
 @op()
-def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+         activation=None):
+    # activation: not ONNX's; the importer sets it where a Relu / Clip(0, 6) follows (fold.py)
     nd = X.ndim - 2
     if nd not in (1, 2, 3):
         raise OnnxError("Conv: %d-D convolution is not supported (1-D to 3-D are)" % nd)
@@ -67,7 +69,7 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         strides, dilations = [1] + list(strides), [1] + list(dilations)
         begins, ends = [0] + list(begins), [0] + list(ends)
     out = conv2d(x, w, B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
-                 dilation=tuple(dilations), groups=group)
+                 dilation=tuple(dilations), groups=group, activation=activation)
     return out.squeeze(2) if nd == 1 else out
 
 
@@ -194,6 +196,10 @@ def MaxPool(X, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=None
     if outputs > 1:
         raise OnnxError("MaxPool: the Indices output is not supported")
     kernel, strides, dilations, begins, ends = _windows(X, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
+    if X.ndim == 4 and X.dtype is float32 and begins == ends and all(2 * p <= k for p, k in zip(begins, kernel)):
+        # functional's window (symmetric padding within half the kernel): one pool2d kernel
+        # where the backend has it, with no padded copy
+        return max_pool2d(X, tuple(kernel), tuple(strides), tuple(begins), tuple(dilations))
     floor = -math.inf if X.dtype is float32 else -2.0 ** 31
     x = _pad_spatial(X.cast(float32), begins, ends, floor)
     out = _window_reduce(x, kernel, strides, dilations, "max")

@@ -187,7 +187,8 @@ def _from_2d(y, nd):
 
 
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-         strides=None):
+         strides=None, activation=None):
+    # activation: not ONNX's; the importer folds a Relu / Clip(0, 6) after a Conv into it
     if group != 1:
         raise NotImplementedError("Conv: group=%d is not supported on the board" % group)
     if X.shape[1] != W.shape[1]:
@@ -208,7 +209,10 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         conv = lambda xb: _conv_by_position(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations, out)
     else:
         conv = lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations))
-    return _from_2d(per_sample(conv, X2), nd)
+    y = per_sample(conv, X2)
+    if activation is not None:
+        y = _ops.clamp(y, 0.0, 6.0 if activation == "relu6" else None)
+    return _from_2d(y, nd)
 
 
 FEW_POSITIONS = 8  # a streaming model's chunk (silero's convs: 4 and fewer)
