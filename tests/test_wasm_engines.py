@@ -1,5 +1,6 @@
-"""cn.Wasm()'s desktop engines: in-process Wasmtime (the default) and the Node child process
-run the same module to the same numbers; Wasmtime's memory accesses are bounds-checked."""
+"""cn.Wasm()'s desktop engines: the native build of the kernels (the default where clang is
+installed), in-process Wasmtime and the Node child process run the same kernel source to the same
+numbers; memory accesses are bounds-checked in all of them, and a kernel's stray access is a trap."""
 
 import numpy as np
 import pytest
@@ -7,37 +8,57 @@ import pytest
 import cinders as cn
 import cinders.nn.functional as F
 from cinders.models.mnist import MnistCNN
-from cinders.wasm.engines import NodeEngine, WasmEngineError, WasmtimeEngine, default_engine
+from cinders.wasm import build
+from cinders.wasm.engines import (NativeEngine, NodeEngine, WasmEngineError, WasmtimeEngine, default_engine,
+                                  engine)
 
 
-def test_the_desktop_default_is_wasmtime():
-    assert isinstance(default_engine(), WasmtimeEngine)
-    assert isinstance(cn.Wasm().engine, WasmtimeEngine)
+def test_the_desktop_default_is_the_native_build():
+    assert isinstance(default_engine(), NativeEngine)  # (clang is installed here: scripts/setup.sh)
+    assert cn.Wasm().engine is default_engine() is engine("native")
+    assert isinstance(cn.Wasm(engine="wasmtime").engine, WasmtimeEngine)
+    with pytest.raises(cn.errors.ArgumentError, match="engines are native, wasmtime, node"):
+        cn.Wasm(engine="wasm3")
+
+
+def _training_step_losses(engine):
+    cn.manual_seed(0)
+    backend = cn.Autodiff(cn.Wasm(engine=engine))
+    model = MnistCNN().to(backend)
+    opt = cn.optim.AdamW(lr=1e-3)
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(3):
+        x = cn.tensor(rng.random((4, 1, 28, 28), dtype=np.float32), backend=backend)
+        y = cn.tensor(rng.integers(0, 10, 4).astype(np.int32), backend=backend)
+        loss = F.cross_entropy(model(x), y)
+        opt.step(model, loss.backward())
+        out.append(loss.item())
+    return out, model.layers[0].weight.numpy()
 
 
 def test_node_and_wasmtime_compute_the_same_training_step():
-    def losses(engine):
-        cn.manual_seed(0)
-        backend = cn.Autodiff(cn.Wasm(engine=engine))
-        model = MnistCNN().to(backend)
-        opt = cn.optim.AdamW(lr=1e-3)
-        rng = np.random.default_rng(0)
-        out = []
-        for _ in range(3):
-            x = cn.tensor(rng.random((4, 1, 28, 28), dtype=np.float32), backend=backend)
-            y = cn.tensor(rng.integers(0, 10, 4).astype(np.int32), backend=backend)
-            loss = F.cross_entropy(model(x), y)
-            opt.step(model, loss.backward())
-            out.append(loss.item())
-        return out, model.layers[0].weight.numpy()
-
-    node, wasmtime = losses(NodeEngine()), losses(WasmtimeEngine())
+    node, wasmtime = _training_step_losses(NodeEngine()), _training_step_losses(WasmtimeEngine())
     assert node[0] == wasmtime[0]  # the same module: the same bits
     np.testing.assert_array_equal(node[1], wasmtime[1])
 
 
-def test_wasmtime_memory_access_out_of_bounds_is_an_error():
-    engine = WasmtimeEngine()  # its own memory: no backend's data at the end of it
+def test_native_and_wasmtime_compute_the_same_training_step():
+    native, wasmtime = _training_step_losses(NativeEngine()), _training_step_losses(WasmtimeEngine())
+    # (not the same bits: the host's libm and fused multiply-adds round differently)
+    np.testing.assert_allclose(native[0], wasmtime[0], rtol=1e-5)
+    np.testing.assert_allclose(native[1], wasmtime[1], rtol=1e-4, atol=1e-6)
+
+
+def test_the_native_library_is_built_once_per_source_and_cpu():
+    path = build.native_library_path()
+    assert path.endswith(".so") and "native" in path
+    assert build.native_library_path() == path
+
+
+@pytest.mark.parametrize("make", [WasmtimeEngine, NativeEngine])
+def test_memory_access_out_of_bounds_is_an_error(make):
+    engine = make()  # its own memory: no backend's data at the end of it
     size = engine.size
     with pytest.raises(WasmEngineError, match="outside the module's memory"):
         engine.write(size - 2, b"abcd")
@@ -45,3 +66,26 @@ def test_wasmtime_memory_access_out_of_bounds_is_an_error():
         engine.read(-1, 4)
     engine.write(size - 4, b"abcd")
     assert engine.read(size - 4, 4) == b"abcd"
+
+
+@pytest.mark.parametrize("address", [-2**31, -64, 2**31 - 64])
+def test_a_native_kernel_out_of_its_memory_traps_and_the_engine_survives(address):
+    engine = NativeEngine()
+    with pytest.raises(WasmEngineError, match="fill_32 failed: memory access out of bounds"):
+        engine.call("fill_32", address, 4096, 0)  # past the committed pages, into the guards
+    backend = cn.Wasm(engine=engine)
+    x = cn.tensor([[1.0, 2.0, 3.0]], backend=backend)
+    assert (x + 1).tolist() == [[2.0, 3.0, 4.0]]
+    with pytest.raises(cn.errors.IndexingError, match="index 3 is out of bounds"):
+        x.gather(1, cn.tensor([[0, 3]], backend=backend))
+
+
+def test_native_memory_grows_in_place_up_to_4_gib():
+    engine = NativeEngine()
+    base, pages = engine.base, engine.call("memory_pages")
+    assert engine.call("memory_grow", 64) == pages
+    assert engine.call("memory_pages") == pages + 64 and engine.base == base
+    engine.memory_grown()
+    engine.write(engine.size - 4, b"wxyz")
+    assert engine.read(engine.size - 4, 4) == b"wxyz"
+    assert engine.call("memory_grow", 65536) == -1  # past wasm32's 4 GiB, as the module refuses

@@ -14,23 +14,32 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+typedef unsigned char u8;
+
+/* The tab's module; the desktop's native build puts native.h in front instead of this block
+ * (the same names: EXPORT, AT, the SIMD128 intrinsics, the memory; its engine owns the arena) */
+#ifdef __wasm__
 #include <wasm_simd128.h>
 
 /* noinline: run_commands calls every kernel; inlining them all there would double the module */
 #define EXPORT(name) __attribute__((export_name(#name), noinline))
-typedef unsigned char u8;
+/* a byte address of linear memory (a command word) as a pointer */
+#define AT(addr) ((void *)(uintptr_t)(addr))
 
 extern unsigned char __heap_base;
 EXPORT(heap_base) int heap_base(void) { return (int)(uintptr_t)&__heap_base; }
 EXPORT(memory_grow) int memory_grow(int pages) { return __builtin_wasm_memory_grow(0, pages); }
 /* (grow(0) would also detach the host's views of the memory) */
 EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(0); }
+#endif
 
 static inline float bits_f32(int bits) { union { int i; float f; } u = { bits }; return u.f; }
 
 /* -- scalar helpers named in kernels.py's tables (NumPy's semantics, see core/backend.py) -- */
+#ifdef __wasm__  /* (native.h: the same semantics in C) */
 static inline float max_f32(float a, float b) { return __builtin_wasm_max_f32(a, b); }
 static inline float min_f32(float a, float b) { return __builtin_wasm_min_f32(a, b); }
+#endif
 
 static inline float mod_f32(float a, float b) {
     if (b == 0) return fmodf(a, b);  /* NaN */
