@@ -89,3 +89,20 @@ def test_native_memory_grows_in_place_up_to_4_gib():
     engine.write(engine.size - 4, b"wxyz")
     assert engine.read(engine.size - 4, 4) == b"wxyz"
     assert engine.call("memory_grow", 65536) == -1  # past wasm32's 4 GiB, as the module refuses
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_native_matmul_tiles_and_their_edges_match_numpy(transposed):
+    # native.h's tiles: 6/4/2/1 rows, 16/8/4 columns and a zero-padded last 1-3; K in 8s and a tail
+    backend = cn.Wasm(engine="native")
+    rng = np.random.default_rng(0)
+    for m in (1, 2, 3, 5, 6, 7, 13):
+        for n in (1, 2, 3, 4, 5, 8, 11, 16, 19, 37):
+            for k in (1, 7, 8, 9, 33):
+                a = rng.standard_normal((m, k)).astype(np.float32)
+                b = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+                x, y = cn.tensor(a, backend=backend), cn.tensor(b, backend=backend)
+                got = (x @ y.T if transposed else x @ y).numpy()
+                want = a.astype(np.float64) @ (b.T if transposed else b).astype(np.float64)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k),
+                                           err_msg="m=%d n=%d k=%d" % (m, n, k))

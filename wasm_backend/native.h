@@ -69,6 +69,132 @@ static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
     return __builtin_shufflevector(p, p, 0, 2, 4, 6) + __builtin_shufflevector(p, p, 1, 3, 5, 7);
 }
 
+/* -- matmul at the host's vector width -------------------------------------------------------
+ * runtime.h's mm_nn and mm_nt hold their tiles in SIMD128 registers (the tab's ISA); here the
+ * same register-blocked products on 8-float vectors (one AVX register on x86-64, two NEON or
+ * SSE ones elsewhere), whose a + x * y the compiler fuses into FMAs. Same signatures and
+ * results up to rounding; conv2d, matmul_f32 and matmul_quantized call these instead. */
+#define NATIVE_MATMUL
+typedef float f32x8 __attribute__((vector_size(32)));
+
+static inline f32x8 load8(const float *p) { f32x8 v; memcpy(&v, p, 32); return v; }
+static inline void store8(float *p, f32x8 v) { memcpy(p, &v, 32); }
+static inline f32x8 splat8(float x) { return (f32x8){x, x, x, x, x, x, x, x}; }
+/* the tiles' k loops stay rolled: unrolled, their accumulators no longer fit the registers */
+#define K_LOOP _Pragma("clang loop unroll(disable) interleave_count(1) vectorize(disable)")
+static inline float hsum8(f32x8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* R rows of o (rows ldo apart) = a (R, K) @ b (K, N): 16, then 8, then 4 columns per tile held
+ * in 2R (R) vector registers, each step broadcasting one a value per row */
+#define MM_NN_ROWS(R)                                                                        \
+    static void mm_nn_##R(float *o, const float *a, const float *b, int K, int N, int ldo) { \
+        int j = 0;                                                                           \
+        for (; j + 16 <= N; j += 16) {                                                       \
+            f32x8 c0[R], c1[R];                                                              \
+            for (int r = 0; r < R; r++) c0[r] = c1[r] = splat8(0.0f);                        \
+            const float *bk = b + j;                                                         \
+            K_LOOP for (int k = 0; k < K; k++, bk += N) {                                    \
+                f32x8 b0 = load8(bk), b1 = load8(bk + 8);                                    \
+                for (int r = 0; r < R; r++) {                                                \
+                    f32x8 x = splat8(a[r * K + k]);                                          \
+                    c0[r] += x * b0;                                                         \
+                    c1[r] += x * b1;                                                         \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < R; r++) {                                                    \
+                store8(o + r * ldo + j, c0[r]);                                              \
+                store8(o + r * ldo + j + 8, c1[r]);                                          \
+            }                                                                                \
+        }                                                                                    \
+        for (; j + 8 <= N; j += 8) {                                                         \
+            f32x8 c[R];                                                                      \
+            for (int r = 0; r < R; r++) c[r] = splat8(0.0f);                                 \
+            const float *bk = b + j;                                                         \
+            K_LOOP for (int k = 0; k < K; k++, bk += N) {                                    \
+                f32x8 b0 = load8(bk);                                                        \
+                for (int r = 0; r < R; r++) c[r] += splat8(a[r * K + k]) * b0;               \
+            }                                                                                \
+            for (int r = 0; r < R; r++) store8(o + r * ldo + j, c[r]);                       \
+        }                                                                                    \
+        for (; j + 4 <= N; j += 4) {  /* (a convolution of a 2x2 image: 4 columns in all) */ \
+            f32x4 c[R];                                                                      \
+            for (int r = 0; r < R; r++) c[r] = (f32x4){0.0f, 0.0f, 0.0f, 0.0f};              \
+            const float *bk = b + j;                                                         \
+            K_LOOP for (int k = 0; k < K; k++, bk += N) {                                    \
+                f32x4 b0;                                                                    \
+                memcpy(&b0, bk, 16);                                                         \
+                for (int r = 0; r < R; r++) c[r] += a[r * K + k] * b0;                       \
+            }                                                                                \
+            for (int r = 0; r < R; r++) memcpy(o + r * ldo + j, &c[r], 16);                  \
+        }                                                                                    \
+        if (j < N) {  /* the last 1-3 columns: a 4-column tile over zero-padded b values */  \
+            int t = N - j;                                                                   \
+            f32x4 c[R];                                                                      \
+            for (int r = 0; r < R; r++) c[r] = (f32x4){0.0f, 0.0f, 0.0f, 0.0f};              \
+            const float *bk = b + j;                                                         \
+            K_LOOP for (int k = 0; k < K; k++, bk += N) {                                    \
+                f32x4 b0 = {bk[0], t > 1 ? bk[1] : 0.0f, t > 2 ? bk[2] : 0.0f, 0.0f};        \
+                for (int r = 0; r < R; r++) c[r] += a[r * K + k] * b0;                       \
+            }                                                                                \
+            for (int r = 0; r < R; r++)                                                      \
+                for (int q = 0; q < t; q++) o[r * ldo + j + q] = c[r][q];                    \
+        }                                                                                    \
+    }
+MM_NN_ROWS(6)
+MM_NN_ROWS(4)
+MM_NN_ROWS(2)
+MM_NN_ROWS(1)
+
+/* o (M, N) = a (M, K) @ b (K, N), all row-major (o's rows ldo apart): six rows at a time (12
+ * accumulators, 2 b vectors and a broadcast fill 15 of the 16 AVX registers) */
+static void mm_nn(float *o, const float *a, const float *b, int M, int K, int N, int ldo) {
+    int i = 0;
+    for (; i + 6 <= M; i += 6) mm_nn_6(o + i * ldo, a + i * K, b, K, N, ldo);
+    if (i + 4 <= M) { mm_nn_4(o + i * ldo, a + i * K, b, K, N, ldo); i += 4; }
+    if (i + 2 <= M) { mm_nn_2(o + i * ldo, a + i * K, b, K, N, ldo); i += 2; }
+    if (i < M) mm_nn_1(o + i * ldo, a + i * K, b, K, N, ldo);
+}
+
+/* o (M, N) = a (M, K) @ bt (N, K)^T: dot products along contiguous K (Linear's x @ W.T), two a
+ * rows against four bt rows at a time (each bt load serves both rows) */
+#define MM_NT_ROWS(R)                                                                        \
+    static void mm_nt_##R(float *o, const float *a, const float *bt, int K, int N, int ldo) {\
+        int k8 = K & ~7, j = 0;                                                              \
+        for (; j + 4 <= N; j += 4) {                                                         \
+            f32x8 c[R][4];                                                                   \
+            for (int r = 0; r < R; r++) c[r][0] = c[r][1] = c[r][2] = c[r][3] = splat8(0.0f);\
+            K_LOOP for (int k = 0; k < k8; k += 8)                                           \
+                for (int q = 0; q < 4; q++) {                                                \
+                    f32x8 y = load8(bt + (j + q) * K + k);                                   \
+                    for (int r = 0; r < R; r++) c[r][q] += load8(a + r * K + k) * y;         \
+                }                                                                            \
+            for (int r = 0; r < R; r++)                                                      \
+                for (int q = 0; q < 4; q++) {                                                \
+                    float s = hsum8(c[r][q]);                                                \
+                    for (int k = k8; k < K; k++) s += a[r * K + k] * bt[(j + q) * K + k];    \
+                    o[r * ldo + j + q] = s;                                                  \
+                }                                                                            \
+        }                                                                                    \
+        for (; j < N; j++)                                                                   \
+            for (int r = 0; r < R; r++) {                                                    \
+                f32x8 c = splat8(0.0f);                                                      \
+                for (int k = 0; k < k8; k += 8) c += load8(a + r * K + k) * load8(bt + j * K + k); \
+                float s = hsum8(c);                                                          \
+                for (int k = k8; k < K; k++) s += a[r * K + k] * bt[j * K + k];              \
+                o[r * ldo + j] = s;                                                          \
+            }                                                                                \
+    }
+MM_NT_ROWS(2)
+MM_NT_ROWS(1)
+
+static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N, int ldo) {
+    int i = 0;
+    for (; i + 2 <= M; i += 2) mm_nt_2(o + i * ldo, a + i * K, bt, K, N, ldo);
+    if (i < M) mm_nt_1(o + i * ldo, a + i * K, bt, K, N, ldo);
+}
+
 /* -- the arena ------------------------------------------------------------------------------ */
 #define ARENA_BYTES (1ull << 32)
 #define GUARD_BYTES (8ull << 30)

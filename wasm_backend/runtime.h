@@ -288,6 +288,7 @@ EXPORT(random_f32) void random_f32(float *o, int n, int key, int normal) {
 }
 
 /* -- matmul: register-blocked SIMD128 ---------------------------------------------------- */
+#ifndef NATIVE_MATMUL  /* (native.h: the same tiles at the host's vector width) */
 #define FMA4(acc, x, y) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(x, y))
 
 static inline float hsum(v128_t v) {
@@ -394,6 +395,8 @@ static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N
         }
     }
 }
+
+#endif
 
 /* batched: out (batch, M, N) contiguous; a and b advance by their batch strides (0 when a
  * batch dim broadcasts); transposed_b: b is stored (N, K) */
