@@ -1,7 +1,7 @@
 """Builds cn.Wasm()'s WebAssembly module from source: kernels.py's generated C -> clang -> wasm-opt,
 and the desktop's native library from the same C: native.h + the source -> the host's clang.
 
-    python -m cinders.wasm.build          # builds (when the source changed) and prints path + size
+    python -m cinders.wasm.build          # builds (when the source changed) and prints paths + sizes
 
 Toolchain from Debian (scripts/setup.sh installs it): clang and lld (wasm32 target, -msimd128),
 wasi-libc (libm: expf, erff, ...), binaryen (wasm-opt). The module is never committed: it lands
@@ -169,8 +169,10 @@ def _remove_stale(folder):
 
 
 def main():
-    path = module_path()
-    print("%s %d bytes" % (path, os.path.getsize(path)))
+    from .engines import native_compiler
+    paths = [module_path()] + ([native_library_path()] if native_compiler() else [])
+    for path in paths:
+        print("%s %d bytes" % (path, os.path.getsize(path)))
 
 
 if __name__ == "__main__":
