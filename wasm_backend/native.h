@@ -27,6 +27,10 @@
 #include <sys/mman.h>
 
 #define EXPORT(name) __attribute__((visibility("default"), noinline))
+/* runtime.h's loop hints keep the tab's module small; here the compiler's own choices (it
+ * versions strided loops for unit strides, unrolls and interleaves) */
+#define SCALAR_LOOP
+#define VECTOR_LOOP
 #define AT(addr) ((void *)(arena + (uint32_t)(addr)))
 
 /* the arena of the entry running on this thread, and where a fault in a kernel jumps to

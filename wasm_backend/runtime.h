@@ -102,8 +102,10 @@ static inline int row_offset(const int *d, int r, int k) {
 /* Loop hints that keep the module small: strided loops stay scalar (wasm has no gathers, so
  * their vector code would be long and no faster); contiguous loops vectorise without
  * interleaving copies. */
+#ifndef SCALAR_LOOP  /* (native.h: no hints, size does not matter there) */
 #define SCALAR_LOOP _Pragma("clang loop vectorize(disable) unroll(disable)")
 #define VECTOR_LOOP _Pragma("clang loop vectorize(enable) interleave_count(1) unroll(disable)")
+#endif
 
 /* out = EXPR(x): unary ops, casts, copies (strided in, strided out) */
 #define MAP1(NAME, TO, TA, EXPR)                                                             \
