@@ -73,6 +73,8 @@ def test_a_native_kernel_out_of_its_memory_traps_and_the_engine_survives(address
     engine = NativeEngine()
     with pytest.raises(WasmEngineError, match="fill_32 failed: memory access out of bounds"):
         engine.call("fill_32", address, 4096, 0)  # past the committed pages, into the guards
+    with pytest.raises(WasmEngineError, match="gather_f32 failed: memory access out of bounds"):
+        engine.call("gather_f32", address, 0, 0, 0, 1, 1)  # its descriptor out there
     backend = cn.Wasm(engine=engine)
     x = cn.tensor([[1.0, 2.0, 3.0]], backend=backend)
     assert (x + 1).tolist() == [[2.0, 3.0, 4.0]]

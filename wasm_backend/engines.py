@@ -143,6 +143,7 @@ class WasmtimeEngine(LinearMemory):
 
 _PAGE = 65536
 _MAX_PAGES = 65536  # wasm32's 4 GiB (native.h reserves that much address space)
+_INDEXED_TRAPPED = -(1 << 31)  # native_indexed's result when its kernel trapped (native.h)
 
 
 class NativeEngine(LinearMemory):
@@ -177,24 +178,26 @@ class NativeEngine(LinearMemory):
         indexed = ["gather_%s" % t for t in kernels.GATHER_DTYPES]
         indexed += ["scatter_add_%s" % t for t in kernels.SCATTER_ADD_DTYPES]
         self.indexed = {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in indexed}
+        self.memory_calls = {"heap_base": lambda: self.HEAP_BASE, "memory_pages": lambda: self.pages,
+                             "memory_grow": self.memory_grow}
         self.kernels = frozenset(kernels.kernel_names())
         self.memory_grown()
 
     def call(self, name, *args):
         if name == "run_commands":
             ptr, n = args
-            status = self.lib.native_run(self.base, self.base + (ptr & 0xFFFFFFFF), n)
+            trapped = self.lib.native_run(self.base, self.base + (ptr & 0xFFFFFFFF), n)
         elif name in self.ids:
             command = (ctypes.c_int * (1 + len(args)))(self.ids[name], *args)
-            status = self.lib.native_run(self.base, command, len(command))
+            trapped = self.lib.native_run(self.base, command, len(command))
         elif name in self.indexed:
-            status = self.lib.native_indexed(self.base, self.indexed[name], *args)
-            if status != -(1 << 31):
-                return status
+            result = self.lib.native_indexed(self.base, self.indexed[name], *args)
+            if result != _INDEXED_TRAPPED:
+                return result
+            trapped = True
         else:
-            return {"heap_base": lambda: self.HEAP_BASE, "memory_pages": lambda: self.pages,
-                    "memory_grow": self.memory_grow}[name](*args)
-        if status == -1 or status == -(1 << 31):
+            return self.memory_calls[name](*args)
+        if trapped:
             raise WasmEngineError("cn.Wasm() kernel %s failed: memory access out of bounds" % name)
         return None
 
