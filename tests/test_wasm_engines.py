@@ -2,6 +2,9 @@
 installed), in-process Wasmtime and the Node child process run the same kernel source to the same
 numbers; memory accesses are bounds-checked in all of them, and a kernel's stray access is a trap."""
 
+import os
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -108,3 +111,49 @@ def test_native_matmul_tiles_and_their_edges_match_numpy(transposed):
                 want = a.astype(np.float64) @ (b.T if transposed else b).astype(np.float64)
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k),
                                            err_msg="m=%d n=%d k=%d" % (m, n, k))
+
+
+# WebAssembly's semantics of each SIMD128 intrinsic native.h stands in for (the tab's int8 and
+# float kernels use them; a wrong lane rule would be a silently wrong number only on the desktop)
+SHIM_CHECKS = r"""
+#include <stdio.h>
+#include <math.h>
+void run_commands(const int *c, int n) {}
+int main(void) {
+    int bad = 0;
+    v128_t a = (v128_t)(f32x4){NAN, -0.0f, 2.5f, -3.5f}, b = (v128_t)(f32x4){1.0f, 0.0f, 1.0f, 5.0f};
+    f32x4 mx = (f32x4)wasm_f32x4_max(a, b), mn = (f32x4)wasm_f32x4_min(a, b), nr = (f32x4)wasm_f32x4_nearest(a);
+    bad |= !(mx[0] != mx[0] && mx[1] == 0 && !signbit(mx[1]) && mx[2] == 2.5f && mx[3] == 5.0f);
+    bad |= !(mn[0] != mn[0] && mn[1] == 0 && signbit(mn[1]) && mn[2] == 1.0f && mn[3] == -3.5f);
+    bad |= !(nr[2] == 2.0f && nr[3] == -4.0f);
+    v128_t t = wasm_i32x4_trunc_sat_f32x4((v128_t)(f32x4){NAN, 3e9f, -3e9f, -2.7f});
+    bad |= !(t[0] == 0 && t[1] == INT32_MAX && t[2] == INT32_MIN && t[3] == -2);
+    i16x8 n = (i16x8)wasm_i16x8_narrow_i32x4((v128_t){40000, -40000, 5, -5}, (v128_t){1, 2, 32767, -32768});
+    bad |= !(n[0] == 32767 && n[1] == -32768 && n[2] == 5 && n[3] == -5 && n[4] == 1 && n[6] == 32767 && n[7] == -32768);
+    signed char bytes[8] = {-1, 2, -128, 127, 0, 5, -6, 7};
+    i16x8 s8 = (i16x8)wasm_i16x8_load8x8(bytes), u8v = (i16x8)wasm_u16x8_load8x8(bytes);
+    bad |= !(s8[0] == -1 && s8[2] == -128 && u8v[0] == 255 && u8v[2] == 128 && u8v[3] == 127);
+    i16x8 d = (i16x8)wasm_i16x8_sub((v128_t)(i16x8){-32768, 1, 2, 3, 4, 5, 6, 7}, (v128_t)(i16x8){1, 1, 1, 1, 1, 1, 1, 1});
+    bad |= !(d[0] == 32767 && d[1] == 0);
+    v128_t lo = (v128_t)(i16x8){0,1,2,3,4,5,6,7}, hi = (v128_t)(i16x8){8,9,10,11,12,13,14,15};
+    i16x8 sh = (i16x8)wasm_i16x8_shuffle(lo, hi, 0, 8, 1, 9, 2, 10, 3, 11);
+    bad |= !(sh[0] == 0 && sh[1] == 8 && sh[2] == 1 && sh[7] == 11);
+    v128_t dot = wasm_i32x4_dot_i16x8((v128_t)(i16x8){1, 2, 3, 4, -5, 6, 7, 8}, (v128_t)(i16x8){10, 20, 30, 40, 50, 60, 70, 80});
+    bad |= !(dot[0] == 50 && dot[1] == 250 && dot[2] == 110 && dot[3] == 1130);
+    v128_t ia = wasm_i32x4_add((v128_t){INT32_MAX, 1, 2, 3}, wasm_i32x4_splat(1));
+    bad |= !(ia[0] == INT32_MIN && ia[3] == 4);
+    f32x4 dv = (f32x4)wasm_f32x4_div(b, (v128_t)(f32x4){2, 2, 2, 2});
+    bad |= !(dv[0] == 0.5f && dv[3] == 2.5f && wasm_f32x4_extract_lane(wasm_f32x4_splat(3.0f), 2) == 3.0f);
+    printf(bad ? "FAIL\n" : "ok\n");
+    return bad;
+}"""
+
+
+def test_native_simd128_shims_keep_webassemblys_lane_rules(tmp_path):
+    source = tmp_path / "shims.c"
+    source.write_text(open(os.path.join(os.path.dirname(build.__file__), "native.h")).read() + SHIM_CHECKS)
+    done = subprocess.run(["clang", "-O2", "-march=native", "-std=gnu11", "-Wno-unused-function", "-o",
+                           str(tmp_path / "shims"), str(source), "-lm"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ran = subprocess.run([str(tmp_path / "shims")], capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (0, "ok\n")

@@ -32,6 +32,7 @@ LIBC = "/usr/lib/wasm32-wasi/libc.a"
 # The native library (engines.NativeEngine): vectorised by the compiler for this CPU's width.
 # -fno-math-errno: sqrtf and friends become instructions (the values are the same).
 NATIVE_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-std=gnu11", "-Wall",
+                "-Wno-unused-function",  # (not every SIMD128 shim of native.h is used)
                 "-Wno-unknown-pragmas"]
 WASM_OPT_FLAGS = ["-O3", "--enable-simd", "--enable-bulk-memory", "--enable-nontrapping-float-to-int",
                   "--enable-sign-ext"]

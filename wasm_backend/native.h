@@ -72,6 +72,47 @@ static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
     i32x8 p = __builtin_convertvector((i16x8)a, i32x8) * __builtin_convertvector((i16x8)b, i32x8);
     return __builtin_shufflevector(p, p, 0, 2, 4, 6) + __builtin_shufflevector(p, p, 1, 3, 5, 7);
 }
+static inline v128_t wasm_f32x4_div(v128_t a, v128_t b) { return (v128_t)((f32x4)a / (f32x4)b); }
+/* lane-wise with WebAssembly's rules: min/max propagate NaN, nearest rounds half to even,
+ * trunc_sat saturates (NaN -> 0), narrow saturates to int16 */
+#define LANES4(EXPR) do { for (int l = 0; l < 4; l++) r[l] = (EXPR); } while (0)
+static inline v128_t wasm_f32x4_max(v128_t a, v128_t b) {
+    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(max_f32(x[l], y[l])); return (v128_t)r;
+}
+static inline v128_t wasm_f32x4_min(v128_t a, v128_t b) {
+    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(min_f32(x[l], y[l])); return (v128_t)r;
+}
+static inline v128_t wasm_f32x4_nearest(v128_t a) {
+    f32x4 x = (f32x4)a, r; LANES4(__builtin_rintf(x[l])); return (v128_t)r;
+}
+static inline v128_t wasm_i32x4_trunc_sat_f32x4(v128_t a) {
+    f32x4 x = (f32x4)a; v128_t r;
+    LANES4(x[l] != x[l] ? 0 : x[l] >= 2147483648.0f ? INT32_MAX : x[l] <= -2147483648.0f ? INT32_MIN
+           : (int32_t)x[l]);
+    return r;
+}
+static inline v128_t wasm_i16x8_narrow_i32x4(v128_t a, v128_t b) {
+    i16x8 r;
+    for (int l = 0; l < 8; l++) {
+        int32_t v = l < 4 ? a[l] : b[l - 4];
+        r[l] = (int16_t)(v > INT16_MAX ? INT16_MAX : v < INT16_MIN ? INT16_MIN : v);
+    }
+    return (v128_t)r;
+}
+static inline v128_t wasm_i16x8_load8x8(const void *p) {
+    int8_t __attribute__((vector_size(8))) v; memcpy(&v, p, 8);
+    return (v128_t)__builtin_convertvector(v, i16x8);
+}
+static inline v128_t wasm_u16x8_load8x8(const void *p) {
+    uint8_t __attribute__((vector_size(8))) v; memcpy(&v, p, 8);
+    return (v128_t)__builtin_convertvector(v, i16x8);
+}
+static inline v128_t wasm_i16x8_sub(v128_t a, v128_t b) {
+    return (v128_t)((uint16_t __attribute__((vector_size(16))))a -
+                    (uint16_t __attribute__((vector_size(16))))b);
+}
+#define wasm_i16x8_shuffle(a, b, ...) \
+    ((v128_t)__builtin_shufflevector((i16x8)(a), (i16x8)(b), __VA_ARGS__))
 
 /* -- matmul at the host's vector width -------------------------------------------------------
  * runtime.h's mm_nn and mm_nt hold their tiles in SIMD128 registers (the tab's ISA); here the
