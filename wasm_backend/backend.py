@@ -221,7 +221,7 @@ class Wasm(Backend):
     quantized_matmul = True
 
     def __init__(self, engine=None):
-        if engine is None or engine.__class__ is str:
+        if engine is None or isinstance(engine, str):
             from . import engines
             engine = engines.default_engine() if engine is None else engines.engine(engine)
         self.engine = engine
