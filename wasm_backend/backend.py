@@ -202,8 +202,10 @@ class Wasm(Backend):
     """The backend protocol on WebAssembly SIMD128 kernels.
 
     In Pyodide the kernels are the module the page loaded (`await cinders.wasm.load()` or
-    wasm/cinders.js does it); on the desktop the very same module runs in this process in
-    Wasmtime (engines.py; a Node child process where the `wasmtime` package is missing). `engine=` takes any object with the engine
+    wasm/cinders.js does it); on the desktop the same kernel source runs natively compiled for
+    this CPU where clang is installed (engine="native"), else the very same module runs in this
+    process in Wasmtime ("wasmtime"; a Node child process, "node", where the `wasmtime` package
+    is missing): engines.py. `engine=` takes one of those names or any object with the engine
     interface (call, write, read, memory_grown)."""
 
     name = "wasm"
@@ -223,9 +225,9 @@ class Wasm(Backend):
     dynamic_quantize = True
 
     def __init__(self, engine=None):
-        if engine is None:
+        if engine is None or isinstance(engine, str):
             from . import engines
-            engine = engines.default_engine()
+            engine = engines.default_engine() if engine is None else engines.engine(engine)
         self.engine = engine
         heap = getattr(engine, "heap", None)
         if heap is None:

@@ -1,6 +1,7 @@
-"""Builds cn.Wasm()'s WebAssembly module from source: kernels.py's generated C -> clang -> wasm-opt.
+"""Builds cn.Wasm()'s WebAssembly module from source: kernels.py's generated C -> clang -> wasm-opt,
+and the desktop's native library from the same C: native.h + the source -> the host's clang.
 
-    python -m cinders.wasm.build          # builds (when the source changed) and prints path + size
+    python -m cinders.wasm.build          # builds (when the source changed) and prints paths + sizes
 
 Toolchain from Debian (scripts/setup.sh installs it): clang and lld (wasm32 target, -msimd128),
 wasi-libc (libm: expf, erff, ...), binaryen (wasm-opt). The module is never committed: it lands
@@ -8,6 +9,7 @@ in <cache>/wasm/ named by the hash of its source and flags, so a changed kernel 
 """
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,11 @@ CLANG_FLAGS = [
 # wasi-libc's libc.a holds libm; no WASI function is imported, as no kernel does I/O.
 LINK_FLAGS = ["--no-entry", "--strip-all", "--gc-sections", "-z", "stack-size=65536"]
 LIBC = "/usr/lib/wasm32-wasi/libc.a"
+# The native library (engines.NativeEngine): vectorised by the compiler for this CPU's width.
+# -fno-math-errno: sqrtf and friends become instructions (the values are the same).
+NATIVE_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "-std=gnu11", "-Wall",
+                "-Wno-unused-function",  # (not every SIMD128 shim of native.h is used)
+                "-Wno-unknown-pragmas"]
 WASM_OPT_FLAGS = ["-O3", "--enable-simd", "--enable-bulk-memory", "--enable-nontrapping-float-to-int",
                   "--enable-sign-ext"]
 
@@ -44,6 +51,46 @@ def _source_hash(source):
     digest = hashlib.sha256(source.encode())
     digest.update(" ".join(CLANG_FLAGS + LINK_FLAGS + WASM_OPT_FLAGS).encode())
     return digest.hexdigest()[:16]
+
+
+def native_source():
+    with open(os.path.join(HERE, "native.h")) as f:
+        return f.read() + c_source()
+
+
+def _host():
+    """What -march=native compiles for: the machine and its CPU's feature flags (a cache shared
+    between machines keeps one library per kind of CPU)."""
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    return platform.machine() + platform.processor() + flags
+
+
+def native_library_path():
+    """Path of the native library for the current source and this CPU; builds it when missing."""
+    source = native_source()
+    digest = hashlib.sha256((source + " ".join(NATIVE_FLAGS) + _host()).encode()).hexdigest()[:16]
+    path = os.path.join(module_dir(), "cinders-kernels-native-%s.so" % digest)
+    if not os.path.exists(path):
+        print("cinders: building the native kernels (clang -O3 -march=native) into %s" % path,
+              file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            c_file, library = os.path.join(tmp, "kernels.c"), os.path.join(tmp, "kernels.so")
+            with open(c_file, "w") as f:
+                f.write(source)
+            _run([_tool("clang")] + NATIVE_FLAGS + ["-o", library, c_file, "-lm"], "clang")
+            _remove_stale(os.path.dirname(path))
+            shutil.copyfile(library, path + ".%d.tmp" % os.getpid())
+            os.replace(path + ".%d.tmp" % os.getpid(), path)
+    return path
+
+
+def _run(command, what):
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise WasmBuildError("%s failed on the generated kernels:\n%s" % (what, done.stderr[-4000:]))
 
 
 def module_dir():
@@ -96,21 +143,12 @@ def _build(source, path):
         c_file, obj, raw = (os.path.join(tmp, name) for name in ("kernels.c", "kernels.o", "raw.wasm"))
         with open(c_file, "w") as f:
             f.write(source)
-        done = subprocess.run([_tool("clang")] + CLANG_FLAGS + ["-o", obj, c_file],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise WasmBuildError("clang failed on the generated kernels:\n" + done.stderr[-4000:])
+        _run([_tool("clang")] + CLANG_FLAGS + ["-o", obj, c_file], "clang")
         if not os.path.exists(LIBC):
             raise WasmBuildError("%s is missing: apt-get install wasi-libc (scripts/setup.sh)" % LIBC)
-        done = subprocess.run([_tool("wasm-ld")] + LINK_FLAGS + [obj, LIBC, "-o", raw],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise WasmBuildError("wasm-ld failed:\n" + done.stderr[-4000:])
+        _run([_tool("wasm-ld")] + LINK_FLAGS + [obj, LIBC, "-o", raw], "wasm-ld")
         optimised = os.path.join(tmp, "opt.wasm")
-        done = subprocess.run([_tool("wasm-opt")] + WASM_OPT_FLAGS + [raw, "-o", optimised],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise WasmBuildError("wasm-opt failed:\n" + done.stderr[-4000:])
+        _run([_tool("wasm-opt")] + WASM_OPT_FLAGS + [raw, "-o", optimised], "wasm-opt")
         _remove_stale(os.path.dirname(path))
         tmp_out = path + ".tmp"
         shutil.copyfile(optimised, tmp_out)
@@ -132,8 +170,10 @@ def _remove_stale(folder):
 
 
 def main():
-    path = module_path()
-    print("%s %d bytes" % (path, os.path.getsize(path)))
+    from .engines import native_compiler
+    paths = [module_path()] + ([native_library_path()] if native_compiler() else [])
+    for path in paths:
+        print("%s %d bytes" % (path, os.path.getsize(path)))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from array import array
 
 from ..capture import reading_while_recording
 from ..errors import IndexingError
-from .backend import command_word
+from ..backend import numel
+from .backend import _SIZE, command_word
 
 
 class Launch:
@@ -241,8 +242,6 @@ class CommandRecorder:
 
 
 def _nbytes(h):
-    from .backend import _SIZE
-    from ..backend import numel
     return numel(h.shape) * _SIZE[h.dtype]
 
 

@@ -14,23 +14,32 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+typedef unsigned char u8;
+
+/* The tab's module; the desktop's native build puts native.h in front instead of this block
+ * (the same names: EXPORT, AT, the SIMD128 intrinsics, the memory; its engine owns the arena) */
+#ifdef __wasm__
 #include <wasm_simd128.h>
 
 /* noinline: run_commands calls every kernel; inlining them all there would double the module */
 #define EXPORT(name) __attribute__((export_name(#name), noinline))
-typedef unsigned char u8;
+/* a byte address of linear memory (a command word) as a pointer */
+#define AT(addr) ((void *)(uintptr_t)(addr))
 
 extern unsigned char __heap_base;
 EXPORT(heap_base) int heap_base(void) { return (int)(uintptr_t)&__heap_base; }
 EXPORT(memory_grow) int memory_grow(int pages) { return __builtin_wasm_memory_grow(0, pages); }
 /* (grow(0) would also detach the host's views of the memory) */
 EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(0); }
+#endif
 
 static inline float bits_f32(int bits) { union { int i; float f; } u = { bits }; return u.f; }
 
 /* -- scalar helpers named in kernels.py's tables (NumPy's semantics, see core/backend.py) -- */
+#ifdef __wasm__  /* (native.h: the same semantics in C) */
 static inline float max_f32(float a, float b) { return __builtin_wasm_max_f32(a, b); }
 static inline float min_f32(float a, float b) { return __builtin_wasm_min_f32(a, b); }
+#endif
 
 static inline float mod_f32(float a, float b) {
     if (b == 0) return fmodf(a, b);  /* NaN */
@@ -117,8 +126,10 @@ static inline int row_offset(const int *d, int r, int k) {
 /* Loop hints that keep the module small: strided loops stay scalar (wasm has no gathers, so
  * their vector code would be long and no faster); contiguous loops vectorise without
  * interleaving copies. */
+#ifndef SCALAR_LOOP  /* (native.h: no hints, size does not matter there) */
 #define SCALAR_LOOP _Pragma("clang loop vectorize(disable) unroll(disable)")
 #define VECTOR_LOOP _Pragma("clang loop vectorize(enable) interleave_count(1) unroll(disable)")
+#endif
 
 /* out = EXPR(x): unary ops, casts, copies (strided in, strided out) */
 #define MAP1(NAME, TO, TA, EXPR)                                                             \
@@ -303,6 +314,7 @@ EXPORT(random_f32) void random_f32(float *o, int n, int key, int normal) {
 }
 
 /* -- matmul: register-blocked SIMD128 ---------------------------------------------------- */
+#ifndef NATIVE_MATMUL  /* (native.h: the same tiles at the host's vector width) */
 #define FMA4(acc, x, y) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(x, y))
 
 static inline float hsum(v128_t v) {
@@ -409,6 +421,8 @@ static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N
         }
     }
 }
+
+#endif
 
 /* batched: out (batch, M, N) contiguous; a and b advance by their batch strides (0 when a
  * batch dim broadcasts); transposed_b: b is stored (N, K) */
