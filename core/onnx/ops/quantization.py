@@ -16,15 +16,20 @@ Weights stay quantized where the backend declares `quantized_matmul` (core/backe
 an int8/uint8 weight initializer is kept at its storage dtype there (cinders.onnx), and
 MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to `matmul_quantized`, which
 dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int32 copy of B.
+ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`quantized_conv`),
+QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
+`DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
+DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit.
 """
 
 import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
-from ...tensor import Tensor, cat
+from ...tensor import Tensor, cat, unfold2d
 from ..proto import DATA_TYPES, OnnxError
 from .base import _axis, _slice_axis, op
-from .conv import Conv
+from .conv import Conv, _pad_spatial, _spatial_pads
+from .linalg import Gemm, MatMul
 
 # Saturation range of each integer type a quantized value may have.
 QUANT_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
@@ -171,6 +176,55 @@ def integer_matmul(a, a_zero_point, b, b_zero_point):
     return exact_matmul(centered(a, a_zero_point), centered(b, b_zero_point))
 
 
+def _per_channel(p):
+    """0 where p is one value for every channel (or absent), 1 where it has one per channel."""
+    return 0 if p is None or p.numel() == 1 else 1
+
+
+def weight_layout(k, n, q, scale, zero_point, along_n=True):
+    """QuantizedLayout of an 8-bit (K, N) weight at strides q = (0, sk, sn) whose scale and zero
+    point are one value, or one per column (along_n) or per row of K."""
+    if along_n:
+        return QuantizedLayout(k, n, 8, k, q, scale=(0, 0, _per_channel(scale)),
+                               zp=(0, 0, _per_channel(zero_point)))
+    return QuantizedLayout(k, n, 8, 1, q, scale=(0, _per_channel(scale), 0), zp=(0, _per_channel(zero_point), 0))
+
+
+def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, pads, strides):
+    """2-D convolution (group 1) of x (N, C, H, W) with an 8-bit weight W (O, C, kh, kw) whose
+    scale and zero point are one value or one per output channel: the unfolded image's rows times
+    W read k-contiguous inside matmul_quantized. Float32 x and a scale give float32; integer
+    values in float32 x and no scale the exact int32 sums (ConvInteger: 8-bit differences)."""
+    kernel = list(w.shape[2:])
+    strides, dilations = strides or [1, 1], dilations or [1, 1]
+    begins, ends = _spatial_pads(x.shape, kernel, strides, dilations, pads, auto_pad)
+    if begins != ends:   # unfold2d pads both sides alike: pad x itself first
+        x, begins = _pad_spatial(x, begins, ends, 0.0), [0, 0]
+    cols = unfold2d(x, tuple(kernel), tuple(strides), tuple(begins), tuple(dilations))
+    n, ckk, length = cols.shape
+    rows = cols.permute(0, 2, 1).reshape((n * length, ckk))
+    o = w.shape[0]
+    layout = weight_layout(ckk, o, (0, 1, ckk), scale, zero_point)
+    out = quantized_product(rows if scale is not None else rows.cast(int32), w, scale, zero_point, layout)
+    oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
+
+
+def quantized_conv_applies(x, w, group, block_size=0, axis=0):
+    """True where quantized_conv computes this Conv: a 2-D, group-1 convolution of a packed weight
+    with one scale per tensor or per output channel (axis 0)."""
+    return w.ndim == 4 and group == 1 and not block_size and _axis(axis, 4) == 0 and packed_weight(w, x)
+
+
+def integer_conv(x, w, w_zero_point, group, **conv_args):
+    """The exact int32 convolution of centered x (float32) with 8-bit w minus its zero point (one or
+    one per output channel): in the kernel where w is a packed weight, else exact_conv."""
+    if quantized_conv_applies(x, w, group):
+        zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
+        return quantized_conv(x, w, None, zp, **conv_args)
+    return exact_conv(x, centered(w, _channel_param(w_zero_point, w.ndim)), group, **conv_args)
+
+
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
     return integer_matmul(A, row_param(a_zero_point), B, column_param(b_zero_point))
@@ -216,8 +270,8 @@ def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", d
                 kernel_shape=None, pads=None, strides=None):
     # x - x_zero_point is padded with 0: the same as padding x with its zero point, as ONNX says
     xzp = None if x_zero_point is None else x_zero_point.reshape(())
-    return exact_conv(centered(x, xzp), centered(w, _channel_param(w_zero_point, w.ndim)), group,
-                      **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+    return integer_conv(centered(x, xzp), w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
+                                                                                  pads, strides))
 
 
 def requantize(acc, multiplier, zero_point, out_type, op_name):
@@ -229,7 +283,7 @@ def requantize(acc, multiplier, zero_point, out_type, op_name):
 
 @op()
 def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
-    acc = exact_matmul(centered(a, row_param(a_zero_point)), centered(b, column_param(b_zero_point)))
+    acc = integer_matmul(a, row_param(a_zero_point), b, column_param(b_zero_point))
     multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
     return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
 
@@ -238,10 +292,56 @@ def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
 def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
                 input_types=None):
-    acc = exact_conv(centered(x, x_zero_point.reshape(())), centered(w, _channel_param(w_zero_point, w.ndim)),
-                     group, **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+    acc = integer_conv(centered(x, x_zero_point.reshape(())), w, w_zero_point, group,
+                       **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
     if B is not None:
         acc = acc + _channel_param(B, x.ndim - 1)
     multiplier = x_scale.reshape(()) * _channel_param(w_scale, x.ndim - 1)
     return requantize(acc, multiplier / y_scale.reshape(()), y_zero_point.reshape(()), type_at(input_types, 7),
                       "QLinearConv")
+
+
+# ---- QDQ weights: DequantizeLinear(constant 8-bit W) joined with its Conv/MatMul/Gemm ----------
+# The importer (codegen, `dequantized_weights`) emits these for the pattern; where the backend
+# cannot read W quantized (no quantized_matmul, grouped or blocked) they compute what the two
+# nodes did.
+
+@op()
+def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, axis=1, block_size=0, output_dtype=0,
+                    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
+    if X.dtype is not float32 or not quantized_conv_applies(X, W, group, block_size, axis):
+        return Conv(X, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), B, group=group, **conv_args)
+    out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
+                         **conv_args)
+    return out if B is None else out + B.reshape((1, -1, 1, 1))
+
+
+def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed):
+    """a @ dequantize(W) (W^T where transposed) read 8-bit inside the kernel, or None where the
+    backend cannot (then the caller dequantizes)."""
+    if a.dtype is not float32 or w.ndim != 2 or block_size or not packed_weight(w, a):
+        return None
+    rows, cols = w.shape
+    k, n = (cols, rows) if transposed else (rows, cols)
+    along_n = _axis(axis, 2) == (0 if transposed else 1)
+    zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
+    layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
+    return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
+
+
+@op()
+def DequantizedMatMul(A, W, w_scale, w_zero_point=None, axis=1, block_size=0, output_dtype=0):
+    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False) if A.ndim >= 2 else None
+    return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
+
+
+@op()
+def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, axis=1, block_size=0, output_dtype=0, alpha=1.0,
+                    beta=1.0, transA=0, transB=0):
+    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB)
+    if out is None:
+        return Gemm(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), C, alpha, beta, transA, transB)
+    if alpha != 1.0:
+        out = out * alpha
+    return out if C is None else out + (C * beta if beta != 1.0 else C)
