@@ -196,14 +196,15 @@ def test_captured_quantized_model_replays_the_same_answer(backend):
         np.testing.assert_array_equal(out, expected)
 
 
-@pytest.mark.parametrize("k,n", [(64, 96), (70, 37)], ids=["whole-words", "single-values"])
+@pytest.mark.parametrize("m,k,n", [(5, 64, 96), (5, 70, 37), (1030, 36, 1024)],
+                         ids=["whole-words", "single-values", "large-tiles"])
 @pytest.mark.parametrize("stored", ["nk", "kn"])
 @pytest.mark.parametrize("dtype", [cn.int8, cn.uint8], ids=repr)
-def test_wgpu_quantized_matmul_reads_packed_rows_either_way(k, n, stored, dtype):
+def test_wgpu_quantized_matmul_reads_packed_rows_either_way(m, k, n, stored, dtype):
     """cn.Wgpu stages B from whole packed words along its contiguous axis (stored (N, K): conv
     and Gemm weights; (K, N): MatMulInteger's) where rows start on word boundaries, and value by
     value elsewhere: the same numbers as NumPy, float (per-column scale and zero point) and the
-    exact integer product."""
+    exact integer product; in 32 x 32 tiles of C and, for large products, 64 x 64."""
     from cinders.backend import QuantizedLayout
     gpu = cn.Wgpu(autotune=False)
     lo = -128 if dtype is cn.int8 else 0
@@ -218,9 +219,9 @@ def test_wgpu_quantized_matmul_reads_packed_rows_either_way(k, n, stored, dtype)
              for v, d in ((a, None), (w.reshape(-1), dtype), (scale_t, None), (zp, dtype))]
         layout = QuantizedLayout(k, n, 8, k, q, scale=(0, 0, 1), zp=(0, 0, 1))
         return cn.Tensor(gpu, gpu.matmul_quantized(*t, layout), (a.shape[0], n), out_dtype).numpy()
-    a = RNG.standard_normal((5, k)).astype(np.float32)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
     np.testing.assert_allclose(run(a, scale, cn.float32), a @ ((b - zp) * scale), rtol=1e-4, atol=1e-3)
-    ai = RNG.integers(-255, 256, (5, k)).astype(np.int32)
+    ai = RNG.integers(-255, 256, (m, k)).astype(np.int32)
     np.testing.assert_array_equal(run(ai, None, cn.int32), ai.astype(np.int64) @ (b - zp))
 
 

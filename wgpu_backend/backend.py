@@ -25,9 +25,9 @@ from cinders.ops import result_dtype
 from . import conv
 from .codegen import images
 from .codegen.packing import fill_word, word_count
-from .codegen.matmul import (QUANT_TILE, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
+from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
                              matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl,
-                             quantized_per_word)
+                             quantized_micro, quantized_per_word)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -510,7 +510,9 @@ class Wgpu(Backend):
         if k == 0:
             self._fill(out, 0)
             return out
-        if -(-m // QUANT_TILE) > MAX_GROUPS or -(-n // QUANT_TILE) > MAX_GROUPS:
+        micro = quantized_micro(m, n)
+        tile = QUANT_THREADS * micro
+        if -(-m // tile) > MAX_GROUPS or -(-n // tile) > MAX_GROUPS:
             raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
                                    "device's 65535 workgroups per dimension" % (m, n))
         a = self._readable(a)
@@ -529,10 +531,10 @@ class Wgpu(Backend):
         pw = quantized_per_word(q.dtype, layout.bits)
         words = "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
             "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
-        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words)
+        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
         self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
-                                                       layout.zp_bits, words),
-                    handles, [out], params, (-(-n // QUANT_TILE), -(-m // QUANT_TILE), 1),
+                                                       layout.zp_bits, words, micro),
+                    handles, [out], params, (-(-n // tile), -(-m // tile), 1),
                     "matmul_quantized",
                     4 * m * k + k * n * layout.bits // 8, 4 * m * n)
         return out

@@ -342,9 +342,15 @@ def matmul_quantized_layout():
 
 
 QUANT_THREADS = 16   # the quantized-B matmul's workgroup: 16 x 16 invocations,
-QUANT_MICRO = 4      # each computing 4 x 4 outputs: a 64 x 64 tile of C per workgroup
-QUANT_TILE = QUANT_THREADS * QUANT_MICRO
 QUANT_BK = 32        # K per staged step: 32 bytes of an int8 row (one memory sector) per step
+QUANT_MIN_GROUPS = 256  # fewer 64 x 64 tiles than this leave a GPU idle: 32 x 32 ones instead
+
+
+def quantized_micro(m, n):
+    """Outputs per invocation along each side: 4 (64 x 64 tiles of C), or 2 (32 x 32 tiles: four
+    times the workgroups for the small products of a batch-1 transformer or a late conv layer)."""
+    tiles = -(-m // (4 * QUANT_THREADS)) * -(-n // (4 * QUANT_THREADS))
+    return 4 if tiles >= QUANT_MIN_GROUPS else 2
 
 
 def quantized_per_word(q_dtype, bits):
@@ -352,10 +358,11 @@ def quantized_per_word(q_dtype, bits):
     return 8 if bits == 4 else q_dtype.per_word
 
 
-def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, words=None):
-    """C = A @ dequantize(B) in QUANT_TILE x QUANT_TILE tiles of C (grid: ceil(N / tile),
-    ceil(M / tile)), each invocation QUANT_MICRO x QUANT_MICRO of them, with the register-blocked
-    inner loop of the float32 tiles (a vec4 of A's rows times a vec4 of B's columns per k).
+def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, words=None, micro=4):
+    """C = A @ dequantize(B) in tile x tile blocks of C (tile = QUANT_THREADS * micro; grid:
+    ceil(N / tile), ceil(M / tile)), each invocation micro x micro of them, with the
+    register-blocked inner loop of the float32 tiles (a vector of `micro` rows of A times one of
+    `micro` columns of B per k).
     Each step stages a tile x QUANT_BK slice of A and a QUANT_BK x tile slice of B in workgroup
     memory, B dequantized as it is staged ((q - zero point) * its block's scale), so B is read
     from its packed words only. `words` says how B is read (the caller checks alignment):
@@ -367,10 +374,10 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in i32, exactly for any
     K; float A in f32. zp_dtype None: every zero point is P.z_default."""
     P = matmul_quantized_layout()
-    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, QUANT_MICRO, QUANT_BK
+    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, micro, QUANT_BK
     tile, threads = T * R, T * T
     pw = quantized_per_word(q_dtype, bits)
-    vec = "vec4<%s>" % acc
+    vec = "vec%d<%s>" % (R, acc)
 
     def q_at(buf, dtype, nbits, index):
         if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
@@ -402,25 +409,25 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     if zp_dtype is not None:
         buffers.append(("z", binding_type(zp_dtype), False))
     buffers.append(("out", acc, True))
-    # ta[k][m / 4][m % 4], tb[k][n / 4][n % 4]: a vec4 of four rows of A / columns of B
-    shared = ("var<workgroup> ta: array<array<{vec}, {t4}>, {BK}>;\n"
-              "var<workgroup> tb: array<array<{vec}, {t4}>, {BK}>;").format(vec=vec, t4=tile // 4, BK=BK)
+    # ta[k][m / R][m % R], tb[k][n / R][n % R]: a vector of R rows of A / columns of B
+    shared = ("var<workgroup> ta: array<array<{vec}, {tr}>, {BK}>;\n"
+              "var<workgroup> tb: array<array<{vec}, {tr}>, {BK}>;").format(vec=vec, tr=tile // R, BK=BK)
 
     def staged(count, lines):
         """`lines` run for e over [0, count) spread over the workgroup's invocations."""
-        assert count % threads == 0, "the tile does not spread evenly over the workgroup"
         out = []
-        for r in range(count // threads):
-            out.append("    { let e = t + %du;" % (r * threads))
+        for r in range(-(-count // threads)):
+            last = (r + 1) * threads > count
+            out.append("    { let e = t + %du;%s" % (r * threads, " if (e < %du) {" % count if last else ""))
             out += ["      " + line for line in lines]
-            out.append("    }")
+            out.append("    }" + ("}" if last else ""))
         return out
 
     # A along k within a row (neighbouring invocations read neighbouring values)
     stage = staged(tile * BK, [
         "let am = e / %du; let ak = e %% %du; let gm = m0 + am; let gk = k0 + ak;" % (BK, BK),
-        "ta[ak][am / 4u][am %% 4u] = select(%s(0), a[%s + gm * K + gk], gm < M && gk < K);"
-        % (acc, P["a_off"])])
+        "ta[ak][am / %du][am %% %du] = select(%s(0), a[%s + gm * K + gk], gm < M && gk < K);"
+        % (R, R, acc, P["a_off"])])
     q_index = "%s + (%%s) * %s + (%%s) * %s" % (P["q_off"], P["q_sk"], P["q_sn"])
     if words == "k":
         per_row = BK // pw
@@ -430,8 +437,8 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
                  "if (gn < N && gk0 < K) { word = q[(%s) / %du]; }" % (q_index % ("gk0", "gn"), pw)]
         for j in range(pw):
             lines.append("{ let gk = gk0 + %du; var v = %s(0); if (gn < N && gk < K) { v = %s; } "
-                         "tb[kw + %du][bn / 4u][bn %% 4u] = v; }"
-                         % (j, acc, dequantized(field("word", j), "gk", "gn"), j))
+                         "tb[kw + %du][bn / %du][bn %% %du] = v; }"
+                         % (j, acc, dequantized(field("word", j), "gk", "gn"), j, R, R))
         stage += staged(tile * BK // pw, lines)
     elif words == "n":
         per_row = tile // pw
@@ -442,8 +449,8 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         for j in range(pw):
             lines.append("var v%d = %s(0); if (gk < K && gn0 + %du < N) { v%d = %s; }"
                          % (j, acc, j, j, dequantized(field("word", j), "gk", "gn0 + %du" % j)))
-        lines += ["tb[bk][nw / 4u + %du] = %s(%s);" % (g, vec, ", ".join("v%d" % (4 * g + c) for c in range(4)))
-                  for g in range(pw // 4)]
+        lines += ["tb[bk][nw / %du + %du] = %s(%s);" % (R, g, vec, ", ".join("v%d" % (R * g + c) for c in range(R)))
+                  for g in range(pw // R)]
         stage += staged(tile * BK // pw, lines)
     else:
         stage += staged(tile * BK, [
@@ -451,7 +458,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
             "var v = %s(0);" % acc,
             "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
                                                               "gk", "gn"),
-            "tb[bk][bn / 4u][bn % 4u] = v;"])
+            "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     madd = (lambda x, y, z: "fma(%s, %s, %s)" % (x, y, z)) if acc == "f32" else \
         (lambda x, y, z: "%s + %s * %s" % (z, x, y))
     inner = ["      c%d = %s;" % (i, madd("%s(av[%d])" % (vec, i), "bv", "c%d" % i)) for i in range(R)]

@@ -202,10 +202,10 @@ def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, p
         x, begins = _pad_spatial(x, begins, ends, 0.0), [0, 0]
     cols = unfold2d(x, tuple(kernel), tuple(strides), tuple(begins), tuple(dilations))
     n, ckk, length = cols.shape
-    rows = cols.permute(0, 2, 1).reshape((n * length, ckk))
+    rows = cols.permute(0, 2, 1)
+    rows = (rows if scale is not None else rows.cast(int32)).reshape((n * length, ckk))  # one copy
     o = w.shape[0]
-    layout = weight_layout(ckk, o, (0, 1, ckk), scale, zero_point)
-    out = quantized_product(rows if scale is not None else rows.cast(int32), w, scale, zero_point, layout)
+    out = quantized_product(rows, w, scale, zero_point, weight_layout(ckk, o, (0, 1, ckk), scale, zero_point))
     oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
     return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
 
