@@ -210,10 +210,11 @@ def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, p
     return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
 
 
-def quantized_conv_applies(x, w, group, block_size=0, axis=0):
+def quantized_conv_applies(x, w, group, scale=None, block_size=0, axis=0):
     """True where quantized_conv computes this Conv: a 2-D, group-1 convolution of a packed weight
     with one scale per tensor or per output channel (axis 0)."""
-    return w.ndim == 4 and group == 1 and not block_size and _axis(axis, 4) == 0 and packed_weight(w, x)
+    return w.ndim == 4 and group == 1 and not block_size and packed_weight(w, x) and \
+        (not _per_channel(scale) or _axis(axis, 4) == 0)
 
 
 def integer_conv(x, w, w_zero_point, group, **conv_args):
@@ -310,7 +311,7 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
 def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, axis=1, block_size=0, output_dtype=0,
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
-    if X.dtype is not float32 or not quantized_conv_applies(X, W, group, block_size, axis):
+    if X.dtype is not float32 or not quantized_conv_applies(X, W, group, w_scale, block_size, axis):
         return Conv(X, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), B, group=group, **conv_args)
     out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
                          **conv_args)
