@@ -529,7 +529,8 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # Shapes decided at import assume the declared dims: an input of other dims is refused.
     lines = ["ops.expect_shape(%s, %s, %s)" % (var, literal(dims), ascii(vi.name))
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
-    lines += scope.emit(dequantized_weights(graph.node, constants, graph.output))
+    lines += scope.emit(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
+                                                constants, graph.output))
     if problems:
         raise UnsupportedOps(source_name, problems)
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values)
@@ -555,11 +556,7 @@ def dequantized_weights(nodes, constants, graph_outputs):
     Conv/MatMul/Gemm (as its weight, input 1) joined into that reader as Dequantized<op>
     (inputs: x, W, its scale, its zero point, then the reader's others; both nodes' attributes,
     whose names differ): the weight then stays 8-bit where the backend multiplies it so."""
-    readers = collections.defaultdict(list)
-    for node in nodes:
-        for slot, name in enumerate(node.input):
-            if name:
-                readers[name].append((node, slot))
+    readers = _readers(nodes)
     outputs = {vi.name for vi in graph_outputs}
     joined, dropped = {}, set()
     for node in nodes:
@@ -581,6 +578,48 @@ def dequantized_weights(nodes, constants, graph_outputs):
             inputs.pop()
         fused.input, fused.output = inputs, list(user.output)
         fused.attribute = list(user.attribute) + list(node.attribute)
+        joined[id(user)] = fused
+        dropped.add(id(node))
+    if not joined:
+        return nodes
+    return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+def _readers(nodes):
+    """{value name: [(node, input slot)]} of the nodes that read it."""
+    readers = collections.defaultdict(list)
+    for node in nodes:
+        for slot, name in enumerate(node.input):
+            if name:
+                readers[name].append((node, slot))
+    return readers
+
+
+def requantized_activations(nodes, constants, graph_outputs):
+    """The nodes with each QuantizeLinear whose one reader is a DequantizeLinear (a QDQ graph's
+    activation round trip) joined into QuantizeDequantize (ops/quantization.py: one elementwise
+    kernel): where both have constant per-tensor parameters, Q's zero point included, and no
+    attribute but axis (which per-tensor parameters ignore)."""
+    readers = _readers(nodes)
+    outputs = {vi.name for vi in graph_outputs}
+
+    def plain(node):
+        params = node.input[1:]
+        return node.domain in SUPPORTED_DOMAINS and all(a.name == "axis" for a in node.attribute) and \
+            all(name in constants and len(constants[name].values) == 1 for name in params if name)
+    joined, dropped = {}, set()
+    for node in nodes:
+        if node.op_type != "QuantizeLinear" or len(node.input) != 3 or not plain(node):
+            continue
+        users = readers.get(node.output[0], [])
+        if node.output[0] in outputs or len(users) != 1:
+            continue
+        user, slot = users[0]
+        if user.op_type != "DequantizeLinear" or slot != 0 or not plain(user):
+            continue
+        fused = MESSAGE_CLASSES["NodeProto"]()
+        fused.op_type, fused.name, fused.domain = "QuantizeDequantize", user.name, ""
+        fused.input, fused.output = list(node.input) + list(user.input[1:]), list(user.output)
         joined[id(user)] = fused
         dropped.add(id(node))
     if not joined:

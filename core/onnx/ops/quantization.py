@@ -25,6 +25,7 @@ DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which 
 import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
+from ...fusion import custom_op
 from ...tensor import Tensor, cat, unfold2d
 from ..proto import DATA_TYPES, OnnxError
 from .base import _axis, _slice_axis, op
@@ -71,12 +72,31 @@ def per_axis(t, x, axis=1, block_size=0):
     return t.reshape([t.shape[0] if d == a else 1 for d in range(x.ndim)])
 
 
+_ROUND_SATURATE = {}   # (lo, hi, with a zero point) -> its elementwise op
+
+
+def _round_saturate_op(lo, hi, with_zero_point):
+    """round(q) (+ zp) clamped to [lo, hi] as one elementwise op (one kernel on cn.Wgpu instead
+    of four; its `reference`, the same tensor ops, elsewhere)."""
+    key = (lo, hi, with_zero_point)
+    if key not in _ROUND_SATURATE:
+        name = "cn_round_saturate_%s%d_%d%s" % ("m" if lo < 0 else "", abs(lo), hi, "_zp" if with_zero_point else "")
+        args, zp = ("q: f32, zp: f32", " + zp") if with_zero_point else ("q: f32", "")
+        wgsl = ("fn %s(%s) -> f32 { let v = round(q)%s; "
+                "return select(select(v, %d.0, v < %d.0), %d.0, v > %d.0); }" % (name, args, zp, lo, lo, hi, hi))
+
+        def reference(q, zp=None):
+            q = q.round() if zp is None else q.round() + zp
+            return q.maximum(float(lo)).minimum(float(hi))
+        _ROUND_SATURATE[key] = custom_op(name, wgsl, reference)
+    return _ROUND_SATURATE[key]
+
+
 def round_saturate(q, zero_point, lo, hi):
     """round(q) + zero_point clamped to [lo, hi], as int32 (q float32)."""
-    q = q.round()
-    if zero_point is not None:
-        q = q + zero_point.cast(float32)
-    return q.maximum(float(lo)).minimum(float(hi)).cast(int32)
+    if zero_point is None:
+        return _round_saturate_op(lo, hi, False)(q).cast(int32)
+    return _round_saturate_op(lo, hi, True)(q, zero_point.cast(float32)).cast(int32)
 
 
 def quantize(x, scale, zero_point, lo, hi):
@@ -105,6 +125,34 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     lo, hi = quant_range(out_type, "QuantizeLinear")
     zp = None if y_zero_point is None else per_axis(y_zero_point, x, axis, block_size)
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
+
+
+_QUANTIZE_DEQUANTIZE = {}   # (lo, hi) -> its elementwise op
+
+
+def _quantize_dequantize_op(lo, hi):
+    """(saturate(round(x / y_scale) + y_zp) - x_zp) * x_scale as one elementwise op: the same
+    float32 steps as QuantizeLinear then DequantizeLinear (the differences of integers below
+    2**24 are exact), in one kernel on cn.Wgpu instead of six."""
+    if (lo, hi) not in _QUANTIZE_DEQUANTIZE:
+        name = "cn_quantize_dequantize_%s%d_%d" % ("m" if lo < 0 else "", abs(lo), hi)
+        wgsl = ("fn %s(x: f32, ys: f32, yz: f32, xs: f32, xz: f32) -> f32 { let v = round(x / ys) + yz; "
+                "return (select(select(v, %d.0, v < %d.0), %d.0, v > %d.0) - xz) * xs; }" % (name, lo, lo, hi, hi))
+
+        def reference(x, ys, yz, xs, xz):
+            return (((x / ys).round() + yz).maximum(float(lo)).minimum(float(hi)) - xz) * xs
+        _QUANTIZE_DEQUANTIZE[(lo, hi)] = custom_op(name, wgsl, reference)
+    return _QUANTIZE_DEQUANTIZE[(lo, hi)]
+
+
+@op()
+def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, input_types=None):
+    """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
+    pair: codegen `requantized_activations`)."""
+    lo, hi = quant_range(type_at(input_types, 2), "QuantizeLinear")
+    params = [p.reshape(()).cast(float32) for p in (y_scale, y_zero_point, x_scale)]
+    xz = 0.0 if x_zero_point is None else x_zero_point.reshape(()).cast(float32)
+    return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
 
 
 @op(multi=True)
