@@ -19,7 +19,8 @@ dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int
 ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`quantized_conv`),
 QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
 `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
-DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit.
+DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
+it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
 """
 
 import cinders as cn
