@@ -156,14 +156,33 @@ def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, inp
     return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
 
 
+def _dynamic_range(lo, hi):
+    """DynamicQuantizeLinear's scale and (float) zero point from x's min and max, in tensor ops."""
+    lo, hi = lo.minimum(0.0), hi.maximum(0.0)
+    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
+    return scale, (-lo / scale).round().maximum(0.0).minimum(255.0)
+
+
+# The same steps in WGSL, one kernel each instead of eight (NaN propagates as fmin_f/fmax_f do).
+_DYNAMIC_RANGE_WGSL = """fn {name}(mn: f32, mx: f32) -> f32 {{
+  let lo = select(min(mn, 0.0), mn, (bitcast<u32>(mn) & 0x7fffffffu) > 0x7f800000u);
+  let hi = select(max(mx, 0.0), mx, (bitcast<u32>(mx) & 0x7fffffffu) > 0x7f800000u);
+  let scale = select((hi - lo) / 255.0, 1.0, hi == lo);
+  {result}
+}}"""
+_DYNAMIC_SCALE = custom_op("cn_dynamic_scale", _DYNAMIC_RANGE_WGSL.format(
+    name="cn_dynamic_scale", result="return scale;"), lambda lo, hi: _dynamic_range(lo, hi)[0])
+_DYNAMIC_ZERO_POINT = custom_op("cn_dynamic_zero_point", _DYNAMIC_RANGE_WGSL.format(
+    name="cn_dynamic_zero_point", result="let v = round(-lo / scale); "
+    "return select(select(v, 0.0, v < 0.0), 255.0, v > 255.0);"), lambda lo, hi: _dynamic_range(lo, hi)[1])
+
+
 @op(multi=True)
 def DynamicQuantizeLinear(x, outputs=1):
     """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it;
     an all-zero x gets scale 1, as in onnxruntime, where the formula would divide by 0)."""
-    lo = x.min().minimum(0.0)
-    hi = x.max().maximum(0.0)
-    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
-    zp = (-lo / scale).round().maximum(0.0).minimum(255.0)
+    lo, hi = x.min(), x.max()
+    scale, zp = _DYNAMIC_SCALE(lo, hi), _DYNAMIC_ZERO_POINT(lo, hi)
     y = quantize(x, scale, zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]
     return results if outputs > 1 else y
