@@ -519,3 +519,31 @@ def test_qlinear_softmax(backend, dtype):
     got = _cinders(data, {"x": x}, backend)[0].astype(np.int64)
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= 1 and (got != expected).mean() < 0.1
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qdq_activation_round_trips_run_as_one_op(backend, dtype):
+    """QuantizeLinear -> DequantizeLinear with per-tensor parameters (a QDQ graph's activations)
+    is joined at import into one elementwise op: values on rounding ties, saturating at both
+    ends, equal onnxruntime's unoptimized graph to the last bit; a quantized value that is also a
+    graph output keeps its QuantizeLinear."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.standard_normal(60).astype(np.float32) * 3,
+                        np.array([0.25, 0.75, -0.25, -1.25, 1e6, -1e6, 0.0], np.float32)])
+    zp = dtype(3 if dtype == np.int8 else 130)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s2", "z"], ["y"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q_out"]),
+             helper.make_node("DequantizeLinear", ["q_out", "s", "z"], ["y2"])]
+    graph = helper.make_graph(nodes, "g", [_vi("x", np.float32, x.shape)],
+                              [_vi("y", np.float32, x.shape), _vi("q_out", dtype, x.shape), _vi("y2", np.float32, x.shape)],
+                              [_init("s", np.float32(0.5)), _init("s2", np.float32(0.03)), _init("z", zp)])
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    model.ir_version = 8
+    data = model.SerializeToString()
+    assert "QuantizeDequantize" in cn.onnx.to_source(data)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for e, g in zip(expected, _cinders(data, {"x": x}, backend)):
+        np.testing.assert_array_equal(g.astype(e.dtype), e)

@@ -217,3 +217,102 @@ def test_captured_quantized_model_replays_the_same_answer(backend, make):
     assert forward.replays >= 2
     for out in outs:
         np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("m,k,n", [(5, 64, 96), (5, 70, 37), (1030, 36, 1024)],
+                         ids=["whole-words", "single-values", "large-tiles"])
+@pytest.mark.parametrize("stored", ["nk", "kn"])
+@pytest.mark.parametrize("dtype", [cn.int8, cn.uint8], ids=repr)
+def test_wgpu_quantized_matmul_reads_packed_rows_either_way(m, k, n, stored, dtype):
+    """cn.Wgpu stages B from whole packed words along its contiguous axis (stored (N, K): conv
+    and Gemm weights; (K, N): MatMulInteger's) where rows start on word boundaries, and value by
+    value elsewhere: the same numbers as NumPy, float (per-column scale and zero point) and the
+    exact integer product; in 32 x 32 tiles of C and, for large products, 64 x 64."""
+    from cinders.backend import QuantizedLayout
+    gpu = cn.Wgpu(autotune=False)
+    lo = -128 if dtype is cn.int8 else 0
+    w = RNG.integers(lo, lo + 256, (n, k) if stored == "nk" else (k, n)).astype(dtype.name)
+    b = (w.T if stored == "nk" else w).astype(np.int64)          # B as (K, N)
+    q = (0, 1, k) if stored == "nk" else (0, n, 1)
+    scale = RNG.uniform(0.5, 1.5, n).astype(np.float32)
+    zp = RNG.integers(lo, lo + 20, n).astype(dtype.name)
+
+    def run(a, scale_t, out_dtype):
+        t = [None if v is None else cn.tensor(v, backend=gpu, dtype=d).handle
+             for v, d in ((a, None), (w.reshape(-1), dtype), (scale_t, None), (zp, dtype))]
+        layout = QuantizedLayout(k, n, 8, k, q, scale=(0, 0, 1), zp=(0, 0, 1))
+        return cn.Tensor(gpu, gpu.matmul_quantized(*t, layout), (a.shape[0], n), out_dtype).numpy()
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    np.testing.assert_allclose(run(a, scale, cn.float32), a @ ((b - zp) * scale), rtol=1e-4, atol=1e-3)
+    ai = RNG.integers(-255, 256, (m, k)).astype(np.int32)
+    np.testing.assert_array_equal(run(ai, None, cn.int32), ai.astype(np.int64) @ (b - zp))
+
+
+def _qdq_model():
+    """A QDQ graph as quantize_static writes it: DequantizeLinear of int8 weights (per output
+    channel for the conv, per tensor for the Gemm, per column for the MatMul) feeding a Conv
+    (asymmetric padding), a Gemm (transB) and a MatMul."""
+    wc = RNG.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    wg = RNG.integers(-127, 128, (12, 8 * 5 * 5)).astype(np.int8)
+    wm = RNG.integers(-127, 128, (12, 6)).astype(np.int8)
+    inits = {"wc": wc, "sc": RNG.uniform(0.01, 0.02, 8).astype(np.float32), "zc": np.zeros(8, np.int8),
+             "bc": RNG.standard_normal(8).astype(np.float32),
+             "wg": wg, "sg": np.float32(0.003), "zg": np.int8(2),
+             "wm": wm, "sm": RNG.uniform(0.01, 0.02, 6).astype(np.float32)}
+    nodes = [helper.make_node("DequantizeLinear", ["wc", "sc", "zc"], ["wcf"], axis=0),
+             helper.make_node("Conv", ["x", "wcf", "bc"], ["c"], pads=[1, 1, 0, 0], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("DequantizeLinear", ["wg", "sg", "zg"], ["wgf"]),
+             helper.make_node("Gemm", ["f", "wgf"], ["g"], transB=1, alpha=0.5),
+             helper.make_node("DequantizeLinear", ["wm", "sm"], ["wmf"], axis=1),
+             helper.make_node("MatMul", ["g", "wmf"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", 1, (2, 3, 10, 10))],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def test_qdq_weights_stay_8_bit_inside_conv_gemm_and_matmul(backend, monkeypatch):
+    """The importer joins DequantizeLinear(constant int8 W) with the Conv/Gemm/MatMul reading it:
+    W is read 8-bit inside matmul_quantized (no float32 copy, no float conv or matmul kernel),
+    and the output is onnxruntime's."""
+    ort = pytest.importorskip("onnxruntime")
+    data = _qdq_model()
+    x = RNG.standard_normal((2, 3, 10, 10)).astype(np.float32)
+    model = load(data, backend=backend)
+    got, names = _kernels_run(backend, monkeypatch, lambda: model(cn.tensor(x, backend=backend)).numpy())
+    assert names.count("matmul_quantized") == 3, names
+    assert not any(n.startswith(("matmul_", "conv")) and n != "matmul_quantized" for n in names), names
+    # the graph as written: onnxruntime's optimizer rewrites DequantizeLinear -> Gemm/MatMul into
+    # its own integer kernels, which requantize x (1% off here)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_integer_and_qlinear_conv_are_exact_in_the_kernel(backend, monkeypatch):
+    """ConvInteger and QLinearConv read their int8 weight inside matmul_quantized (the unfolded
+    image's rows times W) and give cn.NumPy()'s exact integer results (tests/test_onnx_quant.py
+    holds those to onnxruntime)."""
+    x = RNG.integers(0, 256, (1, 4, 9, 9)).astype(np.uint8)
+    inits = {"w": RNG.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8), "xz": np.uint8(129),
+             "wz": RNG.integers(-4, 4, 5).astype(np.int8), "xs": np.float32(0.02),
+             "ws": RNG.uniform(0.001, 0.002, 5).astype(np.float32), "ys": np.float32(0.5), "yz": np.uint8(128)}
+    nodes = [helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["ci"], pads=[0, 1, 1, 0]),
+             helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["qc"],
+                              strides=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 2, x.shape)],
+                              [helper.make_tensor_value_info("ci", 6, None), helper.make_tensor_value_info("qc", 2, None)],
+                              [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    data = model.SerializeToString()
+    run = lambda b: [t.numpy() for t in load(data, backend=b)(cn.tensor(x.astype(np.int32), backend=b))]  # noqa: E731
+    got, names = _kernels_run(backend, monkeypatch, lambda: run(backend))
+    assert names.count("matmul_quantized") == 2, names
+    for g, e in zip(got, run(cn.NumPy())):
+        np.testing.assert_array_equal(g, e)

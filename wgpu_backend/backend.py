@@ -25,8 +25,9 @@ from cinders.ops import result_dtype
 from . import conv
 from .codegen import images
 from .codegen.packing import fill_word, word_count
-from .codegen.matmul import (QUANT_TILE, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
-                             matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl)
+from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
+                             matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl,
+                             quantized_micro, quantized_per_word)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -515,7 +516,9 @@ class Wgpu(Backend):
         if k == 0:
             self._fill(out, 0)
             return out
-        if -(-m // QUANT_TILE) > MAX_GROUPS or -(-n // QUANT_TILE) > MAX_GROUPS:
+        micro = quantized_micro(m, n)
+        tile = QUANT_THREADS * micro
+        if -(-m // tile) > MAX_GROUPS or -(-n // tile) > MAX_GROUPS:
             raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
                                    "device's 65535 workgroups per dimension" % (m, n))
         a = self._readable(a)
@@ -524,16 +527,20 @@ class Wgpu(Backend):
         so, ssb, ssn = (scale.offset + layout.scale[0],) + layout.scale[1:] if not integer else (0, 0, 0)
         zo, zsb, zsn = (zero_point.offset * (2 if layout.zp_bits == 4 else 1) + layout.zp[0],) + \
             layout.zp[1:] if zero_point is not None else (0, 0, 0)
+        q_off, q_sk, q_sn = q.offset * (2 if layout.bits == 4 else 1) + layout.q[0], *layout.q[1:]
         params = P.pack(M=m, N=n, K=k, block=layout.block or k, a_off=a.offset,
-                        q_off=q.offset * (2 if layout.bits == 4 else 1) + layout.q[0],
-                        q_sk=layout.q[1], q_sn=layout.q[2], s_off=so, s_sb=ssb, s_sn=ssn,
+                        q_off=q_off, q_sk=q_sk, q_sn=q_sn, s_off=so, s_sb=ssb, s_sn=ssn,
                         z_off=zo, z_sb=zsb, z_sn=zsn, z_default=layout.zp_default & 0xFFFFFFFF)
         sd = None if integer else scale.dtype
         zd = None if zero_point is None else zero_point.dtype
-        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits)
+        # whole packed words along B's contiguous axis where its rows start on word boundaries
+        pw = quantized_per_word(q.dtype, layout.bits)
+        words = "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
+            "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
+        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
         self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
-                                                       layout.zp_bits),
-                    handles, [out], params, (-(-n // QUANT_TILE), -(-m // QUANT_TILE), 1),
+                                                       layout.zp_bits, words, micro),
+                    handles, [out], params, (-(-n // tile), -(-m // tile), 1),
                     "matmul_quantized",
                     4 * m * k + k * n * layout.bits // 8, 4 * m * n)
         return out

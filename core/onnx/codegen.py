@@ -20,7 +20,7 @@ from . import infer
 from . import ops as onnx_ops
 from .fold import fold_batch_norms, fold_conv_activations
 from .ops import cinders_dtype_name
-from .proto import DATA_TYPES, OnnxError, element_type, tensor_values
+from .proto import DATA_TYPES, MESSAGE_CLASSES, OnnxError, element_type, tensor_values
 
 # Inputs smaller than this that are constants and land on a parameter an op reads as Python
 # numbers (shapes, axes, pads ...) are written into the code as literals.
@@ -542,8 +542,11 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # Shapes decided at import assume the declared dims: an input of other dims is refused.
     lines = ["ops.expect_shape(%s, %s, %s)" % (var, literal(dims), ascii(vi.name))
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
-    # Activations fold into convs in this source only: the layer-style one keeps its ReLU layers.
-    lines += scope.emit(fold_conv_activations(graph.node, constants, [vi.name for vi in graph.output]))
+    # Quantized weights stay 8-bit and Q -> DQ pairs join (the op's kernels read them); activations
+    # fold into convs in this source only: the layer-style one keeps its ReLU layers.
+    nodes = requantized_activations(dequantized_weights(graph.node, constants, graph.output),
+                                    constants, graph.output)
+    lines += scope.emit(fold_conv_activations(nodes, constants, [vi.name for vi in graph.output]))
     if problems:
         raise UnsupportedOps(source_name, problems)
     layered = _layer_source(model, class_name, source_name, opset, inputs, input_vars, constants, values,
@@ -581,6 +584,87 @@ def _declared_shapes(inputs, given):
             dims = shape
         out.append(dims)
     return out
+
+
+# The products whose constant 8-bit weight a QDQ graph dequantizes first, and the op
+# (ops/quantization.py) that reads the weight quantized instead.
+DEQUANTIZED_WEIGHT_OPS = {"Conv": "DequantizedConv", "MatMul": "DequantizedMatMul", "Gemm": "DequantizedGemm"}
+
+
+def dequantized_weights(nodes, constants, graph_outputs):
+    """The nodes with each DequantizeLinear of a constant int8/uint8 weight whose one reader is a
+    Conv/MatMul/Gemm (as its weight, input 1) joined into that reader as Dequantized<op>
+    (inputs: x, W, its scale, its zero point, then the reader's others; both nodes' attributes,
+    whose names differ): the weight then stays 8-bit where the backend multiplies it so."""
+    readers = _readers(nodes)
+    outputs = {vi.name for vi in graph_outputs}
+    joined, dropped = {}, set()
+    for node in nodes:
+        params = list(node.input)
+        if node.op_type != "DequantizeLinear" or node.domain not in SUPPORTED_DOMAINS or not params or \
+                not all(name in constants for name in params if name) or \
+                constants[params[0]].onnx_type not in ("int8", "uint8"):
+            continue
+        users = readers.get(node.output[0], [])
+        if node.output[0] in outputs or len(users) != 1:
+            continue
+        user, slot = users[0]
+        if slot != 1 or user.op_type not in DEQUANTIZED_WEIGHT_OPS or user.domain not in SUPPORTED_DOMAINS:
+            continue
+        fused = MESSAGE_CLASSES["NodeProto"]()
+        fused.op_type, fused.name, fused.domain = DEQUANTIZED_WEIGHT_OPS[user.op_type], user.name, ""
+        inputs = [user.input[0]] + (params + ["", ""])[:3] + list(user.input[2:])
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        fused.input, fused.output = inputs, list(user.output)
+        fused.attribute = list(user.attribute) + list(node.attribute)
+        joined[id(user)] = fused
+        dropped.add(id(node))
+    if not joined:
+        return nodes
+    return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+def _readers(nodes):
+    """{value name: [(node, input slot)]} of the nodes that read it."""
+    readers = collections.defaultdict(list)
+    for node in nodes:
+        for slot, name in enumerate(node.input):
+            if name:
+                readers[name].append((node, slot))
+    return readers
+
+
+def requantized_activations(nodes, constants, graph_outputs):
+    """The nodes with each QuantizeLinear whose one reader is a DequantizeLinear (a QDQ graph's
+    activation round trip) joined into QuantizeDequantize (ops/quantization.py: one elementwise
+    kernel): where both have constant per-tensor parameters, Q's zero point included, and no
+    attribute but axis (which per-tensor parameters ignore)."""
+    readers = _readers(nodes)
+    outputs = {vi.name for vi in graph_outputs}
+
+    def plain(node):
+        params = node.input[1:]
+        return node.domain in SUPPORTED_DOMAINS and all(a.name == "axis" for a in node.attribute) and \
+            all(name in constants and len(constants[name].values) == 1 for name in params if name)
+    joined, dropped = {}, set()
+    for node in nodes:
+        if node.op_type != "QuantizeLinear" or len(node.input) != 3 or not plain(node):
+            continue
+        users = readers.get(node.output[0], [])
+        if node.output[0] in outputs or len(users) != 1:
+            continue
+        user, slot = users[0]
+        if user.op_type != "DequantizeLinear" or slot != 0 or not plain(user):
+            continue
+        fused = MESSAGE_CLASSES["NodeProto"]()
+        fused.op_type, fused.name, fused.domain = "QuantizeDequantize", user.name, ""
+        fused.input, fused.output = list(node.input) + list(user.input[1:]), list(user.output)
+        joined[id(user)] = fused
+        dropped.add(id(node))
+    if not joined:
+        return nodes
+    return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
 
 
 def _fixed_constants(graph, fixed, constants):

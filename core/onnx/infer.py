@@ -389,6 +389,7 @@ _RULES = {
     "Shape": _shape, "Size": _size, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape,
     "Expand": _expand, "Range": _range, "Transpose": _transpose, "MatMul": _matmul, "Gemm": _gemm,
+    "DequantizedMatMul": _matmul, "DequantizedGemm": _gemm,
     "Flatten": _flatten, "GatherElements": _gather_elements,
     **{name: _reduce for name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                                   "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},

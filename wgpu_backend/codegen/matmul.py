@@ -342,26 +342,66 @@ def matmul_quantized_layout():
 
 
 QUANT_THREADS = 16   # the quantized-B matmul's workgroup: 16 x 16 invocations,
-QUANT_MICRO = 4      # each computing 4 x 4 outputs: a 64 x 64 tile of C per workgroup
-QUANT_TILE = QUANT_THREADS * QUANT_MICRO
-QUANT_BK = 16        # K per staged step
+QUANT_BK = 32        # K per staged step: 32 bytes of an int8 row (one memory sector) per step
+QUANT_MIN_GROUPS = 256  # fewer 64 x 64 tiles than this leave a GPU idle: 32 x 32 ones instead
 
 
-def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits):
-    """C = A @ dequantize(B) in QUANT_TILE x QUANT_TILE tiles of C (grid: ceil(N / tile),
-    ceil(M / tile)), each invocation QUANT_MICRO x QUANT_MICRO of them. Each step stages a
-    tile x QUANT_BK slice of A and a QUANT_BK x tile slice of B in workgroup memory, B
-    dequantized as it is staged ((q - zero point) * its block's scale), so B is read from its
-    packed words only. Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in
-    i32, exactly for any K; float A in f32. zp_dtype None: every zero point is P.z_default."""
+def quantized_micro(m, n):
+    """Outputs per invocation along each side: 4 (64 x 64 tiles of C), or 2 (32 x 32 tiles: four
+    times the workgroups for the small products of a batch-1 transformer or a late conv layer)."""
+    tiles = -(-m // (4 * QUANT_THREADS)) * -(-n // (4 * QUANT_THREADS))
+    return 4 if tiles >= QUANT_MIN_GROUPS else 2
+
+
+def quantized_per_word(q_dtype, bits):
+    """Values of B in one u32 word of its packed storage (nibbles when bits == 4)."""
+    return 8 if bits == 4 else q_dtype.per_word
+
+
+def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, words=None, micro=4):
+    """C = A @ dequantize(B) in tile x tile blocks of C (tile = QUANT_THREADS * micro; grid:
+    ceil(N / tile), ceil(M / tile)), each invocation micro x micro of them, with the
+    register-blocked inner loop of the float32 tiles (a vector of `micro` rows of A times one of
+    `micro` columns of B per k).
+    Each step stages a tile x QUANT_BK slice of A and a QUANT_BK x tile slice of B in workgroup
+    memory, B dequantized as it is staged ((q - zero point) * its block's scale), so B is read
+    from its packed words only. `words` says how B is read (the caller checks alignment):
+      "k"  B is k-contiguous (weights stored (N, K): conv weights, MatMulNBits) with its offset
+           and row stride whole words: each invocation loads whole u32 words of one row,
+           neighbouring invocations neighbouring words, and unpacks their 4 (8 nibbles) values;
+      "n"  the same along n (B stored (K, N): MatMulInteger's B);
+      None one value per read through the strides (any layout).
+    Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in i32, exactly for any
+    K; float A in f32. zp_dtype None: every zero point is P.z_default."""
     P = matmul_quantized_layout()
-    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, QUANT_MICRO, QUANT_BK
-    tile = T * R
+    acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, micro, QUANT_BK
+    tile, threads = T * R, T * T
+    pw = quantized_per_word(q_dtype, bits)
+    vec = "vec%d<%s>" % (R, acc)
 
     def q_at(buf, dtype, nbits, index):
         if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
             return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
         return load(dtype, buf, index)
+
+    def field(word, j):
+        """Value j of a packed word of B as i32."""
+        if bits == 4:
+            return "i32(extractBits(%s, %du, 4u))" % (word, 4 * j)
+        if q_dtype.name == "int8":
+            return "extractBits(bitcast<i32>(%s), %du, 8u)" % (word, 8 * j)
+        return "i32(extractBits(%s, %du, 8u))" % (word, 8 * j)
+
+    def dequantized(raw, gk, gn):
+        """The staged value of B[gk, gn] whose packed value is `raw` (i32)."""
+        blk = "(%s) / block" % gk
+        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % q_at(
+            "z", zp_dtype, zp_bits, "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]))
+        value = "(%s - %s)" % (raw, zp)
+        if scale_dtype is not None:
+            value = "f32%s * f32(%s)" % (value, load(
+                scale_dtype, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
+        return "%s(%s)" % (acc, value)
 
     buffers = [("a", binding_type(a_dtype), False), ("q", binding_type(q_dtype), False)]
     if scale_dtype is not None:
@@ -369,58 +409,84 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     if zp_dtype is not None:
         buffers.append(("z", binding_type(zp_dtype), False))
     buffers.append(("out", acc, True))
-    zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else \
-        "i32(%s)" % q_at("z", zp_dtype, zp_bits, "%s + blk * %s + gn * %s" % (P["z_off"], P["z_sb"], P["z_sn"]))
-    value = "%s - %s" % (q_at("q", q_dtype, bits, "%s + gk * %s + gn * %s" % (P["q_off"], P["q_sk"], P["q_sn"])), zp)
-    if scale_dtype is not None:
-        value = "f32(%s) * f32(%s)" % (value, load(
-            scale_dtype, "s", "%s + blk * %s + gn * %s" % (P["s_off"], P["s_sb"], P["s_sn"])))
-    shared = ("var<workgroup> ta: array<array<{acc}, {tile}>, {BK}>;\n"
-              "var<workgroup> tb: array<array<{acc}, {tile}>, {BK}>;").format(acc=acc, tile=tile, BK=BK)
-    per_thread = tile * BK // (T * T)
+    # ta[k][m / R][m % R], tb[k][n / R][n % R]: a vector of R rows of A / columns of B
+    shared = ("var<workgroup> ta: array<array<{vec}, {tr}>, {BK}>;\n"
+              "var<workgroup> tb: array<array<{vec}, {tr}>, {BK}>;").format(vec=vec, tr=tile // R, BK=BK)
+
+    def staged(count, lines):
+        """`lines` run for e over [0, count) spread over the workgroup's invocations."""
+        out = []
+        for r in range(-(-count // threads)):
+            last = (r + 1) * threads > count
+            out.append("    { let e = t + %du;%s" % (r * threads, " if (e < %du) {" % count if last else ""))
+            out += ["      " + line for line in lines]
+            out.append("    }" + ("}" if last else ""))
+        return out
+
+    # A along k within a row (neighbouring invocations read neighbouring values)
+    stage = staged(tile * BK, [
+        "let am = e / %du; let ak = e %% %du; let gm = m0 + am; let gk = k0 + ak;" % (BK, BK),
+        "ta[ak][am / %du][am %% %du] = select(%s(0), a[%s + gm * K + gk], gm < M && gk < K);"
+        % (R, R, acc, P["a_off"])])
+    q_index = "%s + (%%s) * %s + (%%s) * %s" % (P["q_off"], P["q_sk"], P["q_sn"])
+    if words == "k":
+        per_row = BK // pw
+        lines = ["let bn = e / %du; let kw = (e %% %du) * %du; let gn = n0 + bn; let gk0 = k0 + kw;"
+                 % (per_row, per_row, pw),
+                 "var word = 0u;",
+                 "if (gn < N && gk0 < K) { word = q[(%s) / %du]; }" % (q_index % ("gk0", "gn"), pw)]
+        for j in range(pw):
+            lines.append("{ let gk = gk0 + %du; var v = %s(0); if (gn < N && gk < K) { v = %s; } "
+                         "tb[kw + %du][bn / %du][bn %% %du] = v; }"
+                         % (j, acc, dequantized(field("word", j), "gk", "gn"), j, R, R))
+        stage += staged(tile * BK // pw, lines)
+    elif words == "n":
+        per_row = tile // pw
+        lines = ["let bk = e / %du; let nw = (e %% %du) * %du; let gk = k0 + bk; let gn0 = n0 + nw;"
+                 % (per_row, per_row, pw),
+                 "var word = 0u;",
+                 "if (gk < K && gn0 < N) { word = q[(%s) / %du]; }" % (q_index % ("gk", "gn0"), pw)]
+        for j in range(pw):
+            lines.append("var v%d = %s(0); if (gk < K && gn0 + %du < N) { v%d = %s; }"
+                         % (j, acc, j, j, dequantized(field("word", j), "gk", "gn0 + %du" % j)))
+        lines += ["tb[bk][nw / %du + %du] = %s(%s);" % (R, g, vec, ", ".join("v%d" % (R * g + c) for c in range(R)))
+                  for g in range(pw // R)]
+        stage += staged(tile * BK // pw, lines)
+    else:
+        stage += staged(tile * BK, [
+            "let bk = e / %du; let bn = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (tile, tile),
+            "var v = %s(0);" % acc,
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+                                                              "gk", "gn"),
+            "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
+    madd = (lambda x, y, z: "fma(%s, %s, %s)" % (x, y, z)) if acc == "f32" else \
+        (lambda x, y, z: "%s + %s * %s" % (z, x, y))
+    inner = ["      c%d = %s;" % (i, madd("%s(av[%d])" % (vec, i), "bv", "c%d" % i)) for i in range(R)]
     body = """
 @compute @workgroup_size({T}, {T})
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
   let M = {M}; let N = {N}; let K = {K}; let block = {block};
   let tx = lid.x; let ty = lid.y; let t = ty * {T}u + tx;
   let m0 = wid.y * {tile}u; let n0 = wid.x * {tile}u;
-  var sum: array<array<{acc}, {R}>, {R}>;
+  {accs}
   for (var k0 = 0u; k0 < K; k0 = k0 + {BK}u) {{
-    for (var r = 0u; r < {per}u; r = r + 1u) {{
-      let e = t + r * {threads}u;
-      // A: along k within a row (reads in order); B: along n within a row of K
-      let am = e / {BK}u; let ak = e % {BK}u; let gm = m0 + am; let gka = k0 + ak;
-      ta[ak][am] = select({acc}(0), a[{a_off} + gm * K + gka], gm < M && gka < K);
-      let bk = e / {tile}u; let bn = e % {tile}u; let gk = k0 + bk; let gn = n0 + bn;
-      var w = {acc}(0);
-      if (gk < K && gn < N) {{
-        let blk = gk / block;
-        w = {acc}({value});
-      }}
-      tb[bk][bn] = w;
-    }}
+{stage}
     workgroupBarrier();
     for (var k = 0u; k < {BK}u; k = k + 1u) {{
-      var av: array<{acc}, {R}>; var bv: array<{acc}, {R}>;
-      for (var i = 0u; i < {R}u; i = i + 1u) {{
-        av[i] = ta[k][ty * {R}u + i]; bv[i] = tb[k][tx * {R}u + i];
-      }}
-      for (var i = 0u; i < {R}u; i = i + 1u) {{
-        for (var j = 0u; j < {R}u; j = j + 1u) {{
-          sum[i][j] = sum[i][j] + av[i] * bv[j];
-        }}
-      }}
+      let av = ta[k][ty]; let bv = tb[k][tx];
+{inner}
     }}
     workgroupBarrier();
   }}
-  for (var i = 0u; i < {R}u; i = i + 1u) {{
-    for (var j = 0u; j < {R}u; j = j + 1u) {{
-      let m = m0 + ty * {R}u + i; let n = n0 + tx * {R}u + j;
-      if (m < M && n < N) {{ out[m * N + n] = sum[i][j]; }}
-    }}
-  }}
+{store}
 }}
-""".format(T=T, R=R, BK=BK, tile=tile, per=per_thread, threads=T * T, M=P["M"], N=P["N"],
-           K=P["K"], block=P["block"], a_off=P["a_off"], acc=acc, value=value)
+""".format(T=T, BK=BK, tile=tile, M=P["M"], N=P["N"], K=P["K"], block=P["block"],
+           accs=" ".join("var c%d = %s(0);" % (i, vec) for i in range(R)),
+           stage="\n".join(stage), inner="\n".join(inner),
+           store="\n".join("  {{ let m = m0 + ty * {R}u + {i}u;\n"
+                           "    for (var j = 0u; j < {R}u; j = j + 1u) {{\n"
+                           "      let n = n0 + tx * {R}u + j;\n"
+                           "      if (m < M && n < N) {{ out[m * N + n] = c{i}[j]; }}\n"
+                           "    }}\n  }}".format(R=R, i=i) for i in range(R)))
     src = header(P.size, buffers, shared) + body
     return helpers_for(src) + src

@@ -16,15 +16,22 @@ Weights stay quantized where the backend declares `quantized_matmul` (core/backe
 an int8/uint8 weight initializer is kept at its storage dtype there (cinders.onnx), and
 MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to `matmul_quantized`, which
 dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int32 copy of B.
+ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`quantized_conv`),
+QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
+`DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
+DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
+it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
 """
 
 import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
-from ...tensor import Tensor, cat
+from ...fusion import custom_op
+from ...tensor import Tensor, cat, unfold2d
 from ..proto import DATA_TYPES, OnnxError
 from .base import _axis, _slice_axis, op
-from .conv import Conv
+from .conv import Conv, _pad_spatial, _spatial_pads
+from .linalg import Gemm, MatMul
 
 # Saturation range of each integer type a quantized value may have.
 QUANT_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
@@ -66,12 +73,31 @@ def per_axis(t, x, axis=1, block_size=0):
     return t.reshape([t.shape[0] if d == a else 1 for d in range(x.ndim)])
 
 
+_ROUND_SATURATE = {}   # (lo, hi, with a zero point) -> its elementwise op
+
+
+def _round_saturate_op(lo, hi, with_zero_point):
+    """round(q) (+ zp) clamped to [lo, hi] as one elementwise op (one kernel on cn.Wgpu instead
+    of four; its `reference`, the same tensor ops, elsewhere)."""
+    key = (lo, hi, with_zero_point)
+    if key not in _ROUND_SATURATE:
+        name = "cn_round_saturate_%s%d_%d%s" % ("m" if lo < 0 else "", abs(lo), hi, "_zp" if with_zero_point else "")
+        args, zp = ("q: f32, zp: f32", " + zp") if with_zero_point else ("q: f32", "")
+        wgsl = ("fn %s(%s) -> f32 { let v = round(q)%s; "
+                "return select(select(v, %d.0, v < %d.0), %d.0, v > %d.0); }" % (name, args, zp, lo, lo, hi, hi))
+
+        def reference(q, zp=None):
+            q = q.round() if zp is None else q.round() + zp
+            return q.maximum(float(lo)).minimum(float(hi))
+        _ROUND_SATURATE[key] = custom_op(name, wgsl, reference)
+    return _ROUND_SATURATE[key]
+
+
 def round_saturate(q, zero_point, lo, hi):
     """round(q) + zero_point clamped to [lo, hi], as int32 (q float32)."""
-    q = q.round()
-    if zero_point is not None:
-        q = q + zero_point.cast(float32)
-    return q.maximum(float(lo)).minimum(float(hi)).cast(int32)
+    if zero_point is None:
+        return _round_saturate_op(lo, hi, False)(q).cast(int32)
+    return _round_saturate_op(lo, hi, True)(q, zero_point.cast(float32)).cast(int32)
 
 
 def quantize(x, scale, zero_point, lo, hi):
@@ -102,6 +128,55 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
 
 
+_QUANTIZE_DEQUANTIZE = {}   # (lo, hi) -> its elementwise op
+
+
+def _quantize_dequantize_op(lo, hi):
+    """(saturate(round(x / y_scale) + y_zp) - x_zp) * x_scale as one elementwise op: the same
+    float32 steps as QuantizeLinear then DequantizeLinear (the differences of integers below
+    2**24 are exact), in one kernel on cn.Wgpu instead of six."""
+    if (lo, hi) not in _QUANTIZE_DEQUANTIZE:
+        name = "cn_quantize_dequantize_%s%d_%d" % ("m" if lo < 0 else "", abs(lo), hi)
+        wgsl = ("fn %s(x: f32, ys: f32, yz: f32, xs: f32, xz: f32) -> f32 { let v = round(x / ys) + yz; "
+                "return (select(select(v, %d.0, v < %d.0), %d.0, v > %d.0) - xz) * xs; }" % (name, lo, lo, hi, hi))
+
+        def reference(x, ys, yz, xs, xz):
+            return (((x / ys).round() + yz).maximum(float(lo)).minimum(float(hi)) - xz) * xs
+        _QUANTIZE_DEQUANTIZE[(lo, hi)] = custom_op(name, wgsl, reference)
+    return _QUANTIZE_DEQUANTIZE[(lo, hi)]
+
+
+@op()
+def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, input_types=None):
+    """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
+    pair: codegen `requantized_activations`)."""
+    lo, hi = quant_range(type_at(input_types, 2), "QuantizeLinear")
+    params = [p.reshape(()).cast(float32) for p in (y_scale, y_zero_point, x_scale)]
+    xz = 0.0 if x_zero_point is None else x_zero_point.reshape(()).cast(float32)
+    return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
+
+
+def _dynamic_range(lo, hi):
+    """DynamicQuantizeLinear's scale and (float) zero point from x's min and max, in tensor ops."""
+    lo, hi = lo.minimum(0.0), hi.maximum(0.0)
+    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
+    return scale, (-lo / scale).round().maximum(0.0).minimum(255.0)
+
+
+# The same steps in WGSL, one kernel each instead of eight (NaN propagates as fmin_f/fmax_f do).
+_DYNAMIC_RANGE_WGSL = """fn {name}(mn: f32, mx: f32) -> f32 {{
+  let lo = select(min(mn, 0.0), mn, (bitcast<u32>(mn) & 0x7fffffffu) > 0x7f800000u);
+  let hi = select(max(mx, 0.0), mx, (bitcast<u32>(mx) & 0x7fffffffu) > 0x7f800000u);
+  let scale = select((hi - lo) / 255.0, 1.0, hi == lo);
+  {result}
+}}"""
+_DYNAMIC_SCALE = custom_op("cn_dynamic_scale", _DYNAMIC_RANGE_WGSL.format(
+    name="cn_dynamic_scale", result="return scale;"), lambda lo, hi: _dynamic_range(lo, hi)[0])
+_DYNAMIC_ZERO_POINT = custom_op("cn_dynamic_zero_point", _DYNAMIC_RANGE_WGSL.format(
+    name="cn_dynamic_zero_point", result="let v = round(-lo / scale); "
+    "return select(select(v, 0.0, v < 0.0), 255.0, v > 255.0);"), lambda lo, hi: _dynamic_range(lo, hi)[1])
+
+
 @op(multi=True)
 def DynamicQuantizeLinear(x, outputs=1):
     """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it;
@@ -111,10 +186,8 @@ def DynamicQuantizeLinear(x, outputs=1):
         results = tuple(Tensor(x.backend, h, shape, dtype) for h, shape, dtype in
                         zip(handles, (x.shape, (), ()), (int32, float32, int32)))[:outputs]
         return results if outputs > 1 else results[0]
-    lo = x.min().minimum(0.0)
-    hi = x.max().maximum(0.0)
-    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
-    zp = (-lo / scale).round().maximum(0.0).minimum(255.0)
+    lo, hi = x.min(), x.max()
+    scale, zp = _DYNAMIC_SCALE(lo, hi), _DYNAMIC_ZERO_POINT(lo, hi)
     y = quantize(x, scale, zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]
     return results if outputs > 1 else y
@@ -176,6 +249,56 @@ def integer_matmul(a, a_zero_point, b, b_zero_point):
     return exact_matmul(centered(a, a_zero_point), centered(b, b_zero_point))
 
 
+def _per_channel(p):
+    """0 where p is one value for every channel (or absent), 1 where it has one per channel."""
+    return 0 if p is None or p.numel() == 1 else 1
+
+
+def weight_layout(k, n, q, scale, zero_point, along_n=True):
+    """QuantizedLayout of an 8-bit (K, N) weight at strides q = (0, sk, sn) whose scale and zero
+    point are one value, or one per column (along_n) or per row of K."""
+    if along_n:
+        return QuantizedLayout(k, n, 8, k, q, scale=(0, 0, _per_channel(scale)),
+                               zp=(0, 0, _per_channel(zero_point)))
+    return QuantizedLayout(k, n, 8, 1, q, scale=(0, _per_channel(scale), 0), zp=(0, _per_channel(zero_point), 0))
+
+
+def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, pads, strides):
+    """2-D convolution (group 1) of x (N, C, H, W) with an 8-bit weight W (O, C, kh, kw) whose
+    scale and zero point are one value or one per output channel: the unfolded image's rows times
+    W read k-contiguous inside matmul_quantized. Float32 x and a scale give float32; integer
+    values in float32 x and no scale the exact int32 sums (ConvInteger: 8-bit differences)."""
+    kernel = list(w.shape[2:])
+    strides, dilations = strides or [1, 1], dilations or [1, 1]
+    begins, ends = _spatial_pads(x.shape, kernel, strides, dilations, pads, auto_pad)
+    if begins != ends:   # unfold2d pads both sides alike: pad x itself first
+        x, begins = _pad_spatial(x, begins, ends, 0.0), [0, 0]
+    cols = unfold2d(x, tuple(kernel), tuple(strides), tuple(begins), tuple(dilations))
+    n, ckk, length = cols.shape
+    rows = cols.permute(0, 2, 1)
+    rows = (rows if scale is not None else rows.cast(int32)).reshape((n * length, ckk))  # one copy
+    o = w.shape[0]
+    out = quantized_product(rows, w, scale, zero_point, weight_layout(ckk, o, (0, 1, ckk), scale, zero_point))
+    oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
+
+
+def quantized_conv_applies(x, w, group, scale=None, block_size=0, axis=0):
+    """True where quantized_conv computes this Conv: a 2-D, group-1 convolution of a packed weight
+    with one scale per tensor or per output channel (axis 0)."""
+    return w.ndim == 4 and group == 1 and not block_size and packed_weight(w, x) and \
+        (not _per_channel(scale) or _axis(axis, 4) == 0)
+
+
+def integer_conv(x, w, w_zero_point, group, **conv_args):
+    """The exact int32 convolution of centered x (float32) with 8-bit w minus its zero point (one or
+    one per output channel): in the kernel where w is a packed weight, else exact_conv."""
+    if quantized_conv_applies(x, w, group):
+        zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
+        return quantized_conv(x, w, None, zp, **conv_args)
+    return exact_conv(x, centered(w, _channel_param(w_zero_point, w.ndim)), group, **conv_args)
+
+
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
     return integer_matmul(A, row_param(a_zero_point), B, column_param(b_zero_point))
@@ -221,8 +344,8 @@ def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", d
                 kernel_shape=None, pads=None, strides=None):
     # x - x_zero_point is padded with 0: the same as padding x with its zero point, as ONNX says
     xzp = None if x_zero_point is None else x_zero_point.reshape(())
-    return exact_conv(centered(x, xzp), centered(w, _channel_param(w_zero_point, w.ndim)), group,
-                      **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+    return integer_conv(centered(x, xzp), w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
+                                                                                  pads, strides))
 
 
 def requantize(acc, multiplier, zero_point, out_type, op_name):
@@ -234,7 +357,7 @@ def requantize(acc, multiplier, zero_point, out_type, op_name):
 
 @op()
 def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
-    acc = exact_matmul(centered(a, row_param(a_zero_point)), centered(b, column_param(b_zero_point)))
+    acc = integer_matmul(a, row_param(a_zero_point), b, column_param(b_zero_point))
     multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
     return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
 
@@ -243,10 +366,56 @@ def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
 def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
                 input_types=None):
-    acc = exact_conv(centered(x, x_zero_point.reshape(())), centered(w, _channel_param(w_zero_point, w.ndim)),
-                     group, **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
+    acc = integer_conv(centered(x, x_zero_point.reshape(())), w, w_zero_point, group,
+                       **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
     if B is not None:
         acc = acc + _channel_param(B, x.ndim - 1)
     multiplier = x_scale.reshape(()) * _channel_param(w_scale, x.ndim - 1)
     return requantize(acc, multiplier / y_scale.reshape(()), y_zero_point.reshape(()), type_at(input_types, 7),
                       "QLinearConv")
+
+
+# ---- QDQ weights: DequantizeLinear(constant 8-bit W) joined with its Conv/MatMul/Gemm ----------
+# The importer (codegen, `dequantized_weights`) emits these for the pattern; where the backend
+# cannot read W quantized (no quantized_matmul, grouped or blocked) they compute what the two
+# nodes did.
+
+@op()
+def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, axis=1, block_size=0, output_dtype=0,
+                    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
+    if X.dtype is not float32 or not quantized_conv_applies(X, W, group, w_scale, block_size, axis):
+        return Conv(X, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), B, group=group, **conv_args)
+    out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
+                         **conv_args)
+    return out if B is None else out + B.reshape((1, -1, 1, 1))
+
+
+def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed):
+    """a @ dequantize(W) (W^T where transposed) read 8-bit inside the kernel, or None where the
+    backend cannot (then the caller dequantizes)."""
+    if a.dtype is not float32 or w.ndim != 2 or block_size or not packed_weight(w, a):
+        return None
+    rows, cols = w.shape
+    k, n = (cols, rows) if transposed else (rows, cols)
+    along_n = _axis(axis, 2) == (0 if transposed else 1)
+    zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
+    layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
+    return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
+
+
+@op()
+def DequantizedMatMul(A, W, w_scale, w_zero_point=None, axis=1, block_size=0, output_dtype=0):
+    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False) if A.ndim >= 2 else None
+    return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
+
+
+@op()
+def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, axis=1, block_size=0, output_dtype=0, alpha=1.0,
+                    beta=1.0, transA=0, transB=0):
+    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB)
+    if out is None:
+        return Gemm(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), C, alpha, beta, transA, transB)
+    if alpha != 1.0:
+        out = out * alpha
+    return out if C is None else out + (C * beta if beta != 1.0 else C)
