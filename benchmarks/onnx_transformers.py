@@ -9,7 +9,8 @@ Models (issue 22's): "bert" (4 layers, d 256, 4 heads, ff 1024, seq 128) and "gp
 d 256, 4 heads, seq 64, logits). Stacks:
     wgpu      cn.Wgpu() under cn.capture (call + reading the result back), against torch on the
               GPU (TF32 off, cuDNN included) with a synchronisation after each call
-    numpy     cn.NumPy() against onnxruntime's CPU provider with one thread (--cpu)
+    numpy     cn.NumPy() against onnxruntime's CPU provider with one thread (--cpu), the two
+              called alternately: ratio is the median of the per-round ratios
 Medians of --repeat calls after warm-up (capture's first three calls included in the warm-up).
 
 With --decode, one JSON line per (batch, stack) of per-token decode latency of the GPT-2 model
@@ -136,13 +137,30 @@ def cpu_rows(name, c, path, batches, repeat):
     for batch in batches:
         ids = np.random.default_rng(batch).integers(0, 1000, (batch, c["seq"])).astype(np.int64)
         x = cn.tensor(ids.astype(np.int32), backend=backend, dtype=cn.int32)
-        ms = median_ms(lambda: model(x).numpy(), repeat, warm=4)
-        ref_ms = median_ms(lambda: session.run(None, {"x": ids}), repeat, warm=4)
+        # alternating calls: each round's two times see the same load on a shared machine
+        ms, ref_ms, ratio = paired_ms(lambda: model(x).numpy(), lambda: session.run(None, {"x": ids}), repeat)
         diff = float(np.abs(model(x).numpy() - session.run(None, {"x": ids})[0]).max())
         yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"], "stack": "numpy",
                "cinders_ms": round(ms, 3), "reference": "onnxruntime-cpu-1-thread", "reference_ms": round(ref_ms, 3),
-               "ratio": round(ms / ref_ms, 3), "replays": None, "device_reads": None, "max_abs_diff": diff,
+               "ratio": round(ratio, 3), "replays": None, "device_reads": None, "max_abs_diff": diff,
                "device": "cpu"}
+
+
+def paired_ms(ours, theirs, repeat, warm=4):
+    """(median ms of ours, of theirs, median of the per-round ratios) over `repeat` rounds of one
+    call each, alternating, after `warm` calls of each."""
+    for _ in range(warm):
+        ours(), theirs()
+    a, b = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        ours()
+        middle = time.perf_counter()
+        theirs()
+        a.append(middle - start)
+        b.append(time.perf_counter() - middle)
+    return (1e3 * statistics.median(a), 1e3 * statistics.median(b),
+            statistics.median(x / y for x, y in zip(a, b)))
 
 
 # -- per-token decode latency with a KV cache ------------------------------------------------------
