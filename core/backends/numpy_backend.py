@@ -69,6 +69,14 @@ def _erf(x):
     return result.reshape(x.shape)
 
 
+def _pad(x, pads, value):
+    """np.pad(x, pads, constant_values=value) as a filled array and one copy into it: the same
+    array, without np.pad's argument handling and per-side fills (~40 us a call, per conv)."""
+    out = np.full(tuple(n + a + b for n, (a, b) in zip(x.shape, pads)), value, x.dtype)
+    out[tuple(slice(a, a + n) for n, (a, _) in zip(x.shape, pads))] = x
+    return out
+
+
 def _floordiv(a, b):
     if a.dtype.kind == "i":
         return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b))).astype(a.dtype)
@@ -258,7 +266,7 @@ class NumPy(Backend):
         return np.concatenate(xs, axis=axis)
 
     def pad(self, x, pads, value):
-        return np.pad(x, pads, mode="constant", constant_values=value)
+        return _pad(x, pads, value)
 
     def gather(self, x, axis, index):
         if index.shape[:axis] + index.shape[axis + 1:] != x.shape[:axis] + x.shape[axis + 1:]:
@@ -315,7 +323,7 @@ class NumPy(Backend):
     def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value) if ph or pw else x
+        xp = _pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), pad_value) if ph or pw else x
         oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         s = xp.strides
         windows = np.lib.stride_tricks.as_strided(
