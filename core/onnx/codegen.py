@@ -848,7 +848,7 @@ def _free_dead_values(lines, outputs):
             last_read[n.id] = len(statements)   # returned: kept
     dead = collections.defaultdict(list)
     for name, index in last_read.items():
-        if name in assigned and index < len(statements):
+        if name in assigned and index < len(statements) - 1:   # (the forward returns after the last)
             dead[index].append(name)
     out = []
     for index, statement in enumerate(statements):
