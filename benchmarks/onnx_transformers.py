@@ -8,11 +8,11 @@ One JSON line per (model, batch, stack):
 Models (issue 22's): "bert" (4 layers, d 256, 4 heads, ff 1024, seq 128) and "gpt2" (4 layers,
 d 256, 4 heads, seq 64, logits). Stacks:
     wgpu      cn.Wgpu() under cn.capture (call + reading the result back), against torch on the
-              GPU (TF32 off, cuDNN included), whose result is read back to the host too; the
-              two take turns call by call (timing.interleaved_median_ms: a GPU's clocks and
-              neighbours vary over a run)
+              GPU (TF32 off, cuDNN included), whose result is read back to the host too
     wgpu+fusion  (--fusion) the same under cn.Fusion(cn.Wgpu())
     numpy     cn.NumPy() against onnxruntime's CPU provider with one thread (--cpu)
+Cinders and its reference take turns call by call (timing.interleaved_median_ms: a shared
+machine's load, a GPU's clocks and neighbours vary over a run); ratio = median over median.
 Medians of --repeat calls after warm-up (capture's first three calls included in the warm-up).
 
 With --decode, one JSON line per (batch, stack) of per-token decode latency of the GPT-2 model
@@ -146,8 +146,9 @@ def cpu_rows(name, c, path, batches, repeat):
     for batch in batches:
         ids = np.random.default_rng(batch).integers(0, 1000, (batch, c["seq"])).astype(np.int64)
         x = cn.tensor(ids.astype(np.int32), backend=backend, dtype=cn.int32)
-        ms = median_ms(lambda: model(x).numpy(), repeat, warm=4)
-        ref_ms = median_ms(lambda: session.run(None, {"x": ids}), repeat, warm=4)
+        times = interleaved_median_ms({"ours": lambda: model(x).numpy(),
+                                       "theirs": lambda: session.run(None, {"x": ids})}, repeat, warm=4)
+        ms, ref_ms = times["ours"], times["theirs"]
         diff = float(np.abs(model(x).numpy() - session.run(None, {"x": ids})[0]).max())
         yield {"bench": "transformers", "model": name, "batch": batch, "seq": c["seq"], "stack": "numpy",
                "cinders_ms": round(ms, 3), "reference": "onnxruntime-cpu-1-thread", "reference_ms": round(ref_ms, 3),

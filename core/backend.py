@@ -103,6 +103,17 @@ and that composition is the reference every kernel is tested against.
                           Decorators do not forward the flag: Autodiff differentiates the
                           composition and Fusion fuses it.
 
+    softmax(x, axis)      flag: normalization_kernels
+                          functional.softmax of float32 x along axis (normalised): e = exp(x -
+                          max), e / sum(e), those float32 steps in that order.
+    layer_norm(x, weight, bias, eps)                                      flag: normalization_kernels
+                          nn.functional.layer_norm over x's last dim (float32, D > 0); weight and
+                          bias (D,) or None: c = x - sum(x)/D, c / sqrt(sum(c*c)/D + eps) * weight
+                          + bias, those float32 steps in that order.
+                          Reference of both: the compositions in functional.softmax and
+                          nn.functional.layer_norm. One op instead of 5 and 9, without their
+                          temporaries. Decorators do not forward the flag (as recurrent_kernels).
+
 Synchronisation
 ---------------
 `to_flat` is the only point where a backend must wait for its device. Asynchronous backends
@@ -276,6 +287,7 @@ class Backend:
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
     pool2d_kernel = False     # pool2d(...): max/avg pooling kernels of their own (else unfold + reduce)
     recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step
+    normalization_kernels = False  # softmax(...), layer_norm(...): one kernel each
     sends_to_peers = False    # send_to(handles, other): its server sends them to other's (cn.Remote)
     # Storage dtypes (cn.int8, cn.uint8, cn.float16: core/dtypes.py) this backend holds at their
     # size: from_flat, full, to_flat, cast to and from them, and the movement ops (reshape,

@@ -69,6 +69,14 @@ def _erf(x):
     return result.reshape(x.shape)
 
 
+def _pad(x, pads, value):
+    """np.pad(x, pads, constant_values=value) as a filled array and one copy into it: the same
+    array, without np.pad's argument handling and per-side fills (~40 us a call, per conv)."""
+    out = np.full(tuple(n + a + b for n, (a, b) in zip(x.shape, pads)), value, x.dtype)
+    out[tuple(slice(a, a + n) for n, (a, _) in zip(x.shape, pads))] = x
+    return out
+
+
 def _floordiv(a, b):
     if a.dtype.kind == "i":
         return np.where(b == 0, 0, np.floor_divide(a, np.where(b == 0, 1, b))).astype(a.dtype)
@@ -119,6 +127,7 @@ class NumPy(Backend):
     name = "numpy"
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
     recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
+    normalization_kernels = True  # softmax, layer_norm (core/backend.py)
 
     def shape(self, h):
         return tuple(h.shape)
@@ -188,6 +197,10 @@ class NumPy(Backend):
         return out if type(out) is np.ndarray and out.dtype is x.dtype else np.asarray(out, dtype=x.dtype)
 
     def matmul(self, a, b):
+        if a.ndim > 2 and b.shape[:-2] == (1,) * (b.ndim - 2) and a.flags.c_contiguous:
+            # activations (B, S, K) by a weight (1, K, N): one (B*S, K) GEMM, not B small ones
+            # (np.matmul loops over the broadcast batch)
+            return np.matmul(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])).reshape(a.shape[:-1] + b.shape[-1:])
         return np.matmul(a, b)
 
     # The optional recurrent primitives (core/backend.py): a step in a few whole-array calls.
@@ -208,6 +221,27 @@ class NumPy(Backend):
         z = zr[:, :hidden]
         n = np.tanh(gx[:, 2 * hidden:] + zr[:, hidden:] * gh[:, 2 * hidden:])
         return (np.float32(1.0) - z) * n + z * h
+
+    # The optional normalisation primitives (core/backend.py): the composition's float32 steps in
+    # its order, on one buffer of their own written in place (the composition makes 3 and 5
+    # fresh arrays: at transformer sizes, memory traffic and allocations cost more than the math).
+    def softmax(self, x, axis):
+        out = np.subtract(x, np.maximum.reduce(x, axis=axis, keepdims=True))
+        np.exp(out, out=out)
+        out /= np.add.reduce(out, axis=axis, keepdims=True)
+        return out
+
+    def layer_norm(self, x, weight, bias, eps):
+        count = np.float32(x.shape[-1])
+        out = np.subtract(x, np.add.reduce(x, axis=-1, keepdims=True) / count)
+        variance = np.add.reduce(np.square(out), axis=-1, keepdims=True) / count
+        variance += np.float32(eps)
+        out /= np.sqrt(variance, out=variance)
+        if weight is not None:
+            out *= weight
+        if bias is not None:
+            out += bias
+        return out
 
     # ndarray methods, not the np.* wrappers: these run per op, and the wrappers cost ~1 us each.
     def reshape(self, x, shape):
@@ -232,7 +266,7 @@ class NumPy(Backend):
         return np.concatenate(xs, axis=axis)
 
     def pad(self, x, pads, value):
-        return np.pad(x, pads, mode="constant", constant_values=value)
+        return _pad(x, pads, value)
 
     def gather(self, x, axis, index):
         if index.shape[:axis] + index.shape[axis + 1:] != x.shape[:axis] + x.shape[axis + 1:]:
@@ -289,7 +323,7 @@ class NumPy(Backend):
     def unfold2d(self, x, kernel, stride, padding, dilation, pad_value):
         n, c, h, w = x.shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=pad_value) if ph or pw else x
+        xp = _pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), pad_value) if ph or pw else x
         oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         s = xp.strides
         windows = np.lib.stride_tricks.as_strided(

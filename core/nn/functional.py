@@ -52,6 +52,13 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if tuple(x.shape[x.ndim - k:]) != normalized_shape:
         raise ShapeError("layer_norm: input shape %s does not end with normalized_shape %s"
                          % (x.shape, normalized_shape))
+    if k == 1 and x.backend.normalization_kernels and x.dtype is float32 and normalized_shape[0] and \
+            all(p is None or (p.shape == normalized_shape and p.dtype is float32) for p in (weight, bias)):
+        for p in (weight, bias):
+            if p is not None:
+                x._same_device("layer_norm", p)
+        handles = [None if p is None else p.handle for p in (weight, bias)]
+        return Tensor(x.backend, x.backend.layer_norm(x.handle, *handles, eps), x.shape, float32)
     axes = tuple(range(x.ndim - k, x.ndim))
     centred = x - x.mean(axes, keepdim=True)
     out = centred / ((centred * centred).mean(axes, keepdim=True) + eps).sqrt()
