@@ -225,6 +225,17 @@ def test_contrib_ops_need_their_domain():
         load(data, backend=cn.NumPy())
 
 
+def test_ops_joined_at_import_are_not_ops_a_file_can_name():
+    """DequantizedConv and QuantizeDequantize are what the importer joins nodes into (domain
+    cinders.joined); in a file's default domain they are unknown, as in onnxruntime."""
+    x, w = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 1, 1), np.int8)
+    node = helper.make_node("DequantizedConv", ["x", "w", "s"], ["y"])
+    data = _model(node, [_vi("x", np.float32, x.shape)], [_vi("y", np.float32, None)],
+                  [_init("w", w), _init("s", np.float32(0.5))])
+    with pytest.raises(OnnxError, match="DequantizedConv"):
+        load(data, backend=cn.NumPy())
+
+
 def test_quantize_linear_zero_point_through_identity_keeps_its_type():
     """A zero point passed through Identity is folded at import as the same int8 constant: its
     type still tells int8 from uint8, and the result is onnxruntime's."""

@@ -613,7 +613,7 @@ def dequantized_weights(nodes, constants, graph_outputs):
         if slot != 1 or user.op_type not in DEQUANTIZED_WEIGHT_OPS or user.domain not in SUPPORTED_DOMAINS:
             continue
         fused = MESSAGE_CLASSES["NodeProto"]()
-        fused.op_type, fused.name, fused.domain = DEQUANTIZED_WEIGHT_OPS[user.op_type], user.name, ""
+        fused.op_type, fused.name, fused.domain = DEQUANTIZED_WEIGHT_OPS[user.op_type], user.name, onnx_ops.JOINED
         inputs = [user.input[0]] + (params + ["", ""])[:3] + list(user.input[2:])
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -659,7 +659,7 @@ def requantized_activations(nodes, constants, graph_outputs):
         if user.op_type != "DequantizeLinear" or slot != 0 or not plain(user):
             continue
         fused = MESSAGE_CLASSES["NodeProto"]()
-        fused.op_type, fused.name, fused.domain = "QuantizeDequantize", user.name, ""
+        fused.op_type, fused.name, fused.domain = "QuantizeDequantize", user.name, onnx_ops.JOINED
         fused.input, fused.output = list(node.input) + list(user.input[1:]), list(user.output)
         joined[id(user)] = fused
         dropped.add(id(node))

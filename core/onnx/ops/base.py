@@ -13,7 +13,11 @@ REGISTRY = {}   # (domain, op_type) -> op function; "" is the ai.onnx domain
 # Where generated code finds an op of a domain: ai.onnx ops are attributes of `ops` itself, other
 # domains have a namespace of their own (`ops.com_microsoft.Attention`), so that names both define
 # (Attention, Gelu, RotaryEmbedding) do not collide.
-NAMESPACES = {"": "ops", "com.microsoft": "ops.com_microsoft"}
+NAMESPACES = {"": "ops", "com.microsoft": "ops.com_microsoft", "cinders.joined": "ops"}
+# The domain of the ops cinders.onnx joins nodes into at import (DequantizedConv: a weight's
+# DequantizeLinear and its Conv): no ONNX opset names them, so a file's ai.onnx node of the
+# same name stays unsupported, as it is in onnxruntime.
+JOINED = "cinders.joined"
 _DTYPES = {"float32": float32, "int32": int32, "bool": bool_}
 
 

@@ -29,7 +29,7 @@ from ...dtypes import float32, int32, int8, uint8
 from ...fusion import custom_op
 from ...tensor import Tensor, cat, unfold2d
 from ..proto import DATA_TYPES, OnnxError
-from .base import _axis, _slice_axis, op
+from .base import JOINED, _axis, _slice_axis, op
 from .conv import Conv, _pad_spatial, _spatial_pads
 from .linalg import Gemm, MatMul
 
@@ -146,7 +146,7 @@ def _quantize_dequantize_op(lo, hi):
     return _QUANTIZE_DEQUANTIZE[(lo, hi)]
 
 
-@op()
+@op(domain=JOINED)
 def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, input_types=None):
     """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
     pair: codegen `requantized_activations`)."""
@@ -380,7 +380,7 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
 # cannot read W quantized (no quantized_matmul, grouped or blocked) they compute what the two
 # nodes did.
 
-@op()
+@op(domain=JOINED)
 def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, axis=1, block_size=0, output_dtype=0,
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
@@ -404,13 +404,13 @@ def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transpos
     return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
 
 
-@op()
+@op(domain=JOINED)
 def DequantizedMatMul(A, W, w_scale, w_zero_point=None, axis=1, block_size=0, output_dtype=0):
     out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False) if A.ndim >= 2 else None
     return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
 
 
-@op()
+@op(domain=JOINED)
 def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, axis=1, block_size=0, output_dtype=0, alpha=1.0,
                     beta=1.0, transA=0, transB=0):
     out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB)
