@@ -63,6 +63,7 @@ class Remote(Backend):
         if sys.platform == "emscripten":
             raise RemoteError("cn.Remote in the browser: `remote = await cn.Remote.open(url, token=...)` "
                               "(the page's WebSocket opens asynchronously)")
+        token = self._token_for(url, token)   # before connecting: a server never sees a client without one
         self._start(url, token, timeout, DesktopSocket(url, timeout))
         self._accept(self._receive())
 
@@ -74,15 +75,20 @@ class Remote(Backend):
         if sys.platform != "emscripten":
             return cls(url, token, timeout)
         remote = cls.__new__(cls)
+        token = cls._token_for(url, token)
         remote._start(url, token, timeout, await BrowserSocket.open(url, timeout))
         remote._accept(await remote._receive_async())
         return remote
 
-    def _start(self, url, token, timeout, socket):
+    @staticmethod
+    def _token_for(url, token):
+        """token, else $CINDERS_REMOTE_TOKEN; ArgumentError without either."""
         token = token if token is not None else os.environ.get("CINDERS_REMOTE_TOKEN")
         if not token:
-            socket.close()
             raise ArgumentError("cn.Remote(%r): give the server's token (token= or CINDERS_REMOTE_TOKEN)" % (url,))
+        return token
+
+    def _start(self, url, token, timeout, socket):
         self.url, self.timeout, self._socket, self._token = url, timeout, socket, token
         self._key = ("Remote", url, next(_connections))
         self._lock = threading.Lock()
