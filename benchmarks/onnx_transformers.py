@@ -20,12 +20,15 @@ exported with its KV cache (optimum-style: input_ids, attention_mask, position_i
 keys/values in, logits and the present keys/values out; dynamo exporter):
     {"bench": "transformers-decode", "model", "batch", "prompt", "stack", "cinders_ms_per_token",
      "reference", "reference_ms_per_token", "ratio", "cinders_tokens_per_s", "same_tokens", "device"}
-Cinders runs `cinders.onnx.generate` (greedy; on a GPU backend its decode steps replay one
-captured program); the reference decodes greedily with its own cache: torch eager with
+Cinders runs `cinders.onnx.generate_steps` (greedy; on a GPU backend each decode step replays
+captured programs); the reference decodes greedily with its own cache: torch eager with
 past_key_values (wgpu stack), or an onnxruntime session (1 thread) over the same ONNX file with
-growing pasts (numpy stack). Per-token latency = (time of LONG new tokens - time of SHORT new
-tokens) / (LONG - SHORT), the median of --repeat such pairs, so the prompt step and the capture's
-warm-up calls cancel out. same_tokens: both picked the same greedy tokens.
+growing pasts (numpy stack). Cinders' per-token latency is its steady state: the time from the
+WARM-th new token (the captures recorded, the device idle) to the LONG-th, read back, divided by
+the tokens between (a recording collects Python's garbage first, which in a process holding
+torch takes ~0.4 s and varies by 0.1 s: differences of whole runs drowned in it). The
+reference's = (time of LONG new tokens - time of SHORT) / (LONG - SHORT). Medians of --repeat.
+same_tokens: both picked the same greedy tokens.
 
     python benchmarks/onnx_transformers.py --backend wgpu           # a real GPU (and torch with CUDA)
     python benchmarks/onnx_transformers.py --backend numpy          # cn.NumPy() vs onnxruntime, 1 thread
@@ -223,6 +226,30 @@ def per_token_ms(run, repeat):
     return statistics.median(per_token), rows
 
 
+WARM = 5   # the prompt step, then a decode step eager, two recorded: replays from the fifth token on
+
+
+def steady_ms_per_token(model, prompt, repeat):
+    """(ms per new token of generate_steps once its captures are recorded, tokens of a LONG run):
+    the median over --repeat runs of the time from the WARM-th token to the LONG-th, read back
+    (the steps never wait for the device: the read at the end waits for them all)."""
+    from cinders.onnx.generate import generate_steps
+    per_token = []
+    for _ in range(repeat + 1):   # the first run compiles
+        steps = generate_steps(model, prompt, LONG)
+        picked = [next(steps) for _ in range(WARM)]
+        picked[-1].tolist()
+        start = time.perf_counter()
+        picked += list(steps)
+        picked[-1].tolist()
+        per_token.append((time.perf_counter() - start) * 1e3 / (LONG - WARM))
+    rows = [list(r) for r in prompt]
+    for ids in picked:
+        for r, (token,) in zip(rows, ids.tolist()):
+            r.append(int(token))
+    return statistics.median(per_token[1:]), rows
+
+
 def torch_greedy(inner, prompt, new, device):
     import torch
     with torch.no_grad():
@@ -258,7 +285,6 @@ def ort_greedy(session, c, prompt, new):
 
 
 def decode_rows(c, path, inner, stack, batches, repeat):
-    from cinders.onnx import generate
     backend = cn.Wgpu() if stack == "wgpu" else cn.NumPy()
     model = load(path, backend=backend)
     if stack == "wgpu":
@@ -274,7 +300,7 @@ def decode_rows(c, path, inner, stack, batches, repeat):
         reference, theirs = "onnxruntime-cpu-1-thread", lambda prompt, new: ort_greedy(session, c, prompt, new)
     for batch in batches:
         prompt = np.random.default_rng(batch).integers(0, 1000, (batch, PROMPT)).tolist()
-        ms, ours = per_token_ms(lambda new: generate(model, prompt, new), repeat)
+        ms, ours = steady_ms_per_token(model, prompt, repeat)
         ref_ms, want = per_token_ms(lambda new: theirs(prompt, new), repeat)
         yield {"bench": "transformers-decode", "model": "gpt2", "batch": batch, "prompt": PROMPT, "stack": stack,
                "cinders_ms_per_token": round(ms, 3), "reference": reference,
