@@ -176,20 +176,7 @@ def gpt2_with_cache(c):
     inner = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=1000, n_embd=c["d"], n_layer=c["layers"], n_head=c["heads"],
                                              n_inner=c["ff"], n_positions=512, bos_token_id=0,
                                              eos_token_id=0)).eval()
-
-    class WithCache(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids, attention_mask, position_ids, *past):
-            cache = tf.DynamicCache()
-            for i in range(c["layers"]):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.inner(input_ids=ids, past_key_values=cache, attention_mask=attention_mask,
-                             position_ids=position_ids, use_cache=True)
-            return (out.logits,) + tuple(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
-    return inner, WithCache().eval()
+    return inner, onnx_models.with_kv_cache(inner, c["layers"])
 
 
 def export_with_cache(wrapper, c, path):

@@ -174,3 +174,25 @@ def trained_mnist_cnn():
                       dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
     os.replace(tmp, path)
     return path
+
+
+def with_kv_cache(inner, layers):
+    """A transformers decoder behind the signature an optimum-style export has: (input_ids,
+    attention_mask, position_ids, *past keys/values) -> (logits, *present keys/values), the
+    pasts two per layer. The test suite's and benchmarks/onnx_transformers.py's decoders."""
+    import torch
+    import transformers as tf
+
+    class WithCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, attention_mask, position_ids, *past):
+            cache = tf.DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.inner(input_ids=ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True)
+            return (out.logits,) + tuple(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values))
+    return WithCache().eval()

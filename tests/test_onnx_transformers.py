@@ -422,21 +422,7 @@ def _hf_gpt2_with_cache():
     torch.manual_seed(0)
     inner = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50, n_embd=HEADS * HEAD_DIM, n_layer=LAYERS, n_head=HEADS,
                                              n_positions=64, initializer_range=0.2)).eval()
-
-    class WithCache(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids, attention_mask, position_ids, *past):
-            cache = tf.DynamicCache()
-            for i in range(LAYERS):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.inner(input_ids=ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=True)
-            layers = out.past_key_values.layers
-            return (out.logits,) + tuple(t for layer in layers for t in (layer.keys, layer.values))
-    return WithCache()
+    return onnx_models.with_kv_cache(inner, LAYERS)
 
 
 @pytest.fixture(scope="session")
