@@ -21,13 +21,14 @@ HOME = cn.Autodiff(cn.NumPy())
 
 
 class Net(cn.nn.Module):
-    def __init__(self):
+    def __init__(self, hidden=8, activation=cn.Tensor.gelu):
         super().__init__()
-        self.a = cn.nn.Linear(6, 8)
-        self.b = cn.nn.Linear(8, 3)
+        self.a = cn.nn.Linear(6, hidden)
+        self.b = cn.nn.Linear(hidden, 3)
+        self.activation = activation
 
     def forward(self, x):
-        return self.b(self.a(x).gelu())
+        return self.b(self.activation(self.a(x)))
 
 
 def batches(count, rows, seed=0):
@@ -116,16 +117,9 @@ def test_a_remote_device_trains_like_a_local_one():
         server.stop()
 
 
-class Wide(cn.nn.Module):
+def wide():
     """Gradients of 5 KB a step: many times what reading the losses costs."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = cn.nn.Linear(6, 128)
-        self.b = cn.nn.Linear(128, 3)
-
-    def forward(self, x):
-        return self.b(self.a(x).relu())
+    return Net(hidden=128, activation=cn.Tensor.relu)
 
 
 def test_remote_devices_exchange_gradients_between_their_servers():
@@ -138,7 +132,7 @@ def test_remote_devices_exchange_gradients_between_their_servers():
 
         def fit(devices, home, received=None):
             cn.manual_seed(0)
-            model = Wide().to(home)
+            model = wide().to(home)
             step, opt = DataParallel(model, devices), cn.optim.Adam(1e-2)
             for i, (x, y) in enumerate(data):
                 before = [r.bytes_received for r in remotes]
@@ -151,7 +145,7 @@ def test_remote_devices_exchange_gradients_between_their_servers():
         received = []
         weights, loss = fit([home, other], home, received)
         cn.manual_seed(0)  # the oracle: one local device, no DataParallel
-        model, opt = Wide().to(HOME), cn.optim.Adam(1e-2)
+        model, opt = wide().to(HOME), cn.optim.Adam(1e-2)
         for x, y in data:
             want_loss = F.cross_entropy(model(cn.tensor(x, backend=HOME)), cn.tensor(y, backend=HOME))
             model = opt.step(model, want_loss.backward())
