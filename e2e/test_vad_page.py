@@ -16,6 +16,10 @@ silero = pytest.importorskip("silero_vad.utils_vad", reason="silero-vad (the ora
 PHRASES = "Hello there. [[_:_:_:_:]] This is a test of voice activity detection. [[_:_:_:_:]] Goodbye."
 
 
+def silero_model():
+    return silero.OnnxWrapper(shipped.model_path("silero_vad.onnx"), force_onnx_cpu=True)
+
+
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory):
     """(path of a 16 kHz WAV, silero's segments in samples). 16 kHz, so that the fake microphone
@@ -28,8 +32,7 @@ def speech(tmp_path_factory):
     path = folder / "talk16k.wav"
     audio.write_wav(str(path), samples, SAMPLE_RATE)
     samples, _ = audio.read_wav(str(path))            # what the page reads: the 16-bit file
-    model = silero.OnnxWrapper(shipped.model_path("silero_vad.onnx"), force_onnx_cpu=True)
-    found = silero.get_speech_timestamps(torch.tensor(samples, dtype=torch.float32), model)
+    found = silero.get_speech_timestamps(torch.tensor(samples, dtype=torch.float32), silero_model())
     segments = [[s["start"], s["end"]] for s in found]
     assert len(segments) == 3, segments
     return path, segments
@@ -72,9 +75,10 @@ def test_uploaded_file_and_microphone_give_silero_segments(launch_browser, new_p
         assert_close(got["segments_samples"], want, chunks=1)
         assert page.locator("#segments li").count() == 3
         assert got["chunk_ms"] > 0 and got["realtime"] > 0
-        # The fake microphone plays the same file in a loop from when capture starts; its first
-        # seconds give the same three segments. Chromium's capture pipeline shifts boundaries by
-        # up to two chunks (its own buffering), so the bound here is three chunks.
+        # The fake microphone plays the same file in a loop from when capture starts. On a busy
+        # machine Chromium's capture drops blocks, so what the page heard is not the file: the
+        # oracle is silero on the samples the page heard, and the file's three segments must each
+        # overlap what was heard.
         page.click("#mic")
         page.wait_for_function("() => document.querySelector('#status').textContent === 'listening'")
         seconds = want[-1][1] / SAMPLE_RATE + 0.3
@@ -83,6 +87,11 @@ def test_uploaded_file_and_microphone_give_silero_segments(launch_browser, new_p
         page.click("#stop")
         page.evaluate("() => window.cindersVad.done()")
         heard = json.loads(page.evaluate("() => JSON.stringify(window.cindersVad.update)"))
-        assert_close([s for s in heard["segments_samples"] if s[0] < want[-1][1]][:3], want, chunks=3)
+        recording = torch.tensor(page.evaluate("() => window.cindersVad.recording()"), dtype=torch.float32)
+        assert len(recording) >= seconds * SAMPLE_RATE - CHUNK
+        oracle = [[s["start"], s["end"]] for s in silero.get_speech_timestamps(recording, silero_model())]
+        assert_close(heard["segments_samples"][:3], oracle[:3], chunks=1)
+        for (start, end), (file_start, file_end) in zip(heard["segments_samples"][:3], want):
+            assert start < file_end and file_start < end, (heard["segments_samples"], want)
     finally:
         browser.close()

@@ -1,15 +1,23 @@
 // The voice-activity page: Silero VAD (an ONNX file imported by cinders.onnx in Pyodide) runs on
 // WebGPU, else cn.Wasm(), else Python, on the microphone or an uploaded audio file, 512 samples
 // of 16 kHz audio at a time (cinders.apps.vad_web). URL options: ?backend=auto|webgpu|wasm|python.
-// window.cindersVad = {runtime, update, probabilities, heard (microphone samples), done()} for tests; #status says "ready",
+// window.cindersVad = {runtime, update, probabilities, heard (microphone samples), recording(), done()} for tests;
+// recording() gives the microphone's samples as the model saw them (the last minute); #status says "ready",
 // "listening", "reading", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
 import { $, plain, fail, showBackend } from "../shared/page.js";
 
 const RATE = 16000, CHUNK = 512, SHOWN_CHUNKS = 320;   // the canvas shows the last ~10 s
+const RECORDED_BLOCKS = 60 * RATE / CHUNK;               // recording() keeps the last minute
 const params = new URLSearchParams(location.search);
 const status = (text) => { $("status").textContent = text; };
 const api = (window.cindersVad = { runtime: null, update: null, probabilities: [], envelope: [], heard: 0 });
+let recorded = [];                 // blocks of microphone samples, oldest first
+api.recording = () => {
+  const all = new Float32Array(recorded.length * CHUNK);
+  recorded.forEach((block, i) => all.set(block, i * CHUNK));
+  return Array.from(all);
+};
 
 let vadWeb = null;
 let queue = Promise.resolve();     // pushes run one after another: the model's state is sequential
@@ -75,6 +83,7 @@ function restart() {
   api.envelope = [];
   api.update = null;
   api.heard = 0;
+  recorded = [];
 }
 
 function isWav(bytes) {
@@ -116,7 +125,12 @@ async function startMicrophone() {
   const context = new AudioContext({ sampleRate: RATE });        // the browser resamples the microphone
   await context.audioWorklet.addModule("capture.js");
   const node = new AudioWorkletNode(context, "vad-capture");
-  node.port.onmessage = (event) => { api.heard += event.data.length; enqueue(event.data); };
+  node.port.onmessage = (event) => {
+    api.heard += event.data.length;
+    recorded.push(event.data);
+    if (recorded.length > RECORDED_BLOCKS) recorded.shift();
+    enqueue(event.data);
+  };
   const silent = context.createGain();
   silent.gain.value = 0;                                         // pulled by the graph, never heard
   context.createMediaStreamSource(stream).connect(node).connect(silent).connect(context.destination);
