@@ -59,7 +59,15 @@ def _exec(t, code, what, timeout=10):
     except (TransportError, OSError) as e:
         raise BoardError("%s: the serial link failed: %s" % (what, e)) from None
     if err:
-        raise BoardError("%s failed on the board:\n%s" % (what, err.decode().strip()))
+        traceback = err.decode().strip()
+        last = traceback.splitlines()[-1]
+        if last.startswith("MemoryError"):
+            raise BoardError("%s: the board ran out of memory (%s): run fewer samples at once, "
+                             "export-micro --mpy (bytecode runs from flash), cinders quantize the "
+                             "record, or use a board with more RAM (qemu: cinders firmware --heap)"
+                             % (what, last))
+        # the board's own message first: the traceback's frames are the runtime's, not the user's
+        raise BoardError("%s failed on the board: %s\n%s" % (what, last, traceback))
     return out.decode()
 
 
@@ -199,7 +207,10 @@ def _write_ram(t, image):
 RUN = """
 import gc
 gc.collect()
-reserved = bytearray(max(0, gc.mem_free() + gc.mem_alloc() - %(heap)d)) if %(heap)d else None
+total = gc.mem_free() + gc.mem_alloc()
+if %(heap)d > total:
+    raise ValueError("the board's heap is %%d bytes, less than the %(heap)d asked for" %% total)
+reserved = bytearray(total - %(heap)d) if %(heap)d else None
 import os, sys, json, time
 from array import array
 from binascii import a2b_base64
@@ -283,7 +294,7 @@ def run(port, values, root=None, timeout=120, connect_timeout=10, heap=None):
                                  "BUNDLE --port %s)" % (port, port))
         out = _exec(t, RUN % {"root": root, "values": base64.b64encode(buf.tobytes()),
                               "nested": nested, "heap": heap or 0},
-                    "running the model", timeout)
+                    "running the model" + (" in a %d-byte heap" % heap if heap else ""), timeout)
     finally:
         t.close()
     lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]

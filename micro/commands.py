@@ -73,6 +73,11 @@ def export_micro(args):
     return 0
 
 
+HEAP_ARG = arg("--heap", type=int, metavar="BYTES",
+                help="run the model in only this much of the board's heap, the rest reserved first "
+                     "(flash: with --run): does it fit a board with less RAM?")
+
+
 @command("flash", "install a bundle on a board over its serial port (mpremote)", [
     arg("bundle", help="directory written by export-micro"),
     arg("--port", required=True, help="serial port of the board, e.g. /dev/ttyUSB0 or /dev/pts/3"),
@@ -84,6 +89,7 @@ def export_micro(args):
              "the record's input_shape or a batch) and print the board's JSON answer"),
     arg("--dry-run", action="store_true", help="print the mpremote file-copy command only"),
     arg("--mpremote", default="mpremote", help="mpremote executable"),
+    HEAP_ARG,
 ])
 def flash(args):
     from . import board
@@ -95,11 +101,11 @@ def flash(args):
                                      "files copied" if how == "fs" else "ROMFS image, at /rom"),
           flush=True)
     if args.run_input:
-        return _run_board(args.port, args.run_input)
+        return _run_board(args.port, args.run_input, args.heap)
     return 0
 
 
-def _run_board(port, input_path):
+def _run_board(port, input_path, heap):
     import json
 
     from . import board
@@ -111,7 +117,7 @@ def _run_board(port, input_path):
         raise BoardError("cannot read the input %s: %s" % (input_path, e.strerror or e)) from None
     except ValueError as e:
         raise BoardError("the input %s is not JSON: %s" % (input_path, e)) from None
-    print(json.dumps(board.run(port, values)), flush=True)
+    print(json.dumps(board.run(port, values, heap=heap)), flush=True)
     return 0
 
 
@@ -119,9 +125,10 @@ def _run_board(port, input_path):
     arg("input", help="JSON list of numbers, flat or nested: one sample of the record's "
                       "input_shape (e.g. 784 floats of a 28x28 digit) or a batch"),
     arg("--port", required=True, help="serial port of the board"),
+    HEAP_ARG,
 ])
 def run_board(args):
-    return _run_board(args.port, args.input)
+    return _run_board(args.port, args.input, args.heap)
 
 
 @command("firmware", "build MicroPython with ulab from source (cached); prints the binary's path", [

@@ -1,8 +1,12 @@
 """What tests/test_firmware.py and tests/test_board.py share: firmware built from the source
 archives (skipped with the reason where CINDERS_MICROPYTHON_SRC / CINDERS_ULAB_SRC are unset;
 .ci/run sets them, so CI builds), the trained records, real held-out digits, desktop answers."""
+import contextlib
 import json
 import os
+import re
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +31,33 @@ def build(**options):
         pytest.skip("firmware sources absent: set %s and %s to the archives in ../shared/vendor "
                     "(.ci/run does)" % tuple(firmware.SOURCE_ENV.values()))
     return firmware.build(**options)
+
+
+@contextlib.contextmanager
+def qemu_pty(fw):
+    """The pty of the qemu firmware `fw` booted with its UART there; the emulator is stopped on
+    leaving."""
+    proc = subprocess.Popen(fw.qemu_command(serial="pty"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        port = None
+        deadline = time.time() + 30
+        while port is None and time.time() < deadline:
+            line = proc.stdout.readline()
+            m = re.search(r"(/dev/pts/\d+)", line)
+            if m:
+                port = m.group(1)
+            elif not line and proc.poll() is not None:
+                break
+        if port is None:
+            pytest.fail("qemu-system-arm did not open a pty: %s" % " ".join(fw.qemu_command()))
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def records(tmp_dir):

@@ -8,10 +8,8 @@ The QEMU UART takes ~7 KB/s from the pty, so the tests flash the int8 bundles (~
 """
 import json
 import os
-import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,29 +22,11 @@ import firmware_support as fs
 
 
 @pytest.fixture(scope="module")
-def qemu_board(tmp_path_factory):
+def qemu_board():
     """A booted emulated board: (pty path, Firmware). Stopped after the module's tests."""
     fw = fs.build(port="qemu", float="float", dims=2)
-    proc = subprocess.Popen(fw.qemu_command(serial="pty"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    port = None
-    deadline = time.time() + 30
-    while port is None and time.time() < deadline:
-        line = proc.stdout.readline()
-        m = re.search(r"(/dev/pts/\d+)", line)
-        if m:
-            port = m.group(1)
-        elif not line and proc.poll() is not None:
-            break
-    if port is None:
-        proc.kill()
-        pytest.fail("qemu-system-arm did not open a pty: %s" % " ".join(fw.qemu_command()))
-    yield port, fw
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with fs.qemu_pty(fw) as port:
+        yield port, fw
 
 
 @pytest.fixture(scope="module")

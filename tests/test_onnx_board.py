@@ -1,7 +1,8 @@
 """ONNX to the board: an MNIST CNN trained by PyTorch on the project's digits, exported to ONNX,
 imported by `cinders import-onnx` (a chain of cinders.nn layers), bundled by `cinders
 export-micro` and run on the MicroPython unix port: the same logits as the desktop (1e-4) and
-as onnxruntime."""
+as onnxruntime. Graphs that are not layer chains (residual, concat, 1-D, SAME padding) on the unix
+port's builds, and the residual CNN on the emulated Cortex-M7 (QEMU) through `cinders flash`."""
 import json
 import os
 import shutil
@@ -184,6 +185,45 @@ def test_imported_graph_that_is_not_a_layer_chain_runs_on_the_board(tmp_path, gr
             out = got["logits"] if "logits" in got else got["output"]   # a classifier's, or any output
             out = out if len(batch) > 1 else [out]
             np.testing.assert_allclose(out, want[:len(batch)], rtol=1e-4, atol=1e-4, err_msg=engine)
+
+
+def test_imported_residual_cnn_runs_on_the_emulated_board(tmp_path):
+    """The user's path to the emulated Cortex-M7 (QEMU MPS2 AN500, float32 ulab, the default
+    firmware of tests/test_board.py, cached): import-onnx, export-micro --mpy, flash --run, run-board;
+    the board's logits against onnxruntime's to 1e-4, in a heap cut down with --heap.
+
+    Smallest heaps that run it, measured in 4 KB steps (board.run's heap): one sample 68 KB, a
+    batch of two 88 KB; the .py bundle (code compiled into the heap) needs 108 and 136 KB. The
+    default firmware's heap (~138 KB) therefore runs it; the test asks for 72 and 96 KB."""
+    import firmware_support as fs
+    from cinders.errors import BoardError
+    from cinders.micro import board
+    onnx_path = str(tmp_path / "net.onnx")
+    _ResidualCNN.export(onnx_path)
+    _cli("import-onnx", onnx_path, "--out", str(tmp_path / "imported"), "--name", "net")
+    bundle = str(tmp_path / "bundle")
+    _cli("export-micro", str(tmp_path / "imported" / "net.safetensors"), "--out", bundle, "--mpy",
+         "--model-source", str(tmp_path / "imported" / "net.py"))
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(5).standard_normal([2, 2, 10, 8]).astype(np.float32)
+    want = session.run(None, {"x": x})[0]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps(x[0].tolist()))   # one sample, nested as the record's input_shape
+    two.write_text(json.dumps(x.tolist()))
+    with fs.qemu_pty(fs.build(port="qemu", float="float", dims=2)) as port:
+        out = _cli("flash", bundle, "--port", port, "--run", str(one), "--heap", str(72 * 1024))
+        assert "ROMFS image" in out, out
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["engine"] == "ulab", got
+        np.testing.assert_allclose(got["logits"], want[0], rtol=1e-4, atol=1e-4)
+        got = json.loads(_cli("run-board", str(two), "--port", port, "--heap", str(96 * 1024)).strip().splitlines()[-1])
+        np.testing.assert_allclose(got["logits"], want, rtol=1e-4, atol=1e-4)
+        assert got["class"] == [int(i) for i in want.argmax(1)], got
+        # --heap is real: below the measured minimum the board runs out of memory, and says so
+        with pytest.raises(BoardError, match=r"in a 65536-byte heap: the board ran out of memory \(MemoryError"):
+            board.run(port, x.tolist(), heap=64 * 1024)
+        with pytest.raises(BoardError, match=r"the board's heap is \d+ bytes, less than the 10000000 asked for"):
+            board.run(port, x.tolist(), heap=10 ** 7)
 
 
 def test_export_micro_names_the_onnx_operators_the_board_lacks(tmp_path):
