@@ -13,11 +13,13 @@ they are cached in CINDERS_CACHE/onnx/transformers/, keyed by the torch, transfo
 onnxruntime versions and this file's builder source; an exporter that cannot export a model
 skips its rows, naming the exporter's error."""
 
+import gc
 import hashlib
 import inspect
 import os
 import sys
 import warnings
+import weakref
 
 import numpy as np
 import onnxruntime as ort
@@ -583,6 +585,10 @@ def test_kept_programs_follow_batch_length_sampling_and_weights(decoder_path):
     with cn.profile(backend) as p:
         generate(model, prompts[3], 2)           # pushed out by the others: a first call again
     assert _kinds(p, "record") == []
+    gone = weakref.ref(model)   # the kept programs do not keep their model alive
+    del model
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.parametrize("kind", ["plain", "optimum"])

@@ -177,15 +177,16 @@ def generate_steps(model, input_ids, max_new_tokens, temperature=0.0, top_k=None
     size = window_length(prompt + max_new_tokens) if window else 0   # past slots (window: fixed; growing: start)
     state = [zeros(*[batch if i == 0 else size if i == axis else d for i, d in enumerate(dims)], backend=backend)
              for _, axis, dims in pasts]
-    model_ref = weakref.ref(model)   # kept programs hold their function, which must not keep the model alive
+    # kept programs hold `step`, which must not keep the model alive: it names neither model nor size
+    model_ref, names = weakref.ref(model), model.input_names
 
     def step(ids, mask, positions, *past):
         """One forward: (the last logits rows (batch, vocab); presents)."""
         if window:   # the last `size` slots: the oldest (empty) ones are dropped, the length kept
             past = [_keep_last(p, axis, mask.shape[1] - ids.shape[1]) for p, (_, axis, _) in zip(past, pasts)]
         feed = dict(zip([n for n, _, _ in pasts], past), attention_mask=mask, position_ids=positions)
-        feed[model.input_names[0]] = ids
-        results = model_ref()(*[feed[n] for n in model.input_names])
+        feed[names[0]] = ids
+        results = model_ref()(*[feed[n] for n in names])
         # (the presents are returned whole: a captured program's inputs are whole buffers)
         return (results[0][:, -1, :],) + tuple(results[1:])
 
