@@ -29,6 +29,14 @@ the tokens between (a recording collects Python's garbage first, which in a proc
 torch takes ~0.4 s and varies by 0.1 s: differences of whole runs drowned in it). The
 reference's = (time of LONG new tokens - time of SHORT) / (LONG - SHORT). Medians of --repeat.
 same_tokens: both picked the same greedy tokens.
+After each decode line, one line of what keeping generate's captured programs saves a caller
+that calls generate() per prompt (a chat loop, the /onnx/ page):
+    {"bench": "transformers-generate-call", "model", "batch", "prompt", "new_tokens", "stack",
+     "first_call_ms", "second_call_ms", "ratio", "first_call_records", "second_call_records",
+     "same_tokens", "device"}
+first: a generate() call of LONG new tokens after drop_programs (kernels compiled, programs
+recorded); second: the same call again (the kept programs replayed); ratio = second / first;
+records: cn.profile's "record" events in each; medians of --repeat pairs.
 
     python benchmarks/onnx_transformers.py --backend wgpu           # a real GPU (and torch with CUDA)
     python benchmarks/onnx_transformers.py --backend numpy          # cn.NumPy() vs onnxruntime, 1 thread
@@ -213,7 +221,7 @@ def per_token_ms(run, repeat):
     return statistics.median(per_token), rows
 
 
-WARM = 5   # the prompt step, then a decode step eager, two recorded: replays from the fifth token on
+WARM = 5   # a first call: the prompt step and a decode step uncaptured, two recorded; replays from the fifth token on
 
 
 def steady_ms_per_token(model, prompt, repeat):
@@ -235,6 +243,27 @@ def steady_ms_per_token(model, prompt, repeat):
         for r, (token,) in zip(rows, ids.tolist()):
             r.append(int(token))
     return statistics.median(per_token[1:]), rows
+
+
+def generate_call_ms(model, backend, prompt, repeat):
+    """(median ms of a first generate() call of LONG tokens, of the second, their records, whether
+    both gave the same tokens): each pair after drop_programs, with the kernels already compiled."""
+    from cinders.onnx import generate
+    from cinders.onnx.generate import drop_programs
+
+    def timed_call():
+        with cn.profile(backend) as p:
+            start = time.perf_counter()
+            rows = generate(model, prompt, LONG)
+            ms = (time.perf_counter() - start) * 1e3
+        return ms, rows, sum(1 for e in p.events if e["kind"] == "record")
+    pairs = []
+    for _ in range(repeat):
+        drop_programs(model)
+        pairs.append([timed_call(), timed_call()])
+    (_, rows, first_records), (_, again, second_records) = pairs[-1]
+    return (statistics.median(first[0] for first, _ in pairs), statistics.median(second[0] for _, second in pairs),
+            first_records, second_records, rows == again)
 
 
 def torch_greedy(inner, prompt, new, device):
@@ -293,6 +322,12 @@ def decode_rows(c, path, inner, stack, batches, repeat):
                "cinders_ms_per_token": round(ms, 3), "reference": reference,
                "reference_ms_per_token": round(ref_ms, 3), "ratio": round(ms / ref_ms, 3),
                "cinders_tokens_per_s": round(1e3 * batch / ms, 1), "same_tokens": ours == want,
+               "device": backend.device.name if stack == "wgpu" else "cpu"}
+        first, second, first_records, second_records, same = generate_call_ms(model, backend, prompt, repeat)
+        yield {"bench": "transformers-generate-call", "model": "gpt2", "batch": batch, "prompt": PROMPT,
+               "new_tokens": LONG, "stack": stack, "first_call_ms": round(first, 1),
+               "second_call_ms": round(second, 1), "ratio": round(second / first, 3),
+               "first_call_records": first_records, "second_call_records": second_records, "same_tokens": same,
                "device": backend.device.name if stack == "wgpu" else "cpu"}
 
 

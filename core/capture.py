@@ -30,6 +30,8 @@ Guards, because a replay cannot run fn's Python:
   * random ops draw seeds from cn.random's counter as they would uncaptured: a replay patches
     the seeds of its random kernels and advances the counter (same numbers as uncaptured runs).
 On backends without kernels to record (Python, NumPy) cn.capture(fn) simply calls fn.
+cn.profile sees a "replay" event per replay and a "record" event per recording (each recording
+first collects Python's garbage, ~0.4 s in a process holding torch).
 
 The backend's side. A base backend declaring `capturable` (core/backend.py, "Abilities") returns
 from `capture_recorder()` one recorder per device (cn.Wgpu: wgpu_backend/capture.py; cn.Wasm:
@@ -364,6 +366,8 @@ def _record(fn, args, kwargs, base, recorder, inputs):
     # Both recordings of a call must bind the same pattern of buffers, and a buffer returns to
     # the pool when its last tensor dies: cyclic garbage (Autodiff tapes, an earlier model's
     # leftovers) must not die at a different point of each. Collected now, none during the call.
+    if _PROFILING:   # (cn.profile's "record" events: what a kept program saves a later call)
+        _profile_event(base, {"kind": "record", "name": getattr(fn, "__name__", "captured")})
     gc.collect()
     gc_was_enabled = gc.isenabled()
     gc.disable()

@@ -13,11 +13,13 @@ they are cached in CINDERS_CACHE/onnx/transformers/, keyed by the torch, transfo
 onnxruntime versions and this file's builder source; an exporter that cannot export a model
 skips its rows, naming the exporter's error."""
 
+import gc
 import hashlib
 import inspect
 import os
 import sys
 import warnings
+import weakref
 
 import numpy as np
 import onnxruntime as ort
@@ -510,24 +512,83 @@ def test_greedy_generation_matches_onnxruntime(decoder_path, backend_name, kind)
     assert generate(model, prompt, 12) == _ort_generate(decoder_path(kind), prompt, 12)
 
 
+def _kinds(profile, kind):
+    return [e["name"] for e in profile.events if e["kind"] == kind]
+
+
 def test_window_decode_steps_replay_without_device_reads(decoder_path):
     """With a fixed-length masked cache every decode step has the same shapes: on cn.Wgpu() the
     steps after the first three replay one captured program, and greedy steps read nothing from
-    the device until the tokens are returned."""
+    the device until the tokens are returned. The programs are kept: a second call, or a prompt
+    of a nearby length (the same window), records nothing and replays every decode step."""
     from cinders.onnx import generate
+    from cinders.onnx.generate import drop_programs
     backend = cn.Wgpu(autotune=False)
     model = load(decoder_path("optimum"), backend=backend)
     prompt = [[5, 7, 9, 11]]
+    expected = _ort_generate(decoder_path("optimum"), prompt, 10)
     with cn.profile(backend) as p:
         tokens = generate(model, prompt, 10)
-    replays = [e["name"] for e in p.events if e["kind"] == "replay"]
-    # the prompt step and the first decode step (presents of prompt + window slots) have shapes
-    # of their own; decode steps 2-4 run (warm, recorded twice), steps 5-9 replay. The pick (its
-    # own program) gets the prompt step's logits as a strided view, the others' whole: picks 2-4
-    # run, 5-10 replay
-    assert replays.count("step") == 5 and replays.count("next_tokens") == 6, replays
+    # the prompt step and its pick run as they are (shapes of their own); decode steps 1-3 and
+    # their picks run (warm, recorded twice), steps 4-9 replay
+    replays = _kinds(p, "replay")
+    assert replays.count("step") == 6 and replays.count("next_tokens") == 6, replays
+    assert sorted(_kinds(p, "record")) == ["next_tokens"] * 2 + ["step"] * 2
     assert p.device_reads == 10     # the ten picked tokens, read once at the end
-    assert tokens == _ort_generate(decoder_path("optimum"), prompt, 10)
+    assert tokens == expected
+    for again in (prompt, [[3, 5, 7, 9, 11]]):   # 4 + 10 and 5 + 10 tokens: both a window of 16
+        with cn.profile(backend) as p:
+            tokens = generate(model, again, 10)
+        replays = _kinds(p, "replay")
+        assert _kinds(p, "record") == [] and replays.count("step") == replays.count("next_tokens") == 9, replays
+        assert p.device_reads == 10
+        assert tokens == _ort_generate(decoder_path("optimum"), again, 10)
+    drop_programs(model)   # the uncached path: recorded anew, the same tokens
+    with cn.profile(backend) as p:
+        assert generate(model, prompt, 10) == expected
+    assert len(_kinds(p, "record")) == 4
+
+
+def test_kept_programs_follow_batch_length_sampling_and_weights(decoder_path):
+    """The kept programs are chosen by batch, window and sampling, so calls that differ in any of
+    them give the onnxruntime tokens (a seed the same draw, call after call); new weights
+    (load_state_dict) are read, not the old ones a replay would; and only the KEPT most recently
+    used programs stay: a batch pushed out starts again from its uncaptured first call."""
+    from cinders.onnx import generate
+    from cinders.onnx.generate import KEPT
+    backend = cn.Wgpu(autotune=False)
+    path = decoder_path("optimum")
+    model = load(path, backend=backend)
+    one, two = [[5, 7, 9, 11]], [[5, 7, 9, 11], [1, 2, 3, 4]]
+    for prompt, new in ((one, 8), (two, 8), (one, 20), (two, 8), (one, 8)):   # windows 16, 32
+        assert generate(model, prompt, new) == _ort_generate(path, prompt, new), (prompt, new)
+    for _ in range(2):
+        with cn.profile(backend) as p:
+            sampled = generate(model, two, 8, temperature=0.9, top_k=10, seed=3)
+        assert sampled == _ort_generate(path, two, 8, 0.9, 10, 3)
+    assert _kinds(p, "record") == [] and len(_kinds(p, "replay")) == 14   # 7 steps, 7 picks
+    greedy = generate(model, one, 8)
+    flipped = {name: np.flip(t.numpy(), 0).tolist() for name, t in model.state_dict().items()
+               if t.dtype is cn.float32 and t.ndim == 2}   # other weights (embedding rows, matrices)
+    model.load_state_dict(flipped, strict=False)
+    reference = load(path, backend=cn.NumPy())
+    reference.load_state_dict(flipped, strict=False)
+    assert generate(model, one, 8) == generate(reference, one, 8) != greedy
+    # two new tokens: one decode step, through the kept program of its batch: warm in a program's
+    # first call, recorded in its second
+    prompts = {b: [[(3 * b + i) % 50 for i in range(4)]] * b for b in range(3, 3 + KEPT + 1)}
+    for b, prompt in prompts.items():
+        assert generate(model, prompt, 2) == generate(reference, prompt, 2)
+    with cn.profile(backend) as p:
+        generate(model, prompts[3 + KEPT], 2)   # still kept: its second call records
+    assert sorted(_kinds(p, "record")) == ["next_tokens", "step"]
+    with cn.profile(backend) as p:
+        generate(model, prompts[3], 2)           # pushed out by the others: a first call again
+    assert _kinds(p, "record") == []
+    gone = weakref.ref(model)   # the kept programs do not keep their model alive
+    del model
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.parametrize("kind", ["plain", "optimum"])

@@ -11,13 +11,19 @@ the others are the present keys and values, in the order of the past inputs.
 
 Two ways to run the steps, chosen by the model's inputs:
   window   with attention_mask and position_ids: the pasts have a fixed length (the prompt plus
-           max_new_tokens), filled from the right and masked where empty; each step drops the
-           oldest (empty) slots of the presents it is given. Every decode step after the first
-           then has the same shapes, so one cn.capture program replays them (no Python per
-           kernel on a GPU), and greedy steps feed their argmax straight back, reading nothing
-           until the end.
+           max_new_tokens, rounded up by `window_length`), filled from the right and masked
+           where empty; each step drops the oldest (empty) slots of the presents it is given.
+           Every decode step then has the same shapes, so one cn.capture program replays them
+           (no Python per kernel on a GPU), and greedy steps feed their argmax straight back,
+           reading nothing until the end. The prompt step (its own shapes) runs uncaptured.
   growing  otherwise: the pasts start empty and grow by one position per step (each step a new
            shape: not captured).
+
+The captured programs are kept between calls, per model: decode steps per (batch, window) and
+picks per (batch, temperature, top_k), the KEPT most recently used of each (a program holds its
+workspace on the device). A second call with the same batch and window records nothing: every
+decode step replays. Replacing the model's weights (load_state_dict) drops them, as does
+`drop_programs(model)` or the model's death.
 
 The next tokens are picked on the device by `pick` (its own cn.capture program: its shapes never
 change), so nothing is read back until the caller reads the tokens (`await to_data_async()` in
@@ -31,6 +37,7 @@ seeds from cn.random's counter.
 """
 
 import math
+import weakref
 
 from ..capture import capture
 from ..creation import random, tensor, zeros
@@ -78,6 +85,55 @@ def pick(last, temperature=0.0, top_k=None, uniform=None):
     return (last / temperature - e.log()).argmax(-1).reshape(last.shape[0], 1)
 
 
+def window_length(tokens):
+    """The past slots of a window run of `tokens` (prompt + max_new_tokens): rounded up to a
+    multiple of 16, or of a sixteenth of the power of two above, so that prompts of nearby
+    lengths share one captured step program, for at most 1/8 more (masked) slots."""
+    grain = max(16, 1 << max(0, tokens.bit_length() - 4))
+    return -(-tokens // grain) * grain
+
+
+KEPT = 4   # step programs (per batch and window) and pick programs (per batch and sampling) kept per model
+
+
+class _Kept:
+    """The captured programs generate keeps for one model, and the weights they read in place
+    (weights replaced by new tensors would leave a replay reading the old ones)."""
+
+    def __init__(self, weights):
+        self.weights = weights
+        self.steps = {}   # (batch, window) -> cn.capture(step), least recently used first
+        self.picks = {}   # (batch, temperature, top_k) -> cn.capture(pick)
+
+
+_KEPT_BY_MODEL = weakref.WeakKeyDictionary()   # model -> _Kept (the programs hold no reference to the model)
+
+
+def _kept(model):
+    weights = list(model.state_dict().values())
+    kept = _KEPT_BY_MODEL.get(model)
+    if kept is None or len(kept.weights) != len(weights) or any(a is not b for a, b in zip(kept.weights, weights)):
+        kept = _KEPT_BY_MODEL[model] = _Kept(weights)
+    return kept
+
+
+def drop_programs(model):
+    """Forget the captured programs generate keeps for `model` (their device buffers go with them)."""
+    _KEPT_BY_MODEL.pop(model, None)
+
+
+def _recent(table, key, make):
+    """table[key], made by make() if missing, now the most recently used; beyond KEPT entries the
+    least recently used goes (a chat of ever new prompt lengths must not hold memory without bound)."""
+    value = table.pop(key, None)
+    if value is None:
+        value = make()
+        if len(table) >= KEPT:
+            del table[next(iter(table))]
+    table[key] = value
+    return value
+
+
 def _keep_last(t, axis, n):
     key = [slice(None)] * t.ndim
     key[axis] = slice(t.shape[axis] - n, None)
@@ -118,34 +174,41 @@ def generate_steps(model, input_ids, max_new_tokens, temperature=0.0, top_k=None
     pasts = _pasts(model)
     batch, prompt = len(rows), len(rows[0])
     window = set(_MADE_HERE) <= set(model.input_names)
-    size = prompt + max_new_tokens if window else 0   # past slots (window: fixed; growing: start)
+    size = window_length(prompt + max_new_tokens) if window else 0   # past slots (window: fixed; growing: start)
     state = [zeros(*[batch if i == 0 else size if i == axis else d for i, d in enumerate(dims)], backend=backend)
              for _, axis, dims in pasts]
+    # kept programs hold `step`, which must not keep the model alive: it names neither model nor size
+    model_ref, names = weakref.ref(model), model.input_names
 
     def step(ids, mask, positions, *past):
         """One forward: (the last logits rows (batch, vocab); presents)."""
         if window:   # the last `size` slots: the oldest (empty) ones are dropped, the length kept
-            past = [_keep_last(p, axis, size) for p, (_, axis, _) in zip(past, pasts)]
+            past = [_keep_last(p, axis, mask.shape[1] - ids.shape[1]) for p, (_, axis, _) in zip(past, pasts)]
         feed = dict(zip([n for n, _, _ in pasts], past), attention_mask=mask, position_ids=positions)
-        feed[model.input_names[0]] = ids
-        results = model(*[feed[n] for n in model.input_names])
+        feed[names[0]] = ids
+        results = model_ref()(*[feed[n] for n in names])
         # (the presents are returned whole: a captured program's inputs are whole buffers)
         return (results[0][:, -1, :],) + tuple(results[1:])
 
     def next_tokens(last, *uniform):
         return pick(last, temperature, top_k, *uniform)
 
-    run = capture(step, backend) if window else step
-    choose = capture(next_tokens, backend)   # shapes never change: replayed from the fourth call on
+    kept = _kept(model)
+    decode = _recent(kept.steps, (batch, size), lambda: capture(step, backend)) if window else step
+    choose = _recent(kept.picks, (batch, temperature, top_k), lambda: capture(next_tokens, backend))
     ids, filled = tensor(rows, backend=backend, dtype=int32), 0
     for n in range(max_new_tokens):
         new = ids.shape[1]
         mask = tensor([[0] * (size - filled) + [1] * (filled + new)] * batch, backend=backend, dtype=int32)
         positions = tensor([list(range(filled, filled + new))] * batch, backend=backend, dtype=int32)
-        last, *state = run(ids, mask, positions, *state)
+        # The prompt step has shapes of its own (and its last logits are a view): run as it is.
+        # Its presents, cut to the decode steps' size + 1 slots, give every later step one shape.
+        last, *state = (decode if n else step)(ids, mask, positions, *state)
+        if window and not n:
+            state = [_keep_last(p, axis, size + 1) for p, (_, axis, _) in zip(state, pasts)]
         filled += new
         # the draw is an input of the captured pick: a seed inside it would be replayed unchanged
         uniform = () if not temperature else (random(last.shape, backend=backend, seed=None if seed is None else
                                                      (seed * SEED_STRIDE + n) & 0xFFFFFFFF),)
-        ids = choose(last, *uniform)
+        ids = (choose if n else next_tokens)(last, *uniform)
         yield ids
