@@ -106,12 +106,23 @@ def test_gradients_under_fusion(gpu, row):
     assert any(k.startswith("conv2d_dx_") for k in kernels) and "conv2d_db" in kernels
 
 
-def test_the_large_tile_and_a_capped_split(gpu, monkeypatch):
-    """dx on the 128 x 128 tile (forced: lavapipe-sized layers choose 64); dw with the binding
-    limit lowered so that only two of the three slices its reduction wants fit: the partial
-    products, its one intermediate, never exceed the limit, and the results stay torch's."""
-    from cinders.wgpu import conv as wgpu_conv
-    monkeypatch.setattr(wgpu_conv, "tile_for", lambda og, cols, groups: "t128")
+@pytest.mark.parametrize("tile", ["t16", "t32", "t64", "t128"])
+def test_every_tile(gpu, tile, monkeypatch):
+    """dx and dw on each tile shape (forced: the choice follows the channel counts), grouped,
+    strided and asymmetrically padded, against torch."""
+    from cinders.wgpu import conv_grad
+    monkeypatch.setattr(conv_grad, "tile_for", lambda rows, cols, groups: tile)
+    case = _case((2, 32, (7, 6), 32, (3, 2), (2, 1), 1, 2, ((1, 0), (2, 1)), None, "taps", "gemm"))
+    mine, theirs, kernels = _gradients(cn.Autodiff(gpu), case)
+    assert {"conv2d_dx_taps_" + tile, "conv2d_dw_gemm_" + tile} <= set(kernels), kernels
+    for name, got, want in zip("xwb", mine, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3, err_msg="d" + name)
+
+
+def test_a_capped_split(gpu):
+    """dw with the binding limit lowered so that only two of the three slices its reduction
+    wants fit: the partial products, its one intermediate, never exceed the limit, and the
+    gradients stay torch's."""
     x = RNG.standard_normal((1, 16, 24, 24)).astype(np.float32)      # 36 KiB
     w = RNG.standard_normal((32, 16, 5, 5)).astype(np.float32)       # one slice of dw: 50 KiB
     limit = 2 * 4 * w.size + 4                                       # the output (72 KiB) fits
@@ -125,9 +136,9 @@ def test_the_large_tile_and_a_capped_split(gpu, monkeypatch):
             got = cx.grad(grads).numpy(), cw.grad(grads).numpy()
     finally:
         pool.limit = saved
-    events = {e["name"]: e for e in prof.events if e.get("kind") == "kernel"}
-    assert "conv2d_dx_taps_t128" in events, list(events)
-    assert events["conv2d_dw_gemm"]["bytes_written"] == 2 * 4 * w.size
+    written = [e["bytes_written"] for e in prof.events
+               if e.get("kind") == "kernel" and e["name"].startswith("conv2d_dw_gemm")]
+    assert written == [2 * 4 * w.size]
     tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w))
     TF.conv2d(tx, tw, padding=2).sum().backward()
     np.testing.assert_allclose(got[0], tx.grad.numpy(), rtol=1e-3, atol=1e-3)

@@ -47,6 +47,10 @@ class Tile(namedtuple("Tile", "bm bn bk tm tn")):
 TILES = {
     "t64": Tile(64, 64, 16, 4, 4),      # more workgroups: small and mid layers
     "t128": Tile(128, 128, 8, 8, 8),    # 4 FMAs per shared read: large layers
+    # Narrow tiles for products with few rows (the backward kernels' input or output channels
+    # of a group, conv_grad.tile_for): a 64-row tile would leave most of its rows empty.
+    "t16": Tile(16, 128, 16, 1, 8),
+    "t32": Tile(32, 64, 16, 2, 4),
 }
 BK = TILES["t64"].bk  # groups with at least this many channels are staged by tap (kernel_kind)
 

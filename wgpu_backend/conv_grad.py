@@ -48,6 +48,11 @@ def dw_kind(og, cols):
     return "gemm" if og >= 8 and cols >= 16 else "direct"
 
 
+def tile_for(rows, cols, groups):
+    """The narrowest tile that holds `rows` (16 or 32), else the forward kernel's choice."""
+    return "t16" if rows <= 16 else "t32" if rows <= 32 else conv.tile_for(rows, cols, groups)
+
+
 def dx_taps_wgsl(tile):
     setup = """\
   // The pixel this thread stages: input pixel p = (b, iy, ix), reached by output pixel
@@ -183,7 +188,7 @@ def grad_input(backend, g, w, size, stride, padding, dilation, groups):
     og, cols = o // groups, n * size[0] * size[1]
     kind = dx_kind(cg, og)
     if kind == "taps":
-        tile_name = conv.tile_for(cg, cols, groups)
+        tile_name = tile_for(cg, cols, groups)
         tile = conv.TILES[tile_name]
         grid = conv.spill_grid(cols, cg, groups, tile)
         conv.check_grid(grid, "conv2d's input gradient: %s" % (x_shape,))
@@ -223,7 +228,9 @@ def grad_weight(backend, x, g, kernel, stride, padding, dilation, groups):
     max_slices = max(1, min(backend.pool.limit // (4 * o * cols), MAX_GROUPS // groups))
     kind = dw_kind(og, cols)
     if kind == "gemm":
-        tile = conv.TILES["t64"]
+        tile_name = tile_for(og, cols, groups)
+        tile = conv.TILES[tile_name]
+        kind += "_" + tile_name
         tiles = -(-cols // tile.bn) * -(-og // tile.bm) * groups
         reduce_len = n * oh * ow
         slices, per = _slices(reduce_len, tiles, TARGET_GROUPS, MIN_SLICE, max_slices, tile.bk)
