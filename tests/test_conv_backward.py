@@ -31,7 +31,7 @@ CASES = [
     (2, 4, (9, 9), 6, (3, 3), 3, 1, 2, 0, None, "direct", "direct"),
     (1, 3, (13, 11), 16, (3, 3), 1, 1, 1, 1, "relu", "direct", "gemm"),
     (2, 1, (12, 12), 8, (3, 3), 1, 1, 1, 1, None, "direct", "direct+"),    # a first layer
-    (2, 16, (6, 5), 16, (1, 1), 1, 1, 1, 0, None, "taps", "gemm"),         # pointwise
+    (2, 16, (7, 5), 16, (1, 1), 2, 1, 1, 0, None, "taps", "gemm"),   # pointwise, stride 2: odd pixels get 0
 ]
 FIELDS = "n c hw o kernel stride dilation groups padding activation dx dw".split()
 

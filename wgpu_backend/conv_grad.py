@@ -7,9 +7,10 @@ cg = C/G input and og = O/G output channels:
 * dx (`grad_input`): the transposed convolution as an implicit GEMM per group,
   dx[c, p] = sum_{o, tap} w[o, c, tap] * g[o, (p - tap) / stride], m over the group's input
   channels, p over batch x *input* pixels, k over (tap, o). A tap reaches pixel p only where
-  (p + padding - tap * dilation) divides by the stride and lands inside g; elsewhere the staged
-  entry is 0. The forward template (conv.tiled_wgsl) with other staging: taps outer, bk output
-  channels per step. Few channels: one thread per input element (`dx_direct_wgsl`).
+  (p + padding - tap * dilation) divides by the stride and lands inside g; a workgroup's pixels
+  share one stride phase, so the taps that reach none of them are skipped, and the staged entry
+  is 0 only at g's borders. The forward template (conv.tiled_wgsl) with other staging: taps
+  outer, bk output channels per step. Few channels: one thread per input element (`dx_direct_wgsl`).
 * dw (`grad_weight`): an implicit GEMM that reduces over batch x output pixels,
   dw[o, (c, tap)] = sum_q g[o, q] * x[c, q * stride + tap * dilation - padding], the image
   entries gathered as they are staged (no unfold2d of x). That reduction is long (N*OH*OW) and
@@ -27,7 +28,7 @@ and share conv.py's parameter layout, header and tiled template.
 
 from . import conv
 from .codegen.prelude import MAX_GROUPS, WG, entry_1d, entry_per_group, groups_for
-from .codegen.program import _reduction
+from .codegen.program import reduction_lines
 from cinders import dtypes
 
 TARGET_GROUPS = 264             # two waves of workgroups on an H100 (conv.tile_for)
@@ -54,30 +55,38 @@ def tile_for(rows, cols, groups):
 
 
 def dx_taps_wgsl(tile):
+    """Columns are the input pixels of one stride phase (ry, rx) per workgroup (wid.z / groups
+    counts phases, then column tiles past the grid's x limit): pixels (ry + jy * sh, rx + jx *
+    sw), which the same taps reach, so a tap that reaches none of them is skipped by the whole
+    workgroup (a strided conv stages no zero rows for it)."""
     setup = """\
-  // The pixel this thread stages: input pixel p = (b, iy, ix), reached by output pixel
-  // ((iy, ix) + padding - tap * dilation) / stride where that divides and lies inside g.
-  let p = col; let p_in = p < cols;
-  let ix = p % W; let iy = (p / W) % H; let b = p / (W * H);
-  let qy0 = i32(iy + pt); let qx0 = i32(ix + pl);
+  let phase = zs % (sh * sw); let ry = phase / sw; let rx = phase % sw;
+  let HQ = (H + sh - 1u) / sh; let WQ = (W + sw - 1u) / sw;
+  // The pixel this thread stages: input pixel (b, iy, ix) of the phase, reached by output pixel
+  // ((iy, ix) + padding - tap * dilation) / stride where that lies inside g.
+  let p = col;
+  let jx = p % WQ; let jy = (p / WQ) % HQ; let b = p / (WQ * HQ);
+  let iy = ry + jy * sh; let ix = rx + jx * sw;
+  let p_in = p < cols && iy < H && ix < W;
   let gb = g_off + b * gs0 + g * og * gs1;
   // The weight row this thread stages: input channel row of the group.
   let a_in = row < cg;
   let wb = w_off + g * og * ws0 + row * ws1;"""
     reduction = conv.Reduction("0u", "og", conv.TAPS % """\
-    let qy = qy0 - i32(ky * dh); let qx = qx0 - i32(kx * dw);
-    let oy = qy / i32(sh); let ox = qx / i32(sw);
-    let g_in = p_in && qy >= 0i && qx >= 0i && oy * i32(sh) == qy && ox * i32(sw) == qx
-               && oy < i32(OH) && ox < i32(OW);
-    let gtap = gb + select(0u, u32(oy) * gs2 + u32(ox) * gs3, g_in);
+    let ey = i32(ry + pt) - i32(ky * dh); let ex = i32(rx + pl) - i32(kx * dw);
+    if (ey % i32(sh) != 0i || ex % i32(sw) != 0i) { continue; }
+    let qy = i32(iy + pt) - i32(ky * dh); let qx = i32(ix + pl) - i32(kx * dw);
+    let g_in = p_in && qy >= 0i && qx >= 0i && qy / i32(sh) < i32(OH) && qx / i32(sw) < i32(OW);
+    let gtap = gb + select(0u, u32(qy / i32(sh)) * gs2 + u32(qx / i32(sw)) * gs3, g_in);
     let wtap = wb + ky * ws2 + kx * ws3;
 """, "  }\n")
     a = conv.Staged("a_in && k < og", "v = Wt[wtap + k * ws0];")
     b = conv.Staged("g_in && k < og", "v = G[gtap + k * gs1];")
-    store = ("if (m < cg && p < cols) { "
-             "Out[((p / (H * W)) * C + g * cg + m) * (H * W) + p % (H * W)] = acc; }")
-    return conv.tiled_wgsl(["G", "Wt"], tile, conv.SPILL_N0 % tile.bn, setup, reduction, a, b,
-                           store)
+    store = ("if (m < cg && p < cols) { let iy = ry + ((p / WQ) % HQ) * sh; "
+             "let ix = rx + (p % WQ) * sw;\n    if (iy < H && ix < W) { "
+             "Out[(((p / (WQ * HQ)) * C + g * cg + m) * H + iy) * W + ix] = acc; } }")
+    return conv.tiled_wgsl(["G", "Wt"], tile, "(wid.x + nwg.x * (zs / (sh * sw))) * %du" % tile.bn,
+                           setup, reduction, a, b, store)
 
 
 def dx_direct_wgsl():
@@ -162,7 +171,7 @@ def dw_direct_wgsl():
 
 def db_wgsl():
     """One workgroup per output channel o summing g[:, o] over batch and pixels."""
-    lines, shared = _reduction(0, "sum", dtypes.float32, (
+    lines, shared = reduction_lines(0, "sum", dtypes.float32, (
         ["    let ox = k % OW; let r = k / OW;",
          "    let v = G[go + (r / OH) * gs0 + (r % OH) * gs2 + ox * gs3];"], "v"),
         BIAS_THREADS, "%du" % BIAS_THREADS)
@@ -185,15 +194,18 @@ def grad_input(backend, g, w, size, stride, padding, dilation, groups):
     total = out.size
     if total == 0:
         return out
-    og, cols = o // groups, n * size[0] * size[1]
+    og, (sh, sw) = o // groups, stride
     kind = dx_kind(cg, og)
     if kind == "taps":
+        cols = n * -(-size[0] // sh) * -(-size[1] // sw)   # the pixels of one stride phase
         tile_name = tile_for(cg, cols, groups)
         tile = conv.TILES[tile_name]
-        grid = conv.spill_grid(cols, cg, groups, tile)
+        x_tiles, y_tiles, z = conv.spill_grid(cols, cg, groups, tile)
+        grid = (x_tiles, y_tiles, z * sh * sw)
         conv.check_grid(grid, "conv2d's input gradient: %s" % (x_shape,))
         kind += "_" + tile_name
     else:
+        cols = n * size[0] * size[1]
         grid = groups_for(total, WG)
     params = _geometry(x_shape, w.shape, g, stride, padding, dilation, groups, total=total,
                        K=og * kh * kw, cols=cols, w_off=w.offset, ws=w.strides)
