@@ -255,9 +255,12 @@ def kernel_kind(og, cg, k):
     return "taps" if cg >= BK else "gemm"
 
 
+TWO_WAVES = 264  # workgroups that give a large GPU two waves (an H100's 132 SMs)
+
+
 def tile_for(og, cols, groups):
-    """t128 once its tiles still give a GPU two waves of workgroups (~264 on an H100), else t64."""
-    return "t128" if -(-og // 128) * -(-cols // 128) * groups >= 264 else "t64"
+    """t128 once its tiles still give a GPU two waves of workgroups, else t64."""
+    return "t128" if -(-og // 128) * -(-cols // 128) * groups >= TWO_WAVES else "t64"
 
 
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):

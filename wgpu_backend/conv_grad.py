@@ -26,13 +26,14 @@ All read their operands through strides (g is often a view: an expanded or maske
 and share conv.py's parameter layout, header and tiled template.
 """
 
+from cinders import dtypes
+
 from . import conv
 from .codegen.prelude import MAX_GROUPS, WG, entry_1d, entry_per_group, groups_for
 from .codegen.program import reduction_lines
-from cinders import dtypes
 
-TARGET_GROUPS = 264             # two waves of workgroups on an H100 (conv.tile_for)
-TARGET_THREADS = 264 * WG       # the same for the one-thread-per-element kernels
+TARGET_GROUPS = conv.TWO_WAVES           # workgroups that keep a large GPU busy
+TARGET_THREADS = conv.TWO_WAVES * WG     # the same for the one-thread-per-element kernels
 MIN_SLICE = 256                 # reduction entries a dw slice has at least (GEMM)
 MIN_SLICE_PIXELS = 64           # ... and at least this many pixels (direct)
 BIAS_THREADS = 256
@@ -204,13 +205,14 @@ def grad_input(backend, g, w, size, stride, padding, dilation, groups):
         grid = (x_tiles, y_tiles, z * sh * sw)
         conv.check_grid(grid, "conv2d's input gradient: %s" % (x_shape,))
         kind += "_" + tile_name
+        build = lambda: dx_taps_wgsl(tile)  # noqa: E731
     else:
         cols = n * size[0] * size[1]
         grid = groups_for(total, WG)
+        build = dx_direct_wgsl
     params = _geometry(x_shape, w.shape, g, stride, padding, dilation, groups, total=total,
                        K=og * kh * kw, cols=cols, w_off=w.offset, ws=w.strides)
-    backend.run_kernel(("conv2d_dx", kind), lambda: dx_direct_wgsl() if kind == "direct" else
-                       dx_taps_wgsl(tile), [g, w, out], params, grid, "conv2d_dx_" + kind,
+    backend.run_kernel(("conv2d_dx", kind), build, [g, w, out], params, grid, "conv2d_dx_" + kind,
                        4 * (g.size + w.size), 4 * total, flops=2 * total * og * kh * kw)
     return out
 
@@ -248,17 +250,18 @@ def grad_weight(backend, x, g, kernel, stride, padding, dilation, groups):
         slices, per = _slices(reduce_len, tiles, TARGET_GROUPS, MIN_SLICE, max_slices, tile.bk)
         grid = (-(-cols // tile.bn), -(-og // tile.bm), groups * slices)
         conv.check_grid(grid, "conv2d's weight gradient: %s" % (w_shape,))
+        build = lambda: dw_gemm_wgsl(tile)  # noqa: E731
     else:
         reduce_len = n * oh  # rows (b, oy)
         slices, per = _slices(reduce_len, o * cols, TARGET_THREADS, -(-MIN_SLICE_PIXELS // ow),
                               max_slices, 1)
         grid = groups_for(slices * o * cols, WG)
+        build = dw_direct_wgsl
     partial = backend.empty((slices, o * cols), dtypes.float32)
     params = _geometry(x.shape, w_shape, g, stride, padding, dilation, groups,
                        total=slices * o * cols, K=reduce_len, cols=cols, x_off=x.offset,
                        xs=x.strides, slice_len=per)
-    backend.run_kernel(("conv2d_dw", kind), lambda: dw_direct_wgsl() if kind == "direct" else
-                       dw_gemm_wgsl(tile), [x, g, partial], params, grid, "conv2d_dw_" + kind,
+    backend.run_kernel(("conv2d_dw", kind), build, [x, g, partial], params, grid, "conv2d_dw_" + kind,
                        4 * (x.size + g.size), 4 * partial.size, flops=2 * o * cols * n * oh * ow)
     dw = backend.reduce("sum", partial, 0, False) if slices > 1 else partial
     return backend.reshape(dw, w_shape)
