@@ -10,7 +10,10 @@ loss), median of --repeat calls after warm-up (which includes the capture's firs
 Models: MNIST CNN inference at batch 1 and 256; a TransformerEncoderLayer (d=256, 4 heads, ff
 1024, batch 8 x 128 tokens, eval); a conv stack 3->32->64->128 (3x3, ReLU) on 32x3x64x64; the
 MNIST CNN training step (batch 64, cross-entropy, SGD with momentum). Stacks: "wgpu" =
-cn.Wgpu(), "fusion-wgpu" = cn.Fusion(cn.Wgpu()) (training: under cn.Autodiff).
+cn.Wgpu(), "fusion-wgpu" = cn.Fusion(cn.Wgpu()) (training: under cn.Autodiff). The training
+step also runs each stack with cn.Wgpu's conv backward kernels undeclared ("...-composed":
+Autodiff's composed unfold2d/fold2d + matmul gradients), just before the same stack with them;
+the kernels' row then holds "uncaptured_vs_composed" and "captured_vs_composed" (< 1: faster).
 
     python benchmarks/gpu_models.py                 # a real GPU
     python benchmarks/gpu_models.py --small         # few repeats, small shapes: lavapipe
@@ -116,8 +119,22 @@ def _breakdown(backend, fast, *args, repeat=20):
     return {"replay_call_ms": ms(call), "gpu_wait_ms": ms(gpu), "readback_ms": ms(read)}
 
 
+class ComposedConvBackward(Wgpu):
+    """cn.Wgpu() without its conv backward kernels declared: cn.Autodiff composes conv2d's
+    gradients from unfold2d, fold2d and matmul (the reference path), for the side-by-side row."""
+    conv2d_backward_kernels = False
+
+
+def training_stacks(stacks):
+    """Each stack preceded by its twin on ComposedConvBackward ("<stack>-composed")."""
+    composed = {"wgpu": ComposedConvBackward,
+                "fusion-wgpu": lambda: cn.Fusion(ComposedConvBackward())}
+    return [row for stack in stacks for row in ((stack[0] + "-composed", composed[stack[0]]), stack)]
+
+
 def training_rows(batch, stacks, repeat, torch, device):
     rng = np.random.default_rng(0)
+    composed = {}
     x_np = rng.random((batch, 1, 28, 28), dtype=np.float32)
     y_np = rng.integers(0, 10, batch).astype(np.int32)
     for stack, make_backend in stacks:
@@ -147,8 +164,15 @@ def training_rows(batch, stacks, repeat, torch, device):
                 topt.step()
                 return loss.detach().cpu().numpy()
             theirs = median_ms(run_torch, repeat, warm=4)
+        extra = _launches(backend, fast, x, y)
+        if stack.endswith("-composed"):
+            composed[stack[:-len("-composed")]] = (uncaptured, captured)
+        elif stack in composed:
+            reference = composed[stack]
+            extra.update(uncaptured_vs_composed=round(uncaptured / reference[0], 3),
+                         captured_vs_composed=round(captured / reference[1], 3))
         emit("mnist_cnn_train_step_b%d" % batch, "autodiff-" + stack, uncaptured, captured, theirs,
-             None, backend, device, _launches(backend, fast, x, y))
+             None, backend, device, extra)
 
 
 def emit(model, stack, uncaptured, captured, theirs, diff, backend, device, extra):
@@ -198,7 +222,7 @@ def main():
         shape = (2, 3, 16, 16) if args.small else (32, 3, 64, 64)
         inference_rows("conv_stack", conv_stack, shape, stacks, repeat, torch, device)
     if "train" in only:
-        training_rows(8 if args.small else 64, stacks, repeat, torch, device)
+        training_rows(8 if args.small else 64, training_stacks(stacks), repeat, torch, device)
 
 
 if __name__ == "__main__":

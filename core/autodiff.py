@@ -13,7 +13,8 @@ written with Tensor operations on the INNER backend, so they reuse the tensor la
 composites) and run on any backend (Python, NumPy, Wgpu, Fusion...). Composite ops (softmax,
 gelu, conv2d = unfold2d + matmul, pooling = unfold2d + reduce) are built from these primitives
 in the tensor layer, so they are differentiated without any rule of their own; where the inner
-backend declares a conv2d kernel, conv2d is recorded as one op with its rule composed likewise.
+backend declares a conv2d kernel, conv2d is recorded as one op with its rule composed likewise,
+or run by the inner backend's backward kernels where it declares conv2d_backward_kernels.
 
 Semantics worth knowing (PyTorch's unless stated):
 * max/min reductions share the gradient evenly among tied maxima (torch.amax/amin, and
@@ -569,8 +570,10 @@ class Autodiff(Backend):
             if activation is not None:  # the activation's gradient first (0 where it clamped)
                 y = T(out, g.shape)
                 g = _where(y <= 0.0 if activation == "relu" else (y <= 0.0) | (y >= 6.0), 0.0, g)
-            return _conv2d_gradients(T(xv, x_shape), T(wv, w_shape), g, stride, padding,
-                                     dilation, groups, need)
+            gradients = _conv2d_kernel_gradients if self._inner.conv2d_backward_kernels \
+                else _conv2d_gradients
+            return gradients(T(xv, x_shape), T(wv, w_shape), g, stride, padding, dilation,
+                             groups, need)
         return self._record(out, inputs, backward)
 
 
@@ -607,6 +610,22 @@ def _slice_dim(x, axis, start, stop):
     index = [slice(None)] * len(x.shape)
     index[axis] = slice(start, stop)
     return x[tuple(index)]
+
+
+def _conv2d_kernel_gradients(x, w, g, stride, padding, dilation, groups, need):
+    """(dx, dw[, dbias]) of conv2d from the inner backend's backward kernels (it declares
+    conv2d_backward_kernels): no unfolded image, no column matrix. None where `need` says no."""
+    backend, f32 = x.backend, dtypes.float32
+    grads = [None, None, None][:len(need)]
+    if need[0]:
+        grads[0] = Tensor(backend, backend.conv2d_grad_input(
+            g.handle, w.handle, x.shape[2:], stride, padding, dilation, groups), x.shape, f32)
+    if need[1]:
+        grads[1] = Tensor(backend, backend.conv2d_grad_weight(
+            x.handle, g.handle, w.shape[2:], stride, padding, dilation, groups), w.shape, f32)
+    if len(need) == 3 and need[2]:
+        grads[2] = Tensor(backend, backend.conv2d_grad_bias(g.handle), w.shape[:1], f32)
+    return tuple(grads)
 
 
 def _conv2d_gradients(x, w, g, stride, padding, dilation, groups, need):

@@ -79,6 +79,17 @@ and that composition is the reference every kernel is tested against.
                           (NaN propagates); -> (N, O, OH, OW). Reference: functional.conv2d's
                           unfold2d + matmul composition. Decorators forward the flag of the
                           backend they wrap and record the op (Autodiff: its gradient).
+    conv2d_grad_input(g, w, size, stride, padding, dilation, groups)  flag: conv2d_backward_kernels
+    conv2d_grad_weight(x, g, kernel, stride, padding, dilation, groups)
+    conv2d_grad_bias(g)
+                          conv2d's gradients without unfold2d/fold2d matrices: g (N, O, OH, OW)
+                          the output gradient (after the activation's), w (O, C/groups, kh, kw),
+                          x (N, C, H, W), size = (H, W), kernel = (kh, kw), the other arguments
+                          as conv2d's -> dx (N, C, H, W), dw (O, C/groups, kh, kw), dbias (O,).
+                          Reference: autodiff._conv2d_gradients' composition (dw = g @
+                          unfold2d(x)^T, dx = fold2d(w^T @ g), dbias = sum of g), which
+                          cn.Autodiff runs where the inner backend does not declare the flag.
+                          Fusion forwards the flag (a boundary); Autodiff does not (it uses it).
     pool2d(x, op, kernel, stride, padding, dilation)       flag: pool2d_kernel
                           max_pool2d / avg_pool2d without the unfold2d matrix: x (N, C, H, W)
                           float32, op "max" (padding counts as -inf, NaN propagates), "avg"
@@ -211,7 +222,8 @@ PRIMITIVES = (
     "gather", "scatter_add",
     "unfold2d", "fold2d",
 )
-OPTIONAL_PRIMITIVES = ("conv2d", "pool2d")
+OPTIONAL_PRIMITIVES = ("conv2d", "pool2d", "conv2d_grad_input", "conv2d_grad_weight",
+                       "conv2d_grad_bias")
 
 # Each primitive's arguments in call order: "H" a handle, "Hs" a list of handles, other kinds
 # plain values ("op" an op-table name, "shape", "ints", "pair", "pairs", "int", "bool",
@@ -285,6 +297,7 @@ class Backend:
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
+    conv2d_backward_kernels = False  # conv2d_grad_input/_weight/_bias(...): conv2d's backward
     pool2d_kernel = False     # pool2d(...): max/avg pooling kernels of their own (else unfold + reduce)
     recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step
     normalization_kernels = False  # softmax(...), layer_norm(...): one kernel each

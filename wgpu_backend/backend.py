@@ -22,7 +22,7 @@ from cinders.errors import CindersError
 from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
-from . import conv
+from . import conv, conv_grad
 from .codegen import images
 from .codegen.packing import fill_word, word_count
 from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
@@ -116,6 +116,8 @@ class Wgpu(Backend):
 
     # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
     conv2d_kernel = True
+    # ... and its backward: dx, dw and dbias kernels without unfold2d or fold2d (conv_grad.py).
+    conv2d_backward_kernels = True
     # ... and so has the optional pool2d primitive (codegen/images.py: a window per thread).
     pool2d_kernel = True
     # int8/uint8 packed four to a u32 word, float16 two (codegen/packing.py).
@@ -637,6 +639,15 @@ class Wgpu(Backend):
 
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
+
+    def conv2d_grad_input(self, g, w, size, stride, padding, dilation, groups):
+        return conv_grad.grad_input(self, g, w, size, stride, padding, dilation, groups)
+
+    def conv2d_grad_weight(self, x, g, kernel, stride, padding, dilation, groups):
+        return conv_grad.grad_weight(self, x, g, kernel, stride, padding, dilation, groups)
+
+    def conv2d_grad_bias(self, g):
+        return conv_grad.grad_bias(self, g)
 
     def pool2d(self, x, op, kernel, stride, padding, dilation):
         n, c, h, w = x.shape

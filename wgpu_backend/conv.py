@@ -24,7 +24,7 @@ right decide OH, OW.
 
 from collections import namedtuple
 
-from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, groups_for
+from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, entry_1d, groups_for, header as prelude_header
 
 ACTIVATIONS = {
     None: "v",
@@ -47,31 +47,50 @@ class Tile(namedtuple("Tile", "bm bn bk tm tn")):
 TILES = {
     "t64": Tile(64, 64, 16, 4, 4),      # more workgroups: small and mid layers
     "t128": Tile(128, 128, 8, 8, 8),    # 4 FMAs per shared read: large layers
+    # Narrow tiles for products with few rows (the backward kernels' input or output channels
+    # of a group, conv_grad.tile_for): a 64-row tile would leave most of its rows empty.
+    "t16": Tile(16, 128, 16, 1, 8),
+    "t32": Tile(32, 64, 16, 2, 4),
 }
 BK = TILES["t64"].bk  # groups with at least this many channels are staged by tap (kernel_kind)
 
+# One parameter layout for every conv kernel, forward and backward (conv_grad.py): the geometry,
+# then x, the weight, the bias and the output gradient g by offset and strides. K and cols are
+# the implicit GEMM's reduction depth and column count (each kernel says what they count);
+# slice_len is the length of one split of a reduction.
 PARAMS = ParamLayout("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw",
                      "pt", "pl", "dh", "dw", "groups", "cg", "og", "K", "cols",
-                     "x_off", ("xs", 4), "w_off", ("ws", 4), "b_off", "b_stride")
+                     "x_off", ("xs", 4), "w_off", ("ws", 4), "b_off", "b_stride",
+                     "g_off", ("gs", 4), "slice_len")
 
 _SCALARS = [name for name, _, count in PARAMS.fields if count is None]
+_STRIDES = ("xs", "ws", "gs")
 
 
-def _header(has_bias, shared=""):
-    buffers = ["X", "Wt"] + (["Bias"] if has_bias else [])
-    lines = ["struct Params { v: array<vec4<u32>, %d> }" % -(-PARAMS.size // 4),
-             "@group(0) @binding(0) var<uniform> P: Params;"]
-    lines += ["@group(0) @binding(%d) var<storage, read> %s: array<f32>;" % (i, name)
-              for i, name in enumerate(buffers, start=1)]
-    lines.append("@group(0) @binding(%d) var<storage, read_write> Out: array<f32>;"
-                 % (len(buffers) + 1))
-    return "\n".join(lines) + "\n" + shared + "\n"
+def pack(x, w_shape, out_hw, stride, padding, dilation, groups, **fields):
+    """The packed PARAMS of a conv of x (N, C, H, W) by a weight of `w_shape` with output size
+    out_hw; `fields`: total, K, cols and the operands' offsets and strides (others 0)."""
+    (n, c, h, wd), (o, cg, kh, kw) = x, w_shape
+    values = dict(N=n, C=c, H=h, W=wd, O=o, OH=out_hw[0], OW=out_hw[1], kh=kh, kw=kw,
+                  sh=stride[0], sw=stride[1], pt=padding[0][0], pl=padding[1][0],
+                  dh=dilation[0], dw=dilation[1], groups=groups, cg=cg, og=o // groups,
+                  x_off=0, xs=(0,) * 4, w_off=0, ws=(0,) * 4, b_off=0, b_stride=0,
+                  g_off=0, gs=(0,) * 4, slice_len=0)
+    values.update(fields)
+    return PARAMS.pack(**values)
 
 
-def _lets():
-    """Every scalar parameter as a WGSL `let` of its own name, and the strides as xs0.. ws3."""
+def header(buffers, shared=""):
+    """The uniform block P and storage bindings 1.. of `buffers` (f32 arrays, read only), then
+    the output Out."""
+    return prelude_header(PARAMS.size, [(name, "f32", False) for name in buffers]
+                          + [("Out", "f32", True)], shared)
+
+
+def lets():
+    """Every scalar parameter as a WGSL `let` of its own name, and the strides as xs0.. gs3."""
     lines = ["  let %s = %s;" % (name, PARAMS[name]) for name in _SCALARS]
-    lines += ["  let %s%d = %s;" % (arr, i, PARAMS[arr, i]) for arr in ("xs", "ws") for i in range(4)]
+    lines += ["  let %s%d = %s;" % (arr, i, PARAMS[arr, i]) for arr in _STRIDES for i in range(4)]
     return "\n".join(lines) + "\n"
 
 
@@ -84,12 +103,9 @@ def _store(has_bias, activation):
 
 def direct_wgsl(has_bias, activation):
     """One thread per output element (b, o, oy, ox), in the output's row-major order."""
-    return _header(has_bias) + """
-@compute @workgroup_size(%d)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * %du;
-%s  if (i >= total) { return; }
-  let ox = i %% OW; var r = i / OW; let oy = r %% OH; r = r / OH; let o = r %% O; let b = r / O;
+    return header(["X", "Wt"] + (["Bias"] if has_bias else [])) + entry_1d() + lets() + """\
+  if (i >= total) { return; }
+  let ox = i % OW; var r = i / OW; let oy = r % OH; r = r / OH; let o = r % O; let b = r / O;
   let pix = oy * OW + ox;
   let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
   let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0;
@@ -106,70 +122,36 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
       }
     }
   }
-  %s
+  STORE
 }
-""" % (WG, WG, _lets(), _store(has_bias, activation))
+""".replace("STORE", _store(has_bias, activation))
 
 
-_STAGE_FLAT = """
-  for (var k0 = 0u; k0 < K; k0 = k0 + %(bk)du) {
-    for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
-      let k = k0 + e / %(bm)du;
-      var v = 0.0;
-      if (a_in && k < K) {
-        let c = k / khw; let rr = k %% khw;
-        v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr %% kw) * ws3];
-      }
-      As[e] = v;
-    }
-    for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
-      let k = k0 + e / %(bn)du;
-      var v = 0.0;
-      if (p_in && k < K) {
-        let c = k / khw; let rr = k %% khw;
-        let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr %% kw) * dw);
-        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
-          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
-        }
-      }
-      Bs[e] = v;
-    }
-%(step)s
-  }
-"""
-
-_STAGE_TAPS = """
-  for (var tap = 0u; tap < khw; tap = tap + 1u) {
-    let ky = tap / kw; let kx = tap %% kw;
-    let iy = iy0 + i32(ky * dh); let ix = ix0 + i32(kx * dw);
-    let x_in = p_in && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W);
-    let xtap = xb + select(0u, u32(iy) * xs2 + u32(ix) * xs3, x_in);
-    let wtap = wb + ky * ws2 + kx * ws3;
-    for (var c0 = 0u; c0 < cg; c0 = c0 + %(bk)du) {
-      for (var e = t; e < %(a_size)du; e = e + %(threads)du) {
-        let c = c0 + e / %(bm)du;
-        var v = 0.0;
-        if (a_in && c < cg) { v = Wt[wtap + c * ws1]; }
-        As[e] = v;
-      }
-      for (var e = t; e < %(b_size)du; e = e + %(threads)du) {
-        let c = c0 + e / %(bn)du;
-        var v = 0.0;
-        if (x_in && c < cg) { v = X[xtap + c * xs1]; }
-        Bs[e] = v;
-      }
-%(step)s
-    }
-  }
-"""
+class Staged(namedtuple("Staged", "cond body")):
+    """How a tiled kernel stages one operand: entry k of the thread's row (A) or column (B) of
+    the reduction is read by `body` (WGSL assigning `v`, given `k`) where `cond` holds, else 0."""
 
 
-def gemm_wgsl(has_bias, activation, by_tap, tile):
-    """The implicit-GEMM kernel of one Tile (see the module docstring). Grid: x * (z / groups)
-    counts pixel tiles (x capped at MAX_GROUPS), y output-channel tiles, z % groups the group.
-    K is staged bk entries at a time: by_tap, one kernel tap (ky, kx) and bk input channels
-    per step, so staging needs no division and each thread tests its pixel's bounds once per
-    tap (for groups with at least BK channels); else bk entries of the flattened (c, ky, kx)."""
+class Reduction(namedtuple("Reduction", "begin end open close")):
+    """The reduction loop of a tiled kernel: k0 from `begin` to `end` in bk steps, inside the
+    WGSL `open` ... `close` (e.g. a loop over the kernel's taps; "" for none)."""
+
+
+def _stage(dest, size, per, staged, threads):
+    return ("    for (var e = t; e < %du; e = e + %du) {\n"
+            "      let k = k0 + e / %du;\n      var v = 0.0;\n"
+            "      if (%s) { %s }\n      %s[e] = v;\n    }\n"
+            % (size, threads, per, staged.cond, staged.body, dest))
+
+
+def tiled_wgsl(buffers, tile, n0, setup, reduction, a, b, store):
+    """The one implicit-GEMM template (forward here, both backward products in conv_grad.py):
+    a workgroup accumulates a bm x bn tile of Out[m, p] = sum_k A[m, k] * B[k, p], where A and B
+    exist only as the WGSL that stages them (`a`, `b`: Staged) from the operands' buffers.
+    Rows m0.. come from workgroup y, columns from `n0` (WGSL; `zs` = wid.z / groups); the group
+    g is wid.z % groups. Each thread stages A's row `row` and B's column `col` (bm and bn divide
+    the thread count, so they stay the same at every step), after `setup`. `store`: WGSL writing
+    `acc` of (m, p), bounds tested there."""
     bm, bn, bk, tm, tn = tile
     wx, wy = bn // tn, bm // tm
     shared = "var<workgroup> As: array<f32, %d>;\nvar<workgroup> Bs: array<f32, %d>;" % (
@@ -182,37 +164,86 @@ def gemm_wgsl(has_bias, activation, by_tap, tile):
         step += ["      acc[%d] = fma(a%d, b%d, acc[%d]);" % (r * tn + c, r, c, r * tn + c)
                  for c in range(tn)]
     step += ["    }", "    workgroupBarrier();"]
-    sizes = dict(bn=bn, bm=bm, bk=bk, a_size=bk * bm, b_size=bk * bn, threads=tile.threads)
-    stage = (_STAGE_TAPS if by_tap else _STAGE_FLAT) % dict(sizes, step="\n".join(step))
-    stores = []
-    for r in range(tm):
-        for c in range(tn):
-            stores.append("  { let m = m0 + %du + ty; let p = n0 + %du + tx;\n"
-                          "    if (m < og && p < cols) { let o = g * og + m; let b = p / (OH * OW); "
-                          "let pix = p %% (OH * OW); let acc = acc[%d]; %s } }"
-                          % (r * wy, c * wx, r * tn + c, _store(has_bias, activation)))
-    return _header(has_bias, shared) + """
+    loop = ("%s  for (var k0 = %s; k0 < %s; k0 = k0 + %du) {\n%s%s%s\n  }\n%s"
+            % (reduction.open, reduction.begin, reduction.end, bk,
+               _stage("As", bk * bm, bm, a, tile.threads), _stage("Bs", bk * bn, bn, b, tile.threads),
+               "\n".join(step), reduction.close))
+    stores = ["  { let m = m0 + %du + ty; let p = n0 + %du + tx; let acc = acc[%d];\n    %s }"
+              % (r * wy, c * wx, r * tn + c, store) for r in range(tm) for c in range(tn)]
+    return header(buffers, shared) + """
 @compute @workgroup_size(%(wx)d, %(wy)d)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
 %(lets)s  let tx = lid.x; let ty = lid.y; let t = ty * %(wx)du + tx;
-  let g = wid.z %% groups;
-  let n0 = (wid.x + nwg.x * (wid.z / groups)) * %(bn)du; let m0 = wid.y * %(bm)du;
+  let g = wid.z %% groups; let zs = wid.z / groups;
+  let n0 = %(n0)s; let m0 = wid.y * %(bm)du;
+  let row = m0 + t %% %(bm)du; let col = n0 + t %% %(bn)du;
   let khw = kh * kw;
-  // The image column this thread stages: pixel p = (b, oy, ox).
-  let p = n0 + t %% %(bn)du; let p_in = p < cols;
-  let ox = p %% OW; let oy = (p / OW) %% OH; let b = p / (OW * OH);
-  let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
-  let xb = x_off + b * xs0 + g * cg * xs1;
-  // The weight row this thread stages: output channel g * og + am.
-  let am = m0 + t %% %(bm)du; let a_in = am < og;
-  let wb = w_off + (g * og + am) * ws0;
+%(setup)s
   var acc: array<f32, %(acc)d>;
-%(stage)s
+%(loop)s
 %(stores)s
 }
-""" % dict(sizes, wx=wx, wy=wy, lets=_lets(), acc=tm * tn, stage=stage,
+""" % dict(wx=wx, wy=wy, bm=bm, bn=bn, n0=n0, lets=lets(), setup=setup, acc=tm * tn, loop=loop,
            stores="\n".join(stores))
+
+
+TAPS = "  for (var tap = 0u; tap < khw; tap = tap + 1u) {\n    let ky = tap / kw; let kx = tap %% kw;\n%s"
+SPILL_N0 = "(wid.x + nwg.x * zs) * %du"  # column tiles past MAX_GROUPS continue in z (spill_grid)
+
+
+def spill_grid(cols, rows, groups, tile):
+    """The grid of a tiled kernel whose column tiles may exceed the per-dimension limit: x
+    counts column tiles (capped, continuing in z / groups), y row tiles, z % groups the group."""
+    tiles = -(-cols // tile.bn)
+    tiles_x = min(tiles, MAX_GROUPS)
+    return (tiles_x, -(-rows // tile.bm), groups * -(-tiles // tiles_x))
+
+
+def check_grid(grid, what):
+    if max(grid) > MAX_GROUPS:
+        from .backend import DeviceLimitError  # (backend.py imports this module)
+        raise DeviceLimitError("cn.Wgpu %s needs %r workgroups, more than the device's %d per "
+                               "dimension" % (what, grid, MAX_GROUPS))
+
+
+def gemm_wgsl(has_bias, activation, by_tap, tile):
+    """The forward implicit GEMM (see the module docstring): m over the group's output
+    channels, p over batch x output pixels, k over (c, ky, kx). by_tap: K is staged one kernel
+    tap (ky, kx) and bk input channels per step, so staging needs no division and each thread
+    tests its pixel's bounds once per tap (for groups with at least BK channels); else bk
+    entries of the flattened (c, ky, kx)."""
+    setup = """\
+  // The image column this thread stages: pixel p = (b, oy, ox).
+  let p = col; let p_in = p < cols;
+  let ox = p % OW; let oy = (p / OW) % OH; let b = p / (OW * OH);
+  let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
+  let xb = x_off + b * xs0 + g * cg * xs1;
+  // The weight row this thread stages: output channel g * og + row.
+  let a_in = row < og;
+  let wb = w_off + (g * og + row) * ws0;"""
+    if by_tap:
+        reduction = Reduction("0u", "cg", TAPS % """\
+    let iy = iy0 + i32(ky * dh); let ix = ix0 + i32(kx * dw);
+    let x_in = p_in && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W);
+    let xtap = xb + select(0u, u32(iy) * xs2 + u32(ix) * xs3, x_in);
+    let wtap = wb + ky * ws2 + kx * ws3;
+""", "  }\n")
+        a = Staged("a_in && k < cg", "v = Wt[wtap + k * ws1];")
+        b = Staged("x_in && k < cg", "v = X[xtap + k * xs1];")
+    else:
+        reduction = Reduction("0u", "K", "", "")
+        tap = "let c = k / khw; let rr = k % khw; "
+        a = Staged("a_in && k < K", tap + "v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr % kw) * ws3];")
+        b = Staged("p_in && k < K", tap + """\
+let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr % kw) * dw);
+        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
+          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
+        }""")
+    store = ("if (m < og && p < cols) { let o = g * og + m; let b = p / (OH * OW); "
+             "let pix = p % (OH * OW); " + _store(has_bias, activation) + " }")
+    return tiled_wgsl(["X", "Wt"] + (["Bias"] if has_bias else []), tile, SPILL_N0 % tile.bn,
+                      setup, reduction, a, b, store)
 
 
 def kernel_kind(og, cg, k):
@@ -224,9 +255,12 @@ def kernel_kind(og, cg, k):
     return "taps" if cg >= BK else "gemm"
 
 
+TWO_WAVES = 264  # workgroups that give a large GPU two waves (an H100's 132 SMs)
+
+
 def tile_for(og, cols, groups):
-    """t128 once its tiles still give a GPU two waves of workgroups (~264 on an H100), else t64."""
-    return "t128" if -(-og // 128) * -(-cols // 128) * groups >= 264 else "t64"
+    """t128 once its tiles still give a GPU two waves of workgroups, else t64."""
+    return "t128" if -(-og // 128) * -(-cols // 128) * groups >= TWO_WAVES else "t64"
 
 
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
@@ -246,21 +280,14 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     tile_name = tile_for(og, cols, groups)
     tile = TILES[tile_name]
     if kind != "direct":
-        tiles = -(-cols // tile.bn)
-        tiles_x = min(tiles, MAX_GROUPS)
-        grid = (tiles_x, -(-og // tile.bm), groups * -(-tiles // tiles_x))
-        if max(grid) > MAX_GROUPS:
-            from .backend import DeviceLimitError  # (backend.py imports this module)
-            raise DeviceLimitError("cn.Wgpu conv2d: %s * %s needs %r workgroups, more than the "
-                                   "device's %d per dimension" % (x.shape, w.shape, grid, MAX_GROUPS))
+        grid = spill_grid(cols, og, groups, tile)
+        check_grid(grid, "conv2d: %s * %s" % (x.shape, w.shape))
     else:
         grid = groups_for(total, WG)
-    params = PARAMS.pack(
-        total=total, N=n, C=c, H=h, W=wd, O=o, OH=oh, OW=ow, kh=kh, kw=kw, sh=stride[0],
-        sw=stride[1], pt=pt, pl=pl, dh=dilation[0], dw=dilation[1], groups=groups, cg=cg, og=og,
-        K=k, cols=cols, x_off=x.offset, xs=x.strides, w_off=w.offset,
-        ws=w.strides, b_off=0 if bias is None else bias.offset,
-        b_stride=0 if bias is None else bias.strides[0])
+    params = pack(x.shape, w.shape, (oh, ow), stride, padding, dilation, groups, total=total,
+                  K=k, cols=cols, x_off=x.offset, xs=x.strides, w_off=w.offset, ws=w.strides,
+                  b_off=0 if bias is None else bias.offset,
+                  b_stride=0 if bias is None else bias.strides[0])
     has_bias = bias is not None
     handles = [x, w] + ([bias] if has_bias else []) + [out]
     if kind != "direct":

@@ -358,6 +358,25 @@ class Fusion(Backend):
         return self._boundary("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
 
     @property
+    def conv2d_backward_kernels(self):
+        return self._inner.conv2d_backward_kernels
+
+    # conv2d's backward kernels (only called when the inner backend declares them): boundaries.
+    def conv2d_grad_input(self, g, w, size, stride, padding, dilation, groups):
+        return self._inner_kernel("conv2d_grad_input", g, w, size, stride, padding, dilation, groups)
+
+    def conv2d_grad_weight(self, x, g, kernel, stride, padding, dilation, groups):
+        return self._inner_kernel("conv2d_grad_weight", x, g, kernel, stride, padding, dilation, groups)
+
+    def conv2d_grad_bias(self, g):
+        return self._inner_kernel("conv2d_grad_bias", g)
+
+    def _inner_kernel(self, name, *args):
+        if self.compiler is None:
+            return getattr(self._inner, name)(*args)
+        return self._boundary(name, *args)
+
+    @property
     def pool2d_kernel(self):
         return self._inner.pool2d_kernel
 

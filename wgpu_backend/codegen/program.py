@@ -169,7 +169,7 @@ def rows_layout(program):
     return ParamLayout(*fields)
 
 
-def _reduction(k, op, operand_dtype, value_block, threads, step):
+def reduction_lines(k, op, operand_dtype, value_block, threads, step):
     """Lines folding node k's reduction over the axis (value_block: the loop body's lines and the
     operand's name at position k) into `x{k}`; and its workgroup arrays."""
     body, v = value_block
@@ -278,7 +278,7 @@ def rows_wgsl(program, binding_of, slot_types, threads):
             continue  # computed inside the loops that need it
         if op.startswith("reduce_"):
             body, (v,) = full_block(refs, "    ")
-            more, arrays = _reduction(k, op[7:], _operand_dtypes(program, refs)[0], (body, v),
+            more, arrays = reduction_lines(k, op[7:], _operand_dtypes(program, refs)[0], (body, v),
                                       threads, step)
             lines += more
             shared += arrays
