@@ -318,8 +318,9 @@ def tab_main(models, variants, repeat, small):
 
 
 def ort_as_written(path, feeds):
-    """onnxruntime's CPU output with graph optimizations off: the oracle of files with full-range
-    int8 weights, where its fused x86 kernels saturate int16 sums (tests/test_onnx_quant.py)."""
+    """onnxruntime's CPU output with graph optimizations off: the graph as written, the tests'
+    oracle for full-range int8 files (tests/test_onnx_quant.py). On x86 without AVX-VNNI its
+    ConvInteger still sums pairs in saturating int16 (docs/onnx.md, "Quantized models")."""
     import onnxruntime as ort
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -1,8 +1,9 @@
-"""A q8 model in the tab (issue 28): an MLP that onnxruntime's quantize_dynamic wrote (int8
-weights, DynamicQuantizeLinear + MatMulInteger) picked in the /onnx/ page on cn.Wasm() gives
-onnxruntime's outputs and keeps its weights at one byte each in the Wasm heap; `cinders
-export-web` of it ships the q8 file itself (a quarter of the float bytes) and the site runs it on
-WebGPU and on cn.Wasm().
+"""A q8 model in the tab (issue 28): `cinders export-web` of an MLP that onnxruntime's
+quantize_dynamic wrote (int8 weights, DynamicQuantizeLinear + MatMulInteger) ships the q8 file
+itself (a quarter of the float bytes, and that is what the page fetches); the site runs it on
+WebGPU and on cn.Wasm() with onnxruntime's outputs, and on cn.Wasm() the model keeps its weights
+at one byte each in the Wasm heap. (The page imports model.onnx with cinders.onnx.web, as the
+/onnx/ page imports a picked file.)
 
 onnxruntime runs the file as written (optimizations off): with full-range int8 weights its fused
 x86 kernels saturate int16 sums (tests/test_onnx_quant.py says why), and this file is what
@@ -73,8 +74,11 @@ def assert_like_onnxruntime(outputs, path):
     assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max(), (got, expected)
 
 
+# The page's Python: the heap bytes each file's model holds once loaded on the page's cn.Wasm()
+# (both kept alive), and the dtypes of the q8 model's 2-D weights.
 HEAP_BYTES = """
 import base64
+import json
 from cinders.onnx import load
 from cinders.web.bridge import current_backend
 backend = current_backend()
@@ -86,31 +90,17 @@ for name, data in FILES.items():
     backend.synchronize()
     held[name] = backend.heap.in_use - before
 held["weight_dtypes"] = sorted({str(t.dtype) for t in models[1].state_dict().values() if len(t.shape) == 2})
-import json
 json.dumps(held)
 """
 
 
-def test_q8_model_in_the_onnx_page_on_wasm(new_page, q8_mlp):
-    f32, q8 = q8_mlp
-    page = wait_ready(new_page("/onnx/?backend=wasm"))
-    assert page.text_content("#backend").startswith("wasm")
-    page.set_input_files("#file", str(q8))
-    page.wait_for_function("() => { const s = document.querySelector('#status').textContent; "
-                           "return s === 'done' || s.startsWith('error'); }", timeout=120_000)
-    assert page.text_content("#status") == "done", page.text_content("#status")
-    assert_like_onnxruntime(json.loads(page.evaluate("() => JSON.stringify(window.cindersOnnx.result.outputs)")), q8)
-
-    # the Wasm heap holds the q8 model's weights at one byte each: a quarter of the float model's
-    held = json.loads(page.evaluate("""async ([code, files]) => {
-        const py = window.cindersOnnx.runtime.pyodide;
+def heap_bytes(page, f32, q8):
+    """{"f32", "q8": heap bytes, "weight_dtypes"} from the page's Pyodide (window.cindersModel)."""
+    return json.loads(page.evaluate("""async ([code, files]) => {
+        const py = window.cindersModel.runtime.pyodide;
         py.globals.set("FILES", py.toPy(files));
         return await py.runPythonAsync(code);
     }""", [HEAP_BYTES, {name: base64.b64encode(path.read_bytes()).decode() for name, path in (("f32", f32), ("q8", q8))}]))
-    print("[q8 in the Wasm heap] %s" % held)
-    assert held["weight_dtypes"] == ["cn.int8"], held
-    weights = sum(a * b for a, b in zip(DIMS, DIMS[1:]))
-    assert held["f32"] >= 4 * weights and 0.25 <= held["q8"] / held["f32"] < 0.27, held
 
 
 def test_export_web_ships_the_q8_file_and_the_site_runs_it(browser, tmp_path, q8_mlp):
@@ -133,6 +123,12 @@ def test_export_web_ships_the_q8_file_and_the_site_runs_it(browser, tmp_path, q8
                 finished(page)
                 assert_like_onnxruntime(
                     json.loads(page.evaluate("() => JSON.stringify(window.cindersModel.result.outputs)")), q8)
+                if backend == "wasm":   # the heap holds the q8 weights at one byte each: ¼ of the float bytes
+                    held = heap_bytes(page, f32, q8)
+                    print("[q8 in the Wasm heap] %s" % held)
+                    assert held["weight_dtypes"] == ["cn.int8"], held
+                    weights = sum(a * b for a, b in zip(DIMS, DIMS[1:]))
+                    assert held["f32"] >= 4 * weights and 0.25 <= held["q8"] / held["f32"] < 0.27, held
             finally:
                 context.close()
             assert seen == [], "requests left the site's server: %s" % seen
