@@ -22,10 +22,19 @@ One JSON line per (model, variant, stack):
 Every model's files are loaded on every stack first and then timed in turns, one call of each
 per round (timing.interleaved_median_ms), so the ratios hold on a loaded machine.
 
+--tab: the same files in one headless Chromium instead (default variants f32,q8_dynamic), both
+single-threaded: stack "tab-wasm" is cn.Wasm() in the /onnx/ page's Pyodide (?backend=wasm; the
+page's Python loads each file and calls its captured forward, memory_bytes = the Wasm heap bytes
+the loaded model holds) and "ort-web-wasm" ONNX Runtime Web's WASM EP
+(benchmarks/web/ort_models.html); ms is timed by each page's clock around the call and the read of
+the first output, in turns as above; ort_ratio and max_abs_diff are to ORT Web on the same file,
+max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
+
     python benchmarks/quantized.py --backend wgpu           # the lent GPU (with onnxruntime CPU)
     python benchmarks/quantized.py --small                  # lavapipe / 2 cores: small shapes
     python benchmarks/quantized.py --backend numpy,wasm,wgpu,ort --models bert
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
+    python benchmarks/quantized.py --tab                    # cn.Wasm() in the tab vs ORT Web (WASM EP)
 """
 
 import argparse
@@ -174,24 +183,174 @@ def ort_runner(path, feeds):
     return {"memory_bytes": None, "device": "onnxruntime-cpu-1-thread"}, lambda: session.run(None, feeds)[0]
 
 
+# ---- --tab: the same files in headless Chromium ------------------------------------------------
+TAB_STACKS = ("tab-wasm", "ort-web-wasm")
+# The page's Python, run in the /onnx/ page's Pyodide (?backend=wasm): a file is fetched, loaded on
+# the page's cn.Wasm() and its forward captured, as the pages run models; the Python that is
+# alive then is frozen out of the collector, as the MNIST page does after loading its model.
+# tab_run(key) is one replay of the captured forward and the read of its first output, timed by
+# the page's clock (Pyodide's perf_counter is performance.now(), ORT Web's page's clock).
+TAB_PYTHON = """
+import gc
+import json
+import time
+
+import js
+
+import cinders as cn
+from cinders.onnx import load
+from cinders.web.bridge import current_backend, read_async
+
+TAB = {}
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+async def tab_load(key, url, feeds):
+    data = (await (await js.fetch(url)).arrayBuffer()).to_bytes()
+    path = "/tmp/%s.onnx" % key
+    with open(path, "wb") as f:
+        f.write(data)
+    del data
+    backend = current_backend()
+    backend.synchronize()
+    before = backend.heap.in_use
+    model = load(path, backend=backend)
+    backend.synchronize()
+    held = backend.heap.in_use - before
+    inputs = [cn.tensor(f["values"], backend=backend, dtype=cn.float32 if f["type"] == "float32" else cn.int32)
+              .reshape(*f["shape"]) for f in feeds]
+    forward = cn.capture(model)
+    for _ in range(3):   # call 1 runs, calls 2 and 3 record: every later call replays
+        await read_async(_first(forward(*inputs)))
+    TAB[key] = (forward, inputs)
+    gc.collect()
+    gc.freeze()
+    return held
+
+
+async def tab_run(key):
+    forward, inputs = TAB[key]
+    started = time.perf_counter()
+    await read_async(_first(forward(*inputs)))
+    return (time.perf_counter() - started) * 1e3
+
+
+async def tab_output(key):
+    forward, inputs = TAB[key]
+    return json.dumps(list(await read_async(_first(forward(*inputs)))))
+"""
+TAB_JS = """async (code) => {
+    const py = window.cindersOnnx.runtime.pyodide;
+    await py.runPythonAsync(code);
+    const [load, run, output] = ["tab_load", "tab_run", "tab_output"].map((name) => py.globals.get(name));
+    window.tabBench = { load: (key, url, feeds) => load(key, url, py.toPy(feeds)), run,
+                        output: async (key) => JSON.parse(await output(key)) };
+}"""
+
+
+def tab_feeds(feeds):
+    """The inputs as both pages take them: [{name, type, shape, values}]; ORT Web gets int64, the
+    Cinders page int32 tensors of the same values (as cinders.onnx.web makes of typed inputs)."""
+    return [{"name": k, "type": "float32" if v.dtype == np.float32 else "int64", "shape": list(v.shape),
+             "values": v.ravel().tolist()} for k, v in feeds.items()]
+
+
+def tab_main(models, variants, repeat, small):
+    """Each model's variants on cn.Wasm() in the /onnx/ page and on ORT Web's WASM EP
+    (benchmarks/web/ort_models.html), both single-threaded in one headless Chromium, timed in
+    turns: one call of each (model file, page) per round."""
+    from playwright.sync_api import sync_playwright
+    import browser as pages   # benchmarks/browser.py: Chromium, its flags, opening a page cold
+    from cinders.web.server import DemoServer, default_mounts, ensure_setup
+    ensure_setup()
+    files = {}
+    for name in models:
+        src, feeds = float_model(name, small)
+        for variant in variants:
+            files[name, variant] = quantized_file(src, variant, feeds), feeds
+    folders = sorted({os.path.dirname(path) for path, _ in files.values()})
+    mounts = [("/bench-files/%d/" % i, folder) for i, folder in enumerate(folders)]
+    mounts += [("/bench/", os.path.join(HERE, "web"))] + default_mounts()
+
+    def url(path):
+        return "/bench-files/%d/%s" % (folders.index(os.path.dirname(path)), os.path.basename(path))
+    with DemoServer(port=0, mounts=mounts) as server, sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=pages.CHROMIUM, headless=True, args=pages.QUIET_FLAGS)
+        print(json.dumps({"bench": "quantized", "kind": "environment", "chromium": chromium.version,
+                          "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+                          "threads": "one (cn.Wasm() has one; ORT Web's numThreads = 1)"}), flush=True)
+        for name in models:
+            ours_context, ours = pages.open_cold(chromium, server.url + "onnx/?backend=wasm")
+            theirs_context, theirs = pages.open_cold(chromium, server.url + "bench/ort_models.html?ep=wasm")
+            ours.evaluate(TAB_JS, TAB_PYTHON)
+            rows, runs, outputs = {}, {}, {}
+            for variant in variants:
+                path, feeds = files[name, variant]
+                for stack, page, api in (("ort-web-wasm", theirs, "ortModels"), ("tab-wasm", ours, "tabBench")):
+                    try:
+                        held = page.evaluate("([k, u, f]) => window.%s.load(k, u, f)" % api,
+                                             [variant, url(path), tab_feeds(feeds)])
+                    except Exception as e:  # noqa: BLE001  (a graph a page refuses: say so, go on)
+                        print(json.dumps({"bench": "quantized", "model": name, "variant": variant, "stack": stack,
+                                          "error": str(e).strip().splitlines()[-1][:300]}), flush=True)
+                        continue
+                    rows[variant, stack] = dict(bench="quantized", model=name, variant=variant, stack=stack,
+                                                file_bytes=os.path.getsize(path), memory_bytes=held,
+                                                device="chromium-" + stack)
+                    runs[variant, stack] = lambda page=page, api=api, key=variant: page.evaluate(
+                        "(k) => window.%s.run(k)" % api, key)
+                    outputs[variant, stack] = lambda page=page, api=api, key=variant: np.asarray(json.loads(
+                        page.evaluate("async (k) => JSON.stringify(await window.%s.output(k))" % api, key)))
+            ms = interleaved_median_ms(runs, repeat, self_timed=True)
+            outputs = {key: output() for key, output in outputs.items()}
+            for (variant, stack), row in rows.items():   # who strays from the graph as written
+                row["max_abs_diff_ort_as_written"] = float(np.abs(
+                    outputs[variant, stack] - ort_as_written(*files[name, variant]).ravel()).max())
+            print_rows(rows, ms, outputs, "ort-web-wasm", TAB_STACKS)
+            ours_context.close()
+            theirs_context.close()
+        print(json.dumps({"bench": "quantized", "kind": "environment", "load_avg_1m_after": os.getloadavg()[0]}),
+              flush=True)
+        chromium.close()
+
+
+def ort_as_written(path, feeds):
+    """onnxruntime's CPU output with graph optimizations off: the graph as written, the tests'
+    oracle for full-range int8 files (tests/test_onnx_quant.py). On x86 without AVX-VNNI its
+    ConvInteger still sums pairs in saturating int16 (docs/onnx.md, "Quantized models")."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="numpy,wasm,wgpu,ort",
                         help="comma-separated stacks among %s (onnxruntime runs as the reference "
                              "of max_abs_diff whatever is chosen)" % ", ".join(STACKS))
     parser.add_argument("--models", default="resnet18,bert")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", help="default: all (%s); with --tab f32,q8_dynamic" % ",".join(VARIANTS))
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="64x64 images, a 2-layer d=32 BERT")
+    parser.add_argument("--tab", action="store_true",
+                        help="cn.Wasm() in headless Chromium's /onnx/ page against ORT Web's WASM EP "
+                             "(instead of the desktop stacks of --backend)")
     args = parser.parse_args()
     stacks = [s for s in args.backend.split(",") if s]
-    unknown = [s for s in stacks if s not in STACKS] + [v for v in args.variants.split(",") if v not in VARIANTS]
+    variants = (args.variants or ("f32,q8_dynamic" if args.tab else ",".join(VARIANTS))).split(",")
+    unknown = [s for s in stacks if s not in STACKS] + [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error("unknown stacks or variants: %s" % ", ".join(unknown))
+    if args.tab:
+        return tab_main(args.models.split(","), variants, args.repeat, args.small)
     for name in args.models.split(","):
         src, feeds = float_model(name, args.small)
         rows, runs = {}, {}   # (variant, stack) -> its row so far, its run()
-        for variant in args.variants.split(","):
+        for variant in variants:
             path = quantized_file(src, variant, feeds)
             for stack in ["ort"] + [s for s in stacks if s != "ort"]:   # onnxruntime: the reference
                 try:
@@ -204,21 +363,29 @@ def main():
                                             file_bytes=os.path.getsize(path), **row)
                 runs[variant, stack] = run
         ms = interleaved_median_ms(runs, args.repeat)
-        for (variant, stack), row in rows.items():
-            if stack == "ort" and "ort" not in stacks:
-                continue
-            reference = runs[variant, "ort"]()
-            row["ms"] = ms[variant, stack]
-            row["max_abs_diff"] = float(np.abs(np.asarray(runs[variant, stack](), np.float64) - reference).max())
-            row["ort_ratio"] = round(ms[variant, stack] / ms[variant, "ort"], 4)   # to onnxruntime, same file
-            first = rows.get(("f32", stack))
-            if first:
-                row["file_ratio"] = round(row["file_bytes"] / first["file_bytes"], 4)
-                row["time_ratio"] = round(ms[variant, stack] / ms["f32", stack], 4)
-                if row["memory_bytes"] and first["memory_bytes"]:
-                    row["memory_ratio"] = round(row["memory_bytes"] / first["memory_bytes"], 4)
-            print(json.dumps(dict(row, ms=round(row["ms"], 3))), flush=True)
-        del rows, runs
+        outputs = {key: np.asarray(run(), np.float64) for key, run in runs.items()}
+        print_rows(rows, ms, outputs, "ort", stacks)
+        del rows, runs, outputs
+
+
+def print_rows(rows, ms, outputs, reference, shown):
+    """Print the rows of the `shown` stacks with their times and ratios (the module's docstring):
+    ort_ratio and max_abs_diff to the `reference` stack on the same file; file, time and memory
+    ratios to f32 on the same stack."""
+    for (variant, stack), row in rows.items():
+        if stack not in shown:
+            continue
+        row["ms"] = ms[variant, stack]
+        if (variant, reference) in outputs:
+            row["max_abs_diff"] = float(np.abs(outputs[variant, stack] - outputs[variant, reference]).max())
+            row["ort_ratio"] = round(ms[variant, stack] / ms[variant, reference], 4)
+        first = rows.get(("f32", stack))
+        if first:
+            row["file_ratio"] = round(row["file_bytes"] / first["file_bytes"], 4)
+            row["time_ratio"] = round(ms[variant, stack] / ms["f32", stack], 4)
+            if row["memory_bytes"] and first["memory_bytes"]:
+                row["memory_ratio"] = round(row["memory_bytes"] / first["memory_bytes"], 4)
+        print(json.dumps(dict(row, ms=round(row["ms"], 3))), flush=True)
 
 
 if __name__ == "__main__":

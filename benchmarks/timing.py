@@ -18,10 +18,11 @@ def median_ms(run, repeat, warm=2):
     return statistics.median(times)
 
 
-def interleaved_median_ms(runs, repeat, warm=2):
+def interleaved_median_ms(runs, repeat, warm=2, self_timed=False):
     """{key: median ms} of several `run()`s timed in turns (one call of each per round), so that
     every one of them sees the same machine load: the side-by-side rule for ratios measured on a
-    shared machine."""
+    shared machine. self_timed: each run() returns its own ms (a call into a browser page timed
+    by the page's clock, without the driver's round trip), instead of being timed here."""
     for run in runs.values():
         for _ in range(warm):
             run()
@@ -29,8 +30,8 @@ def interleaved_median_ms(runs, repeat, warm=2):
     for _ in range(repeat):
         for key, run in runs.items():
             start = time.perf_counter()
-            run()
-            times[key].append((time.perf_counter() - start) * 1e3)
+            ms = run()
+            times[key].append(ms if self_timed else (time.perf_counter() - start) * 1e3)
     return {key: statistics.median(t) for key, t in times.items()}
 
 
