@@ -26,6 +26,7 @@ per round (timing.interleaved_median_ms), so the ratios hold on a loaded machine
     python benchmarks/quantized.py --small                  # lavapipe / 2 cores: small shapes
     python benchmarks/quantized.py --backend numpy,wasm,wgpu,ort --models bert
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
+    python benchmarks/quantized.py --backend wasm,ort --wasm-engine wasmtime   # the tab's .wasm module
 """
 
 import argparse
@@ -126,11 +127,11 @@ class _Calibration:
 
 
 
-def _backend(stack):
+def _backend(stack, wasm_engine=None):
     if stack == "numpy":
         return cn.NumPy()
     if stack == "wasm":
-        return cn.Wasm()
+        return cn.Wasm(engine=wasm_engine)
     return cn.Wgpu()
 
 
@@ -145,9 +146,9 @@ def _memory(stack, backend):
     return tracemalloc.get_traced_memory()[0]
 
 
-def cinders_runner(stack, path, feeds):
+def cinders_runner(stack, path, feeds, wasm_engine=None):
     """({memory_bytes, device}, run) of the model at path loaded on `stack`; run() -> output."""
-    backend = _backend(stack)
+    backend = _backend(stack, wasm_engine)
     if stack == "wgpu":
         backend.synchronize()
         backend.empty_cache()
@@ -163,6 +164,9 @@ def cinders_runner(stack, path, feeds):
         out = model(*inputs)
         return (out[0] if isinstance(out, (tuple, list)) else out).numpy()
     device = backend.device.name if stack == "wgpu" else stack
+    if stack == "wasm":
+        from cinders.wasm.engines import default_engine_name
+        device = "wasm-%s" % (wasm_engine or default_engine_name())
     return {"memory_bytes": held, "device": device}, run
 
 
@@ -183,6 +187,8 @@ def main():
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--small", action="store_true", help="64x64 images, a 2-layer d=32 BERT")
+    parser.add_argument("--wasm-engine", default=None,
+                        help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
     stacks = [s for s in args.backend.split(",") if s]
     unknown = [s for s in stacks if s not in STACKS] + [v for v in args.variants.split(",") if v not in VARIANTS]
@@ -195,7 +201,7 @@ def main():
             path = quantized_file(src, variant, feeds)
             for stack in ["ort"] + [s for s in stacks if s != "ort"]:   # onnxruntime: the reference
                 try:
-                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds)
+                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds, args.wasm_engine)
                 except cn.CindersError as e:   # a graph this stack refuses: say so, go on
                     print(json.dumps({"bench": "quantized", "model": name, "variant": variant,
                                       "stack": stack, "error": str(e)[:300]}), flush=True)

@@ -68,10 +68,16 @@ static inline v128_t wasm_i32x4_add(v128_t a, v128_t b) {
     return (v128_t)((uint32_t __attribute__((vector_size(16))))a +
                     (uint32_t __attribute__((vector_size(16))))b);
 }
+#ifdef __SSE2__   /* pmaddwd is i32x4.dot_i16x8_s */
+static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
+    return (v128_t)__builtin_ia32_pmaddwd128((i16x8)a, (i16x8)b);
+}
+#else
 static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
     i32x8 p = __builtin_convertvector((i16x8)a, i32x8) * __builtin_convertvector((i16x8)b, i32x8);
     return __builtin_shufflevector(p, p, 0, 2, 4, 6) + __builtin_shufflevector(p, p, 1, 3, 5, 7);
 }
+#endif
 static inline v128_t wasm_f32x4_div(v128_t a, v128_t b) { return (v128_t)((f32x4)a / (f32x4)b); }
 /* lane-wise with WebAssembly's rules: min/max propagate NaN, nearest rounds half to even,
  * trunc_sat saturates (NaN -> 0), narrow saturates to int16 */
