@@ -294,6 +294,78 @@ EXPORT(arena_release) void arena_release(unsigned char *base) {
     munmap(base - GUARD_BYTES, ARENA_BYTES + 2 * GUARD_BYTES);
 }
 
+/* -- the integer product at the host's vector width ------------------------------------------
+ * runtime.h's mm_pairs on 256-bit vectors where the CPU has AVX2: vpmaddwd multiplies 16 int16
+ * pairs and adds them two by two into 8 int32 lanes (i32x4.dot_i16x8_s twice over; sums wrap),
+ * six rows by 16 columns per tile (12 accumulators, 2 panel vectors, a broadcast). Same
+ * signature and (exact) results. */
+#ifdef __AVX2__
+#define NATIVE_PAIRS
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+static inline i16x16 load16x16(const short *p) { i16x16 v; memcpy(&v, p, 32); return v; }
+static inline u32x8 dot16x16(int32_t pair, i16x16 b) {
+    i32x8 x = {pair, pair, pair, pair, pair, pair, pair, pair};
+    return (u32x8)__builtin_ia32_pmaddwd256((i16x16)x, b);
+}
+#define MM_PAIRS_ROWS(R)                                                                     \
+    static void mm_pairs_##R(int *o, const int *a, const short *b, int K2, int N, int ldo) { \
+        int j = 0;                                                                           \
+        for (; j + 16 <= N; j += 16) {                                                       \
+            u32x8 c0[R], c1[R];                                                              \
+            for (int r = 0; r < R; r++) c0[r] = c1[r] = (u32x8){0};                          \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                i16x16 b0 = load16x16(bk), b1 = load16x16(bk + 16);                          \
+                for (int r = 0; r < R; r++) {                                                \
+                    c0[r] += dot16x16(a[r * K2 + k], b0);                                    \
+                    c1[r] += dot16x16(a[r * K2 + k], b1);                                    \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < R; r++) {                                                    \
+                memcpy(o + r * ldo + j, &c0[r], 32);                                         \
+                memcpy(o + r * ldo + j + 8, &c1[r], 32);                                     \
+            }                                                                                \
+        }                                                                                    \
+        for (; j + 8 <= N; j += 8) {                                                         \
+            u32x8 c[R];                                                                      \
+            for (int r = 0; r < R; r++) c[r] = (u32x8){0};                                   \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                i16x16 b0 = load16x16(bk);                                                   \
+                for (int r = 0; r < R; r++) c[r] += dot16x16(a[r * K2 + k], b0);             \
+            }                                                                                \
+            for (int r = 0; r < R; r++) memcpy(o + r * ldo + j, &c[r], 32);                  \
+        }                                                                                    \
+        for (; j < N; j += 4) {   /* (N % 4 == 0: the last 4 columns, 128 bits) */            \
+            v128_t c[R];                                                                     \
+            for (int r = 0; r < R; r++) c[r] = wasm_i32x4_splat(0);                          \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                v128_t b0 = wasm_v128_load(bk);                                              \
+                for (int r = 0; r < R; r++)                                                  \
+                    c[r] = wasm_i32x4_add(c[r], wasm_i32x4_dot_i16x8(wasm_i32x4_splat(a[r * K2 + k]), b0)); \
+            }                                                                                \
+            for (int r = 0; r < R; r++) wasm_v128_store(o + r * ldo + j, c[r]);              \
+        }                                                                                    \
+    }
+MM_PAIRS_ROWS(6)
+MM_PAIRS_ROWS(4)
+MM_PAIRS_ROWS(2)
+MM_PAIRS_ROWS(1)
+
+/* o (M, nn) int32 (rows ldo apart) = a16 (M, 2 * K2) @ the (K2, nn, 2) panel; nn % 4 == 0 */
+static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2, int nn,
+                     int ldo) {
+    const int *a = (const int *)a16;   /* (k, k+1) pairs as one int32 each */
+    int i = 0;
+    for (; i + 6 <= M; i += 6) mm_pairs_6(o + i * ldo, a + i * K2, panel, K2, nn, ldo);
+    if (i + 4 <= M) { mm_pairs_4(o + i * ldo, a + i * K2, panel, K2, nn, ldo); i += 4; }
+    if (i + 2 <= M) { mm_pairs_2(o + i * ldo, a + i * K2, panel, K2, nn, ldo); i += 2; }
+    if (i < M) mm_pairs_1(o + i * ldo, a + i * K2, panel, K2, nn, ldo);
+}
+#endif
+
 /* -- entries: every kernel runs under one of these (the arena set, traps caught) ---------- */
 void run_commands(const int *c, int n);
 

@@ -514,6 +514,7 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
 /* (unrolled, so that the accumulators live in registers: the build says -fno-unroll-loops) */
 #define ROWS_LOOP _Pragma("clang loop unroll(full)")
 
+#ifndef NATIVE_PAIRS  /* (native.h: the same tiles at the host's vector width) */
 /* ROWS (4 or 1) rows of o (rows ldo apart) = a's pairs (rows K2 apart) @ the panel's N columns
  * (N a multiple of 4): 8 columns per step, then 4 */
 static inline __attribute__((always_inline)) void
@@ -554,6 +555,7 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
     for (; i + 4 <= M; i += 4) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 4, K2, nn, ldo);
     for (; i < M; i++) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 1, K2, nn, ldo);
 }
+#endif
 
 /* a16 (M, K2 * 2) <- a (M, K) int32, 0 past K; 0 when a value does not fit int16 (then the
  * product takes the general int32 loop) */
@@ -911,7 +913,9 @@ EXPORT(conv2d_quantized) void conv2d_quantized(void *o, const void *x, const voi
         int ze = z_each ? oc : 0;
         int zp = z_code == 3 ? ((const int *)z)[ze] : z_code ? q_at(z, ze, 8, z_code == 1) : 0;
         short *row = wpairs + oc * 2 * K2;
-        for (int k = 0; k < K; k++) row[k] = (short)(q_at(q, oc * K + k, 8, q_signed) - zp);
+        const signed char *qs = (const signed char *)q + oc * K;
+        int mask = q_signed ? -1 : 0xFF;   /* (one loop for int8 and uint8, as fill_pairs) */
+        for (int k = 0; k < K; k++) row[k] = (short)((qs[k] & mask) - zp);
         if (K & 1) row[K] = 0;
     }
     float xs = x_float ? *(const float *)xp : 1.0f, inv = 1.0f / xs;

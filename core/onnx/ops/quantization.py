@@ -21,6 +21,13 @@ QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the impor
 `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
 DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
 it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
+
+A backend that declares `quantized_conv2d` (cn.Wasm) has a convolution kernel of its own whose
+products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it the 8-bit
+x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit values (the
+importer then gives it that round trip's scale, x_scale), hands it float32 X, whose integers
+are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets float32
+sums * x_scale * w_scale + B.
 """
 
 import cinders as cn
