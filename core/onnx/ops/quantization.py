@@ -319,9 +319,7 @@ def kernel_conv(x, x_param, w, scale, zero_point, bias, group, auto_pad, dilatio
                 bias if bias is None else bias.cast(float32).reshape((-1,)))]
     out = x.backend.conv2d_quantized(x.handle, *handles, tuple(strides), tuple(zip(begins, ends)), tuple(dilations),
                                      group)
-    oh, ow = [(x.shape[d + 2] + begins[d] + ends[d] - dilations[d] * (kernel[d] - 1) - 1) // strides[d] + 1
-              for d in (0, 1)]
-    return Tensor(x.backend, out, (x.shape[0], w.shape[0], oh, ow), int32 if scale is None else float32)
+    return Tensor(x.backend, out, x.backend.shape(out), int32 if scale is None else float32)
 
 
 def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
