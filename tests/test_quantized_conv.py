@@ -169,3 +169,18 @@ def test_quantized_conv_weights_stay_8_bit_in_the_heap(cnn):
     float_bytes, _ = _resident_bytes(wasm, open(cnn["f32"], "rb").read())
     int8_bytes, _ = _resident_bytes(wasm, open(cnn["qdq"], "rb").read())
     assert int8_bytes < 0.35 * float_bytes, (int8_bytes, float_bytes)
+
+
+@pytest.mark.parametrize("variant", ["dynamic", "qdq"])
+def test_captured_quantized_cnn_replays_the_same_answer(cnn, variant):
+    """cn.capture replays conv2d_quantized like any other kernel (its scratch, the activations'
+    quantization and the weights it reads in place)."""
+    wasm = cn.Wasm()
+    model = load(cnn[variant], backend=wasm)
+    x = cn.tensor(np.random.default_rng(8).standard_normal(SHAPE).astype(np.float32), backend=wasm)
+    expected = model(x).numpy()
+    forward = cn.capture(model)
+    outs = [forward(x).numpy() for _ in range(4)]
+    assert forward.replays >= 1
+    for out in outs:
+        np.testing.assert_array_equal(out, expected)
