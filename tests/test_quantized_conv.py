@@ -30,12 +30,14 @@ def wasm(request):
 
 
 def _conv_integer(c, o, group, kernel, x_type, per_channel, **attrs):
-    """A one-node ConvInteger graph: 8-bit x (uint8 or int8 by x_type), int8 weight, zero points."""
+    """A one-node ConvInteger graph: 8-bit x (uint8 or int8 by x_type), int8 weight, zero points
+    (per_channel None: none)."""
     signed = x_type == onnx.TensorProto.INT8
-    inits = {"w": RNG.integers(-128, 128, (o, c // group) + kernel).astype(np.int8),
-             "xz": np.array(-3 if signed else 129, np.int8 if signed else np.uint8),
-             "wz": RNG.integers(-4, 4, o if per_channel else ()).astype(np.int8)}
-    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], group=group, **attrs)
+    inits = {"w": RNG.integers(-128, 128, (o, c // group) + kernel).astype(np.int8)}
+    if per_channel is not None:
+        inits.update(xz=np.array(-3 if signed else 129, np.int8 if signed else np.uint8),
+                     wz=RNG.integers(-4, 4, o if per_channel else ()).astype(np.int8))
+    node = helper.make_node("ConvInteger", ["x"] + list(inits), ["y"], group=group, **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", x_type, None)],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.INT32, None)],
                               [numpy_helper.from_array(v, n) for n, v in inits.items()])
@@ -56,6 +58,7 @@ CONV_CASES = {
     "1x1 stride 2, SAME_UPPER": (5, 7, 1, (1, 1), (6, 7), dict(strides=[2, 2], auto_pad="SAME_UPPER"), False,
                                  onnx.TensorProto.INT8),
     "long sum": (300, 3, 1, (3, 3), (3, 5), dict(pads=[1, 1, 1, 1]), False, onnx.TensorProto.UINT8),
+    "no zero points": (4, 6, 2, (2, 3), (6, 5), dict(strides=[1, 2]), None, onnx.TensorProto.UINT8),
 }
 
 
