@@ -79,23 +79,28 @@ static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
 }
 #endif
 static inline v128_t wasm_f32x4_div(v128_t a, v128_t b) { return (v128_t)((f32x4)a / (f32x4)b); }
-/* lane-wise with WebAssembly's rules: min/max propagate NaN, nearest rounds half to even,
- * trunc_sat saturates (NaN -> 0), narrow saturates to int16 */
-#define LANES4(EXPR) do { for (int l = 0; l < 4; l++) r[l] = (EXPR); } while (0)
+/* with WebAssembly's rules, on whole vectors (branch-free lane masks): min/max propagate NaN
+ * (as a + b does) and order -0 < +0 (equal lanes: the AND / OR of their bits), nearest rounds
+ * half to even, trunc_sat saturates (NaN -> 0) */
 static inline v128_t wasm_f32x4_max(v128_t a, v128_t b) {
-    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(max_f32(x[l], y[l])); return (v128_t)r;
+    f32x4 x = (f32x4)a, y = (f32x4)b;
+    v128_t gt = (v128_t)(x > y), lt = (v128_t)(x < y), eq = (v128_t)(x == y);
+    return (gt & a) | (lt & b) | (eq & a & b) | (~(gt | lt | eq) & (v128_t)(x + y));
 }
 static inline v128_t wasm_f32x4_min(v128_t a, v128_t b) {
-    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(min_f32(x[l], y[l])); return (v128_t)r;
+    f32x4 x = (f32x4)a, y = (f32x4)b;
+    v128_t gt = (v128_t)(x > y), lt = (v128_t)(x < y), eq = (v128_t)(x == y);
+    return (lt & a) | (gt & b) | (eq & (a | b)) | (~(gt | lt | eq) & (v128_t)(x + y));
 }
 static inline v128_t wasm_f32x4_nearest(v128_t a) {
-    f32x4 x = (f32x4)a, r; LANES4(__builtin_rintf(x[l])); return (v128_t)r;
+    return (v128_t)__builtin_elementwise_roundeven((f32x4)a);
 }
 static inline v128_t wasm_i32x4_trunc_sat_f32x4(v128_t a) {
-    f32x4 x = (f32x4)a; v128_t r;
-    LANES4(x[l] != x[l] ? 0 : x[l] >= 2147483648.0f ? INT32_MAX : x[l] <= -2147483648.0f ? INT32_MIN
-           : (int32_t)x[l]);
-    return r;
+    f32x4 x = (f32x4)a;
+    v128_t high = (v128_t)(x >= 2147483648.0f), low = (v128_t)(x <= -2147483648.0f);
+    v128_t inside = (v128_t)(x > -2147483648.0f) & (v128_t)(x < 2147483648.0f);   /* (NaN: none) */
+    v128_t r = __builtin_convertvector((f32x4)(a & inside), v128_t) & inside;
+    return r | (high & INT32_MAX) | (low & INT32_MIN);
 }
 static inline v128_t wasm_i16x8_narrow_i32x4(v128_t a, v128_t b) {
     i16x8 r;
