@@ -35,6 +35,7 @@ max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
     python benchmarks/quantized.py --backend numpy,wasm,wgpu,ort --models bert
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
     python benchmarks/quantized.py --tab                    # cn.Wasm() in the tab vs ORT Web (WASM EP)
+    python benchmarks/quantized.py --backend wasm,ort --wasm-engine wasmtime   # the tab's .wasm module
 """
 
 import argparse
@@ -135,11 +136,11 @@ class _Calibration:
 
 
 
-def _backend(stack):
+def _backend(stack, wasm_engine=None):
     if stack == "numpy":
         return cn.NumPy()
     if stack == "wasm":
-        return cn.Wasm()
+        return cn.Wasm(engine=wasm_engine)
     return cn.Wgpu()
 
 
@@ -154,9 +155,9 @@ def _memory(stack, backend):
     return tracemalloc.get_traced_memory()[0]
 
 
-def cinders_runner(stack, path, feeds):
+def cinders_runner(stack, path, feeds, wasm_engine=None):
     """({memory_bytes, device}, run) of the model at path loaded on `stack`; run() -> output."""
-    backend = _backend(stack)
+    backend = _backend(stack, wasm_engine)
     if stack == "wgpu":
         backend.synchronize()
         backend.empty_cache()
@@ -172,6 +173,9 @@ def cinders_runner(stack, path, feeds):
         out = model(*inputs)
         return (out[0] if isinstance(out, (tuple, list)) else out).numpy()
     device = backend.device.name if stack == "wgpu" else stack
+    if stack == "wasm":
+        from cinders.wasm.engines import default_engine_name
+        device = "wasm-%s" % (wasm_engine or default_engine_name())
     return {"memory_bytes": held, "device": device}, run
 
 
@@ -339,6 +343,8 @@ def main():
     parser.add_argument("--tab", action="store_true",
                         help="cn.Wasm() in headless Chromium's /onnx/ page against ORT Web's WASM EP "
                              "(instead of the desktop stacks of --backend)")
+    parser.add_argument("--wasm-engine", default=None,
+                        help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
     stacks = [s for s in args.backend.split(",") if s]
     variants = (args.variants or ("f32,q8_dynamic" if args.tab else ",".join(VARIANTS))).split(",")
@@ -354,7 +360,7 @@ def main():
             path = quantized_file(src, variant, feeds)
             for stack in ["ort"] + [s for s in stacks if s != "ort"]:   # onnxruntime: the reference
                 try:
-                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds)
+                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds, args.wasm_engine)
                 except cn.CindersError as e:   # a graph this stack refuses: say so, go on
                     print(json.dumps({"bench": "quantized", "model": name, "variant": variant,
                                       "stack": stack, "error": str(e)[:300]}), flush=True)

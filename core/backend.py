@@ -169,6 +169,16 @@ elsewhere reads these flags (never hasattr or class names):
                        (C float32, scaled per block) or int32 (scale None: C int32, exact
                        integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
                        where the backend declares it, and compose the same result elsewhere.
+    quantized_conv2d   conv2d_quantized(x, x_param, q, scale, zero_point, bias, stride, padding,
+                       dilation, groups) -> (N, O, OH, OW): a 2-D convolution whose products
+                       are integers (8-bit values minus their zero points, exact int32 sums):
+                       x (N, C, H, W) int32 minus x_param (its zero point: int32 shape () or
+                       None), or float32 whose integers are round(x / x_param) (x_param: its
+                       float32 scale, shape (); a QDQ graph's dequantized activation); q the
+                       8-bit weight (O, C/groups, kh, kw) minus zero_point (None, 1 or O
+                       values); scale None gives the int32 sums, else (float32 x, 1 or O
+                       values) float32 sums * x_scale * scale[o] + bias[o] (bias None or (O,));
+                       padding ((top, bottom), (left, right)). Contiguous handles.
     dynamic_quantize   dynamic_quantize(x) -> (y, scale, zero_point): ONNX DynamicQuantizeLinear
                        of float32 x in one kernel, y int32 (0..255) shaped like x, scale
                        float32 and zero_point int32 of shape (); the same float32 arithmetic
@@ -309,6 +319,7 @@ class Backend:
     storage_dtypes = ()
     quantized_matmul = False  # matmul_quantized(a, q, scale, zero_point, layout), see above
     dynamic_quantize = False  # dynamic_quantize(x) -> (y, scale, zero_point), see above
+    quantized_conv2d = False  # conv2d_quantized(x, x_param, q, scale, zero_point, ...), see above
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

@@ -18,8 +18,10 @@ from cinders.wasm.engines import WasmEngineError
 # kernel table that multiplies by accident. Issue 28's q8 and float16 work took it to 160.4 KiB:
 # +4.2 KiB for the exact integer product on i32x4.dot_i16x8 (mm_pairs, fill_pairs with its SIMD
 # interleave, the packing of A), +0.7 KiB for DynamicQuantizeLinear in one kernel, +4.7 KiB for
-# float16 storage (its copy, the two casts to and from float32, its gather).
-MODULE_BUDGET = 161 * 1024
+# float16 storage (its copy, the two casts to and from float32, its gather). Quantized
+# convolutions as integer kernels took it to 165.6 KiB: +5.1 KiB for conv2d_quantized (the
+# centring of image and weight into int16, the pixel panels' gather, the float epilogue).
+MODULE_BUDGET = 166 * 1024
 
 
 @pytest.fixture(scope="module")

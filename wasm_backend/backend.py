@@ -223,6 +223,9 @@ class Wasm(Backend):
     quantized_matmul = True
     # ... and the activations' DynamicQuantizeLinear is one kernel (runtime.h dynamic_quantize_f32)
     dynamic_quantize = True
+    # ... and quantized 2-D convolutions read the 8-bit weight in place and multiply on the
+    # integer kernel of matmul_quantized (runtime.h conv2d_quantized)
+    quantized_conv2d = True
 
     def __init__(self, engine=None):
         if engine is None or isinstance(engine, str):
@@ -613,6 +616,34 @@ class Wasm(Backend):
                                 int(bias is not None), _ACTIVATION_CODES[activation], panel))
             b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)
             self._run("conv2d_f32", out, x, w, b, scratch, g)
+        return out
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        """A convolution whose products are integers, on runtime.h conv2d_quantized (core/backend.py,
+        "quantized_conv2d")."""
+        x, q = self._contiguous(x), self._contiguous(q)
+        (n, c, h, wd), (o, cg, kh, kw) = x.shape, q.shape
+        (pt, pb), (pl, pr) = padding
+        oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
+        out = self._new((n, o, oh, ow), dtypes.int32 if scale is None else dtypes.float32)
+        if not numel(out.shape):
+            return out
+        pairs = (cg * kh * kw + 1) // 2
+        # output pixels per panel: a multiple of 8 whose int16 columns fill at most CONV_PANEL_BYTES
+        panel = min((oh * ow + 7) & ~7, max(8, CONV_PANEL_BYTES // (4 * pairs) & ~7))
+        image = c * h * wd + (c * h * wd & 1)
+        shorts = image + o * 2 * pairs + 2 * pairs * panel + 2 * (o // groups) * panel
+        scratch = self._new(((shorts + 1) // 2,), dtypes.int32)
+        zero_point = None if zero_point is None else self._contiguous(zero_point)
+        g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups, panel,
+                            int(q.dtype is dtypes.int8), _ZP_CODE[None if zero_point is None else zero_point.dtype],
+                            int(zero_point is not None and numel(zero_point.shape) > 1),
+                            int(scale is not None and numel(scale.shape) > 1), int(x.dtype is dtypes.float32),
+                            int(bias is not None), int(x_param is not None and x.dtype is dtypes.int32),
+                            int(scale is not None)))
+        self._run("conv2d_quantized", out, x, 0 if x_param is None else self._contiguous(x_param), q,
+                  0 if scale is None else self._contiguous(scale), 0 if zero_point is None else zero_point,
+                  0 if bias is None else self._contiguous(bias), scratch, g)
         return out
 
     # -- the optional recurrent primitives (core/backend.py) ------------------------------------

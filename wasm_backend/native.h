@@ -68,28 +68,39 @@ static inline v128_t wasm_i32x4_add(v128_t a, v128_t b) {
     return (v128_t)((uint32_t __attribute__((vector_size(16))))a +
                     (uint32_t __attribute__((vector_size(16))))b);
 }
+#ifdef __SSE2__   /* pmaddwd is i32x4.dot_i16x8_s */
+static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
+    return (v128_t)__builtin_ia32_pmaddwd128((i16x8)a, (i16x8)b);
+}
+#else
 static inline v128_t wasm_i32x4_dot_i16x8(v128_t a, v128_t b) {
     i32x8 p = __builtin_convertvector((i16x8)a, i32x8) * __builtin_convertvector((i16x8)b, i32x8);
     return __builtin_shufflevector(p, p, 0, 2, 4, 6) + __builtin_shufflevector(p, p, 1, 3, 5, 7);
 }
+#endif
 static inline v128_t wasm_f32x4_div(v128_t a, v128_t b) { return (v128_t)((f32x4)a / (f32x4)b); }
-/* lane-wise with WebAssembly's rules: min/max propagate NaN, nearest rounds half to even,
- * trunc_sat saturates (NaN -> 0), narrow saturates to int16 */
-#define LANES4(EXPR) do { for (int l = 0; l < 4; l++) r[l] = (EXPR); } while (0)
+/* with WebAssembly's rules, on whole vectors (branch-free lane masks): min/max propagate NaN
+ * (as a + b does) and order -0 < +0 (equal lanes: the AND / OR of their bits), nearest rounds
+ * half to even, trunc_sat saturates (NaN -> 0) */
 static inline v128_t wasm_f32x4_max(v128_t a, v128_t b) {
-    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(max_f32(x[l], y[l])); return (v128_t)r;
+    f32x4 x = (f32x4)a, y = (f32x4)b;
+    v128_t gt = (v128_t)(x > y), lt = (v128_t)(x < y), eq = (v128_t)(x == y);
+    return (gt & a) | (lt & b) | (eq & a & b) | (~(gt | lt | eq) & (v128_t)(x + y));
 }
 static inline v128_t wasm_f32x4_min(v128_t a, v128_t b) {
-    f32x4 x = (f32x4)a, y = (f32x4)b, r; LANES4(min_f32(x[l], y[l])); return (v128_t)r;
+    f32x4 x = (f32x4)a, y = (f32x4)b;
+    v128_t gt = (v128_t)(x > y), lt = (v128_t)(x < y), eq = (v128_t)(x == y);
+    return (lt & a) | (gt & b) | (eq & (a | b)) | (~(gt | lt | eq) & (v128_t)(x + y));
 }
 static inline v128_t wasm_f32x4_nearest(v128_t a) {
-    f32x4 x = (f32x4)a, r; LANES4(__builtin_rintf(x[l])); return (v128_t)r;
+    return (v128_t)__builtin_elementwise_roundeven((f32x4)a);
 }
 static inline v128_t wasm_i32x4_trunc_sat_f32x4(v128_t a) {
-    f32x4 x = (f32x4)a; v128_t r;
-    LANES4(x[l] != x[l] ? 0 : x[l] >= 2147483648.0f ? INT32_MAX : x[l] <= -2147483648.0f ? INT32_MIN
-           : (int32_t)x[l]);
-    return r;
+    f32x4 x = (f32x4)a;
+    v128_t high = (v128_t)(x >= 2147483648.0f), low = (v128_t)(x <= -2147483648.0f);
+    v128_t inside = (v128_t)(x > -2147483648.0f) & (v128_t)(x < 2147483648.0f);   /* (NaN: none) */
+    v128_t r = __builtin_convertvector((f32x4)(a & inside), v128_t) & inside;
+    return r | (high & INT32_MAX) | (low & INT32_MIN);
 }
 static inline v128_t wasm_i16x8_narrow_i32x4(v128_t a, v128_t b) {
     i16x8 r;
@@ -287,6 +298,78 @@ EXPORT(arena_commit) int arena_commit(unsigned char *base, size_t bytes) {
 EXPORT(arena_release) void arena_release(unsigned char *base) {
     munmap(base - GUARD_BYTES, ARENA_BYTES + 2 * GUARD_BYTES);
 }
+
+/* -- the integer product at the host's vector width ------------------------------------------
+ * runtime.h's mm_pairs on 256-bit vectors where the CPU has AVX2: vpmaddwd multiplies 16 int16
+ * pairs and adds them two by two into 8 int32 lanes (i32x4.dot_i16x8_s twice over; sums wrap),
+ * six rows by 16 columns per tile (12 accumulators, 2 panel vectors, a broadcast). Same
+ * signature and (exact) results. */
+#ifdef __AVX2__
+#define NATIVE_PAIRS
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+static inline i16x16 load16x16(const short *p) { i16x16 v; memcpy(&v, p, 32); return v; }
+static inline u32x8 dot16x16(int32_t pair, i16x16 b) {
+    i32x8 x = {pair, pair, pair, pair, pair, pair, pair, pair};
+    return (u32x8)__builtin_ia32_pmaddwd256((i16x16)x, b);
+}
+#define MM_PAIRS_ROWS(R)                                                                     \
+    static void mm_pairs_##R(int *o, const int *a, const short *b, int K2, int N, int ldo) { \
+        int j = 0;                                                                           \
+        for (; j + 16 <= N; j += 16) {                                                       \
+            u32x8 c0[R], c1[R];                                                              \
+            for (int r = 0; r < R; r++) c0[r] = c1[r] = (u32x8){0};                          \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                i16x16 b0 = load16x16(bk), b1 = load16x16(bk + 16);                          \
+                for (int r = 0; r < R; r++) {                                                \
+                    c0[r] += dot16x16(a[r * K2 + k], b0);                                    \
+                    c1[r] += dot16x16(a[r * K2 + k], b1);                                    \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < R; r++) {                                                    \
+                memcpy(o + r * ldo + j, &c0[r], 32);                                         \
+                memcpy(o + r * ldo + j + 8, &c1[r], 32);                                     \
+            }                                                                                \
+        }                                                                                    \
+        for (; j + 8 <= N; j += 8) {                                                         \
+            u32x8 c[R];                                                                      \
+            for (int r = 0; r < R; r++) c[r] = (u32x8){0};                                   \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                i16x16 b0 = load16x16(bk);                                                   \
+                for (int r = 0; r < R; r++) c[r] += dot16x16(a[r * K2 + k], b0);             \
+            }                                                                                \
+            for (int r = 0; r < R; r++) memcpy(o + r * ldo + j, &c[r], 32);                  \
+        }                                                                                    \
+        for (; j < N; j += 4) {   /* (N % 4 == 0: the last 4 columns, 128 bits) */            \
+            v128_t c[R];                                                                     \
+            for (int r = 0; r < R; r++) c[r] = wasm_i32x4_splat(0);                          \
+            const short *bk = b + 2 * j;                                                     \
+            K_LOOP for (int k = 0; k < K2; k++, bk += 2 * N) {                               \
+                v128_t b0 = wasm_v128_load(bk);                                              \
+                for (int r = 0; r < R; r++)                                                  \
+                    c[r] = wasm_i32x4_add(c[r], wasm_i32x4_dot_i16x8(wasm_i32x4_splat(a[r * K2 + k]), b0)); \
+            }                                                                                \
+            for (int r = 0; r < R; r++) wasm_v128_store(o + r * ldo + j, c[r]);              \
+        }                                                                                    \
+    }
+MM_PAIRS_ROWS(6)
+MM_PAIRS_ROWS(4)
+MM_PAIRS_ROWS(2)
+MM_PAIRS_ROWS(1)
+
+/* o (M, nn) int32 (rows ldo apart) = a16 (M, 2 * K2) @ the (K2, nn, 2) panel; nn % 4 == 0 */
+static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2, int nn,
+                     int ldo) {
+    const int *a = (const int *)a16;   /* (k, k+1) pairs as one int32 each */
+    int i = 0;
+    for (; i + 6 <= M; i += 6) mm_pairs_6(o + i * ldo, a + i * K2, panel, K2, nn, ldo);
+    if (i + 4 <= M) { mm_pairs_4(o + i * ldo, a + i * K2, panel, K2, nn, ldo); i += 4; }
+    if (i + 2 <= M) { mm_pairs_2(o + i * ldo, a + i * K2, panel, K2, nn, ldo); i += 2; }
+    if (i < M) mm_pairs_1(o + i * ldo, a + i * K2, panel, K2, nn, ldo);
+}
+#endif
 
 /* -- entries: every kernel runs under one of these (the arena set, traps caught) ---------- */
 void run_commands(const int *c, int n);

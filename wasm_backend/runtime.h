@@ -514,6 +514,7 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
 /* (unrolled, so that the accumulators live in registers: the build says -fno-unroll-loops) */
 #define ROWS_LOOP _Pragma("clang loop unroll(full)")
 
+#ifndef NATIVE_PAIRS  /* (native.h: the same tiles at the host's vector width) */
 /* ROWS (4 or 1) rows of o (rows ldo apart) = a's pairs (rows K2 apart) @ the panel's N columns
  * (N a multiple of 4): 8 columns per step, then 4 */
 static inline __attribute__((always_inline)) void
@@ -554,6 +555,7 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
     for (; i + 4 <= M; i += 4) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 4, K2, nn, ldo);
     for (; i < M; i++) mm_pairs_rows(o + i * ldo, a + i * K2, panel, 1, K2, nn, ldo);
 }
+#endif
 
 /* a16 (M, K2 * 2) <- a (M, K) int32, 0 past K; 0 when a value does not fit int16 (then the
  * product takes the general int32 loop) */
@@ -854,6 +856,108 @@ EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, con
                     plane[i] = v >= 6.0f ? 6.0f : v;
                 }
         }
+    }
+}
+
+/* -- quantized conv2d: the integer products of matmul_quantized, without an im2col matrix --- */
+/* g = [N, C, H, W, O, kh, kw, sh, sw, pt, pl, dh, dw, OH, OW, groups, panel, q_signed, z_code,
+ *      z_per_channel, s_per_channel, x_float, has_bias, has_x_zero_point, scaled]
+ * (flags, not null pointers: the native build's address 0 is its arena's start)
+ * x (N, C, H, W): int32 minus its zero point (*xp, where has_x_zero_point), or (x_float) float32 whose
+ * integers are rint(x / *xp) (a QDQ graph's dequantized activation, *xp its scale); q (O,
+ * C/groups, kh, kw) the 8-bit weight minus z (z_code as matmul_quantized's: 0 none, 1 int8,
+ * 2 uint8, 3 int32; one value or one per output channel). Every difference is an 8-bit
+ * value's minus its zero point (|v| <= 255): the image is centred into int16 once, the weight
+ * into (O, K2) int16 pairs, and `panel` output pixels at a time have their columns gathered
+ * into a (K2, panel, 2) int16 panel that mm_pairs multiplies by the group's weight pairs
+ * straight into the output (a last panel of fewer than a multiple of 4 pixels: through
+ * `tile`). out (N, O, OH, OW): not scaled, the exact int32 sums (ConvInteger; wrapping as
+ * int32 sums do); else float32 sums * xs * s[oc] (+ bias[oc]).
+ * scratch (int16): the centred image C*H*W (rounded up to 2), the weight pairs O*2*K2, the
+ * panel 2*K2*panel, the tile og*panel int32. */
+static void qconv_gather(short *dst, const short *img, int p0, int pn, int H, int W, int i,
+                         int j, int sh, int sw, int pt, int pl, int dh, int dw, int OW) {
+    int shift = j * dw - pl;  /* as in conv_panel: [lo, hi) reads the image */
+    int lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+    int hi = W - 1 - shift < 0 ? 0 : (W - 1 - shift) / sw + 1;
+    if (hi > OW) hi = OW;
+    for (int p = p0, q = 0; q < pn;) {   /* dst's pixel q at dst[2 * q] (one of a pair) */
+        int oy = p / OW, a = p % OW, b = OW - a < pn - q ? OW : a + pn - q;
+        short *d = dst + 2 * (q - a);
+        int iy = oy * sh - pt + i * dh, from = a > lo ? a : lo, to = b < hi ? b : hi;
+        if (iy < 0 || iy >= H) from = to = b;
+        for (int ox = a; ox < from && ox < b; ox++) d[2 * ox] = 0;
+        const short *src = img + iy * W + shift;
+        if (sw == 1)
+            for (int ox = from; ox < to; ox++) d[2 * ox] = src[ox];
+        else
+            for (int ox = from; ox < to; ox++) d[2 * ox] = src[ox * sw];
+        for (int ox = to > a ? to : a; ox < b; ox++) d[2 * ox] = 0;
+        q += b - a;
+        p += b - a;
+    }
+}
+
+EXPORT(conv2d_quantized) void conv2d_quantized(void *o, const void *x, const void *xp,
+                                               const void *q, const float *s, const void *z,
+                                               const float *bias, short *scratch, const int *g) {
+    int N = g[0], C = g[1], H = g[2], W = g[3], O = g[4], kh = g[5], kw = g[6], sh = g[7];
+    int sw = g[8], pt = g[9], pl = g[10], dh = g[11], dw = g[12], OH = g[13], OW = g[14];
+    int groups = g[15], panel = g[16], q_signed = g[17], z_code = g[18], z_each = g[19];
+    int s_each = g[20], x_float = g[21], has_bias = g[22], has_xz = g[23], scaled = g[24];
+    int cg = C / groups, og = O / groups, L = OH * OW, K = cg * kh * kw, K2 = (K + 1) / 2;
+    int HW = H * W, CHW = C * HW;
+    short *img = scratch, *wpairs = img + CHW + (CHW & 1), *pan = wpairs + O * 2 * K2;
+    int *tile = (int *)(pan + 2 * K2 * panel);
+    for (int oc = 0; oc < O; oc++) {   /* the weight, centred, as (k, k+1) pairs */
+        int ze = z_each ? oc : 0;
+        int zp = z_code == 3 ? ((const int *)z)[ze] : z_code ? q_at(z, ze, 8, z_code == 1) : 0;
+        short *row = wpairs + oc * 2 * K2;
+        const signed char *qs = (const signed char *)q + oc * K;
+        int mask = q_signed ? -1 : 0xFF;   /* (one loop for int8 and uint8, as fill_pairs) */
+        for (int k = 0; k < K; k++) row[k] = (short)((qs[k] & mask) - zp);
+        if (K & 1) row[K] = 0;
+    }
+    float xs = x_float ? *(const float *)xp : 1.0f, inv = 1.0f / xs;
+    int xz = has_xz ? *(const int *)xp : 0;
+    for (int n = 0; n < N; n++) {
+        if (x_float) {
+            const float *xf = (const float *)x + n * CHW;
+            for (int e = 0; e < CHW; e++) img[e] = (short)(int)__builtin_rintf(xf[e] * inv);
+        } else {
+            const int *xi = (const int *)x + n * CHW;
+            for (int e = 0; e < CHW; e++) img[e] = (short)(xi[e] - xz);
+        }
+        int *out = (int *)o + n * O * L;
+        for (int grp = 0; grp < groups; grp++)
+            for (int p0 = 0; p0 < L; p0 += panel) {
+                int pn = L - p0 < panel ? L - p0 : panel, pn4 = (pn + 3) & ~3;
+                int k = 0;
+                for (int c = 0; c < cg; c++)
+                    for (int i = 0; i < kh; i++)
+                        for (int j = 0; j < kw; j++, k++)
+                            qconv_gather(pan + (k >> 1) * 2 * pn4 + (k & 1),
+                                         img + (grp * cg + c) * HW, p0, pn, H, W, i, j, sh, sw,
+                                         pt, pl, dh, dw, OW);
+                if (K & 1)
+                    for (int t = 0; t < pn; t++) pan[(K >> 1) * 2 * pn4 + 2 * t + 1] = 0;
+                const short *w = wpairs + grp * og * 2 * K2;
+                int *dst = out + grp * og * L + p0;
+                if (pn4 == pn) {
+                    mm_pairs(dst, w, pan, og, K2, pn4, L);
+                } else {   /* (the columns past pn hold whatever the panel held: not stored) */
+                    mm_pairs(tile, w, pan, og, K2, pn4, pn4);
+                    for (int r = 0; r < og; r++)
+                        for (int t = 0; t < pn; t++) dst[r * L + t] = tile[r * pn4 + t];
+                }
+            }
+        if (scaled)
+            for (int oc = 0; oc < O; oc++) {
+                float m = xs * s[s_each ? oc : 0], b = has_bias ? bias[oc] : 0.0f;
+                int *acc = out + oc * L;
+                float *plane = (float *)acc;
+                for (int e = 0; e < L; e++) plane[e] = (float)acc[e] * m + b;
+            }
     }
 }
 

@@ -21,6 +21,13 @@ QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the impor
 `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
 DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
 it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
+
+A backend that declares `quantized_conv2d` (cn.Wasm) has a convolution kernel of its own whose
+products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it the 8-bit
+x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit values (the
+importer then gives it that round trip's scale, x_scale), hands it float32 X, whose integers
+are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets float32
+sums * x_scale * w_scale + B.
 """
 
 import cinders as cn
@@ -290,9 +297,41 @@ def quantized_conv_applies(x, w, group, scale=None, block_size=0, axis=0):
         (not _per_channel(scale) or _axis(axis, 4) == 0)
 
 
-def integer_conv(x, w, w_zero_point, group, **conv_args):
-    """The exact int32 convolution of centered x (float32) with 8-bit w minus its zero point (one or
-    one per output channel): in the kernel where w is a packed weight, else exact_conv."""
+def conv_kernel_applies(x, w, zero_point=None, scale=None, block_size=0, axis=0):
+    """True where the backend's conv2d_quantized computes this convolution (core/backend.py
+    "quantized_conv2d"; any group): a 2-D convolution of an 8-bit weight held on x's backend
+    whose scale and zero point are one value or one per output channel (axis 0)."""
+    per_channel = _per_channel(scale) or _per_channel(zero_point)
+    return x.backend.quantized_conv2d and w.ndim == 4 and w.dtype in (int8, uint8) and w.backend is x.backend \
+        and not block_size and (not per_channel or _axis(axis, 4) == 0)
+
+
+def kernel_conv(x, x_param, w, scale, zero_point, bias, group, auto_pad, dilations, kernel_shape, pads, strides):
+    """The backend's conv2d_quantized (core/backend.py): int32 x minus x_param (its zero point)
+    and no scale give the exact int32 sums; float32 x whose integers are x / x_param (its
+    scale) and W's scale give the float32 convolution (+ bias)."""
+    kernel = list(w.shape[2:])
+    strides, dilations = strides or [1, 1], dilations or [1, 1]
+    begins, ends = _spatial_pads(x.shape, kernel, strides, dilations, pads, auto_pad)
+    handles = [None if t is None else t.handle for t in
+               (x_param, w, scale if scale is None else scale.cast(float32).reshape((-1,)),
+                zero_point if zero_point is None else zero_point.reshape((-1,)),
+                bias if bias is None else bias.cast(float32).reshape((-1,)))]
+    out = x.backend.conv2d_quantized(x.handle, *handles, tuple(strides), tuple(zip(begins, ends)), tuple(dilations),
+                                     group)
+    return Tensor(x.backend, out, x.backend.shape(out), int32 if scale is None else float32)
+
+
+def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
+    """The exact int32 convolution of 8-bit x minus its zero point (one value) with 8-bit w minus
+    its zero point (one or one per output channel): in the backend's integer conv kernel, else
+    on the packed weight through matmul_quantized, else exact_conv."""
+    xzp = None if x_zero_point is None else x_zero_point.reshape(())
+    if conv_kernel_applies(x, w, w_zero_point):
+        return kernel_conv(x.cast(int32), None if xzp is None else xzp.cast(int32), w, None, w_zero_point, None,
+                           group, **conv_args)
+    # x - x_zero_point is padded with 0: the same as padding x with its zero point, as ONNX says
+    x = centered(x, xzp)
     if quantized_conv_applies(x, w, group):
         zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
         return quantized_conv(x, w, None, zp, **conv_args)
@@ -342,10 +381,8 @@ def _channel_param(p, ndim):
 @op()
 def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
                 kernel_shape=None, pads=None, strides=None):
-    # x - x_zero_point is padded with 0: the same as padding x with its zero point, as ONNX says
-    xzp = None if x_zero_point is None else x_zero_point.reshape(())
-    return integer_conv(centered(x, xzp), w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
-                                                                                  pads, strides))
+    return integer_conv(x, x_zero_point, w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
+                                                                                pads, strides))
 
 
 def requantize(acc, multiplier, zero_point, out_type, op_name):
@@ -366,7 +403,7 @@ def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
 def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
                 input_types=None):
-    acc = integer_conv(centered(x, x_zero_point.reshape(())), w, w_zero_point, group,
+    acc = integer_conv(x, x_zero_point, w, w_zero_point, group,
                        **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
     if B is not None:
         acc = acc + _channel_param(B, x.ndim - 1)
@@ -381,9 +418,15 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
 # nodes did.
 
 @op(domain=JOINED)
-def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, axis=1, block_size=0, output_dtype=0,
+def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """x_scale: where X is a QDQ activation (codegen `quantized_conv_inputs`: X = (q - zp) *
+    x_scale with q 8-bit), its scale: X / x_scale are then integers and the backend's integer
+    conv kernel computes the convolution."""
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
+    if x_scale is not None and X.dtype is float32 and \
+            conv_kernel_applies(X, W, w_zero_point, w_scale, block_size, axis):
+        return kernel_conv(X, x_scale.reshape(()).cast(float32), W, w_scale, w_zero_point, B, group, **conv_args)
     if X.dtype is not float32 or not quantized_conv_applies(X, W, group, w_scale, block_size, axis):
         return Conv(X, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), B, group=group, **conv_args)
     out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
