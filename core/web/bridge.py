@@ -91,7 +91,7 @@ async def read_async(t):
     return await reader(t.handle) if reader is not None else t.backend.to_flat(t.handle)
 
 
-def _result(logits):
+def answer(logits):
     """One image's answer from its logits (Python floats)."""
     top = max(logits)
     exps = [math.exp(v - top) for v in logits]
@@ -144,7 +144,7 @@ class Predictor:
 
     @staticmethod
     def _results(flat, n, classes):
-        return [_result([float(v) for v in flat[i * classes:(i + 1) * classes]]) for i in range(n)]
+        return [answer([float(v) for v in flat[i * classes:(i + 1) * classes]]) for i in range(n)]
 
     async def predict_batch(self, pixels, n):
         logits = self._forward(pixels, n)
@@ -159,7 +159,7 @@ class Predictor:
         scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
         logits = self._forward(pixels, 1)
         # (to_flat gives Python floats: one image's logits are the row as it is)
-        return _result(logits.backend.to_flat(logits.handle))
+        return answer(logits.backend.to_flat(logits.handle))
 
 
 async def load_model(data, name="model.safetensors"):
