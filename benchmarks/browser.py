@@ -23,7 +23,9 @@ measuring
 and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' time goes:
 Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
 for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
-for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes).
+for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes; and one
+captured predict piece by piece, `captured_*_us`: input, replay, the kernels inside it, read,
+answer, the whole predict_now and the page's whole predict, each timed in batches of 20 calls).
 --cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
