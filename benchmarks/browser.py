@@ -23,7 +23,9 @@ measuring
 and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' time goes:
 Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
 for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
-for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes).
+for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes; and one
+captured predict piece by piece, `captured_*_us`: input, replay, the kernels inside it, read,
+answer, the whole predict_now and the page's whole predict, each timed in batches of 20 calls).
 --cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
@@ -227,7 +229,49 @@ if device is not None:
     del device._replay
     captured.sort()
 cap = captured[len(captured) // 2] if captured else (0.0, 0.0, 0.0)
-{"python_ms": python_s * 1e3, "gpu_wait_and_readback_ms": wait_s * 1e3,
+# cn.Wasm(): one warm predict_now (what the page's predict runs) piece by piece, each timed over
+# batches of 20 calls (the isolated page's timer ticks in 5 us), median of the batches, in us.
+wasm_split = {}
+if engine is not None:
+    from cinders.web import bridge
+    def per_call_us(f, batches=15, n=20):
+        times = []
+        for _ in range(batches):
+            t = time.perf_counter()
+            for _ in range(n):
+                f()
+            times.append((time.perf_counter() - t) / n)
+        times.sort()
+        return round(times[len(times) // 2] * 1e6, 1)
+    import js
+    page_pixels = js.Float32Array.new(PIXELS)  # what the page hands predict_now
+    shape = (1,) + predictor.input_shape
+    x = cn.Tensor(backend, backend.from_flat(pixels, shape, cn.float32), shape, cn.float32)
+    for _ in range(4):
+        predictor.forward(x)
+    y = predictor.forward(x)
+    row = backend.to_flat(y.handle)
+    wasm_split = {
+        "captured_predict_now_us": per_call_us(lambda: predictor.predict_now(page_pixels)),
+        "captured_input_us": per_call_us(lambda: cn.Tensor(backend, backend.from_flat(pixels, shape, cn.float32), shape, cn.float32)),
+        "captured_replay_us": per_call_us(lambda: predictor.forward(x)),
+        "captured_read_us": per_call_us(lambda: backend.to_flat(y.handle)),
+        "captured_answer_us": per_call_us(lambda: bridge.answer(list(row))),
+    }
+    # the replay's time inside the module (its run_commands call: the kernels), median per replay
+    plain_call, in_module = engine.call, []
+    def timed_call(name, *args):
+        t = time.perf_counter()
+        out = plain_call(name, *args)
+        in_module.append(time.perf_counter() - t)
+        return out
+    engine.call = timed_call
+    for _ in range(60):
+        predictor.forward(x)
+    del engine.call
+    in_module.sort()
+    wasm_split["captured_kernels_us"] = round(in_module[len(in_module) // 2] * 1e6, 1)
+{**wasm_split, "python_ms": python_s * 1e3, "gpu_wait_and_readback_ms": wait_s * 1e3,
  "dispatches": counts["dispatches"] // REPEATS,
  "python_us_per_dispatch": python_s * 1e6 / max(1, counts["dispatches"] // REPEATS),
  "captured_python_ms": cap[0] * 1e3, "captured_js_call_ms": cap[1] * 1e3,
@@ -249,6 +293,17 @@ def cinders_split(page, pixels, repeats=5):
              const result = await py.runPythonAsync(code);
              const out = result.toJs({ dict_converter: Object.fromEntries });
              result.destroy();
+             if (window.cindersDemo.model.backend === "wasm") {
+               // the page's whole predict, JS included (as the captured_* pieces: batches of 20)
+               const model = window.cindersDemo.model, px = Float32Array.from(pixels), times = [];
+               for (let b = 0; b < 15; b++) {
+                 const t = performance.now();
+                 for (let i = 0; i < 20; i++) await model.predict(px);
+                 times.push((performance.now() - t) / 20);
+               }
+               times.sort((a, b) => a - b);
+               out.captured_page_predict_us = Math.round(times[7] * 10000) / 10;
+             }
              return out;
            }""", [PYTHON_SPLIT, pixels, repeats])
 

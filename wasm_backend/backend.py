@@ -344,6 +344,8 @@ class Wasm(Backend):
             values = [1 if v else 0 for v in values]
         if dtype is dtypes.float16:  # rounded on the host from the Python floats, as NumPy does
             data = dtypes.float16_bytes([float(v) for v in values])
+        elif values.__class__ is array and values.typecode == _ARRAY[dtype]:
+            data = values.tobytes()  # (the page's pixels: no element-wise copy first)
         else:
             data = array(_ARRAY[dtype], values).tobytes()
         if data:

@@ -104,6 +104,7 @@ class Program:
         self.ints = ints
         self.offsets = offsets
         self.written = None  # the ints last written to the block
+        self.bound = None    # the input addresses, seeds and copies they were written with
         self.block = None
         # The descriptors the commands read stay in the constant cache while this program lives.
         constants = {ptr for ptr, _ in backend.engine.constant_blocks}
@@ -199,46 +200,63 @@ class CommandRecorder:
 
     def replay(self, program, rebinds, patches, copies):
         """One run_commands call (one more per host-checked kernel): the program with inputs
-        rebound and seeds patched, then the output copies. program None: only the copies."""
-        backend = self.backend
-        tail = array("i")
-        for src, src_off, dst, dst_off, nbytes in copies:
-            desc = backend._descriptor((nbytes,), [[1], [1]])
-            tail.extend((self.commands.ids["copy_u8"], command_word(desc),
-                         command_word(dst.ptr + dst_off), command_word(src.ptr + src_off)))
+        rebound and seeds patched, then the output copies. program None: only the copies.
+        What varies between replays (input and output addresses, seeds) is compared with what
+        the program's block holds: a replay whose inputs and outputs sit where the last ones
+        did (a page predicting again and again) writes nothing before its one call."""
         if program is None:
+            tail = self._copy_commands(copies)
             self.commands.flush()
-            ints = tail
-        else:
+            block = _Block(self.heap, 4 * len(tail))
+            self.backend.engine.write(block.ptr, tail.tobytes())
+            self.backend.engine.call("run_commands", command_word(block.ptr), len(tail))
+            return
+        slots = program.slots
+        bound = [buffers[slot].ptr + offset
+                 for i, buffers in rebinds.items() for _, slot, offset in slots[i]]
+        bound += [data for _, data in patches]
+        # (a copy's descriptor too: the constant cache may have moved it since)
+        bound += [(src.ptr + src_off, dst.ptr + dst_off, self._copy_descriptor(nbytes))
+                  for src, src_off, dst, dst_off, nbytes in copies]
+        if bound != program.bound:
             ints = array("i", program.ints)
             for i, buffers in rebinds.items():
-                for position, slot, offset in program.slots[i]:
+                for position, slot, offset in slots[i]:
                     ints[position] = command_word(buffers[slot].ptr + offset)
             for offset, data in patches:
                 ints[offset // 4] = struct.unpack("<i", data)[0]
-            ints.extend(tail)
-            self.commands.flush()
-        if program is None or program.block is None or program.block.size < 4 * len(ints):
-            block = _Block(self.heap, 4 * len(ints))
-            if program is not None:
-                program.block, program.written = block, None
-        else:
-            block = program.block
-        if program is None or program.written != ints:
-            backend.engine.write(block.ptr, ints.tobytes())
-            if program is not None:
-                program.written = ints
-        call, start = backend.engine.call, 0
-        for position, name, count in (() if program is None else program.checked):
+            ints.extend(self._copy_commands(copies))
+            if program.block is None or program.block.size < 4 * len(ints):
+                program.block = _Block(self.heap, 4 * len(ints))
+            self.backend.engine.write(program.block.ptr, ints.tobytes())
+            program.written, program.bound = ints, bound
+        self.commands.flush()
+        ints, ptr = program.written, program.block.ptr
+        call, start = self.backend.engine.call, 0
+        for position, name, count in program.checked:
             if position > start:
-                call("run_commands", command_word(block.ptr + 4 * start), position - start)
-            args = ints[position + 1:position + 1 + count]
-            bad = call(name, *args)
+                call("run_commands", command_word(ptr + 4 * start), position - start)
+            bad = call(name, *ints[position + 1:position + 1 + count])
             if bad >= 0:
                 raise IndexingError("%s: an index is out of bounds (position %d of its index "
                                     "tensor) in a cn.capture replay" % (name.rsplit("_", 1)[0], bad))
             start = position + 1 + count
-        call("run_commands", command_word(block.ptr + 4 * start), len(ints) - start)
+        call("run_commands", command_word(ptr + 4 * start), len(ints) - start)
+
+    def _copy_commands(self, copies):
+        tail, copy_id = array("i"), self.commands.ids["copy_u8"]
+        for src, src_off, dst, dst_off, nbytes in copies:
+            tail.extend((copy_id, command_word(self._copy_descriptor(nbytes)),
+                         command_word(dst.ptr + dst_off), command_word(src.ptr + src_off)))
+        return tail
+
+    def _copy_descriptor(self, nbytes):
+        """The descriptor of a copy of nbytes bytes, kept with the backend's constants."""
+        constants, key = self.backend.engine.constants, ("copy_u8", nbytes)
+        desc = constants.get(key)
+        if desc is None:
+            desc = constants[key] = self.backend._descriptor((nbytes,), [[1], [1]])
+        return desc
 
 
 def _nbytes(h):

@@ -91,11 +91,12 @@ async def read_async(t):
     return await reader(t.handle) if reader is not None else t.backend.to_flat(t.handle)
 
 
-def _softmax(logits):
+def answer(logits):
+    """One image's answer from its logits (Python floats)."""
     top = max(logits)
     exps = [math.exp(v - top) for v in logits]
     total = sum(exps)
-    return [e / total for e in exps]
+    return {"class": logits.index(top), "logits": logits, "probabilities": [e / total for e in exps]}
 
 
 def _as_floats(pixels):
@@ -143,12 +144,7 @@ class Predictor:
 
     @staticmethod
     def _results(flat, n, classes):
-        results = []
-        for i in range(n):
-            row = [float(v) for v in flat[i * classes:(i + 1) * classes]]
-            results.append({"class": max(range(classes), key=row.__getitem__), "logits": row,
-                            "probabilities": _softmax(row)})
-        return results
+        return [answer([float(v) for v in flat[i * classes:(i + 1) * classes]]) for i in range(n)]
 
     async def predict_batch(self, pixels, n):
         logits = self._forward(pixels, n)
@@ -162,7 +158,8 @@ class Predictor:
         cn.Wasm()): a JS caller gets the result in the same task instead of after a
         scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
         logits = self._forward(pixels, 1)
-        return self._results(logits.backend.to_flat(logits.handle), 1, logits.shape[-1])[0]
+        # (to_flat gives Python floats: one image's logits are the row as it is)
+        return answer(logits.backend.to_flat(logits.handle))
 
 
 async def load_model(data, name="model.safetensors"):

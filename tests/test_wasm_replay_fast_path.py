@@ -1,0 +1,108 @@
+"""cn.capture's replay fast path on cn.Wasm(): the last signature is checked argument by argument
+(core/capture.py _LastCall), and a replay writes its program block only when an address in it
+changed (wasm_backend/capture.py). Anything else takes the generic path: never a stale program."""
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders import nn
+
+
+def _linear(backend, seed=0):
+    cn.manual_seed(seed)
+    lin = nn.Linear(6, 3).to(backend)
+    return lin, cn.capture(lambda x: lin(x).relu())
+
+
+def _x(backend, rng, shape=(2, 6), dtype=np.float32):
+    return cn.tensor(rng.standard_normal(shape).astype(dtype), backend=backend)
+
+
+def test_fast_path_replays_the_last_signature_and_equals_eager():
+    backend = cn.Wasm()
+    lin, fast = _linear(backend)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        fast(_x(backend, rng))
+    held = []  # inputs kept alive: each replay binds a new address
+    for _ in range(4):
+        x = _x(backend, rng)
+        held.append(x)
+        np.testing.assert_allclose(fast(x).numpy(), lin(x).relu().numpy(), rtol=1e-6, atol=1e-7)
+    assert fast._last is not None and (fast.captures, fast.replays) == (1, 4)
+
+
+@pytest.mark.parametrize("other", ["shape", "dtype", "backend", "kwargs", "view", "offset"])
+def test_another_signature_after_the_fast_path_is_not_replayed_from_it(other):
+    """A call that differs from the last replay in shape, dtype, backend object, keywords,
+    layout or offset goes through the generic key: it captures (or replays) its own program, with
+    fn's own result, and never reuses the last one's."""
+    backend = cn.Wasm()
+    cn.manual_seed(1)
+    lin = nn.Linear(6, 3).to(backend)
+
+    def fn(x, scale=None):
+        y = lin(x.float() if x.dtype is not cn.float32 else x)
+        return y if scale is None else y * scale
+
+    fast = cn.capture(fn)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        fast(_x(backend, rng))
+    assert fast.replays == 1 and fast._last is not None
+    if other == "shape":
+        x, kwargs = _x(backend, rng, (5, 6)), {}
+    elif other == "dtype":
+        x, kwargs = cn.tensor(rng.integers(-3, 3, (2, 6)).astype(np.int32), backend=backend), {}
+    elif other == "backend":  # another cn.Wasm() object on the same engine
+        x, kwargs = cn.Tensor(cn.Wasm(backend.engine), _x(backend, rng).handle, (2, 6), cn.float32), {}
+    elif other == "kwargs":
+        x, kwargs = _x(backend, rng), {"scale": cn.tensor(2.0, backend=backend)}
+    elif other == "view":  # the same shape and dtype, read through a transposed view
+        x, kwargs = _x(backend, rng, (6, 2)).permute(1, 0), {}
+    else:  # contiguous rows that start 24 bytes into their buffer
+        x, kwargs = _x(backend, rng, (4, 6))[1:3], {}
+    want = fn(x, **kwargs).numpy()
+    for _ in range(4):
+        got = fast(x, **kwargs)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    # ... and the first signature still replays its own program
+    x0 = _x(backend, rng)
+    np.testing.assert_allclose(fast(x0).numpy(), fn(x0).numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_replay_at_the_same_addresses_writes_nothing(monkeypatch):
+    backend = cn.Wasm()
+    lin, fast = _linear(backend, 2)
+    x = _x(backend, np.random.default_rng(2))
+    for _ in range(4):
+        fast(x).numpy()  # (the output is freed: the next one takes its block)
+    engine = backend.engine
+    writes, real = [], type(engine).write
+    monkeypatch.setattr(type(engine), "write", lambda self, ptr, data: writes.append(ptr) or real(self, ptr, data))
+    y = fast(x)
+    assert writes == []
+    monkeypatch.undo()
+    np.testing.assert_allclose(y.numpy(), lin(x).relu().numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_replays_stay_right_after_the_constant_cache_starts_over():
+    """The output copy's descriptor lives in the backend's constant cache, which starts over at
+    1024 blocks: a later replay must not run a program pointing at a released descriptor."""
+    backend = cn.Wasm()
+    lin, fast = _linear(backend, 3)
+    rng = np.random.default_rng(3)
+    x = _x(backend, rng)
+    for _ in range(4):
+        fast(x)
+    blocks = backend.engine.constant_blocks
+    for n in range(1, 1100):  # a fresh 16-byte descriptor each (elementwise over n values)
+        cn.tensor(np.zeros(n, np.float32), backend=backend).exp()
+    assert len(blocks) < 1024  # (it started over)
+    # the released blocks are taken again and filled with other values
+    junk = [cn.tensor(np.full(4, 7.0, np.float32), backend=backend) for _ in range(2048)]
+    backend.synchronize()
+    np.testing.assert_allclose(fast(x).numpy(), lin(x).relu().numpy(), rtol=1e-6, atol=1e-7)
+    assert len(junk) == 2048 and fast.replays >= 2
