@@ -38,11 +38,23 @@ const URL_OPTIONS = ["model", "modelSource", "pyodideURL", "wheelManifest", "ker
 // The steps of a load, in order (onStatus texts; onProgress's step counts them).
 export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"];
 
+// Where a Pyodide started for PyScript (pyscript-pyodide.mjs) posts its progress: PyScript may
+// start it in a worker, whose downloads the page cannot see.
+export const PROGRESS_CHANNEL = "cinders-progress";
+
+// The page's side: onProgress({step, steps, text, bytes}) for each message; returns the channel
+// (close() it when loaded).
+export function watchProgress(onProgress) {
+  const channel = new BroadcastChannel(PROGRESS_CHANNEL);
+  channel.onmessage = ({ data }) => onProgress(data);
+  return channel;
+}
+
 let runtimePromise = null;
 
 // onStatus and onProgress from one place: each status text advances the step; the byte count
 // grows as each file finishes (resource timing's transferSize: 0 for files from the cache).
-function progressReporter(options) {
+export function progressReporter(options) {
   const onStatus = options.onStatus || (() => {});
   const onProgress = options.onProgress;
   if (!onProgress) return { status: onStatus, stop() {} };
@@ -316,8 +328,9 @@ export const Cinders = {
       progress.status("loading the model");
       const t1 = now();
       const bytes = new Uint8Array(await record);
-      const predictor = await runtime.bridge.load_model(bytes, options.model, source && await source,
-                                                        options.modelSource);
+      // undefined, not null, for "none": a JS null reaches Python as jsnull, not None
+      const predictor = await runtime.bridge.load_model(bytes, options.model, source ? await source : undefined,
+                                                        options.modelSource || undefined);
       const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
       const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
       return new Model(runtime, predictor, info, timings);
