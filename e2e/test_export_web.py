@@ -13,23 +13,7 @@ import pytest
 import cinders as cn
 
 from browser_env import answers_input_while_loading, wait_ready
-
-SOURCE = '''
-from cinders import nn
-
-
-class RingNet(nn.Module):
-    """A user's classifier of 2-D points: Linear -> LayerNorm -> Tanh -> Linear."""
-
-    def __init__(self, hidden=24, classes=3):
-        super().__init__()
-        self.fc1 = nn.Linear(2, hidden)
-        self.norm = nn.LayerNorm(hidden)
-        self.fc2 = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.fc2(self.norm(self.fc1(x)).tanh())
-'''
+from user_site import save_user_model
 
 
 def guard(context, allowed):
@@ -49,18 +33,7 @@ def guard(context, allowed):
 def served_site(tmp_path_factory):
     """A fresh folder with the user's model source and record, exported and served."""
     tmp_path = tmp_path_factory.mktemp("user")
-    (tmp_path / "ring_model.py").write_text(SOURCE)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import ring_model
-        cn.manual_seed(5)
-        model = ring_model.RingNet(hidden=12).to(cn.NumPy())
-        x = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
-        want = model(cn.tensor(x, backend=cn.NumPy())).numpy()
-        model.save(str(tmp_path / "ring.safetensors"))
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("ring_model", None)
+    x, want = save_user_model(tmp_path)
     r = subprocess.run([sys.executable, "-m", "cinders", "export-web", "ring.safetensors",
                         "--model-source", "ring_model.py", "--out", "site"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -161,7 +161,7 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
     for name, text in written.items():
         with open(check_writable_target(os.path.join(out_dir, name), RecordError), "w") as f:
             f.write(text)
-    return _files_under(out_dir)
+    return _precompressed(out_dir)
 
 
 def _zeros(shape):
@@ -209,7 +209,7 @@ def export_app(app, out_dir, node_modules=None):
     os.makedirs(models, exist_ok=True)
     for name in APPS[app]:
         shutil.copyfile(shipped.model_path(name), os.path.join(models, name))
-    return _files_under(out_dir)
+    return _precompressed(out_dir)
 
 
 def export_onnx(model_path, out_dir, node_modules=None):
@@ -221,7 +221,7 @@ def export_onnx(model_path, out_dir, node_modules=None):
     load(model_path)
     _write_page_site(os.path.join(REPO_ROOT, "web_demos", "model"), "model", out_dir, node_modules)
     shutil.copyfile(model_path, check_writable_target(os.path.join(out_dir, "model", "model.onnx"), RecordError))
-    return _files_under(out_dir)
+    return _precompressed(out_dir)
 
 
 def _write_page_site(page_dir, page, out_dir, node_modules):
@@ -269,6 +269,14 @@ def _write_runtime(out_dir, node_modules, replace=()):
     if os.path.isfile(kernels):
         os.makedirs(os.path.join(out_dir, "wasm-kernels"))
         shutil.copyfile(kernels, os.path.join(out_dir, "wasm-kernels", "cinders-kernels.wasm"))
+
+
+def _precompressed(out_dir):
+    """Each compressible file's brotli and gzip copies beside it (server.precompress: no compressing
+    on a visitor's request); returns every file of the site."""
+    from .server import precompress
+    precompress(out_dir)
+    return _files_under(out_dir)
 
 
 def _files_under(folder):
