@@ -119,6 +119,7 @@ export async function startPyodide(options) {
   const { loadPyodide, version } = await import(new URL("pyodide.mjs", pyodideURL).href);
   // Everything downloads at once, while Pyodide compiles.
   const parts = fetchParts(await manifest, wheelManifest, version, useSnapshot);
+  if (parts.snapshot) parts.snapshot.then(() => { timings.snapshot_fetched_ms = now() - t0; }, () => {});
   let pyodide = null;
   const start = { ...pyodideOptions, indexURL: pyodideURL };
   if (parts.snapshot) {
@@ -292,6 +293,7 @@ function loadInWorker(options) {
     if (typeof value === "function") continue;   // callbacks stay here, their calls come as messages
     settings[key] = URL_OPTIONS.includes(key) && value ? new URL(value, location.href).href : value;
   }
+  const workerCreatedMs = now();   // the page's clock: since navigation
   const worker = new Worker(new URL("./cinders-worker.js", import.meta.url), { type: "module" });
   return new Promise((resolve, reject) => {
     const failed = (message) => { worker.terminate(); reject(new Error(message)); };
@@ -300,7 +302,11 @@ function loadInWorker(options) {
       if (data.type === "status") (options.onStatus || (() => {}))(data.text);
       else if (data.type === "progress") (options.onProgress || (() => {}))(data.progress);
       else if (data.type === "error") failed(data.message);
-      else if (data.type === "ready") { worker.onerror = null; resolve(new WorkerModel(worker, data)); }
+      else if (data.type === "ready") {
+        worker.onerror = null;
+        data.timings.worker_created_ms = workerCreatedMs;
+        resolve(new WorkerModel(worker, data));
+      }
     };
     worker.postMessage({ type: "load", options: settings });
   });
@@ -317,6 +323,7 @@ export const Cinders = {
     if (!options.model) throw new TypeError("cinders: Cinders.load({model: url}) needs the record's URL");
     if (options.worker) return loadInWorker(options);
     const t0 = now();
+    const started_ms = t0;   // in a worker: since the worker started (its own clock)
     const progress = progressReporter(options);
     try {
       // The record (and the model's source) download while the runtime starts.
@@ -332,7 +339,7 @@ export const Cinders = {
       const predictor = await runtime.bridge.load_model(bytes, options.model, source ? await source : undefined,
                                                         options.modelSource || undefined);
       const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
-      const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
+      const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0, started_ms };
       return new Model(runtime, predictor, info, timings);
     } finally {
       progress.stop();
