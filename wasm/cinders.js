@@ -96,6 +96,7 @@ function fetchParts(manifest, manifestURL, pyodideVersion, useSnapshot) {
   };
   const forThisPyodide = (name) => name && name.includes(`-pyodide-${pyodideVersion}.`);
   return {
+    wheelName: manifest.wheel,
     wheel: fetchPart(manifest.wheel, "the cinders wheel"),
     snapshot: useSnapshot && forThisPyodide(manifest.snapshot) ? fetchPart(manifest.snapshot, "the Pyodide snapshot") : null,
     // Fetched lazily: only a start without the snapshot needs it.
@@ -144,16 +145,18 @@ export async function startPyodide(options) {
 
   status("installing cinders");
   const t1 = now();
-  // Installed even after a snapshot (which holds every importable module, not the files): the
-  // sources serve tracebacks and whatever is imported later. Bytecode only matters without it.
   const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
-  pyodide.unpackArchive(await parts.wheel, "wheel", { extractDir: sitePackages });
-  if (parts.bytecode && !timings.snapshot) {
-    pyodide.unpackArchive(await parts.bytecode(), "zip", { extractDir: sitePackages });
+  if (timings.snapshot) {
+    // The snapshot imported cinders from the wheel file itself (zipimport, precompile.mjs): its
+    // bytes at the same path serve whatever is imported later, and tracebacks.
+    pyodide.FS.writeFile(`${sitePackages}/${parts.wheelName}`, new Uint8Array(await parts.wheel));
+  } else {
+    pyodide.unpackArchive(await parts.wheel, "wheel", { extractDir: sitePackages });
+    if (parts.bytecode) pyodide.unpackArchive(await parts.bytecode(), "zip", { extractDir: sitePackages });
+    // New files: forget cached directory listings (importlib.invalidate_caches() does more, and
+    // takes a second here).
+    pyodide.runPython("import sys; sys.path_importer_cache.clear()");
   }
-  // New files: forget cached directory listings (importlib.invalidate_caches() does more, and
-  // takes a second here).
-  pyodide.runPython("import sys; sys.path_importer_cache.clear()");
   timings.wheel_ms = now() - t1;
   return { pyodide, timings };
 }
