@@ -34,7 +34,9 @@ def step(text):
 # (cn.Wasm()), else Python; say which. ?backend=webgpu|wasm|python forces one.
 step("starting the backend")
 prefer = js.URLSearchParams.new(window.location.search).get("backend") or "auto"
-chosen = await bridge.init(prefer)  # noqa: F704  (PyScript runs this script with top-level await)
+# The kernels' URL made absolute against the page: PyScript's worker runs from a blob: URL.
+kernels = js.URL.new("/wasm-kernels/cinders-kernels.wasm", window.location.href).href
+chosen = await bridge.init(prefer, kernels=kernels)  # noqa: F704  (PyScript runs this script with top-level await)
 show("#backend", chosen["backend"])
 show("#backend-note", "(%s)" % chosen["note"] if chosen["note"] else "")
 step("loading the model")
