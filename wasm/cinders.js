@@ -42,8 +42,7 @@ export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting th
 // start it in a worker, whose downloads the page cannot see.
 export const PROGRESS_CHANNEL = "cinders-progress";
 
-// The page's side: onProgress({step, steps, text, bytes}) for each message; returns the channel
-// (close() it when loaded).
+// The page's side: onProgress({step, steps, text, bytes}) for each message; returns the channel.
 export function watchProgress(onProgress) {
   const channel = new BroadcastChannel(PROGRESS_CHANNEL);
   channel.onmessage = ({ data }) => onProgress(data);
