@@ -4,47 +4,36 @@ index.html runs this in a worker (`<script type="py" worker>`): Pyodide, cinders
 off the page's thread, so the page answers input while they load; `document` and `window` are the
 page's, reached from the worker. pyscript.json starts Pyodide from cinders' memory snapshot
 (/wasm/pyscript-pyodide.mjs, cinders already imported), copies the model record next to this
-file, and exposes the demos' shared preprocessing (preprocess.js) to Python.
+file, and exposes the demos' shared preprocessing (preprocess.js) and the page's progress
+(progress.js) to Python.
 """
 import math
 
 import js
 from pyodide.ffi import jsnull
 from pyscript import document, when, window
-from pyscript.js_modules import preprocess
+from pyscript.js_modules import page, preprocess
 
 import cinders as cn
 from cinders import record
 from cinders.web import bridge
-
-STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"]
 
 
 def show(selector, text):
     document.querySelector(selector).textContent = text
 
 
-def step(text):
-    """The page's progress bar and status (the interpreter reported the steps before)."""
-    document.querySelector("#load-progress").value = STEPS.index(text) + 1
-    show("#status", text)
-
-
 # WebGPU when the browser has it (cinders.wgpu's browser device), else WebAssembly SIMD kernels
 # (cn.Wasm()), else Python; say which. ?backend=webgpu|wasm|python forces one.
-step("starting the backend")
+page.step("starting the backend")  # progress.js: one call to the page instead of one per element
 prefer = js.URLSearchParams.new(window.location.search).get("backend") or "auto"
 # The kernels' URL made absolute against the page: PyScript's worker runs from a blob: URL.
 kernels = js.URL.new("/wasm-kernels/cinders-kernels.wasm", window.location.href).href
 chosen = await bridge.init(prefer, kernels=kernels)  # noqa: F704  (PyScript runs this script with top-level await)
-show("#backend", chosen["backend"])
-show("#backend-note", "(%s)" % chosen["note"] if chosen["note"] else "")
-step("loading the model")
+page.step("loading the model")
 model = record.load_model("mnist-cnn.safetensors")  # class and config come from the record
 forward = cn.capture(model)  # from the third call on: one replay of the recorded GPU kernels
-document.querySelector("#load-progress").hidden = True
-show("#load-bytes", "")
-show("#status", "ready")
+page.ready(chosen["backend"], chosen["note"])
 
 
 def draw_preview(pixels):
