@@ -307,6 +307,8 @@ function loadInWorker(options) {
       else if (data.type === "ready") {
         worker.onerror = null;
         data.timings.worker_created_ms = workerCreatedMs;
+        // The worker's clock starts when its thread does: on the page's clock, that is
+        data.timings.worker_started_ms = data.timeOrigin - performance.timeOrigin;
         resolve(new WorkerModel(worker, data));
       }
     };
