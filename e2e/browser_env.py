@@ -68,10 +68,12 @@ def answers_input_while_loading(page, url, poke, name):
     page.goto(url)
     page.wait_for_selector("#status")
     pokes = 0
-    while page.text_content("#status") != "ready" and not page.text_content("#status").startswith("error"):
+    status = page.text_content("#status")
+    while status != "ready" and not status.startswith("error"):
         poke(page, pokes)
         pokes += 1
         page.wait_for_timeout(20)
+        status = page.text_content("#status")
     wait_ready(page)
     delays, long_tasks, ready_at = page.evaluate("() => [window.inputDelays, window.longTasks, window.readyAt]")
     long_tasks = [(t, d) for t, d in long_tasks if t < ready_at]   # while loading
