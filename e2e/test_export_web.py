@@ -1,6 +1,7 @@
 """A user's own model (not MNIST) in their own page: `cinders export-web` writes a folder from a
-fresh directory, `cinders serve` serves it on 127.0.0.1, and the page's output in Chromium
-(WebGPU on SwiftShader) equals cn.NumPy()'s on the desktop. Every request must go to that
+fresh directory, `cinders serve` serves it on 127.0.0.1, the page answers input while the model
+loads in its worker, and the page's output in Chromium (WebGPU on SwiftShader) equals
+cn.NumPy()'s on the desktop. Every request must go to that
 server (the folder is self-contained)."""
 import json
 import subprocess
@@ -11,24 +12,8 @@ import pytest
 
 import cinders as cn
 
-from browser_env import wait_ready
-
-SOURCE = '''
-from cinders import nn
-
-
-class RingNet(nn.Module):
-    """A user's classifier of 2-D points: Linear -> LayerNorm -> Tanh -> Linear."""
-
-    def __init__(self, hidden=24, classes=3):
-        super().__init__()
-        self.fc1 = nn.Linear(2, hidden)
-        self.norm = nn.LayerNorm(hidden)
-        self.fc2 = nn.Linear(hidden, classes)
-
-    def forward(self, x):
-        return self.fc2(self.norm(self.fc1(x)).tanh())
-'''
+from browser_env import answers_input_while_loading, wait_ready
+from user_site import save_user_model
 
 
 def guard(context, allowed):
@@ -44,21 +29,11 @@ def guard(context, allowed):
     return seen
 
 
-@pytest.fixture
-def served_site(tmp_path):
+@pytest.fixture(scope="module")
+def served_site(tmp_path_factory):
     """A fresh folder with the user's model source and record, exported and served."""
-    (tmp_path / "ring_model.py").write_text(SOURCE)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import ring_model
-        cn.manual_seed(5)
-        model = ring_model.RingNet(hidden=12).to(cn.NumPy())
-        x = np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
-        want = model(cn.tensor(x, backend=cn.NumPy())).numpy()
-        model.save(str(tmp_path / "ring.safetensors"))
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("ring_model", None)
+    tmp_path = tmp_path_factory.mktemp("user")
+    x, want = save_user_model(tmp_path)
     r = subprocess.run([sys.executable, "-m", "cinders", "export-web", "ring.safetensors",
                         "--model-source", "ring_model.py", "--out", "site"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -104,6 +79,26 @@ def test_exported_site_runs_a_user_model_like_the_desktop(browser, served_site):
         assert page.text_content("#status") == \
             "error: ValueError: the input holds 3 numbers, not a multiple of 2 (shape (2,))"
         assert page.text_content("#output") == ""
+    finally:
+        context.close()
+    assert seen == [], "requests left the site's server: %s" % seen
+
+
+def test_exported_site_answers_input_while_the_model_loads(browser, served_site):
+    """The model loads in a Web Worker (cinders.js): the page shows a progress bar, and clicks on
+    the input box are answered while Pyodide and the model load."""
+    url, x, want = served_site
+    context = browser.new_context()
+    seen = guard(context, url)
+    try:
+        page = context.new_page()
+        inputs = answers_input_while_loading(page, url, lambda page, i: page.click("#input"), "export-web site")
+        assert [i for i in inputs if i["bar"] and i["bytes"].endswith(" MB")], inputs  # steps and bytes shown
+        assert page.is_hidden("#load-progress") and page.is_enabled("#run")
+        page.fill("#input", json.dumps(x.tolist()))
+        page.click("#run")
+        page.wait_for_function("() => document.querySelector('#output').textContent !== ''", timeout=60_000)
+        np.testing.assert_allclose(np.asarray(json.loads(page.text_content("#output"))), want, rtol=1e-4, atol=1e-4)
     finally:
         context.close()
     assert seen == [], "requests left the site's server: %s" % seen

@@ -8,7 +8,7 @@ import cinders as cn
 from cinders import record
 from cinders.assets import REPO_ROOT
 
-from browser_env import QUIET_FLAGS, assert_drawn_digits_recognised, wait_ready
+from browser_env import QUIET_FLAGS, answers_input_while_loading, assert_drawn_digits_recognised, wait_ready
 from digit_strokes import DIGITS, assert_heldout_digits_like_desktop, assert_page_predicts_like_desktop, heldout_digits
 from primitive_trace import replay_conformance_table
 
@@ -144,19 +144,6 @@ def test_touch_and_pen_strokes_draw(mnist_page):
     page.click("#clear")
 
 
-# Installed before the page's own scripts: how long each pointerdown waited for the page's thread
-# (event.timeStamp is when the browser received it), and the page's long tasks (> 50 ms).
-WATCH_THE_PAGES_THREAD = """
-window.inputDelays = [];
-addEventListener('pointerdown', (event) => window.inputDelays.push({
-    ms: performance.now() - event.timeStamp,
-    status: document.querySelector('#status') ? document.querySelector('#status').textContent : ''}), true);
-window.longTasks = [];
-new PerformanceObserver((list) => { for (const e of list.getEntries()) window.longTasks.push([e.startTime, e.duration]); })
-    .observe({type: 'longtask', buffered: true});
-"""
-
-
 def test_page_answers_input_while_the_model_loads_in_a_worker(browser, demo_server, outside_requests,
                                                               desktop_model):
     """Pyodide starts in a Web Worker (the default; ?worker=0 runs it on the page's thread, where
@@ -165,34 +152,18 @@ def test_page_answers_input_while_the_model_loads_in_a_worker(browser, demo_serv
     context = outside_requests.attach(browser.new_context())
     try:
         page = context.new_page()
-        page.add_init_script(WATCH_THE_PAGES_THREAD)
-        page.goto(demo_server.url)
-        page.wait_for_selector("#digit-canvas")
-        box = page.locator("#digit-canvas").bounding_box()
-        clicks = 0
-        while page.text_content("#status") != "ready" and not page.text_content("#status").startswith("error"):
-            x = box["x"] + 40 + 5 * (clicks % 40)
+
+        box = {}
+
+        def stroke(page, i):
+            box.update(box or page.locator("#digit-canvas").bounding_box())
+            x = box["x"] + 40 + 5 * (i % 40)
             page.mouse.move(x, box["y"] + 100)
             page.mouse.down()
             page.mouse.move(x, box["y"] + 180, steps=2)
             page.mouse.up()
-            clicks += 1
-            page.wait_for_timeout(20)
-        wait_ready(page)
-        delays, long_tasks, ready_at = page.evaluate(
-            "() => [window.inputDelays, window.longTasks, window.cindersDemo.readyAt]")
-        long_tasks = [(t, d) for t, d in long_tasks if t < ready_at]   # while loading
-        while_loading = sorted(d["ms"] for d in delays if d["status"] != "ready")
-        print("[worker page] %d clicks answered while loading: median %.0f ms, slowest %.0f ms; "
-              "long tasks on the page's thread while loading (ready at %.0f ms): %s" % (
-                  len(while_loading), while_loading[len(while_loading) // 2] if while_loading else -1,
-                  max(while_loading, default=-1), ready_at, ["%.0f ms at %.0f ms" % (d, t) for t, d in long_tasks]))
-        assert len(while_loading) >= 5, "the page answered %d clicks while loading" % len(while_loading)
-        # Nine in ten within 100 ms, and no task on the page's thread over 500 ms: on two cores
-        # shared with other sessions a task of the page sometimes waits for a core (up to 200 ms
-        # seen); on the page's thread Pyodide's start is one task of 1-18 s.
-        assert while_loading[len(while_loading) * 9 // 10] < 100, while_loading
-        assert [d for _, d in long_tasks if d > 500] == [], long_tasks
+
+        answers_input_while_loading(page, demo_server.url, stroke, "worker page")
         # The strokes were drawn (the DOM answered them): the canvas is no longer blank.
         assert page.evaluate("""() => { const c = document.querySelector('#digit-canvas');
             return c.getContext('2d').getImageData(0, 0, c.width, c.height).data.some((v) => v > 0); }""")

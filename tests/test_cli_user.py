@@ -289,12 +289,12 @@ def test_export_web_of_a_model_saved_before_it_ran_takes_its_shape_from_the_firs
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("shipped", None)
     import shipped
-    for cls, expect in ((shipped.Tiny, "INPUT_SHAPE = (3,)"), (shipped.TinyConv, None)):
+    for cls, expect in ((shipped.Tiny, "INPUT_SHAPE = [3];"), (shipped.TinyConv, None)):
         cls().save(str(tmp_path / "m.safetensors"))
         r = cinders("export-web", "m.safetensors", "--model-source", "shipped.py", "--out", "site", cwd=tmp_path)
         if expect:
             assert r.returncode == 0, r.stderr
-            assert expect in (tmp_path / "site" / "main.py").read_text()
+            assert expect in (tmp_path / "site" / "app.js").read_text()
         else:
             assert r.returncode == 1 and r.stderr.strip().endswith("pass --input-shape A,B,..."), r.stderr
     sys.modules.pop("shipped", None)

@@ -95,6 +95,34 @@ def test_server_sends_brotli_then_gzip_to_browsers_that_accept_them(server, tmp_
     assert get("identity") == (None, None, body)
 
 
+def test_server_sends_a_sites_precompressed_copies_while_they_are_current(server, tmp_path):
+    """An exported site carries FILE.br and FILE.gz (precompress): sent as they are, never made
+    per request; a file changed after them is compressed afresh instead."""
+    import brotli
+    import gzip
+    import time
+    from cinders.web.server import precompress
+    body = b"export const table = [%s];\n" % b", ".join(b"%d" % (i % 89) for i in range(20000))
+    big = tmp_path / "site" / "shipped.js"
+    big.write_bytes(body)
+    precompress(str(tmp_path / "site"))
+    assert brotli.decompress((tmp_path / "site" / "shipped.js.br").read_bytes()) == body
+    assert gzip.decompress((tmp_path / "site" / "shipped.js.gz").read_bytes()) == body
+    (tmp_path / "site" / "shipped.js.br").write_bytes(brotli.compress(b"the shipped copy"))
+
+    def get(accept):
+        request = urllib.request.Request(server.url + "shipped.js", headers={"Accept-Encoding": accept})
+        with urllib.request.urlopen(request) as r:
+            return r.headers.get("Content-Encoding"), r.read()
+
+    encoding, sent = get("gzip, deflate, br")
+    assert encoding == "br" and brotli.decompress(sent) == b"the shipped copy"
+    time.sleep(0.01)
+    big.write_bytes(body + b"// changed\n")   # newer than its shipped copies
+    encoding, sent = get("gzip, deflate, br")
+    assert encoding == "br" and brotli.decompress(sent) == body + b"// changed\n"
+
+
 def test_demo_command_is_registered():
     args = build_parser().parse_args(["demo", "--port", "8123", "--no-open"])
     assert (args.port, args.no_open) == (8123, True)

@@ -1,8 +1,8 @@
 // The worker side of Cinders.load({worker: true}) (cinders.js): Pyodide, cinders and the model live
 // here, off the page's thread. Messages in: {type: "load", options}, then {type: "predict", id,
-// pixels} and {type: "predictBatch", id, inputs}. Messages out: {type: "status", text},
+// pixels}, {type: "predictBatch", id, inputs} and {type: "run", id, values, sampleShape}. Messages out: {type: "status", text},
 // {type: "progress", progress} while loading, then {type: "ready", info, backend, backendName,
-// backendNote, timings} or {type: "error", message}; each call is answered by {type: "result", id,
+// backendNote, timings, timeOrigin} or {type: "error", message}; each call is answered by {type: "result", id,
 // result} or {type: "failed", id, message}.
 import { Cinders } from "./cinders.js";
 
@@ -18,7 +18,7 @@ async function load(options) {
       onProgress: (progress) => post({ type: "progress", progress }),
     });
     post({ type: "ready", info: model.info, backend: model.backend, backendName: model.backendName,
-           backendNote: model.backendNote, timings: model.timings });
+           backendNote: model.backendNote, timings: model.timings, timeOrigin: performance.timeOrigin });
   } catch (error) {
     post({ type: "error", message: messageOf(error) });
   }
@@ -31,7 +31,8 @@ self.onmessage = ({ data }) => {
   if (data.type === "load") { load(data.options); return; }
   queue = queue.then(async () => {
     try {
-      const result = data.type === "predict" ? await model.predict(data.pixels) : await model.predictBatch(data.inputs);
+      const result = data.type === "predict" ? await model.predict(data.pixels)
+        : data.type === "run" ? await model.run(data.values, data.sampleShape) : await model.predictBatch(data.inputs);
       post({ type: "result", id: data.id, result });
     } catch (error) {
       post({ type: "failed", id: data.id, message: messageOf(error) });

@@ -28,20 +28,32 @@ const DEFAULTS = {
   onProgress: null,   // ({step, steps, text, bytes}) => void: the step reached (1..steps) and the
                       // bytes the network delivered so far (compressed), for a progress bar
   worker: false,      // run Pyodide and the model in a Web Worker (the page never freezes)
+  modelSource: null,  // URL of a .py file defining the class the record names (a user's own model)
 };
 
 // Options that name files: a worker resolves relative URLs against its own script, so they are
 // made absolute against the page first.
-const URL_OPTIONS = ["model", "pyodideURL", "wheelManifest", "kernelsURL"];
+const URL_OPTIONS = ["model", "modelSource", "pyodideURL", "wheelManifest", "kernelsURL"];
 
 // The steps of a load, in order (onStatus texts; onProgress's step counts them).
 export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"];
+
+// Where a Pyodide started for PyScript (pyscript-pyodide.mjs) posts its progress: PyScript may
+// start it in a worker, whose downloads the page cannot see.
+export const PROGRESS_CHANNEL = "cinders-progress";
+
+// The page's side: onProgress({step, steps, text, bytes}) for each message; returns the channel.
+export function watchProgress(onProgress) {
+  const channel = new BroadcastChannel(PROGRESS_CHANNEL);
+  channel.onmessage = ({ data }) => onProgress(data);
+  return channel;
+}
 
 let runtimePromise = null;
 
 // onStatus and onProgress from one place: each status text advances the step; the byte count
 // grows as each file finishes (resource timing's transferSize: 0 for files from the cache).
-function progressReporter(options) {
+export function progressReporter(options) {
   const onStatus = options.onStatus || (() => {});
   const onProgress = options.onProgress;
   if (!onProgress) return { status: onStatus, stop() {} };
@@ -71,10 +83,9 @@ async function fetchOk(url, what) {
   return response;
 }
 
-// What the server prepared (cinders.web.wheel): the wheel, and made by this very Pyodide under
-// Node, the wheel's bytecode and a memory snapshot of Pyodide with cinders imported.
-async function fetchParts(manifestURL, pyodideVersion, useSnapshot) {
-  const manifest = await (await fetchOk(manifestURL, "the wheel manifest")).json();
+// What the server prepared (cinders.web.wheel; `manifest` names it): the wheel, and made by this
+// very Pyodide under Node, the wheel's bytecode and a memory snapshot of Pyodide with cinders imported.
+function fetchParts(manifest, manifestURL, pyodideVersion, useSnapshot) {
   const fetchPart = (name, what) => {
     const url = new URL(name, manifestURL);
     url.searchParams.set("v", manifest.sources_sha256.slice(0, 16));  // a new build is a new URL
@@ -84,6 +95,7 @@ async function fetchParts(manifestURL, pyodideVersion, useSnapshot) {
   };
   const forThisPyodide = (name) => name && name.includes(`-pyodide-${pyodideVersion}.`);
   return {
+    wheelName: manifest.wheel,
     wheel: fetchPart(manifest.wheel, "the cinders wheel"),
     snapshot: useSnapshot && forThisPyodide(manifest.snapshot) ? fetchPart(manifest.snapshot, "the Pyodide snapshot") : null,
     // Fetched lazily: only a start without the snapshot needs it.
@@ -91,56 +103,78 @@ async function fetchParts(manifestURL, pyodideVersion, useSnapshot) {
   };
 }
 
-async function startRuntime(options) {
+// Pyodide started the fast way: from the server's memory snapshot (cinders already imported) when
+// it has one for this Pyodide, with the cinders wheel installed. options: pyodideURL,
+// wheelManifest, snapshot, packages, status (progress texts), and loadPyodide's own options
+// (stdout, stderr, ...: PyScript passes those). Resolves to {pyodide, timings}.
+export async function startPyodide(options) {
+  const { pyodideURL, wheelManifest, snapshot: useSnapshot = true, packages = [], status = () => {},
+          ...pyodideOptions } = options;
   const timings = {};
-  // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
-  const status = options.status || options.onStatus || (() => {});
   const t0 = now();
-
   status("loading Pyodide");
-  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
-  // backend skips it.
-  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
-    : WebAssembly.compileStreaming(fetch(options.kernelsURL));
-  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
-  const { loadPyodide, version } = await import(new URL("pyodide.mjs", options.pyodideURL).href);
+  // The manifest downloads while pyodide.mjs loads: every later fetch starts one round trip sooner.
+  const manifest = fetchOk(wheelManifest, "the wheel manifest").then((r) => r.json());
+  manifest.catch(() => {});  // reported where it is awaited
+  const { loadPyodide, version } = await import(new URL("pyodide.mjs", pyodideURL).href);
   // Everything downloads at once, while Pyodide compiles.
-  const parts = await fetchParts(options.wheelManifest, version, options.snapshot);
+  const parts = fetchParts(await manifest, wheelManifest, version, useSnapshot);
+  if (parts.snapshot) parts.snapshot.then(() => { timings.snapshot_fetched_ms = now() - t0; }, () => {});
   let pyodide = null;
+  const start = { ...pyodideOptions, indexURL: pyodideURL };
   if (parts.snapshot) {
     try {
-      pyodide = await loadPyodide({ indexURL: options.pyodideURL, _loadSnapshot: parts.snapshot });
+      pyodide = await loadPyodide({ ...start, _loadSnapshot: parts.snapshot });
       timings.snapshot = true;
     } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
       console.warn("cinders: the Pyodide snapshot did not load, starting without it:", error);
       timings.snapshot_error = String(error);
     }
-  } else if (options.snapshot) {
+  } else if (useSnapshot) {
     timings.snapshot_error = "the server has no snapshot for Pyodide " + version +
       " (cinders.web.wheel printed why when it built the wheel)";
   }
   if (!pyodide) {
-    pyodide = await loadPyodide({ indexURL: options.pyodideURL });
+    pyodide = await loadPyodide(start);
     timings.snapshot = false;
   }
   // The npm package holds no wheels: NumPy (the CPU fallback's faster backend) needs a CDN copy.
-  if (options.packages.length) await pyodide.loadPackage(options.packages);
+  if (packages.length) await pyodide.loadPackage(packages);
   timings.pyodide_ms = now() - t0;
 
   status("installing cinders");
   const t1 = now();
-  // Installed even after a snapshot (which holds every importable module, not the files): the
-  // sources serve tracebacks and whatever is imported later. Bytecode only matters without it.
   const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_paths()['purelib']");
-  pyodide.unpackArchive(await parts.wheel, "wheel", { extractDir: sitePackages });
-  if (parts.bytecode && !timings.snapshot) {
-    pyodide.unpackArchive(await parts.bytecode(), "zip", { extractDir: sitePackages });
+  if (timings.snapshot) {
+    // The snapshot imported cinders from the wheel file itself (zipimport, precompile.mjs): its
+    // bytes at the same path serve whatever is imported later, and tracebacks.
+    pyodide.FS.writeFile(`${sitePackages}/${parts.wheelName}`, new Uint8Array(await parts.wheel));
+  } else {
+    pyodide.unpackArchive(await parts.wheel, "wheel", { extractDir: sitePackages });
+    if (parts.bytecode) pyodide.unpackArchive(await parts.bytecode(), "zip", { extractDir: sitePackages });
+    // New files: forget cached directory listings (importlib.invalidate_caches() does more, and
+    // takes a second here).
+    pyodide.runPython("import sys; sys.path_importer_cache.clear()");
   }
-  // New files: forget cached directory listings (importlib.invalidate_caches() does more, and
-  // takes a second here).
-  pyodide.runPython("import sys; sys.path_importer_cache.clear()");
-  const bridge = pyodide.pyimport("cinders.web.bridge");
   timings.wheel_ms = now() - t1;
+  return { pyodide, timings };
+}
+
+async function startRuntime(options) {
+  // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
+  const status = options.status || options.onStatus || (() => {});
+  const t0 = now();
+  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
+  // backend skips it.
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
+    : WebAssembly.compileStreaming(fetch(options.kernelsURL));
+  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
+  const { pyodide, timings } = await startPyodide({
+    pyodideURL: options.pyodideURL, wheelManifest: options.wheelManifest, snapshot: options.snapshot,
+    packages: options.packages, status });
+  const t1 = now();
+  const bridge = pyodide.pyimport("cinders.web.bridge");
+  timings.wheel_ms += now() - t1;
 
   status("starting the backend");
   const t2 = now();
@@ -193,6 +227,15 @@ class Model {
     inputs.forEach((input, i) => flat.set(flatPixels(input), i * 784));
     return toPlain(await this._predictor.predict_batch(flat, inputs.length));
   }
+
+  // Any model: input holds one or more samples of sampleShape (default: the record's
+  // info.input_shape), flat or nested numbers. Resolves to {shape, values (nested as the output), ms}.
+  async run(input, sampleShape = null) {
+    const t0 = now();
+    const result = toPlain(await this._predictor.run(flatPixels(input), sampleShape ?? undefined));  // null would be jsnull
+    result.ms = now() - t0;
+    return result;
+  }
 }
 
 // The page's side of a model loaded in a worker: each call is a message answered by id.
@@ -236,6 +279,11 @@ class WorkerModel {
     return this.call("predictBatch", { inputs: inputs.map((input) => Float32Array.from(flatPixels(input))) });
   }
 
+  run(input, sampleShape = null) {
+    const values = Float32Array.from(flatPixels(input));
+    return this.call("run", { values, sampleShape }, [values.buffer]);
+  }
+
   terminate() { this.worker.terminate(); }
 }
 
@@ -247,6 +295,7 @@ function loadInWorker(options) {
     if (typeof value === "function") continue;   // callbacks stay here, their calls come as messages
     settings[key] = URL_OPTIONS.includes(key) && value ? new URL(value, location.href).href : value;
   }
+  const workerCreatedMs = now();   // the page's clock: since navigation
   const worker = new Worker(new URL("./cinders-worker.js", import.meta.url), { type: "module" });
   return new Promise((resolve, reject) => {
     const failed = (message) => { worker.terminate(); reject(new Error(message)); };
@@ -255,7 +304,13 @@ function loadInWorker(options) {
       if (data.type === "status") (options.onStatus || (() => {}))(data.text);
       else if (data.type === "progress") (options.onProgress || (() => {}))(data.progress);
       else if (data.type === "error") failed(data.message);
-      else if (data.type === "ready") { worker.onerror = null; resolve(new WorkerModel(worker, data)); }
+      else if (data.type === "ready") {
+        worker.onerror = null;
+        data.timings.worker_created_ms = workerCreatedMs;
+        // The worker's clock starts when its thread does: on the page's clock, that is
+        data.timings.worker_started_ms = data.timeOrigin - performance.timeOrigin;
+        resolve(new WorkerModel(worker, data));
+      }
     };
     worker.postMessage({ type: "load", options: settings });
   });
@@ -272,18 +327,23 @@ export const Cinders = {
     if (!options.model) throw new TypeError("cinders: Cinders.load({model: url}) needs the record's URL");
     if (options.worker) return loadInWorker(options);
     const t0 = now();
+    const started_ms = t0;   // in a worker: since the worker started (its own clock)
     const progress = progressReporter(options);
     try {
-      // The record downloads while the runtime starts.
+      // The record (and the model's source) download while the runtime starts.
       const record = fetchOk(options.model, "the model").then((r) => r.arrayBuffer());
       record.catch(() => {});  // reported where it is awaited
+      const source = options.modelSource ? fetchOk(options.modelSource, "the model source").then((r) => r.text()) : null;
+      if (source) source.catch(() => {});
       const runtime = await this.runtime({ ...options, status: progress.status });
       progress.status("loading the model");
       const t1 = now();
       const bytes = new Uint8Array(await record);
-      const predictor = await runtime.bridge.load_model(bytes, options.model);
+      // undefined, not null, for "none": a JS null reaches Python as jsnull, not None
+      const predictor = await runtime.bridge.load_model(bytes, options.model, source ? await source : undefined,
+                                                        options.modelSource || undefined);
       const info = predictor.info().toJs({ dict_converter: Object.fromEntries });
-      const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0 };
+      const timings = { ...runtime.timings, model_ms: now() - t1, load_ms: now() - t0, started_ms };
       return new Model(runtime, predictor, info, timings);
     } finally {
       progress.stop();

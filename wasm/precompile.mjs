@@ -37,8 +37,22 @@ with zipfile.ZipFile("/pycache.zip", "w", zipfile.ZIP_DEFLATED) as zf:
 del compileall, os, py_compile, sysconfig, zipfile, site, ok, zf, folder, files, name, full
 `);
 fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
+// The snapshot imports cinders from the wheel file itself (zipimport) instead of its unpacked
+// copy: a page started from it then only writes the wheel's bytes to the same path
+// (cinders.js, startPyodide), a millisecond, where unpacking took a quarter of a second; the
+// zipimporter's table of contents is in the snapshot, and modules imported later (on demand) and
+// tracebacks read the file. The unpacked copy (and its bytecode) serves a start without snapshot.
+const wheelInSnapshot = sitePackages + "/" + path.basename(wheelPath);
+pyodide.FS.writeFile(wheelInSnapshot, new Uint8Array(fs.readFileSync(wheelPath)));
+pyodide.runPython(`
+import shutil, sys, sysconfig
+shutil.rmtree(sysconfig.get_paths()["purelib"] + "/cinders")
+sys.path.insert(0, ${JSON.stringify(wheelInSnapshot)})
+sys.path_importer_cache.clear()
+del shutil, sys, sysconfig
+`);
 // Every cinders module that imports here (those needing NumPy, wgpu-py, ... cannot), so a page
-// imports nothing itself, plus what unpackArchive runs on (cinders.js unpacks the wheel after).
+// imports nothing itself, plus what unpackArchive runs on (a start without the snapshot unpacks the wheel).
 // No module may hold a JS object at import time: the snapshot is plain wasm memory.
 // Pyodide restores a snapshot into its wasm memory as first sized, never grown, so the imported
 // modules must fit in it ("offset is out of bounds" when they did not), with room to spare: how
@@ -51,25 +65,28 @@ fs.writeFileSync(pycachePath, pyodide.FS.readFile("/pycache.zip"));
 const HEADROOM_BYTES = 3 << 20;
 const memoryAtStart = pyodide._module.HEAP8.length;
 pyodide.runPython(`
-import importlib, os, sysconfig
+import importlib, posixpath, zipfile
 import pyodide._package_loader
-site = sysconfig.get_paths()["purelib"]
-for folder, _, files in sorted(os.walk(os.path.join(site, "cinders"))):
-    package = os.path.relpath(folder, site).replace(os.sep, ".")
-    for name in sorted(files):
-        on_demand = package.startswith(("cinders.micro", "cinders.onnx", "cinders.apps")) or name in (
-            "pytorch.py", "pickle_vm.py", "remote.py", "remote_wire.py", "remote_socket.py", "remote_server.py",
-            "router.py", "data_parallel.py", "vision.py", "audio.py")
-        desktop_only = name in ("__main__.py", "cli.py", "server.py", "export.py", "build.py", "engines.py",
-                                "remote_peers.py")
-        if name.endswith(".py") and not (on_demand or desktop_only):
-            module = package if name == "__init__.py" else package + "." + name[:-3]
-            try:
-                importlib.import_module(module)
-            except Exception:  # desktop-only (numpy, wgpu-py, ...) or a script: not for the browser
-                pass
-del importlib, os, sysconfig, site, folder, files, package, name, module, on_demand, desktop_only
+with zipfile.ZipFile(${JSON.stringify(wheelInSnapshot)}) as wheel:
+    sources = sorted(posixpath.split(n) for n in wheel.namelist() if n.startswith("cinders/"))
+for folder, name in sources:
+    package = folder.replace("/", ".")
+    on_demand = package.startswith(("cinders.micro", "cinders.onnx", "cinders.apps")) or name in (
+        "pytorch.py", "pickle_vm.py", "remote.py", "remote_wire.py", "remote_socket.py", "remote_server.py",
+        "router.py", "data_parallel.py", "vision.py", "audio.py")
+    desktop_only = name in ("__main__.py", "cli.py", "server.py", "export.py", "build.py", "engines.py",
+                            "remote_peers.py")
+    if name.endswith(".py") and not (on_demand or desktop_only):
+        module = package if name == "__init__.py" else package + "." + name[:-3]
+        try:
+            importlib.import_module(module)
+        except Exception:  # desktop-only (numpy, wgpu-py, ...) or a script: not for the browser
+            pass
+del importlib, posixpath, zipfile, wheel, sources, folder, package, name, module, on_demand, desktop_only
 `);
+// Everything imported lives as long as the page: frozen out of the collector's generations here,
+// so the page's first collection (cinders.web.bridge.load_model's) scans only what it made itself.
+pyodide.runPython("import gc; gc.collect(); gc.freeze(); del gc");
 // The headroom, proven: a block of HEADROOM_BYTES must still fit without growing the memory.
 pyodide.runPython(`_headroom = bytearray(${HEADROOM_BYTES}); del _headroom`);
 if (pyodide._module.HEAP8.length > memoryAtStart) {

@@ -3,6 +3,7 @@
     info = await init("auto")                  # WebGPU, else WebAssembly, else Python; says which and why
     predictor = await load_model(bytes, name)  # a record -> the model class it names
     result = await predictor.predict(pixels)   # {"class", "logits", "probabilities"}
+    result = await predictor.run(values)       # any model: {"shape", "values"}
 
 Everything here is plain cinders code: the same model classes and record loader as the desktop.
 """
@@ -91,6 +92,13 @@ async def read_async(t):
     return await reader(t.handle) if reader is not None else t.backend.to_flat(t.handle)
 
 
+def _nested(flat, shape):
+    """A flat list as nested lists of `shape` (what tolist() gives)."""
+    for d in reversed(shape[1:]):
+        flat = [flat[i:i + d] for i in range(0, len(flat), d)]
+    return flat
+
+
 def answer(logits):
     """One image's answer from its logits (Python floats)."""
     top = max(logits)
@@ -128,15 +136,16 @@ class Predictor:
         return {"class": type(self.model).__name__, "name": self.name,
                 "input_shape": list(self.input_shape), "backend": _state["kind"]}
 
-    def _forward(self, pixels, n):
+    def _forward(self, pixels, n, sample_shape=None):
         values = _as_floats(pixels)
+        sample_shape = sample_shape or self.input_shape
         per = 1
-        for d in self.input_shape:
+        for d in sample_shape:
             per *= d
         if len(values) != n * per:
             raise ValueError("predict: expected %d values (%d x %s), got %d"
-                             % (n * per, n, "x".join(map(str, self.input_shape)), len(values)))
-        shape = (n,) + self.input_shape
+                             % (n * per, n, "x".join(map(str, sample_shape)), len(values)))
+        shape = (n,) + tuple(sample_shape)
         # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
         # and dtype this code already knows (a third of a warm inference on cn.Wasm())
         x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
@@ -153,6 +162,20 @@ class Predictor:
     async def predict(self, pixels):
         return (await self.predict_batch(pixels, 1))[0]
 
+    async def run(self, values, sample_shape=None):
+        """Any model: `values` hold one or more samples of sample_shape (default: the record's
+        input_shape), flat -> {"shape": the output's, "values": nested like it}."""
+        shape = tuple(sample_shape.to_py() if hasattr(sample_shape, "to_py") else sample_shape or self.input_shape)
+        values = _as_floats(values)
+        per = 1
+        for d in shape:
+            per *= d
+        if len(values) % per or not values:
+            raise ValueError("the input holds %d numbers, not a multiple of %d (shape %s)"
+                             % (len(values), per, shape))
+        output = self._forward(values, len(values) // per, shape)
+        return {"shape": list(output.shape), "values": _nested(await read_async(output), output.shape)}
+
     def predict_now(self, pixels):
         """predict() without the event loop, for backends whose reads never wait (the CPU,
         cn.Wasm()): a JS caller gets the result in the same task instead of after a
@@ -162,21 +185,40 @@ class Predictor:
         return answer(logits.backend.to_flat(logits.handle))
 
 
-async def load_model(data, name="model.safetensors"):
+def _basename(url, default):
+    return os.path.basename(url.split("?", 1)[0]) or default
+
+
+async def load_model(data, name="model.safetensors", source=None, source_name=None):
     """A record's bytes (JS Uint8Array or Python bytes) -> Predictor on the page's backend.
 
     The bytes go through cinders' own record loader (cinders.record.load_model: validated, class
     and config from the metadata, only cinders classes), via a file in Pyodide's memory FS.
+    source: the text of a user's model module (source_name: its URL, whose file name is the
+    module's): imported, and its classes are the only others the record may name.
     """
     from cinders import record
     raw = data.to_bytes() if hasattr(data, "to_bytes") else bytes(data)
     backend = current_backend()
     folder = "/tmp/cinders-models"
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, os.path.basename(name.split("?", 1)[0]) or "model.safetensors")
+    allow = ()
+    if source is not None:
+        import importlib
+        import sys
+        module = os.path.splitext(_basename(source_name or "", "model_source.py"))[0]
+        if not module.isidentifier():
+            raise ValueError("the model source %s: its file name must be a Python module name" % source_name)
+        with open(os.path.join(folder, module + ".py"), "w") as f:
+            f.write(source)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        sys.path_importer_cache.pop(folder, None)  # a new file (invalidate_caches() takes a second)
+        allow = (importlib.import_module(module),)
+    path = os.path.join(folder, _basename(name, "model.safetensors"))
     with open(path, "wb") as f:
         f.write(raw)
-    model = record.load_model(path, backend=backend)
+    model = record.load_model(path, backend=backend, allow=allow)
     model.eval()  # inference: dropout off, batch norm on its running statistics
     # Everything alive now (interpreter, cinders, the model) lives as long as the page: moved out
     # of the collector's generations, each later collection scans only an inference's

@@ -1,21 +1,22 @@
 """`cinders export-web RECORD --model-source FILE --out DIR` and `cinders serve DIR`.
 
-The folder it writes is a complete static site that runs the model in the browser with
-PyScript (Pyodide) and needs nothing from the internet:
+The folder it writes is a complete static site that runs the model in the browser and needs
+nothing from the internet. The model runs in a Web Worker (wasm/cinders.js,
+`Cinders.load({worker: true})`, as on the demo pages): the page shows a progress bar and answers
+input while Pyodide (started from its memory snapshot) and the model load.
 
-    DIR/index.html           a minimal page: an input box (JSON), a Run button, the output
-    DIR/main.py              the page's Python: picks WebGPU or the CPU, loads the record, runs
-    DIR/pyscript.json        PyScript's configuration: the local interpreter and the files below
-    DIR/<model source>.py    the model's class, copied unchanged
+    DIR/index.html           a minimal page: an input box (JSON), a Run button, the output, progress
+    DIR/app.js               the page's script: loads the model in the worker, runs it on Run
+    DIR/<model source>.py    the model's class, copied unchanged (imported in the worker)
     DIR/model.safetensors    the record
-    DIR/cinders-*.whl        cinders itself (pure Python), unpacked by PyScript into the page
+    DIR/wasm/                cinders.js and its worker
+    DIR/wheels/              cinders itself (pure Python), its bytecode and Pyodide snapshot
     DIR/wasm-kernels/        cn.Wasm()'s kernels, for browsers without WebGPU
-    DIR/vendor/pyodide/      the Pyodide interpreter (npm `pyodide`, local copy)
-    DIR/vendor/pyscript/     PyScript (npm `@pyscript/core`, local copy)
+    DIR/node_modules/pyodide/   the Pyodide interpreter (npm `pyodide`, local copy)
 
-Any static file server serves it (`cinders serve DIR` is one, on 127.0.0.1); edit index.html and
-main.py to make the page your own. Nothing of the model source runs here: it is checked to parse
-and copied.
+Any static file server serves it (`cinders serve DIR` is one, on 127.0.0.1, with the files
+brotli-compressed and the site cross-origin isolated); edit index.html and app.js to make the page
+your own. Nothing of the model source runs here: it is checked to parse and copied.
 """
 import ast
 import json
@@ -35,8 +36,7 @@ PAGE = """<!doctype html>
   <meta name="viewport" content="width=device-width, initial-scale=1">
   <title>{title}</title>
   <link rel="icon" href="data:,">
-  <link rel="stylesheet" href="./vendor/pyscript/core.css">
-  <script type="module" src="./vendor/pyscript/core.js"></script>
+  <link rel="modulepreload" href="./wasm/cinders.js">
   <style>
     body {{ font-family: system-ui, sans-serif; max-width: 720px; margin: 0 auto; padding: 1rem; }}
     textarea {{ width: 100%; font-family: monospace; }}
@@ -49,64 +49,63 @@ PAGE = """<!doctype html>
   <textarea id="input" rows="6">{example}</textarea>
   <button id="run" disabled>Run</button>
   <div>Output: <span id="output"></span></div>
-  <div>Status: <span id="status">loading</span> · Backend: <span id="backend">?</span></div>
-  <script type="py" src="./main.py" config="./pyscript.json"></script>
+  <div>Status: <span id="status">loading</span>
+    <progress id="load-progress" max="4" value="0" aria-label="Loading"></progress>
+    <span id="load-bytes"></span> · Backend: <span id="backend">?</span></div>
+  <script type="module" src="./app.js"></script>
 </body>
 </html>
 """
-MAIN = '''"""The page's Python (written by `cinders export-web`; edit freely). PyScript runs it with
-top-level await; pyscript.json put cinders, the record and {source} in the working folder."""
-import json
+APP = """// The page's script (written by `cinders export-web`; edit freely). The model runs in a Web
+// Worker (wasm/cinders.js): this thread only shows progress and results, so it answers input
+// while the model loads. ?backend=webgpu|wasm|python forces a backend.
+import {{ Cinders }} from "./wasm/cinders.js";
 
-from pyscript import document, when
+const INPUT_SHAPE = {shape};  // one sample
+const $ = (id) => document.getElementById(id);
 
-import cinders as cn
-from cinders import record
-from cinders.web import bridge
+// A Python exception arrives as its traceback: its last line names it ("ValueError: ...").
+function errorLine(error) {{
+  const lines = String(error && error.message ? error.message : error).trim().split("\\n").filter((l) => l.trim());
+  return (lines[lines.length - 1] || "unknown error").trim();
+}}
 
-import {module} as model_source
+function showProgress({{ step, steps, bytes }}) {{
+  $("load-progress").max = steps;
+  $("load-progress").value = step;
+  $("load-bytes").textContent = `${{(bytes / 1e6).toFixed(1)}} MB`;
+}}
 
-INPUT_SHAPE = {shape!r}  # one sample
+let model;
+try {{
+  model = await Cinders.load({{
+    model: "./model.safetensors", modelSource: "./{source}", worker: true,
+    backend: new URLSearchParams(location.search).get("backend") || "auto",
+    onStatus: (text) => {{ $("status").textContent = text; }},
+    onProgress: showProgress,
+  }});
+  $("backend").textContent = model.backend;
+  $("load-progress").hidden = true;
+  $("run").disabled = false;
+  $("status").textContent = "ready";
+}} catch (error) {{
+  $("status").textContent = "error: " + errorLine(error);
+  throw error;
+}}
 
-
-def show(selector, text):
-    document.querySelector(selector).textContent = text
-
-
-# WebGPU when the browser has it, else cn.Wasm() on the kernels shipped beside this page, else the CPU
-chosen = await bridge.init("auto", kernels={kernels!r})  # noqa: F704
-show("#backend", chosen["backend"])
-# Only the classes of the model's own source may be named by the record (records name no code).
-model = record.load_model("model.safetensors", allow=[model_source.{cls}])
-model.eval()
-document.querySelector("#run").disabled = False
-show("#status", "ready")
-
-
-def as_batch(values):
-    """The input as a batch: one sample (flat or nested) becomes a batch of one."""
-    x = cn.tensor(values)
-    per_sample = 1
-    for d in INPUT_SHAPE:
-        per_sample *= d
-    if x.numel() % per_sample:
-        raise ValueError("the input holds %d numbers, not a multiple of %d (shape %s)"
-                         % (x.numel(), per_sample, INPUT_SHAPE))
-    return x.reshape(-1, *INPUT_SHAPE)
-
-
-@when("click", "#run")
-async def run(event):
-    show("#status", "running")
-    try:
-        output = model(as_batch(json.loads(document.querySelector("#input").value)))
-        values = await output.to_data_async()  # GPU results are read asynchronously in the browser
-        show("#output", json.dumps(values))
-        show("#status", "ready")
-    except Exception as e:  # shown in the page, where the user looks, instead of the old output
-        show("#output", "")
-        show("#status", "error: %s: %s" % (type(e).__name__, " ".join(str(e).split())))
-'''
+$("run").addEventListener("click", async () => {{
+  $("status").textContent = "running";
+  try {{
+    // One sample (flat or nested) is a batch of one; the worker checks the count.
+    const result = await model.run([JSON.parse($("input").value)].flat(Infinity), INPUT_SHAPE);
+    $("output").textContent = JSON.stringify(result.values);
+    $("status").textContent = "ready";
+  }} catch (error) {{  // shown in the page, where the user looks, instead of the old output
+    $("output").textContent = "";
+    $("status").textContent = "error: " + errorLine(error);
+  }}
+}});
+"""
 
 
 def _npm_package(node_modules, name):
@@ -139,7 +138,6 @@ def model_class_in(source_path, class_name):
 
 def export_web(record_path, model_source, out_dir, input_shape=None, node_modules=None):
     """Write the static site of `record_path` into out_dir; returns the list of files written."""
-    from ..assets import web_deps_dir
     meta = read_metadata(record_path)
     class_path = meta.get("model_class")
     if not class_path:
@@ -154,59 +152,16 @@ def export_web(record_path, model_source, out_dir, input_shape=None, node_module
     if input_shape is None:
         raise ValueError("%s records no input shape (saved before the model ever ran): pass "
                          "--input-shape A,B,..." % record_path)
-    node_modules = node_modules or web_deps_dir()
-    pyodide = _npm_package(node_modules, "pyodide")
-    pyscript = os.path.join(_npm_package(node_modules, "@pyscript/core"), "dist")
-
-    os.makedirs(out_dir, exist_ok=True)
-    vendor = os.path.join(out_dir, "vendor")
-    if os.path.isdir(vendor):
-        shutil.rmtree(vendor)
-    shutil.copytree(pyodide, os.path.join(vendor, "pyodide"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
-    shutil.copytree(pyscript, os.path.join(vendor, "pyscript"), ignore=shutil.ignore_patterns(*NOT_SHIPPED))
-    for old in os.listdir(out_dir):
-        if old.startswith("cinders-") and old.endswith(".whl"):
-            os.remove(os.path.join(out_dir, old))
-    wheel_name = _write_wheel(out_dir)
-    kernels = _copy_wasm_kernels(out_dir)
+    _write_runtime(out_dir, node_modules)
     for src, dst in ((record_path, "model.safetensors"), (model_source, module + ".py")):
         shutil.copyfile(src, check_writable_target(os.path.join(out_dir, dst), RecordError))
-    config = {
-        "interpreter": "./vendor/pyodide/pyodide.mjs",
-        "files": {"./" + wheel_name: "./*", "./model.safetensors": "./model.safetensors",
-                  "./%s.py" % module: "./%s.py" % module},
-    }
-    written = {"pyscript.json": json.dumps(config, indent=1) + "\n",
-               "main.py": MAIN.format(source=module + ".py", module=module, cls=cls, shape=tuple(input_shape),
-                                  kernels=kernels),
+    written = {"app.js": APP.format(source=module + ".py", shape=json.dumps(list(input_shape))),
                "index.html": PAGE.format(title="%s in the browser" % cls, shape=tuple(input_shape),
                                          example=json.dumps(_zeros(input_shape)))}
     for name, text in written.items():
         with open(check_writable_target(os.path.join(out_dir, name), RecordError), "w") as f:
             f.write(text)
-    return sorted(os.path.join(out_dir, n) for n in os.listdir(out_dir))
-
-
-def _copy_wasm_kernels(out_dir):
-    """cn.Wasm()'s module into DIR/wasm-kernels/ (built from source when missing), so a browser
-    without WebGPU runs the site on it; its URL relative to the page."""
-    from cinders.wasm.build import module_path, SERVED_NAME
-    folder = os.path.join(out_dir, "wasm-kernels")
-    os.makedirs(folder, exist_ok=True)
-    shutil.copyfile(module_path(), check_writable_target(os.path.join(folder, SERVED_NAME), RecordError))
-    return "./wasm-kernels/" + SERVED_NAME
-
-
-def _write_wheel(out_dir):
-    """Build the cinders wheel (sources only) in a private folder and move it into out_dir:
-    the shared cache's wheel (with bytecode and snapshot for `cinders demo`) stays untouched."""
-    import tempfile
-    from .wheel import build_wheel
-    with tempfile.TemporaryDirectory() as tmp:
-        wheel = build_wheel(tmp, bytecode=False)
-        name = os.path.basename(wheel)
-        shutil.move(wheel, os.path.join(out_dir, name))
-    return name
+    return _precompressed(out_dir)
 
 
 def _zeros(shape):
@@ -254,7 +209,7 @@ def export_app(app, out_dir, node_modules=None):
     os.makedirs(models, exist_ok=True)
     for name in APPS[app]:
         shutil.copyfile(shipped.model_path(name), os.path.join(models, name))
-    return _files_under(out_dir)
+    return _precompressed(out_dir)
 
 
 def export_onnx(model_path, out_dir, node_modules=None):
@@ -266,26 +221,40 @@ def export_onnx(model_path, out_dir, node_modules=None):
     load(model_path)
     _write_page_site(os.path.join(REPO_ROOT, "web_demos", "model"), "model", out_dir, node_modules)
     shutil.copyfile(model_path, check_writable_target(os.path.join(out_dir, "model", "model.onnx"), RecordError))
-    return _files_under(out_dir)
+    return _precompressed(out_dir)
 
 
 def _write_page_site(page_dir, page, out_dir, node_modules):
-    """The page and the runtime every page loads (cinders.js, Pyodide, the wheel, the kernels)."""
+    """The page, the JS the pages share, the runtime (_write_runtime) and DIR/index.html, which
+    sends the browser to the page."""
+    from .server import REPO_ROOT
+    _write_runtime(out_dir, node_modules, replace=(page, "shared"))
+    shutil.copytree(page_dir, os.path.join(out_dir, page))
+    shutil.copytree(os.path.join(REPO_ROOT, "web_demos", "shared"), os.path.join(out_dir, "shared"))
+    with open(check_writable_target(os.path.join(out_dir, "index.html"), RecordError), "w") as f:
+        f.write(REDIRECT.format(page=page))
+
+
+def _write_runtime(out_dir, node_modules, replace=()):
+    """What every page loads, laid out as the demo server serves it (cinders.js finds the rest
+    relative to itself): DIR/wasm/ (cinders.js and its worker), DIR/node_modules/pyodide/,
+    DIR/wheels/ (the wheel, its bytecode and Pyodide snapshot, their manifest), DIR/wasm-kernels/
+    (cn.Wasm()'s module, when it could be built). Folders of an earlier export (and `replace`)
+    are replaced."""
     from ..assets import web_deps_dir
     from .server import REPO_ROOT, ensure_wasm_module, wasm_module_dir
     from .wheel import MANIFEST, ensure_wheel
     node_modules = node_modules or web_deps_dir()
     pyodide = _npm_package(node_modules, "pyodide")
     os.makedirs(out_dir, exist_ok=True)
-    for name in (page, "shared", "wasm", "node_modules", "wheels", "wasm-kernels"):
+    for name in tuple(replace) + ("wasm", "node_modules", "wheels", "wasm-kernels"):
         if os.path.isdir(os.path.join(out_dir, name)):
             shutil.rmtree(os.path.join(out_dir, name))
-    shutil.copytree(page_dir, os.path.join(out_dir, page))
-    shutil.copytree(os.path.join(REPO_ROOT, "web_demos", "shared"), os.path.join(out_dir, "shared"))
     shutil.copytree(pyodide, os.path.join(out_dir, "node_modules", "pyodide"),
                     ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     os.makedirs(os.path.join(out_dir, "wasm"))
-    shutil.copyfile(os.path.join(REPO_ROOT, "wasm", "cinders.js"), os.path.join(out_dir, "wasm", "cinders.js"))
+    for name in ("cinders.js", "cinders-worker.js"):
+        shutil.copyfile(os.path.join(REPO_ROOT, "wasm", name), os.path.join(out_dir, "wasm", name))
     wheel = ensure_wheel()
     wheels = os.path.join(out_dir, "wheels")
     os.makedirs(wheels)
@@ -300,8 +269,14 @@ def _write_page_site(page_dir, page, out_dir, node_modules):
     if os.path.isfile(kernels):
         os.makedirs(os.path.join(out_dir, "wasm-kernels"))
         shutil.copyfile(kernels, os.path.join(out_dir, "wasm-kernels", "cinders-kernels.wasm"))
-    with open(check_writable_target(os.path.join(out_dir, "index.html"), RecordError), "w") as f:
-        f.write(REDIRECT.format(page=page))
+
+
+def _precompressed(out_dir):
+    """Each compressible file's brotli and gzip copies beside it (server.precompress: no compressing
+    on a visitor's request); returns every file of the site."""
+    from .server import precompress
+    precompress(out_dir)
+    return _files_under(out_dir)
 
 
 def _files_under(folder):

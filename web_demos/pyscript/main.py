@@ -1,14 +1,18 @@
 """PyScript example: cinders loads the MNIST record and classifies an uploaded picture.
 
-pyscript.json unpacks the cinders wheel into the working folder (on sys.path), copies the model
-record next to it, and exposes the demos' shared preprocessing (preprocess.js) to Python.
+index.html runs this in a worker (`<script type="py" worker>`): Pyodide, cinders and the model stay
+off the page's thread, so the page answers input while they load; `document` and `window` are the
+page's, reached from the worker. pyscript.json starts Pyodide from cinders' memory snapshot
+(/wasm/pyscript-pyodide.mjs, cinders already imported), copies the model record next to this
+file, and exposes the demos' shared preprocessing (preprocess.js) and the page's progress
+(progress.js) to Python.
 """
 import math
 
 import js
 from pyodide.ffi import jsnull
-from pyscript import document, when
-from pyscript.js_modules import preprocess
+from pyscript import document, when, window
+from pyscript.js_modules import page, preprocess
 
 import cinders as cn
 from cinders import record
@@ -21,22 +25,26 @@ def show(selector, text):
 
 # WebGPU when the browser has it (cinders.wgpu's browser device), else WebAssembly SIMD kernels
 # (cn.Wasm()), else Python; say which. ?backend=webgpu|wasm|python forces one.
-prefer = js.URLSearchParams.new(js.location.search).get("backend") or "auto"
-chosen = await bridge.init(prefer)  # noqa: F704  (PyScript runs this script with top-level await)
-show("#backend", chosen["backend"])
-show("#backend-note", "(%s)" % chosen["note"] if chosen["note"] else "")
+page.step("starting the backend")  # progress.js: one call to the page instead of one per element
+prefer = js.URLSearchParams.new(window.location.search).get("backend") or "auto"
+# The kernels' URL made absolute against the page: PyScript's worker runs from a blob: URL.
+kernels = js.URL.new("/wasm-kernels/cinders-kernels.wasm", window.location.href).href
+chosen = await bridge.init(prefer, kernels=kernels)  # noqa: F704  (PyScript runs this script with top-level await)
+page.step("loading the model")
 model = record.load_model("mnist-cnn.safetensors")  # class and config come from the record
 forward = cn.capture(model)  # from the third call on: one replay of the recorded GPU kernels
-show("#status", "ready")
+page.ready(chosen["backend"], chosen["note"])
 
 
 def draw_preview(pixels):
     canvas = document.querySelector("#preview")
-    image = canvas.getContext("2d").createImageData(28, 28)
+    context = canvas.getContext("2d")
+    image = context.createImageData(28, 28)
+    rgba = bytearray(4 * 28 * 28)
     for i, v in enumerate(pixels):
-        g = int(255 * v)
-        image.data[4 * i], image.data[4 * i + 1], image.data[4 * i + 2], image.data[4 * i + 3] = g, g, g, 255
-    canvas.getContext("2d").putImageData(image, 0, 0)
+        rgba[4 * i:4 * i + 4] = bytes((int(255 * v),) * 3 + (255,))
+    image.data.set(js.Uint8Array.new(rgba))  # one call to the page, not one per pixel
+    context.putImageData(image, 0, 0)
 
 
 @when("change", "#upload")
@@ -45,7 +53,7 @@ async def classify(event):
     if not files.length:
         return
     show("#status", "classifying")
-    bitmap = await js.createImageBitmap(files.item(0))
+    bitmap = await window.createImageBitmap(files.item(0))
     canvas = document.createElement("canvas")
     canvas.width, canvas.height = bitmap.width, bitmap.height
     context = canvas.getContext("2d")
