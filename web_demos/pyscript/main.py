@@ -33,7 +33,6 @@ chosen = await bridge.init(prefer, kernels=kernels)  # noqa: F704  (PyScript run
 page.step("loading the model")
 model = record.load_model("mnist-cnn.safetensors")  # class and config come from the record
 forward = cn.capture(model)  # from the third call on: one replay of the recorded GPU kernels
-page.ready(chosen["backend"], chosen["note"])
 
 
 def draw_preview(pixels):
@@ -73,3 +72,8 @@ async def classify(event):
     show("#result", str(best))
     show("#confidence", "(%.1f%%)" % (100 / total))
     show("#status", "ready")
+
+
+# "ready" only once the upload handler above is registered: an upload the moment the page says
+# ready would otherwise reach no handler (the worker registers it through the page's thread).
+page.ready(chosen["backend"], chosen["note"])
