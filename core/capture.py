@@ -56,6 +56,7 @@ import linecache
 import sys
 import gc
 import threading
+import weakref
 
 
 from .errors import CindersError
@@ -130,6 +131,25 @@ def assign(dst, src):
         raise CaptureError("cn.capture: assign needs a backend that cn.capture records (such as "
                            "cn.Wgpu()), got %r" % (d.backend,))
     d.backend.capture_recorder().assign(d.handle, s.handle)
+
+
+def retire(t):
+    """t's owner gives its buffer up (a parameter replaced by a new tensor, `t[key] = v`): the
+    programs that read that buffer as state would replay the old values, so they record again
+    at their next call instead (Module and indexing call this; a Python variable that fn reads
+    and the user rebinds is not seen: pass such values as arguments)."""
+    if not _LIVE_PROGRAMS:
+        return
+    base = _to_base(t)
+    if not base.backend.capturable:
+        return
+    raw = base.backend.capture_recorder().buffer(base.handle)[0]
+    for program in list(_LIVE_PROGRAMS):
+        if id(raw) in program.state_ids:
+            program.stale = True
+
+
+_LIVE_PROGRAMS = weakref.WeakSet()  # the _Programs alive, for retire()
 
 
 def _user_line():
@@ -247,7 +267,7 @@ class Captured:
 
     def __call__(self, *args, **kwargs):
         last = self._last
-        if last is not None and not kwargs:
+        if last is not None and not kwargs and not last.program.stale:
             based = last.match(args)  # (alive until the replay has run)
             if based is not None:
                 self.replays += 1
@@ -267,9 +287,11 @@ class Captured:
         views = [recorder.buffer(h) for h in based]
         key = tuple(_signature_of(v) for v in leaves) + tuple(off for _, off, _ in views)
         entry = self._entry(key)
+        if entry.program is not None and entry.program.stale:  # state it read was replaced
+            entry = self._entries[key] = _Entry()
         if entry.program is not None:
             self.replays += 1
-            if not kwargs and len(tensors) == len(args):
+            if not kwargs and all(isinstance(a, Tensor) for a in args):
                 self._last = _LastCall(entry.program, recorder, args, views)
             return entry.program.replay([raw for raw, _, _ in views], self.__name__)
         if not entry.warm:
@@ -543,6 +565,9 @@ class _Program:
         # The program's last reference (this object) keeps the buffers alive, so their ids
         # stay unique until the recorder has them back.
         self._kept = list(kept.values())
+        self.state_ids = frozenset(kept)
+        self.stale = False   # set by retire(): a buffer it reads as state was given up
+        _LIVE_PROGRAMS.add(self)
 
     def hand_out(self, out):
         """The second call's outputs, copied out of the workspace (one submit)."""

@@ -17,6 +17,7 @@ because Cinders tensors are values, not views. Duplicate positions in one assign
 unspecified, as in torch.
 """
 
+from . import capture
 from .creation import _flatten_nested, arange, full, tensor
 from .dtypes import bool_, int32
 from .errors import IndexingError, ShapeError
@@ -117,7 +118,9 @@ def setitem(x, key, value):
         0, where_to, full(where_to.shape, 1, backend=x.backend, dtype=int32)) > 0
     placed = full(flat.shape, 0, backend=x.backend, dtype=work).scatter_add(0, where_to, value.reshape(-1).cast(work))
     new = where(hit, placed.cast(x.dtype), flat).reshape(x.shape)
-    x.handle = x.backend.assign(x, new)
+    handle = x.backend.assign(x, new)
+    capture.retire(x)   # x's old buffer is given up: captured programs reading it record again
+    x.handle = handle
 
 
 def _full_key(x, key):

@@ -260,3 +260,47 @@ def test_programs_of_the_least_recently_used_signatures_are_dropped(monkeypatch)
     assert len(fast._entries) == 2 and fast.captures == 3
     run(4)                           # captured again, pushing out width 5
     assert fast.captures == 4 and pool.stats()["captured_bytes"] == 2 * one
+
+
+REPLACEMENTS = {
+    # each gives a state tensor that a captured fn reads a new buffer, outside fn
+    "optimizer step": lambda model, x: cn.optim.SGD(lr=0.5).step(model, model(x).sum().backward()),
+    "load_state_dict": lambda model, x: model.load_state_dict(
+        {k: v.numpy() * 2.0 for k, v in model.state_dict().items()}),
+    "setitem": lambda model, x: _write_under_no_grad(model[0].weight, (0, 0), 100.0),
+}
+
+
+def _write_under_no_grad(t, key, value):
+    with cn.no_grad():
+        t[key] = value
+
+
+@pytest.mark.parametrize("backend_name", ["wgpu", "fusion-wgpu", "wasm"])
+@pytest.mark.parametrize("replacement", sorted(REPLACEMENTS))
+def test_state_replaced_outside_fn_records_again_instead_of_replaying_old_values(backend_name, replacement):
+    """Uncaptured training, load_state_dict or `w[i] = v` give a parameter a new buffer; a captured
+    forward recorded before must answer with the new values (it records again), never the old."""
+    inner = cn.Wasm() if backend_name == "wasm" else STACKS[backend_name]()
+    backend = cn.Autodiff(inner)
+    cn.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).to(backend)
+    x = cn.tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4), backend=backend)
+    fast = cn.capture(lambda x: model(x))
+    for _ in range(4):
+        fast(x)
+    assert fast.replays >= 1
+    REPLACEMENTS[replacement](model, x)
+    want = model(x).numpy()
+    for _ in range(4):   # the recording calls and the replays after them
+        np.testing.assert_allclose(fast(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert fast.captures == 2
+
+
+def test_a_list_argument_does_not_break_the_last_call_check():
+    backend = Wgpu()
+    w = cn.tensor([2.0, 3.0], backend=backend)
+    fast = cn.capture(lambda x, ys: x * w + ys[0])
+    x, y = cn.tensor([1.0, 1.0], backend=backend), cn.tensor([1.0, 2.0], backend=backend)
+    for _ in range(6):
+        np.testing.assert_allclose(fast(x, [y]).numpy(), [3.0, 5.0])

@@ -150,3 +150,18 @@ def test_cinders_demo_sets_up_serves_and_prints_its_url():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_shipped_copy_that_is_a_link_is_never_sent(server, tmp_path):
+    """FILE.gz beside a served file may be a symlink to anything (a site folder from elsewhere):
+    only a regular file beside it is sent, else the server compresses the file itself."""
+    import gzip
+    body = b"export const x = [%s];\n" % b", ".join(b"%d" % i for i in range(5000))
+    (tmp_path / "site" / "linked.js").write_bytes(body)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(gzip.compress(b"not for the web"))
+    (tmp_path / "site" / "linked.js.gz").symlink_to(secret)
+    request = urllib.request.Request(server.url + "linked.js", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request) as r:
+        assert r.headers.get("Content-Encoding") == "gzip"
+        assert gzip.decompress(r.read()) == body

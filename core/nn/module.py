@@ -18,7 +18,7 @@ import json
 import re
 import warnings
 
-from .. import record
+from .. import capture, record
 from ..dtypes import float32
 from ..errors import RecordError
 from ..tensor import Tensor
@@ -372,6 +372,9 @@ def _modules_in(value):
 
 
 def _assign(owner, key, value):
+    old = owner.__dict__.get(key) if isinstance(owner, Module) else None if isinstance(owner, tuple) else owner[key]
+    if isinstance(old, Tensor):
+        capture.retire(old)   # captured programs reading it record again instead of replaying it
     if isinstance(owner, Module):
         object.__setattr__(owner, key, value)
     elif isinstance(owner, tuple):

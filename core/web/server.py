@@ -301,14 +301,17 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
     @staticmethod
     def shipped_copy(path, st, encoding):
-        """The copy `precompress` wrote beside `path` when it is a regular file no older than the
-        file itself (else None: the cache's copy is made)."""
-        shipped = path + SHIPPED_SUFFIX[encoding]
+        """The copy `precompress` wrote beside `path` when it is a regular file (not a link), the
+        sibling of the file `path` resolves to (so inside the folder that was checked), and no
+        older than the file itself; else None: the cache's copy is made."""
+        suffix = SHIPPED_SUFFIX[encoding]
+        shipped = path + suffix
         try:
-            shipped_st = os.stat(shipped)
+            shipped_st = os.lstat(shipped)
         except OSError:
             return None
-        return shipped if stat.S_ISREG(shipped_st.st_mode) and shipped_st.st_mtime_ns >= st.st_mtime_ns else None
+        beside = os.path.realpath(shipped) == os.path.realpath(path) + suffix
+        return shipped if beside and stat.S_ISREG(shipped_st.st_mode) and shipped_st.st_mtime_ns >= st.st_mtime_ns else None
 
     def list_directory(self, path):
         self.send_error(404, "File not found")  # folders without an index.html are not listed
