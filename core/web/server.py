@@ -81,11 +81,17 @@ def encoded_copy(path, st, encoding):
     target = os.path.join(folder, key + "." + encoding)
     if not os.path.exists(target):
         os.makedirs(folder, exist_ok=True)
-        tmp = "%s.%d.%d.tmp" % (target, os.getpid(), threading.get_ident())
-        with open(path, "rb") as src:
-            write(src, tmp)
-        os.replace(tmp, target)
+        _write_whole(path, target, write)
     return target
+
+
+def _write_whole(path, target, write):
+    """write(src, file) into a temporary name, then renamed: a reader never sees half a copy
+    (an interrupted export, or a server sending it meanwhile)."""
+    tmp = "%s.%d.%d.tmp" % (target, os.getpid(), threading.get_ident())
+    with open(path, "rb") as src:
+        write(src, tmp)
+    os.replace(tmp, target)
 
 
 # Content-Encoding -> the suffix of the copy a site ships beside a file (precompress).
@@ -102,8 +108,7 @@ def precompress(folder):
             if not name.endswith(COMPRESSIBLE) or os.path.getsize(path) < COMPRESS_MIN_BYTES:
                 continue
             for encoding, (_, write) in ENCODERS.items():
-                with open(path, "rb") as src:
-                    write(src, path + SHIPPED_SUFFIX[encoding])
+                _write_whole(path, path + SHIPPED_SUFFIX[encoding], write)
 
 
 def accepted_encoding(accept_encoding):
