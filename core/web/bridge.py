@@ -189,6 +189,29 @@ def _basename(url, default):
     return os.path.basename(url.split("?", 1)[0]) or default
 
 
+def _user_module(folder, source, source_name):
+    """The user's model source as the module its file names, executed afresh (a second load with
+    new source gets the new classes), never put on sys.path; a name that an installed module
+    already has is refused instead of silently meaning that module."""
+    import importlib.util
+    import sys
+    name = os.path.splitext(_basename(source_name or "", "model_source.py"))[0]
+    if not name.isidentifier():
+        raise ValueError("the model source %s: its file name must be a Python module name" % source_name)
+    path = os.path.join(folder, name + ".py")
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) != path:
+        raise ValueError("the model source %s: %r is already the name of an installed module; rename "
+                         "the file" % (source_name, name))
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # the record names its classes by this module
+    spec.loader.exec_module(module)
+    return module
+
+
 async def load_model(data, name="model.safetensors", source=None, source_name=None):
     """A record's bytes (JS Uint8Array or Python bytes) -> Predictor on the page's backend.
 
@@ -204,17 +227,7 @@ async def load_model(data, name="model.safetensors", source=None, source_name=No
     os.makedirs(folder, exist_ok=True)
     allow = ()
     if source is not None:
-        import importlib
-        import sys
-        module = os.path.splitext(_basename(source_name or "", "model_source.py"))[0]
-        if not module.isidentifier():
-            raise ValueError("the model source %s: its file name must be a Python module name" % source_name)
-        with open(os.path.join(folder, module + ".py"), "w") as f:
-            f.write(source)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        sys.path_importer_cache.pop(folder, None)  # a new file (invalidate_caches() takes a second)
-        allow = (importlib.import_module(module),)
+        allow = (_user_module(folder, source, source_name),)
     path = os.path.join(folder, _basename(name, "model.safetensors"))
     with open(path, "wb") as f:
         f.write(raw)
