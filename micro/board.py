@@ -58,8 +58,8 @@ def _exec(t, code, what, timeout=10):
         out, err = t.exec_raw(code, timeout=timeout)
     except (TransportError, OSError) as e:
         raise BoardError("%s: the serial link failed: %s" % (what, e)) from None
-    if err:
-        traceback = err.decode().strip()
+    if err.strip():
+        traceback = err.decode(errors="replace").strip()
         last = traceback.splitlines()[-1]
         if last.startswith("MemoryError"):
             raise BoardError("%s: the board ran out of memory (%s): run fewer samples at once, "
