@@ -16,6 +16,8 @@ import cinders as cn
 import cinders.nn.functional as F
 from cinders.wgpu import DeviceLimitError
 
+from test_conv_kernels import torch_conv  # the forward oracle both files check against
+
 RNG = np.random.default_rng(7)
 
 # One row per case: batch, in channels, (H, W), out channels, kernel, stride, dilation, groups,
@@ -45,15 +47,6 @@ def _case_id(row):
         **_case(row)).replace(" ", "")
 
 
-def _torch_conv(x, w, b, case):
-    padding = case["padding"]
-    if isinstance(padding, tuple) and isinstance(padding[0], tuple):
-        (pt, pb), (pl, pr) = padding
-        x, padding = TF.pad(x, (pl, pr, pt, pb)), 0
-    y = TF.conv2d(x, w, b, case["stride"], padding, case["dilation"], case["groups"])
-    return {None: y, "relu": TF.relu(y), "relu6": TF.relu6(y)}[case["activation"]]
-
-
 def _gradients(backend, case):
     """(cinders' gradients of x, w, b, torch's, the kernel names launched by backward())."""
     x = RNG.standard_normal((case["n"], case["c"]) + case["hw"]).astype(np.float32)
@@ -68,7 +61,7 @@ def _gradients(backend, case):
         grads = loss.backward()
         mine = [t.grad(grads).numpy() for t in (cx, cw, cb)]
     tx, tw, tb = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w, b))
-    (_torch_conv(tx, tw, tb, case) * torch.tensor(upstream, dtype=torch.float64)).sum().backward()
+    (torch_conv(tx, tw, tb, case) * torch.tensor(upstream, dtype=torch.float64)).sum().backward()
     kernels = [e["name"] for e in prof.events if e.get("kind") == "kernel"]
     return mine, [t.grad.numpy() for t in (tx, tw, tb)], kernels
 

@@ -60,7 +60,7 @@ def _arrays(case):
     return x, w, b
 
 
-def _torch_conv(x, w, b, case):
+def torch_conv(x, w, b, case):
     """torch's conv2d (+ activation) in float64; asymmetric padding through F.pad."""
     padding = case["padding"]
     if isinstance(padding, tuple) and isinstance(padding[0], tuple):
@@ -78,7 +78,7 @@ def _cn_conv(backend, x, w, b, case):
 
 def _expected(x, w, b, case):
     t = lambda a: None if a is None else torch.tensor(a, dtype=torch.float64)  # noqa: E731
-    return _torch_conv(t(x), t(w), t(b), case).numpy()
+    return torch_conv(t(x), t(w), t(b), case).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def test_gradient_against_torch(wrap, case):
 
     tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w))
     tb = None if b is None else torch.tensor(b, dtype=torch.float64, requires_grad=True)
-    (_torch_conv(tx, tw, tb, case) * torch.tensor(upstream, dtype=torch.float64)).sum().backward()
+    (torch_conv(tx, tw, tb, case) * torch.tensor(upstream, dtype=torch.float64)).sum().backward()
     pairs = [(cx, tx), (cw, tw)] + ([] if b is None else [(cb, tb)])
     for mine, theirs in pairs:
         np.testing.assert_allclose(mine.grad(grads).numpy(), theirs.grad.numpy(), rtol=1e-3, atol=1e-3)
