@@ -2,9 +2,9 @@
 (the browser itself is exercised by e2e/)."""
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
-import pathlib
 import zipfile
 
 import numpy as np
@@ -15,8 +15,6 @@ from cinders.cli import build_parser
 from cinders.web import bridge
 from cinders.web.server import DemoServer
 from cinders.web.wheel import MANIFEST, build_wheel, ensure_wheel, source_files
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_wheel_holds_only_pure_python_and_installs_every_package(tmp_path):
@@ -177,21 +175,18 @@ def test_a_sites_model_source_is_its_own_module_and_never_an_installed_one(tmp_p
     module its file names; a file named like an installed module (json.py) is refused instead of
     silently meaning the installed module."""
     import asyncio
-    import sys
-    sys.path.insert(0, str(REPO / "e2e"))
-    try:
-        from user_site import SOURCE, save_user_model
-    finally:
-        sys.path.remove(str(REPO / "e2e"))
-    x, want = save_user_model(tmp_path)
-    sys.modules.pop("ring_model", None)   # the desktop's import of it, not the site's
-    record_bytes = (tmp_path / "ring.safetensors").read_bytes()
+    from test_install import POINT_MODEL, user_model
+    x, want = user_model(tmp_path)
+    record_bytes = (tmp_path / "point.safetensors").read_bytes()
 
     async def run():
         await bridge.init("python")
-        predictor = await bridge.load_model(record_bytes, "ring.safetensors", SOURCE, "/site/ring_model.py?v=1")
+        predictor = await bridge.load_model(record_bytes, "point.safetensors", POINT_MODEL, "/site/point_model.py?v=1")
         out = await predictor.run([float(v) for v in x.reshape(-1)], [2])
         np.testing.assert_allclose(np.array(out["values"]), want, rtol=1e-5, atol=1e-6)
         with pytest.raises(ValueError, match="already the name of an installed module"):
-            await bridge.load_model(record_bytes, "ring.safetensors", SOURCE, "json.py")
-    asyncio.run(run())
+            await bridge.load_model(record_bytes, "point.safetensors", POINT_MODEL, "json.py")
+    try:
+        asyncio.run(run())
+    finally:
+        sys.modules.pop("point_model", None)   # the site's module, registered by load_model
