@@ -372,13 +372,13 @@ def _modules_in(value):
 
 
 def _assign(owner, key, value):
-    old = owner.__dict__.get(key) if isinstance(owner, Module) else None if isinstance(owner, tuple) else owner[key]
+    if isinstance(owner, tuple):
+        raise TypeError("cannot replace a tensor held in a tuple; hold parameters in a list")
+    old = owner.__dict__.get(key) if isinstance(owner, Module) else owner[key]
     if isinstance(old, Tensor):
         capture.retire(old)   # captured programs reading it record again instead of replaying it
     if isinstance(owner, Module):
         object.__setattr__(owner, key, value)
-    elif isinstance(owner, tuple):
-        raise TypeError("cannot replace a tensor held in a tuple; hold parameters in a list")
     else:
         owner[key] = value
 
