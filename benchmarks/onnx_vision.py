@@ -2,7 +2,8 @@
 
     python benchmarks/onnx_vision.py                 # import time of resnet18; resnet18 batch 1 on
                                               # cn.NumPy() vs onnxruntime CPU, both 1 thread
-    python benchmarks/onnx_vision.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32
+    python benchmarks/onnx_vision.py --gpu           # resnet50 batch 32 on cn.Wgpu() vs torch CUDA eager fp32,
+                                              # uncaptured and captured, and its GPU time by kernel
     python benchmarks/onnx_vision.py --gpu --fusion  # the same on cn.Fusion(cn.Wgpu())
 
 Models are torchvision architectures with seeded random weights at 224x224, exported by the
@@ -22,6 +23,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # tests/onnx_models.py: the cached exports
+from timing import kernel_table  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def emit(**row):
@@ -135,10 +137,21 @@ def gpu(repeat, batch, name="resnet50", size=224, device="cuda", fusion=False):
          ratio=a[0] / b[0], cinders_median_ms=a[1] * 1e3, torch_median_ms=b[1] * 1e3, max_abs_diff=diff,
          torch_device=device, adapter=str((backend.inner or backend).device_key()), export_s=export_s, import_s=import_s,
          first_run_s=first_s, goal_ratio=2.0)
+    captured_model = cn.capture(model)
+
+    def ours_captured():
+        captured_model(xt).numpy()
+    for _ in range(3):          # the capture records on its first calls
+        ours_captured()
+    c, b = best_of(ours_captured, repeat), best_of(theirs, repeat)
+    emit(bench="onnx_%s_gpu_captured" % name, backend=repr(backend), batch=batch, size=size,
+         captured_ms=c[0] * 1e3, torch_ms=b[0] * 1e3, ratio=c[0] / b[0], captured_median_ms=c[1] * 1e3,
+         torch_median_ms=b[1] * 1e3, torch_device=device, goal_ratio=1.3)
     with cn.profile(backend) as p:
         ours()
+    gpu_ms, kernels = kernel_table(p)
     emit(bench="onnx_%s_gpu_profile" % name, kernel_launches=p.kernel_launches,
-         per_launch_us=a[0] * 1e6 / max(1, p.kernel_launches))
+         per_launch_us=a[0] * 1e6 / max(1, p.kernel_launches), kernel_gpu_ms=gpu_ms, kernels=kernels)
 
 
 def main(argv=None):

@@ -29,7 +29,7 @@ SIZES = ((7, 9), (6, 5), (9, 8))                 # odd and even, never square
 BATCHES, BIASES = (1, 3), (True, False)
 ACTIVATIONS = (None, "relu", "relu6")
 OUT_CHANNELS = (16, 6)                           # 16: the tiled kernel (groups 1/2), 6: direct
-# C is 16 or 8: the tiled kernel steps by tap where a group has 16 channels, else over flat K
+# C is 16 or 8: K = (C/G) x taps, so the tiled kernel's 8-deep K steps end inside a tap or a channel
 
 
 def _grid():
@@ -133,7 +133,7 @@ def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
 
 
 def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
-    """The tiled kernel (both ways of staging K) and the direct one each run in the grid, as one
+    """The register-tiled implicit GEMM and the direct kernel each run in the grid, as one
     launch with bias and activation inside, and no unfold2d or matmul kernel is launched."""
     seen = set()
     for case in GRID:
@@ -144,24 +144,46 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
         assert convs[0].endswith("_" + case["activation"]) if case["activation"] else \
             not convs[0].endswith("relu") and not convs[0].endswith("relu6")
         seen.add(convs[0].split("_")[1])
-    assert seen == {"gemm", "taps", "direct"}
+    assert seen == {"reg", "direct"}
 
 
-@pytest.mark.parametrize("tile", ["t64", "t128"])
-def test_both_tiles(gpu, tile, monkeypatch):
-    """Both tile shapes of the tiled kernel (the large one is chosen only for layers bigger than
-    lavapipe can run quickly, so it is forced here) on the grid's tiled cases."""
+@pytest.mark.parametrize("tile", ["r64", "r128"])
+def test_both_tiles_and_strided_weights(gpu, tile, monkeypatch):
+    """Both register tiles of the implicit GEMM (the large one is chosen only for layers bigger
+    than lavapipe can run quickly, so it is forced here) on the grid's tiled cases, with the
+    weight contiguous (read at k) and as a permuted view (read through its strides)."""
     from cinders.wgpu import conv as wgpu_conv
-    monkeypatch.setattr(wgpu_conv, "tile_for", lambda og, cols, groups: tile)
-    ran = set()
+    monkeypatch.setattr(wgpu_conv, "reg_tile_for", lambda og, cols, groups: tile)
+    ran = 0
     for case in GRID[::3]:
         x, w, b = _arrays(case)
+        want = _expected(x, w, b, case)
         names = _kernels(gpu, lambda: _cn_conv(gpu, x, w, b, case))
-        ran.update(n.split("_")[1] for n in names if "_t" in n)
-        assert all(tile in n for n in names if "_t" in n), names
-        np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), _expected(x, w, b, case),
+        ran += any(n.startswith("conv2d_reg_" + tile) for n in names)
+        assert not [n for n in names if "_reg_" in n and tile not in n], names
+        np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), want,
                                    rtol=1e-4, atol=1e-4, err_msg=_case_id(case))
-    assert ran == {"gemm", "taps"}
+        # The same weight held as (O, kh, kw, C/G) and permuted back: no row is contiguous.
+        w_view = cn.tensor(np.ascontiguousarray(w.transpose(0, 2, 3, 1)), backend=gpu).permute(0, 3, 1, 2)
+        t = lambda a: None if a is None else cn.tensor(a, backend=gpu)  # noqa: E731
+        got = cn.conv2d(t(x), w_view, t(b), case["stride"], case["padding"], case["dilation"],
+                        case["groups"], activation=case["activation"])
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=_case_id(case))
+    assert ran >= 6  # the grid's tiled cases among every third
+
+
+def test_column_tiles_past_the_grid_limit_continue_in_z(gpu, monkeypatch):
+    """More column tiles than a grid dimension holds (65,535 on real devices: a conv with over
+    8.4 million output pixels) continue in z: with the limit lowered to 3, a conv of 5 column
+    tiles runs on a 3 x 1 x 2 grid (the last z row half empty) and matches torch."""
+    from cinders.wgpu import conv as wgpu_conv
+    monkeypatch.setattr(wgpu_conv, "MAX_GROUPS", 3)
+    case = dict(GRID[0], n=1, c=16, hw=(20, 32), o=8, kernel=(3, 3), stride=1, dilation=1,
+                padding=1, groups=1, bias=True, activation="relu")
+    assert wgpu_conv.spill_grid(640, 8, 1, wgpu_conv.REG_TILES["r64"]) == (3, 1, 2)
+    x, w, b = _arrays(case)
+    np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), _expected(x, w, b, case),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_strided_views_and_nan(gpu, wasm):

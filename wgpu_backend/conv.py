@@ -1,15 +1,16 @@
 """cn.Wgpu()'s conv2d primitive: convolution kernels that never build the im2col matrix.
 
-Two WGSL templates, one parameter layout:
+Two forward kernels, one parameter layout (shared with the backward kernels, conv_grad.py):
 
-* implicit GEMM (`gemm_wgsl`): per group g, Out[o, p] = sum_k W[o, k] * X_col[k, p] with
+* implicit GEMM (`reg_wgsl`): per group g, Out[o, p] = sum_k W[o, k] * X_col[k, p] with
   o over the group's output channels, p over batch x output pixels and k over (c, ky, kx) of
-  the group's input channels. A workgroup computes a tile of (o, p) (64 x 64, or 128 x 128
-  for large layers: TILES); each K step stages a few rows of W and of the *virtual* im2col
-  matrix in workgroup memory, gathering the column entries straight from the image (zero
-  outside it). No intermediate tensor exists, so nothing but the input, weight and output has
-  to fit the device's binding limit (maxStorageBufferBindingSize) -- and those are tensors,
-  which the backend already keeps within it.
+  the group's input channels, on the register-tiled, double-buffered loop of the large matmuls
+  (codegen/matmul.py regtile_kernel; REG_TILES: 128 or 64 output channels x 128 pixels per
+  workgroup). Each K step stages a slice of W and of the *virtual* im2col matrix in workgroup
+  memory, gathering the column entries straight from the image (zero outside it). No
+  intermediate tensor exists, so nothing but the input, weight and output has to fit the
+  device's binding limit (maxStorageBufferBindingSize) -- and those are tensors, which the
+  backend already keeps within it.
 * direct (`direct_wgsl`): one thread per output element looping over its window; for
   depthwise convolutions (one input channel per group) and other products too small to tile.
 
@@ -19,12 +20,15 @@ Both read x, the weight and the bias through strides (views cost no copy), write
 folds into weight and bias (a scale per output channel on the weight, a shift on the bias;
 PyTorch's ONNX export already does so), so the epilogue needs nothing more. Padding may be
 asymmetric ((top, bottom), (left, right)): the kernels need only top and left; bottom and
-right decide OH, OW.
+right decide OH, OW. The simpler tiled template (`tiled_wgsl`, TILES) serves the backward
+kernels, whose staging is irregular (stride phases, split reductions).
 """
 
 from collections import namedtuple
 
+from .codegen.matmul import regtile_kernel
 from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, entry_1d, groups_for, header as prelude_header
+from .matmul import Tiling
 
 ACTIVATIONS = {
     None: "v",
@@ -45,14 +49,13 @@ class Tile(namedtuple("Tile", "bm bn bk tm tn")):
 
 
 TILES = {
-    "t64": Tile(64, 64, 16, 4, 4),      # more workgroups: small and mid layers
-    "t128": Tile(128, 128, 8, 8, 8),    # 4 FMAs per shared read: large layers
+    "t64": Tile(64, 64, 16, 4, 4),      # more workgroups: small and mid products
+    "t128": Tile(128, 128, 8, 8, 8),    # 4 FMAs per shared read: large products
     # Narrow tiles for products with few rows (the backward kernels' input or output channels
     # of a group, conv_grad.tile_for): a 64-row tile would leave most of its rows empty.
     "t16": Tile(16, 128, 16, 1, 8),
     "t32": Tile(32, 64, 16, 2, 4),
 }
-BK = TILES["t64"].bk  # groups with at least this many channels are staged by tap (kernel_kind)
 
 # One parameter layout for every conv kernel, forward and backward (conv_grad.py): the geometry,
 # then x, the weight, the bias and the output gradient g by offset and strides. K and cols are
@@ -145,7 +148,7 @@ def _stage(dest, size, per, staged, threads):
 
 
 def tiled_wgsl(buffers, tile, n0, setup, reduction, a, b, store):
-    """The one implicit-GEMM template (forward here, both backward products in conv_grad.py):
+    """The backward kernels' implicit-GEMM template (both products in conv_grad.py):
     a workgroup accumulates a bm x bn tile of Out[m, p] = sum_k A[m, k] * B[k, p], where A and B
     exist only as the WGSL that stages them (`a`, `b`: Staged) from the operands' buffers.
     Rows m0.. come from workgroup y, columns from `n0` (WGSL; `zs` = wid.z / groups); the group
@@ -189,7 +192,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
 
 TAPS = "  for (var tap = 0u; tap < khw; tap = tap + 1u) {\n    let ky = tap / kw; let kx = tap %% kw;\n%s"
-SPILL_N0 = "(wid.x + nwg.x * zs) * %du"  # column tiles past MAX_GROUPS continue in z (spill_grid)
+# Column tiles past MAX_GROUPS continue in z (spill_grid); read before the parameters' lets.
+SPILL_N0 = "(wid.x + nwg.x * (wid.z / %s)) * %%du" % PARAMS["groups"]
 
 
 def spill_grid(cols, rows, groups, tile):
@@ -207,60 +211,87 @@ def check_grid(grid, what):
                                "dimension" % (what, grid, MAX_GROUPS))
 
 
-def gemm_wgsl(has_bias, activation, by_tap, tile):
-    """The forward implicit GEMM (see the module docstring): m over the group's output
-    channels, p over batch x output pixels, k over (c, ky, kx). by_tap: K is staged one kernel
-    tap (ky, kx) and bk input channels per step, so staging needs no division and each thread
-    tests its pixel's bounds once per tap (for groups with at least BK channels); else bk
-    entries of the flattened (c, ky, kx)."""
-    setup = """\
-  // The image column this thread stages: pixel p = (b, oy, ox).
-  let p = col; let p_in = p < cols;
-  let ox = p % OW; let oy = (p / OW) % OH; let b = p / (OW * OH);
-  let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
-  let xb = x_off + b * xs0 + g * cg * xs1;
-  // The weight row this thread stages: output channel g * og + row.
-  let a_in = row < og;
-  let wb = w_off + (g * og + row) * ws0;"""
-    if by_tap:
-        reduction = Reduction("0u", "cg", TAPS % """\
-    let iy = iy0 + i32(ky * dh); let ix = ix0 + i32(kx * dw);
-    let x_in = p_in && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W);
-    let xtap = xb + select(0u, u32(iy) * xs2 + u32(ix) * xs3, x_in);
-    let wtap = wb + ky * ws2 + kx * ws3;
-""", "  }\n")
-        a = Staged("a_in && k < cg", "v = Wt[wtap + k * ws1];")
-        b = Staged("x_in && k < cg", "v = X[xtap + k * xs1];")
-    else:
-        reduction = Reduction("0u", "K", "", "")
-        tap = "let c = k / khw; let rr = k % khw; "
-        a = Staged("a_in && k < K", tap + "v = Wt[wb + c * ws1 + (rr / kw) * ws2 + (rr % kw) * ws3];")
-        b = Staged("p_in && k < K", tap + """\
-let iy = iy0 + i32((rr / kw) * dh); let ix = ix0 + i32((rr % kw) * dw);
-        if (iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {
-          v = X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3];
-        }""")
-    store = ("if (m < og && p < cols) { let o = g * og + m; let b = p / (OH * OW); "
-             "let pix = p % (OH * OW); " + _store(has_bias, activation) + " }")
-    return tiled_wgsl(["X", "Wt"] + (["Bias"] if has_bias else []), tile, SPILL_N0 % tile.bn,
-                      setup, reduction, a, b, store)
+# The forward implicit GEMM's register tiles (codegen/matmul.py regtile_kernel), both within
+# WebGPU's default 16 KiB of workgroup memory: 128 output channels, or 64 for narrower layers.
+REG_TILES = {
+    "r128": Tiling(128, 128, 8, 8, 8, False, 16, 0),
+    "r64": Tiling(64, 128, 8, 8, 8, False, 16, 0),
+}
 
 
-def kernel_kind(og, cg, k):
-    """"taps" or "gemm" (the tiled kernel, by tap where a group has BK channels or more) once a
-    tile has enough output channels and reduction depth to reuse what it stages; "direct" for
-    depthwise and tiny convolutions."""
-    if og < 8 or k < 16:
-        return "direct"
-    return "taps" if cg >= BK else "gemm"
+def reg_wgsl(has_bias, activation, tile, flat_weight):
+    """The forward implicit GEMM (see the module docstring) on the register-tiled loop the large
+    matmuls use: A is the group's weight as an og x K matrix (k = (c, ky, kx), read through its
+    strides, or at k itself when each weight row is contiguous: flat_weight), B the virtual
+    im2col matrix, gathered as it is staged. A thread's image columns stay the same at every K
+    step, so their pixel coordinates are computed once, before the loop."""
+    threads = (tile.bn // tile.tn) * (tile.bm // tile.tm)
+    quads = tile.bk * tile.bn // 4 // threads
+    setup = ["  let g = wid.z % groups; let khw = kh * kw; let ohw = OH * OW;",
+             "  let k_begin = 0u; let k_end = K; let wg = w_off + g * og * ws0;"]
+    for j in range(quads):
+        for c in range(4):
+            q = "%d_%d" % (j, c)
+            setup += [
+                "  let pn%s = n0 + ((t + %du) %% %du) * 4u + %du; let pin%s = pn%s < cols;"
+                % (q, j * threads, tile.bn // 4, c, q, q),
+                "  let xb%s = x_off + (pn%s / ohw) * xs0 + g * cg * xs1;" % (q, q),
+                "  let iy%s = i32(((pn%s / OW) %% OH) * sh) - i32(pt); let ix%s = i32((pn%s %% OW) * sw)"
+                " - i32(pl);" % (q, q, q, q)]
+
+    def weight(k):
+        if flat_weight:
+            return "Wt[wg + gm * ws0 + %s]" % k
+        return ("Wt[wg + gm * ws0 + (%s / khw) * ws1 + ((%s %% khw) / kw) * ws2 + (%s %% kw) * ws3]"
+                % (k, k, k))
+
+    def load_a(j):
+        return ["pa%d[%d] = 0.0; if (gm < og && gk + %du < K) { pa%d[%d] = %s; }"
+                % (j, c, c, j, c, weight("(gk + %du)" % c)) for c in range(4)]
+
+    def load_b(j):
+        lines = ["let kin = gk < K; let xc = (gk / khw) * xs1; let tap = gk % khw;",
+                 "let dy = i32((tap / kw) * dh); let dx = i32((tap % kw) * dw);"]
+        for c in range(4):
+            q = "%d_%d" % (j, c)
+            lines.append("{ let iy = iy%s + dy; let ix = ix%s + dx; pb%d[%d] = 0.0;" % (q, q, j, c))
+            lines.append("  if (kin && pin%s && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {"
+                         " pb%d[%d] = X[xb%s + xc + u32(iy) * xs2 + u32(ix) * xs3]; } }" % (q, j, c, q))
+        return lines
+
+    shared, entry, body, rows, groups = regtile_kernel(
+        tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.lanes_x, tile.pad_a, load_a, load_b,
+        lambda k0: "%s + %du" % (k0, tile.bk), SPILL_N0 % tile.bn)
+    stores = []
+    for n, gi in groups:
+        for c in range(4):
+            stores.append("  { let p = %s + %du; let b = p / ohw; let pix = p %% ohw;" % (n, c))
+            stores += ["    { let m = %s; if (m < og && p < cols) { let o = g * og + m; "
+                       "let acc = c%d_%d[%d]; %s } }" % (m, r, gi, c, _store(has_bias, activation))
+                       for m, r in rows]
+            stores.append("  }")
+    return (header(["X", "Wt"] + (["Bias"] if has_bias else []), shared) + entry + "\n" + lets()
+            + "\n".join(setup + body + stores) + "\n}\n")
+
+
+def kernel_kind(og, k):
+    """"reg" (the register-tiled implicit GEMM) once a tile has enough output channels and
+    reduction depth to reuse what it stages; "direct" for depthwise and tiny convolutions."""
+    return "direct" if og < 8 or k < 16 else "reg"
 
 
 TWO_WAVES = 264  # workgroups that give a large GPU two waves (an H100's 132 SMs)
 
 
 def tile_for(og, cols, groups):
-    """t128 once its tiles still give a GPU two waves of workgroups, else t64."""
+    """t128 once its tiles still give a GPU two waves of workgroups, else t64 (the backward
+    kernels' tiles, conv_grad.py)."""
     return "t128" if -(-og // 128) * -(-cols // 128) * groups >= TWO_WAVES else "t64"
+
+
+def reg_tile_for(og, cols, groups):
+    """r128 once its tiles still give a GPU two waves of workgroups, else r64."""
+    return "r128" if -(-og // 128) * -(-cols // 128) * groups >= TWO_WAVES else "r64"
 
 
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
@@ -276,12 +307,13 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     if total == 0:
         return out
     og, k, cols = o // groups, cg * kh * kw, n * oh * ow
-    kind = kernel_kind(og, cg, k)
-    tile_name = tile_for(og, cols, groups)
-    tile = TILES[tile_name]
+    kind = kernel_kind(og, k)
     if kind != "direct":
+        tile_name = reg_tile_for(og, cols, groups)
+        tile = REG_TILES[tile_name]
         grid = spill_grid(cols, og, groups, tile)
         check_grid(grid, "conv2d: %s * %s" % (x.shape, w.shape))
+        kind += "_" + tile_name
     else:
         grid = groups_for(total, WG)
     params = pack(x.shape, w.shape, (oh, ow), stride, padding, dilation, groups, total=total,
@@ -290,14 +322,15 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
                   b_stride=0 if bias is None else bias.strides[0])
     has_bias = bias is not None
     handles = [x, w] + ([bias] if has_bias else []) + [out]
-    if kind != "direct":
-        kind += "_" + tile_name
+    # Each weight row (c, ky, kx) contiguous: A is read at k itself, no index arithmetic.
+    flat_weight = tuple(w.strides[1:]) == (kh * kw, kw, 1)
     name = "conv2d_%s%s" % (kind, "_" + activation if activation else "")
 
     def build():
         if kind == "direct":
             return direct_wgsl(has_bias, activation)
-        return gemm_wgsl(has_bias, activation, kind.startswith("taps"), tile)
-    backend.run_kernel(("conv2d", kind, has_bias, activation), build, handles, params, grid, name,
-                       4 * (x.size + w.size + (o if has_bias else 0)), 4 * total, flops=2 * total * k)
+        return reg_wgsl(has_bias, activation, tile, flat_weight)
+    backend.run_kernel(("conv2d", kind, has_bias, activation, flat_weight), build, handles, params,
+                       grid, name, 4 * (x.size + w.size + (o if has_bias else 0)), 4 * total,
+                       flops=2 * total * k)
     return out

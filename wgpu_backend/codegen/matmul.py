@@ -198,9 +198,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                           _store_tile(rows, cols, vec_b, exact, epilogue))
 
 
-def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
-                        exact=False, epilogue=None):
-    """Batched C = A @ B for large products (the register-tiled, double-buffered kernel).
+def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, n0=None):
+    """The register-tiled, double-buffered loop of C[m, n] = sum_k A[m, k] * B[k, n] over k from
+    `k_begin` to `k_end` (WGSL names the caller defines), shared by the matmul
+    (matmul_regtile_wgsl) and the implicit-GEMM convolution (conv.py), which differ only in how
+    they read A and B from global memory: load_a(j) returns WGSL filling the vec4 `pa<j>` with
+    A[gm, gk..gk+3], load_b(j) the vec4 `pb<j>` with B[gk, gn..gn+3] (gm, gk, gn in scope, zeros
+    outside the operand); next_k0(k0) is the WGSL of the slice a step prefetches; n0 the WGSL of
+    the workgroup's first column (default: workgroup x counts column tiles).
+
     A workgroup of (bm/tm) * (bn/tn) threads computes a bm x bn tile of C; each thread a tm x tn
     block of registers (tm, tn multiples of 4) held as tm * tn/4 vec4 accumulators. Per bk-deep
     step A's slice is staged k-major (As[k][m], rows padded by pad_a vec4 against bank conflicts
@@ -210,9 +216,11 @@ def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False,
     current one is multiplied and stored into the other buffer after it, one barrier per step.
     Thread t is placed so that a 32-lane warp covers lanes_x columns x 32/lanes_x rows of
     threads: few distinct shared addresses per warp-wide read (broadcasts). A thread's rows are
-    m0 + i*4*wy + ty*4 + 0..3, its columns n0 + g*4*wx + tx*4 + 0..3 (vec4 stores of C).
-    Same parameters, grid, split-K, specialisations (vec_a, vec_b, exact) and epilogue as
-    matmul_wgsl."""
+    m0 + i*4*wy + ty*4 + 0..3, its columns n0 + g*4*wx + tx*4 + 0..3.
+
+    Returns (shared, entry, body, rows, cols): the workgroup memory, the entry point up to m0 and
+    n0 (workgroup x: column tiles, y: row tiles), the loop, [(WGSL of row m, r)] and [(WGSL of
+    the first of 4 columns, g)]; the accumulator of row r and column group g is the vec4 c<r>_<g>."""
     wx, wy = bn // tn, bm // tm
     threads = wx * wy
     ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
@@ -223,11 +231,13 @@ def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False,
     warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
     entry = """
 @compute @workgroup_size(%d)
-fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
   let tx = t %% %du + %du * ((t / 32u) %% %du);
   let ty = (t / %du) %% %du + %du * (t / %du);
-  let m0 = wid.y * %du; let n0 = wid.x * %du;""" % (
-        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm, bn)
+  let m0 = wid.y * %du; let n0 = %s;""" % (
+        threads, lanes_x, lanes_x, warps_x, lanes_x, lanes_y, lanes_y, 32 * warps_x, bm,
+        n0 or "wid.x * %du" % bn)
 
     # Global -> registers: A as vec4 along k (row mm, k quad kq), B as vec4 along n.
     na, nbv = bm * bk // 4 // threads, bk * bn // 4 // threads
@@ -240,26 +250,12 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
             e = "(t + %du)" % (j * threads)
             out.append("    { let mm = %s / %du; let gm = m0 + mm; let gk = %s + (%s %% %du) * 4u;"
                        % (e, bk // 4, k0, e, bk // 4))
-            if vec_a:
-                out.append("      " + _load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
-                                            _a_at("gm", "gk", True), exact))
-            for c in range(0 if vec_a else 4):
-                out.append("      " + _load("pa%d[%d]" % (j, c), "0.0",
-                                            "gm < M && gk + %du < k_end" % c,
-                                            _a_at("gm", "(gk + %du)" % c, False), exact))
-            out.append("    }")
+            out += ["      " + line for line in load_a(j)] + ["    }"]
         for j in range(nbv):
             e = "(t + %du)" % (j * threads)
             out.append("    { let gk = %s + %s / %du; let gn = n0 + (%s %% %du) * 4u;"
                        % (k0, e, bn // 4, e, bn // 4))
-            if vec_b:
-                out.append("      " + _load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
-                                            _b_at("gk", "gn", True), exact))
-            for c in range(0 if vec_b else 4):
-                out.append("      " + _load("pb%d[%d]" % (j, c), "0.0",
-                                            "gn + %du < N && gk < k_end" % c,
-                                            _b_at("gk", "(gn + %du)" % c, False), exact))
-            out.append("    }")
+            out += ["      " + line for line in load_b(j)] + ["    }"]
         return out
 
     def stash(buf):
@@ -283,9 +279,7 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     body += fetch("k_begin") + stash("0u")
     body += ["  workgroupBarrier();", "  var cur = 0u;",
              "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
-    # The last step fetches a slice that is never read: with exact tiles its own (in range, no
-    # branch in the loop), else the one past k_end (masked to zeros by the bounds checks).
-    body += fetch("min(k0 + %du, k_end - %du)" % (bk, bk) if exact else "k0 + %du" % bk)
+    body += fetch(next_k0("k0"))
     body.append("    let ao = cur * %du + ty; let bo = cur * %du + tx;" % (a_tile, b_tile))
     for kk in range(bk):
         body += ["    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy) for i in range(ri)]
@@ -296,12 +290,40 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     body += stash("cur")
     body.append("    workgroupBarrier();\n  }")
     rows = [("m0 + %du + ty * 4u" % ((r // 4) * 4 * wy + r % 4), r) for r in range(tm)]
+    cols = [("n0 + %du + tx * 4u" % (g * 4 * wx), g) for g in range(gj)]
+    return shared, entry, body, rows, cols
+
+
+def matmul_regtile_wgsl(nbatch, bm, bn, bk, tm, tn, lanes_x, pad_a, vec_a=False, vec_b=False,
+                        exact=False, epilogue=None):
+    """Batched C = A @ B for large products: regtile_kernel's loop over the matmul's operands.
+    Same parameters, grid, split-K, specialisations (vec_a, vec_b, exact) and epilogue as
+    matmul_wgsl."""
+    def load_a(j):
+        if vec_a:
+            return [_load("pa%d" % j, "vec4<f32>(0.0)", "gm < M && gk < k_end",
+                          _a_at("gm", "gk", True), exact)]
+        return [_load("pa%d[%d]" % (j, c), "0.0", "gm < M && gk + %du < k_end" % c,
+                      _a_at("gm", "(gk + %du)" % c, False), exact) for c in range(4)]
+
+    def load_b(j):
+        if vec_b:
+            return [_load("pb%d" % j, "vec4<f32>(0.0)", "gn < N && gk < k_end",
+                          _b_at("gk", "gn", True), exact)]
+        return [_load("pb%d[%d]" % (j, c), "0.0", "gn + %du < N && gk < k_end" % c,
+                      _b_at("gk", "(gn + %du)" % c, False), exact) for c in range(4)]
+
+    # The last step fetches a slice that is never read: with exact tiles its own (in range, no
+    # branch in the loop), else the one past k_end (masked to zeros by the bounds checks).
+    next_k0 = (lambda k0: "min(%s + %du, k_end - %du)" % (k0, bk, bk)) if exact else \
+        (lambda k0: "%s + %du" % (k0, bk))
+    shared, entry, body, rows, groups = regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a,
+                                                       load_a, load_b, next_k0)
     if vec_b:
-        cols = [("n0 + %du + tx * 4u" % (g * 4 * wx), lambda r, g=g: "c%d_%d" % (r, g))
-                for g in range(gj)]
+        cols = [(n, lambda r, g=g: "c%d_%d" % (r, g)) for n, g in groups]
     else:
-        cols = [("n0 + %du + tx * 4u + %du" % (g * 4 * wx, c),
-                 lambda r, g=g, c=c: "c%d_%d[%d]" % (r, g, c)) for g in range(gj) for c in range(4)]
+        cols = [("%s + %du" % (n, c), lambda r, g=g, c=c: "c%d_%d[%d]" % (r, g, c))
+                for n, g in groups for c in range(4)]
     return _matmul_kernel(nbatch, vec_a, vec_b, epilogue, shared, entry, body,
                           _store_tile(rows, cols, vec_b, exact, epilogue))
 
