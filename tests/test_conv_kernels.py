@@ -147,7 +147,7 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
     assert seen == {"reg", "direct"}
 
 
-@pytest.mark.parametrize("tile", ["r64", "r128"])
+@pytest.mark.parametrize("tile", ["r64x128", "r64x64"])
 def test_both_tiles_and_strided_weights(gpu, tile, monkeypatch):
     """Both register tiles of the implicit GEMM (the large one is chosen only for layers bigger
     than lavapipe can run quickly, so it is forced here) on the grid's tiled cases, with the
@@ -178,9 +178,10 @@ def test_column_tiles_past_the_grid_limit_continue_in_z(gpu, monkeypatch):
     tiles runs on a 3 x 1 x 2 grid (the last z row half empty) and matches torch."""
     from cinders.wgpu import conv as wgpu_conv
     monkeypatch.setattr(wgpu_conv, "MAX_GROUPS", 3)
+    monkeypatch.setattr(wgpu_conv, "reg_tile_for", lambda og, cols, groups: "r64x128")
     case = dict(GRID[0], n=1, c=16, hw=(20, 32), o=8, kernel=(3, 3), stride=1, dilation=1,
                 padding=1, groups=1, bias=True, activation="relu")
-    assert wgpu_conv.spill_grid(640, 8, 1, wgpu_conv.REG_TILES["r64"]) == (3, 1, 2)
+    assert wgpu_conv.spill_grid(640, 8, 1, wgpu_conv.REG_TILES["r64x128"]) == (3, 1, 2)
     x, w, b = _arrays(case)
     np.testing.assert_allclose(_cn_conv(gpu, x, w, b, case).numpy(), _expected(x, w, b, case),
                                rtol=1e-4, atol=1e-4)
