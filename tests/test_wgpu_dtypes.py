@@ -170,3 +170,19 @@ def test_float16_onnx_model_matches_onnxruntime(gpu):
     assert got.dtype == want.dtype == np.float16
     # onnxruntime rounds to float16 after each op, cinders once at the end: a few float16 ulps
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=4e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", [n for n in BACKENDS if not n.startswith("fusion-")])
+def test_quantized_matmul_reads_float16_scales(name):
+    """The quantized-B matmul reads float16 scales through the device's layout (packing.py)."""
+    from cinders.backend import QuantizedLayout
+    gpu = BACKENDS[name]
+    k, n, m = 40, 24, 5
+    q = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    scale = (RNG.random(n) * 0.1).astype(np.float16)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    out = gpu.matmul_quantized(cn.tensor(a, backend=gpu).handle, cn.tensor(q, backend=gpu, dtype=cn.int8).handle,
+                               cn.tensor(scale, backend=gpu, dtype=cn.float16).handle, None,
+                               QuantizedLayout(k, n, 8, 0, (0, n, 1), scale=(0, 0, 1)))
+    np.testing.assert_allclose(np.array(gpu.to_flat(out)).reshape(m, n),
+                               a @ (q.astype(np.float32) * scale.astype(np.float32)), rtol=1e-5, atol=1e-4)
