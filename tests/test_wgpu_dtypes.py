@@ -150,7 +150,7 @@ def test_float16_onnx_model_matches_onnxruntime(gpu):
     """A float16 ONNX model (weights, input and output float16) against onnxruntime: the input is
     uploaded at two bytes an element and read by a kernel, the output rounded to float16 by one.
     (The importer computes float16 graphs in float32: docs/onnx.md.)"""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
     from cinders import onnx as cn_onnx

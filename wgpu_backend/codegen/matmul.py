@@ -402,10 +402,12 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         value = "(%s - %s)" % (raw, zp)
         if scale_dtype is not None:
             value = "f32%s * f32(%s)" % (value, load(
-                scale_dtype, storage, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
+                scale_dtype, storage, "s",
+                "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
         return "%s(%s)" % (acc, value)
 
-    buffers = [("a", binding_type(a_dtype, storage), False), ("q", binding_type(q_dtype, storage), False)]
+    buffers = [("a", binding_type(a_dtype, storage), False),
+               ("q", binding_type(q_dtype, storage), False)]
     if scale_dtype is not None:
         buffers.append(("s", binding_type(scale_dtype, storage), False))
     if zp_dtype is not None:
