@@ -135,15 +135,22 @@ def test_fused_chains_through_storage_dtypes(gpu):
     a = SOURCES[cn.float32][:40]
     x = cn.tensor(a, backend=gpu)
     wide = np.float32(3) * a
+    rows = x.reshape(5, 8)
     with cn.profile(gpu) as p:
         through_int8 = ((x * 3).cast(cn.int8) + 1).cast(cn.uint8)
         through_half = (x * 3).cast(cn.float16) * 0.5
         got_int8, got_half = through_int8.numpy(), through_half.numpy()
+        # reductions: a storage cast before them (prologue) and after them (epilogue)
+        half_sums = rows.cast(cn.float16).sum(1).numpy()
+        centred = (rows - rows.max(1, keepdim=True)).cast(cn.int8).numpy()
     np.testing.assert_array_equal(
         got_int8, (np.trunc(wide).astype(np.int32).astype(np.int8).astype(np.int32) + 1).astype(np.uint8))
     np.testing.assert_array_equal(got_half, wide.astype(np.float16).astype(np.float32) * np.float32(0.5))
+    a2 = a.reshape(5, 8)
+    np.testing.assert_allclose(half_sums, a2.astype(np.float16).astype(np.float32).sum(1), rtol=1e-6)
+    np.testing.assert_array_equal(centred, np.trunc(a2 - a2.max(1, keepdims=True)).astype(np.int32).astype(np.int8))
     if isinstance(gpu, cn.Fusion):
-        assert p.kernel_launches == 2
+        assert p.kernel_launches == 4
 
 
 def test_float16_onnx_model_matches_onnxruntime(gpu):
