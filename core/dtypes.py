@@ -31,7 +31,8 @@ class DType:
         # On WebGPU every compute dtype lives in one 32-bit word per element: `wgsl` is the
         # WGSL scalar type of that word (bool: a u32 holding 0/1), `word_code` its `array` /
         # `struct` / NumPy typecode. A storage dtype is packed `per_word` elements to a u32
-        # word (WGSL has no 8-bit type): `word_code` is then the typecode of one element in
+        # word (WGSL has no 8-bit type; float16 is `array<f16>` instead on devices with
+        # shader-f16, the same bytes): `word_code` is then the typecode of one element in
         # those bytes, and `wgsl` the type of its value once a kernel has unpacked it (its
         # compute dtype's; wgpu_backend/codegen/packing.py).
         self.wgsl = wgsl

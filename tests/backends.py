@@ -8,6 +8,7 @@ Add a backend by adding one entry, e.g.
 A factory that raises makes that backend's tests FAIL (never skip): a missing backend is a bug.
 """
 
+import functools
 import os
 
 import cinders as cn
@@ -61,3 +62,19 @@ def selected_names():
         raise ValueError("CINDERS_TEST_BACKENDS names unknown backends %s; registered: %s"
                          % (unknown, ", ".join(BACKENDS)))
     return names
+
+
+# cn.Wgpu's two layouts of storage dtypes (codegen/packing.py: float16 as array<f16> where the
+# adapter has shader-f16, or packed two to a u32 word), plain and under cn.Fusion: the
+# storage-dtype tests (test_wgpu_dtypes, test_dtypes_storage) run on each.
+STORAGE_LAYOUTS = {"f16": True, "packed": False}
+
+
+def storage_backend(shader_f16, fused):
+    gpu = cn.Wgpu(autotune=False, shader_f16=shader_f16)
+    return cn.Fusion(gpu) if fused else gpu
+
+
+STORAGE_BACKENDS = {prefix + "wgpu-" + layout: functools.partial(storage_backend, flag, fused)
+                    for layout, flag in STORAGE_LAYOUTS.items()
+                    for prefix, fused in (("", False), ("fusion-", True))}

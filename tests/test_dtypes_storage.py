@@ -7,12 +7,16 @@ import pytest
 import cinders as cn
 from cinders import record
 
-HOLDERS = [cn.Python(), cn.NumPy(), cn.Wgpu(autotune=False), cn.Wasm()]  # Wgpu: packed (test_wgpu_dtypes)
+from backends import STORAGE_BACKENDS
+
+# cn.Wgpu in both layouts of float16, plain and under cn.Fusion (tests/backends.py)
+HOLDERS = {"python": cn.Python(), "numpy": cn.NumPy(), "wasm": cn.Wasm(),
+           **{name: make() for name, make in STORAGE_BACKENDS.items()}}
 
 
-@pytest.fixture(params=HOLDERS, ids=lambda b: b.name)
+@pytest.fixture(params=list(HOLDERS))
 def backend(request):
-    return request.param
+    return HOLDERS[request.param]
 
 
 def test_creation_keeps_values_and_dtype(backend):

@@ -24,7 +24,7 @@ from cinders.ops import result_dtype
 
 from . import conv, conv_grad
 from .codegen import images
-from .codegen.packing import fill_word, word_count
+from .codegen.packing import HALF, PACKED, directives, fill_word, word_count
 from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
                              matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl,
                              quantized_micro, quantized_per_word)
@@ -71,6 +71,8 @@ class _Runtime:
     def __init__(self, device, serial):
         self.device = device
         self.serial = serial
+        # float16 as array<f16> where the device has shader-f16, else packed in u32 words
+        self.storage_layout = HALF if device.shader_f16 else PACKED
         self.pool = BufferPool(device)
         self.kernels = {}  # kernel key -> pipeline, without regenerating WGSL
         self.in_place_sources = {}  # in-place variant key -> WGSL, until it is first compiled
@@ -82,15 +84,15 @@ class _Runtime:
 _RUNTIMES = {}
 
 
-def _runtime(adapter, instance):
-    key = (adapter, instance)
+def _runtime(adapter, instance, shader_f16):
+    key = (adapter, instance, shader_f16)
     if key not in _RUNTIMES:
         if sys.platform == "emscripten":
             from .browser import BrowserDevice  # the browser device adapter (navigator.gpu)
-            device = BrowserDevice(adapter)
+            device = BrowserDevice(adapter, shader_f16)
         else:
             from .desktop import DesktopDevice
-            device = DesktopDevice(adapter)
+            device = DesktopDevice(adapter, shader_f16)
         _RUNTIMES[key] = _Runtime(device, len(_RUNTIMES))
     return _RUNTIMES[key]
 
@@ -105,7 +107,12 @@ class Wgpu(Backend):
     False: never.
     instance: 0 (default) shares the adapter's device with every cn.Wgpu(adapter) of this
     process; another number opens a device of its own on that adapter (a second device on
-    one GPU: data-parallel training tested on one adapter)."""
+    one GPU: data-parallel training tested on one adapter).
+    shader_f16: True (default) requests the adapter's `shader-f16` feature where it has it, and
+    then holds float16 tensors as `array<f16>` (plain 2-byte loads and stores); False, or an
+    adapter without it (SwiftShader), packs them two to a u32 word. Same bytes, same results
+    (float16 computes in float32 either way: codegen/packing.py); False opens a device of its
+    own, so both layouts can be compared on one adapter."""
 
     name = "wgpu"
 
@@ -120,13 +127,13 @@ class Wgpu(Backend):
     conv2d_backward_kernels = True
     # ... and so has the optional pool2d primitive (codegen/images.py: a window per thread).
     pool2d_kernel = True
-    # int8/uint8 packed four to a u32 word, float16 two (codegen/packing.py).
+    # int8/uint8 packed four to a u32 word, float16 two or as f16 (codegen/packing.py).
     storage_dtypes = dtypes.STORAGE_DTYPES
     # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
     quantized_matmul = True
 
-    def __init__(self, adapter=None, autotune=None, instance=0):
-        self._rt = _runtime(adapter, instance)
+    def __init__(self, adapter=None, autotune=None, instance=0, shader_f16=True):
+        self._rt = _runtime(adapter, instance, bool(shader_f16))
         self.device = self._rt.device
         self.autotune = (not self.device.is_cpu) if autotune is None else bool(autotune)
         self._programs = ProgramRunner(self)
@@ -138,6 +145,11 @@ class Wgpu(Backend):
     @property
     def pool(self):
         return self._rt.pool
+
+    @property
+    def storage_layout(self):
+        """Where storage dtypes sit in buffers: codegen.packing.HALF or PACKED."""
+        return self._rt.storage_layout
 
     def capture_recorder(self):
         """cn.capture's recorder of this device's launches (capture.py, core/capture.py)."""
@@ -205,7 +217,8 @@ class Wgpu(Backend):
         """The compiled kernel for `key` (`build()` returns its WGSL, called once per key)."""
         found = self._rt.kernels.get(key)
         if found is None:
-            pipeline, cached = self.device.pipeline(build())
+            source = build()
+            pipeline, cached = self.device.pipeline(directives(source) + source)
             found = self._rt.kernels[key] = pipeline
             if _PROFILING:
                 _record(self, {"kind": "cache_hit" if cached else "compile", "name": name})
@@ -541,7 +554,8 @@ class Wgpu(Backend):
             "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
         key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
         self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
-                                                       layout.zp_bits, words, micro),
+                                                       layout.zp_bits, self.storage_layout,
+                                                       words, micro),
                     handles, [out], params, (-(-n // tile), -(-m // tile), 1),
                     "matmul_quantized",
                     4 * m * k + k * n * layout.bits // 8, 4 * m * n)
@@ -601,7 +615,8 @@ class Wgpu(Backend):
         params = images.gather_layout(ndim).pack(
             n=n, x_axis_len=x.shape[axis], shape=index.shape, idx_off=index.offset,
             idx_strides=index.strides, x_off=x.offset, x_strides=x.strides)
-        self.launch(("gather", dt.name, ndim, axis), lambda: images.gather_wgsl(dt, ndim, axis),
+        self.launch(("gather", dt.name, ndim, axis),
+                    lambda: images.gather_wgsl(dt, self.storage_layout, ndim, axis),
                     [x, index], [out], params, groups_for(n, WG), "gather", 8 * n, 4 * n)
         return out
 

@@ -49,7 +49,9 @@ _SHIM = r"""
     }
     const requiredLimits = {};
     for (const name of wanted) if (name in adapter.limits) requiredLimits[name] = adapter.limits[name];
-    const device = await adapter.requestDevice({ requiredLimits });
+    // shader-f16 where the adapter has it (not SwiftShader): float16 buffers as array<f16>
+    const requiredFeatures = adapter.features.has("shader-f16") ? ["shader-f16"] : [];
+    const device = await adapter.requestDevice({ requiredLimits, requiredFeatures });
     const state = { device, errors: [], lost: null, layouts: new WeakMap() };
     device.addEventListener("uncapturederror", (event) => {
       state.errors.push(event.error.message);
@@ -64,6 +66,7 @@ _SHIM = r"""
     state.isCpu = !!(info.isFallbackAdapter || adapter.isFallbackAdapter) ||
                   /swiftshader|llvmpipe|lavapipe|warp/i.test(state.name);
     state.limits = limits;
+    state.shaderF16 = device.features.has("shader-f16");
     return state;
   },
 
@@ -247,9 +250,10 @@ def _snake(name):
 
 
 class BrowserDevice(Device):
-    """The page's WebGPU device (one per page, requested by `init_device`)."""
+    """The page's WebGPU device (one per page, requested by `init_device`, with `shader-f16`
+    where the adapter has it; shader_f16=False keeps float16 packed in u32 words anyway)."""
 
-    def __init__(self, adapter=None):
+    def __init__(self, adapter=None, shader_f16=True):
         super().__init__()
         if adapter is not None:
             raise ValueError("cn.Wgpu(adapter=%r): in the browser the page's one WebGPU adapter is "
@@ -260,6 +264,7 @@ class BrowserDevice(Device):
         self.shim = _shim()
         self.name = "%s (WebGPU, browser)" % (self.state.name,)
         self.is_cpu = bool(self.state.isCpu)
+        self.shader_f16 = bool(shader_f16) and bool(self.state.shaderF16)
         limits = self.state.limits.to_py()
         self.limits = {_snake(k): int(v) for k, v in limits.items()}
 

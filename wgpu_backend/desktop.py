@@ -58,9 +58,10 @@ def _adapters():
 
 class DesktopDevice(Device):
     """A wgpu-py device. `adapter`: None (the default high-performance adapter), an index
-    into `wgpu.gpu.enumerate_adapters_sync()`, or a substring of the adapter's description."""
+    into `wgpu.gpu.enumerate_adapters_sync()`, or a substring of the adapter's description.
+    shader_f16: request the `shader-f16` feature where the adapter has it."""
 
-    def __init__(self, adapter=None):
+    def __init__(self, adapter=None, shader_f16=True):
         super().__init__()
         if adapter is None:
             chosen = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
@@ -81,6 +82,9 @@ class DesktopDevice(Device):
         self.has_timestamps = "timestamp-query" in chosen.features
         if self.has_timestamps:
             features.append("timestamp-query")
+        self.shader_f16 = bool(shader_f16) and "shader-f16" in chosen.features
+        if self.shader_f16:
+            features.append("shader-f16")
         limits = {k: chosen.limits[k] for k in _WANTED_LIMITS if k in chosen.limits}
         self.adapter = chosen
         self.device = chosen.request_device_sync(required_features=features, required_limits=limits)

@@ -27,6 +27,8 @@ and these attributes:
                     min_uniform_buffer_offset_alignment (WebGPU limit names in snake_case)
     has_timestamps  whether `_submit(..., timed=True)` can measure GPU time
     is_cpu          a software adapter (lavapipe, SwiftShader): matmul heuristics differ
+    shader_f16      the device was opened with `shader-f16` (WGSL f16): float16 buffers are
+                    array<f16> (codegen/packing.py)
 
 Shared logic lives here, in pure Python, so both implementations batch identically:
 dispatches are *recorded* (pipeline, buffers, a small block of u32 parameters, workgroup counts)
@@ -116,6 +118,7 @@ class Device:
     name = "device"
     has_timestamps = False
     is_cpu = False  # a software adapter (lavapipe, SwiftShader): kernel heuristics differ
+    shader_f16 = False  # opened with the `shader-f16` feature
 
     def __init__(self):
         # One lock over the open batch and the buffer pool: batches are often built in data

@@ -54,6 +54,7 @@ class ProgramRunner:
 
     def __init__(self, backend, max_buffers=None):
         self.backend = backend
+        self.storage_layout = backend.storage_layout  # where storage dtypes sit in words (packing.py)
         self._plans = {}  # plain op signature -> Plan (run_op)
         limit = backend.device.limits["max_storage_buffers_per_shader_stage"]
         self.max_buffers = min(limit, max_buffers) if max_buffers else limit
@@ -105,8 +106,10 @@ class ProgramRunner:
                 slot_leaf.append(j)
             binding_of.append(slot)
         slots = list(slots)
-        # (the kernel keys name the slots' dtypes: packed ones share the binding type u32)
-        slot_types = tuple(binding_type(dt) for _, dt in slots)
+        # (the kernel keys name the slots' dtypes: packed ones share the binding type u32; and
+        # the storage layout: kernel sources are kept per key for every device)
+        storage_layout = self.storage_layout
+        slot_types = tuple(binding_type(dt, storage_layout) for _, dt in slots)
         slot_dtypes = tuple(dt for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
         donors = ()
@@ -117,14 +120,15 @@ class ProgramRunner:
                             for e in program.leaves)
             out_layouts = tuple("c" if o.is_contiguous() else "s" for o in out) if out else \
                 ("c",) * len(program.outputs)
-            # Contiguous everywhere, 16-byte aligned and unpacked (packing.py): each invocation
-            # moves vec4s.
-            packed = any(e.dtype.per_word > 1 for e in program.leaves) or \
-                any(program.exprs[o].dtype.per_word > 1 for o in program.outputs)
-            width = 4 if (n % 4 == 0 and not packed and "s" not in layouts and "s" not in out_layouts
+            # Contiguous everywhere, 16-byte aligned and of compute dtypes (a storage dtype is
+            # unpacked or converted per element: packing.py): each invocation moves vec4s.
+            narrow = any(e.dtype.is_storage for e in program.leaves) or \
+                any(program.exprs[o].dtype.is_storage for o in program.outputs)
+            width = 4 if (n % 4 == 0 and not narrow and "s" not in layouts and "s" not in out_layouts
                           and not any(v[2] % 4 for v in views)
                           and not any(o.offset % 4 for o in out or ())) else 1
-            key = ("flat", program.key, tuple(binding_of), slot_dtypes, layouts, out_layouts, width)
+            key = ("flat", program.key, tuple(binding_of), slot_dtypes, storage_layout, layouts,
+                   out_layouts, width)
             values = {"n": n // width, "shape": shape, "consts": consts}
             for j, (_, strides, offset) in enumerate(views):
                 values["l%d_off" % j], values["l%d_strides" % j] = offset // width, strides
@@ -140,16 +144,16 @@ class ProgramRunner:
             groups = groups_for(n // width, WG)
 
             def build(inplace=None):
-                return flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width,
-                                 inplace)
+                return flat_wgsl(program, binding_of, slot_types, storage_layout, layouts,
+                                 out_layouts, width, inplace)
 
-            if not out and len(program.outputs) == 1 and not packed:
+            if not out and len(program.outputs) == 1 and not narrow:
                 donors = self._donors(program, slots, binding_of, layouts, views)
             out_fields = [("o%d_off" % j, j, width) for j in range(len(out or ()))]
         else:
             width, length = 1, shape[axis]
             threads = row_threads(length)
-            key = ("rows", program.key, tuple(binding_of), slot_dtypes, threads)
+            key = ("rows", program.key, tuple(binding_of), slot_dtypes, storage_layout, threads)
             outer = [d for d in range(len(shape)) if d != axis]
             values = {"rows": items, "L": length, "outer": [shape[d] for d in outer],
                       "consts": consts}
@@ -163,7 +167,8 @@ class ProgramRunner:
             if layout is None:
                 layout = _LAYOUTS[key] = rows_layout(program)
             groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
-            build = lambda inplace=None: rows_wgsl(program, binding_of, slot_types, threads)  # noqa: E731
+            build = lambda inplace=None: rows_wgsl(  # noqa: E731
+                program, binding_of, slot_types, storage_layout, threads)
             out_fields = []
         # Where the per-call values (the offsets of leaves and destinations) sit in P.
         offsets = [(layout.position("l%d_off" % j), j, width) for j in range(len(views))]
@@ -213,7 +218,8 @@ class ProgramRunner:
                 for o in program.outputs]
         leaves = [(j, e) for j, e in enumerate(program.leaves) if j != product]
         slots, binding_of, handles = self._leaf_slots(leaves)
-        slot_types = tuple(binding_type(dt) for _, dt in slots)
+        storage_layout = self.storage_layout
+        slot_types = tuple(binding_type(dt, storage_layout) for _, dt in slots)
         # Its parameters follow the matmul's own (the frame has the product's rank).
         first = matmul_param_count(len(a.shape) - 2)
         layout = epilogue_layout(program, product, first)
@@ -224,8 +230,8 @@ class ProgramRunner:
         epilogue = MatmulEpilogue(
             key=("epilogue", program.key, product, tuple(binding_of[j] for j, _ in leaves),
                  tuple(dt for _, dt in slots)),
-            source=lambda: epilogue_wgsl(program, product, binding_of, first),
-            buffers=buffers(program, slot_types), params=layout.pack(**values),
+            source=lambda: epilogue_wgsl(program, product, binding_of, first, storage_layout),
+            buffers=buffers(program, slot_types, storage_layout), params=layout.pack(**values),
             handles=handles + outs, name=program.name,
             bytes_read=4 * sum(e.value.size for _, e in leaves),
             bytes_written=4 * sum(o.size for o in outs))
@@ -254,7 +260,8 @@ class ProgramRunner:
         oh, ow = unfold2d_output_size(h, w, kernel, stride, padding, dilation)
         total = n * c * oh * ow
         slots, binding_of, handles = self._leaf_slots(list(enumerate(program.leaves)))
-        slot_types = tuple(binding_type(dt) for _, dt in slots)
+        storage_layout = self.storage_layout
+        slot_types = tuple(binding_type(dt, storage_layout) for _, dt in slots)
         first = images.POOL2D_PARAMS.size
         layout = epilogue_layout(program, None, first)
         values = {"shape": shape, "consts": [bits(x.arg, x.dtype) for x in program.consts]}
@@ -265,10 +272,12 @@ class ProgramRunner:
             x_off=0, x_strides=row_major_strides(shape),
             **images.geometry_values(total, shape, kernel, stride, padding, dilation, (oh, ow)))
         key = ("pool2d_prologue", op, program.key,
-               tuple(binding_of[j] for j in range(len(program.leaves))), slot_types)
+               tuple(binding_of[j] for j in range(len(program.leaves))), slot_types,
+               storage_layout)
         if key not in _POOL_SOURCES:  # (a builder closing over the program would keep its buffers)
             _POOL_SOURCES[key] = images.pool2d_wgsl(
-                op, (prologue_wgsl(program, binding_of, first), slot_types, layout.size))
+                op, (prologue_wgsl(program, binding_of, first, storage_layout), slot_types,
+                     layout.size))
         return self.backend.launch(
             key, lambda: _POOL_SOURCES[key], handles, [((n, c, oh, ow), dtypes.float32)],
             params + layout.pack(**values), groups_for(total, WG), "pool2d_%s_%s" % (op, program.name),

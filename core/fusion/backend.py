@@ -87,6 +87,13 @@ class Fusion(Backend):
     def device_key(self):
         return self._key
 
+    @property
+    def storage_dtypes(self):
+        # The inner backend's: a storage-dtype leaf is its handle, and a generated kernel loads
+        # and stores such values as the inner backend's own kernels do (in registers, a cast to
+        # one holds the value it would have in memory: wgpu_backend/codegen/program.py).
+        return self._inner.storage_dtypes
+
     def __repr__(self):
         return "cn.Fusion(%r)" % (self._inner,)
 
@@ -254,6 +261,8 @@ class Fusion(Backend):
 
     def full(self, shape, value, dtype):
         shape = tuple(shape)
+        if dtype.is_storage:  # data, not a kernel parameter (which holds compute values)
+            return self._leaf(self._inner.full(shape, value, dtype), shape, dtype)
         return Lazy(Expr(CONST, "const", value, (), shape, shape, dtype))
 
     def random(self, shape, distribution, seed, dtype):
@@ -280,7 +289,8 @@ class Fusion(Backend):
         if x.expr.dtype is dtype:
             return x
         v = x.expr.arg
-        if x.expr.kind == CONST and (dtype is not dtypes.int32 or abs(v) < 2.0 ** 31):
+        if x.expr.kind == CONST and not dtype.is_storage and (dtype is not dtypes.int32
+                                                              or abs(v) < 2.0 ** 31):
             # constants stay constants (NaN/inf -> int is left to the kernels' own rule)
             value = float(v) if dtype is dtypes.float32 else (int(v) if dtype is dtypes.int32
                                                               else (1 if v != 0 else 0))

@@ -9,7 +9,8 @@
                  Program (a plain op is a Program of one node; cn.Fusion's groups have many),
                  flat, per row, or as a matmul's epilogue
     packing.py   storage dtypes in kernels: loads and stores of int8/uint8 (four to a u32 word)
-                 and float16 (two), the only code that knows that layout
+                 and float16 (two, or array<f16> on devices with shader-f16), the only code
+                 that knows those layouts
     matmul.py    the matmul templates (their store of C may call a Program's epilogue), and
                  the quantized-B matmul that dequantizes packed weights as it stages them
     images.py    fill, random, gather, scatter_add, unfold2d, fold2d

@@ -40,9 +40,9 @@ def gather_layout(ndim):
                        "x_off", ("x_strides", ndim))
 
 
-def gather_wgsl(dtype, ndim, axis):
+def gather_wgsl(dtype, storage, ndim, axis):
     """out[c] = x[c with c[axis] = index[c]] (out has index's shape, contiguous; x of any
-    dtype, packed ones too: packing.py)."""
+    dtype, storage dtypes too, in the device's layout `storage`: packing.py)."""
     P = gather_layout(ndim)
     coords = ["c%d" % d for d in range(ndim)]
     body = unravel("i", P.array("shape"))
@@ -51,11 +51,12 @@ def gather_wgsl(dtype, ndim, axis):
     # would need a readback, but it must never read another row (core/backend.py, gather).
     body += "  if (j < 0i) { j = j + i32(%s); }\n" % P["x_axis_len"]
     body += "  if (j < 0i || j >= i32(%s)) { %s return; }\n" % (
-        P["x_axis_len"], store(dtype, "out", "i", zero(dtype.wgsl)))
+        P["x_axis_len"], store(dtype, storage, "out", "i", zero(dtype.wgsl)))
     xc = ["u32(j)" if d == axis else c for d, c in enumerate(coords)]
-    body += "  %s\n" % store(dtype, "out", "i", load(dtype, "x", dot(P["x_off"], xc, P.array("x_strides"))))
-    src = header(P.size, [("x", binding_type(dtype), False), ("index", "i32", False),
-                          ("out", binding_type(dtype, True), True)])
+    body += "  %s\n" % store(dtype, storage, "out", "i", load(dtype, storage, "x", dot(
+        P["x_off"], xc, P.array("x_strides"))))
+    src = header(P.size, [("x", binding_type(dtype, storage), False), ("index", "i32", False),
+                          ("out", binding_type(dtype, storage, True), True)])
     src = helpers_for(src + body) + src
     return src + entry_1d() + "  if (i >= %s) { return; }\n" % P["n"] + body + "}\n"
 

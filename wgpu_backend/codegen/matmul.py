@@ -380,7 +380,8 @@ def quantized_per_word(q_dtype, bits):
     return 8 if bits == 4 else q_dtype.per_word
 
 
-def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, words=None, micro=4):
+def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, storage, words=None,
+                          micro=4):
     """C = A @ dequantize(B) in tile x tile blocks of C (tile = QUANT_THREADS * micro; grid:
     ceil(N / tile), ceil(M / tile)), each invocation micro x micro of them, with the
     register-blocked inner loop of the float32 tiles (a vector of `micro` rows of A times one of
@@ -394,7 +395,8 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
       "n"  the same along n (B stored (K, N): MatMulInteger's B);
       None one value per read through the strides (any layout).
     Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in i32, exactly for any
-    K; float A in f32. zp_dtype None: every zero point is P.z_default."""
+    K; float A in f32. zp_dtype None: every zero point is P.z_default. storage: the device's
+    layout of storage dtypes (packing.py; float16 scales are read through it)."""
     P = matmul_quantized_layout()
     acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, micro, QUANT_BK
     tile, threads = T * R, T * T
@@ -404,7 +406,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     def q_at(buf, dtype, nbits, index):
         if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
             return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
-        return load(dtype, buf, index)
+        return load(dtype, storage, buf, index)
 
     def field(word, j):
         """Value j of a packed word of B as i32."""
@@ -422,14 +424,16 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         value = "(%s - %s)" % (raw, zp)
         if scale_dtype is not None:
             value = "f32%s * f32(%s)" % (value, load(
-                scale_dtype, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
+                scale_dtype, storage, "s",
+                "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
         return "%s(%s)" % (acc, value)
 
-    buffers = [("a", binding_type(a_dtype), False), ("q", binding_type(q_dtype), False)]
+    buffers = [("a", binding_type(a_dtype, storage), False),
+               ("q", binding_type(q_dtype, storage), False)]
     if scale_dtype is not None:
-        buffers.append(("s", binding_type(scale_dtype), False))
+        buffers.append(("s", binding_type(scale_dtype, storage), False))
     if zp_dtype is not None:
-        buffers.append(("z", binding_type(zp_dtype), False))
+        buffers.append(("z", binding_type(zp_dtype, storage), False))
     buffers.append(("out", acc, True))
     # ta[k][m / R][m % R], tb[k][n / R][n % R]: a vector of R rows of A / columns of B
     shared = ("var<workgroup> ta: array<array<{vec}, {tr}>, {BK}>;\n"

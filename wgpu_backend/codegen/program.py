@@ -17,10 +17,12 @@ Three kernel shapes:
 Bindings: leaf slots b0.. (one per distinct buffer and dtype), then outputs out0.. Leaves are
 read through (offset, strides) from the uniform block, so one pipeline serves every shape of the
 same rank; each kernel shape has one `ParamLayout` (flat_layout, rows_layout, epilogue_layout).
+Storage-dtype leaves and outputs are read and written through packing.py in the device's layout
+(`storage`: packing.PACKED or packing.HALF).
 """
 
 from .mathlib import helpers_for
-from .packing import binding_type, load, store
+from .packing import binding_type, load, narrow, store
 from .optable import (op_expression, REDUCE_IDENTITY, REDUCE_COMBINE, reduce_better,
                       reduce_ties)
 from .prelude import ParamLayout, header, entry_1d, entry_per_group, unravel, dot
@@ -49,11 +51,14 @@ def _operand_dtypes(program, refs):
     return [d.compute for d in out]
 
 
-def _node_expression(program, op, arg, refs, values):
-    """WGSL of one elementwise node; `values` are the WGSL names of its operands."""
+def _node_expression(program, op, arg, refs, values, dtype):
+    """WGSL of one elementwise node of `dtype`; `values` are the WGSL names of its operands. A
+    storage-dtype node (a cast to int8 or float16) holds the value its store would keep, so the
+    nodes of a fused kernel that read it see what they would read back from memory."""
     if op == "custom":
         return "%s(%s)" % (arg.function, ", ".join(values))
-    return op_expression(op, _operand_dtypes(program, refs)).format(**dict(zip("abc", values)))
+    return narrow(dtype, op_expression(op, _operand_dtypes(program, refs)).format(
+        **dict(zip("abc", values))))
 
 
 def _const_lines(program, P):
@@ -74,13 +79,13 @@ def _finish(src, program):
     return helpers_for(src) + src
 
 
-def buffers(program, slot_types, width=1, inplace=None):
+def buffers(program, slot_types, storage, width=1, inplace=None):
     """Leaf slots b0.., then outputs out0.. (none when the output goes into slot `inplace`).
-    slot_types: the binding type of each slot (packing.binding_type)."""
+    slot_types: the binding type of each slot (packing.binding_type in the device's layout)."""
     def ty(t):
         return t if width == 1 else "vec4<%s>" % t
     return ([("b%d" % s, ty(t), s == inplace) for s, t in enumerate(slot_types)]
-            + [("out%d" % j, ty(binding_type(program.nodes[o][4], True)), True)
+            + [("out%d" % j, ty(binding_type(program.nodes[o][4], storage, True)), True)
                for j, o in enumerate(program.outputs) if inplace is None])
 
 
@@ -111,18 +116,20 @@ def _flat_chain(program, leaf_names, suffix):
     lines = []
     for k, (op, arg, refs, role, dtype) in enumerate(program.nodes):
         values = [leaf_names[j] if kind == "l" else names[kind] % j for kind, j in refs]
-        lines.append("  let x%d%s = %s;" % (k, suffix, _node_expression(program, op, arg, refs, values)))
+        lines.append("  let x%d%s = %s;" % (k, suffix, _node_expression(program, op, arg, refs,
+                                                                      values, dtype)))
     return lines
 
 
-def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, inplace=None):
+def flat_wgsl(program, binding_of, slot_types, storage, layouts, out_layouts, width=1, inplace=None):
     """One invocation per element (width 1) or per 4 consecutive elements read and written as
     vec4 (width 4: every leaf and output contiguous, so no index arithmetic beyond offset + i;
     the expressions run once per lane). On an H200 this reaches the bandwidth of a plain copy
     kernel; 2 to 8 vec4s per invocation or other workgroup sizes measured no faster.
     layouts / out_layouts: "c" contiguous in the frame shape (read at offset + i), "s" strided
     (broadcasts, views; outputs: a strided destination such as a region of a cat).
-    inplace=s: the one output is written into leaf slot s (declared read_write)."""
+    inplace=s: the one output is written into leaf slot s (declared read_write).
+    storage: the device's layout of storage dtypes (packing.py)."""
     nd = len(program.shape)
     P = flat_layout(program, out_layouts)
     lines = ["  if (i >= %s) { return; }" % P["n"]]
@@ -133,8 +140,8 @@ def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, in
     for j, layout in enumerate(layouts):
         index = "%s + i" % P["l%d_off" % j] if layout == "c" else \
             dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j))
-        lines.append("  let l%d = %s;" % (j, load(program.leaves[j].dtype, "b%d" % binding_of[j],
-                                                 index)))
+        lines.append("  let l%d = %s;" % (j, load(program.leaves[j].dtype, storage,
+                                                 "b%d" % binding_of[j], index)))
     leaves = range(len(layouts))
     target = ["b%d" % inplace] if inplace is not None else \
         ["out%d" % j for j in range(len(program.outputs))]
@@ -143,7 +150,7 @@ def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, in
               for j, layout in enumerate(out_layouts)]
     if width == 1:
         lines += _flat_chain(program, ["l%d" % j for j in leaves], "")
-        lines += ["  " + store(program.nodes[o][4], target[j], stores[j], "x%d" % o)
+        lines += ["  " + store(program.nodes[o][4], storage, target[j], stores[j], "x%d" % o)
                   for j, o in enumerate(program.outputs)]
     else:
         for q in range(width):
@@ -152,7 +159,7 @@ def flat_wgsl(program, binding_of, slot_types, layouts, out_layouts, width=1, in
             target[j], stores[j], program.nodes[o][4].wgsl,
             ", ".join("x%d_%d" % (o, q) for q in range(width)))
             for j, o in enumerate(program.outputs)]
-    src = header(P.size, buffers(program, slot_types, width, inplace)) + entry_1d() \
+    src = header(P.size, buffers(program, slot_types, storage, width, inplace)) + entry_1d() \
         + "\n".join(lines) + "\n}\n"
     return _finish(src, program)
 
@@ -216,7 +223,7 @@ def reduction_lines(k, op, operand_dtype, value_block, threads, step):
     return lines, shared
 
 
-def rows_wgsl(program, binding_of, slot_types, threads):
+def rows_wgsl(program, binding_of, slot_types, storage, threads):
     """Reductions along the frame's axis with their prologues and epilogue, one row per
     workgroup (threads > 1) or per invocation (P: rows_layout)."""
     outer = len(program.shape) - 1
@@ -251,7 +258,8 @@ def rows_wgsl(program, binding_of, slot_types, threads):
                 if ("l", j) not in done:
                     done.add(("l", j))
                     out.append("%slet f_l%d = %s;" % (indent, j, load(
-                        program.leaves[j].dtype, "b%d" % binding_of[j], "lb%d + k * ls%d" % (j, j))))
+                        program.leaves[j].dtype, storage, "b%d" % binding_of[j],
+                        "lb%d + k * ls%d" % (j, j))))
                 return "f_l%d" % j
             if nodes[j][3] == "row":
                 return "x%d" % j
@@ -259,7 +267,8 @@ def rows_wgsl(program, binding_of, slot_types, threads):
                 op, arg, refs, role, dtype = nodes[j]
                 values = [value(r) for r in refs]
                 done.add(("n", j))
-                out.append("%slet f_x%d = %s;" % (indent, j, _node_expression(program, op, arg, refs, values)))
+                out.append("%slet f_x%d = %s;" % (indent, j, _node_expression(
+                    program, op, arg, refs, values, dtype)))
             return "f_x%d" % j
 
         names = [value(r) for r in roots]
@@ -270,7 +279,7 @@ def rows_wgsl(program, binding_of, slot_types, threads):
         if kind == "c":
             return "k%d" % j
         if kind == "l":
-            return load(program.leaves[j].dtype, "b%d" % binding_of[j], "lb%d" % j)
+            return load(program.leaves[j].dtype, storage, "b%d" % binding_of[j], "lb%d" % j)
         return "x%d" % j
 
     for k, (op, arg, refs, role, dtype) in enumerate(nodes):
@@ -284,7 +293,8 @@ def rows_wgsl(program, binding_of, slot_types, threads):
             shared += arrays
         else:
             values = [row_value(r) for r in refs]
-            lines.append("  let x%d = %s;" % (k, _node_expression(program, op, arg, refs, values)))
+            lines.append("  let x%d = %s;" % (k, _node_expression(program, op, arg, refs, values,
+                                                                  dtype)))
     full_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "full"]
     if full_outputs:
         lines.append("  let ob = %s; let os = %s;" % (dot("0u", coords, P.array("o_outer")),
@@ -293,15 +303,16 @@ def rows_wgsl(program, binding_of, slot_types, threads):
         body, names = full_block([("n", o) for _, o in full_outputs], "    ")
         lines += body
         for (j, _), name in zip(full_outputs, names):
-            lines.append("    " + store(nodes[program.outputs[j]][4], "out%d" % j, "ob + k * os", name))
+            lines.append("    " + store(nodes[program.outputs[j]][4], storage, "out%d" % j,
+                                          "ob + k * os", name))
         lines.append("  }")
     row_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "row"]
     if row_outputs:
         lines.append("  if (t == 0u) {")
         for j, o in row_outputs:
-            lines.append("    " + store(nodes[o][4], "out%d" % j, "row", "x%d" % o))
+            lines.append("    " + store(nodes[o][4], storage, "out%d" % j, "row", "x%d" % o))
         lines.append("  }")
-    src = header(P.size, buffers(program, slot_types), "\n".join(shared))
+    src = header(P.size, buffers(program, slot_types, storage), "\n".join(shared))
     src += "\n".join(lines) + "\n}\n"
     return _finish(src, program)
 
@@ -318,7 +329,7 @@ def epilogue_layout(program, product, first):
     return ParamLayout(*fields, first=first)
 
 
-def epilogue_wgsl(program, product, binding_of, first):
+def epilogue_wgsl(program, product, binding_of, first, storage):
     """`fn epilogue(acc, i)`: the group's chain for element i of the frame, its leaf `product`
     being `acc` (the matmul's sum), every other leaf read through (offset, strides), every
     output written at i (P: epilogue_layout)."""
@@ -335,17 +346,17 @@ def epilogue_wgsl(program, product, binding_of, first):
             names.append("acc")
             continue
         lines.append("  let l%d = %s;" % (j, load(
-            program.leaves[j].dtype, "b%d" % binding_of[j],
+            program.leaves[j].dtype, storage, "b%d" % binding_of[j],
             dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j)))))
         names.append("l%d" % j)
     lines += _flat_chain(program, names, "")
-    lines += ["  " + store(program.nodes[o][4], "out%d" % j, "i", "x%d" % o)
+    lines += ["  " + store(program.nodes[o][4], storage, "out%d" % j, "i", "x%d" % o)
               for j, o in enumerate(program.outputs)]
     return _finish("\n".join(lines) + "\n}\n", program)
 
 
 # ---- pool prologues ------------------------------------------------------------------------
-def prologue_wgsl(program, binding_of, first):
+def prologue_wgsl(program, binding_of, first, storage):
     """`fn prologue(i) -> f32`: the value of the group's one output at element i of its frame,
     every leaf read through (offset, strides), nothing written (P: epilogue_layout with no
     product): the pool kernel calls it for each pixel of its windows (images.pool2d_wgsl)."""
@@ -357,7 +368,7 @@ def prologue_wgsl(program, binding_of, first):
     names = []
     for j in range(len(program.leaves)):
         lines.append("  let l%d = %s;" % (j, load(
-            program.leaves[j].dtype, "b%d" % binding_of[j],
+            program.leaves[j].dtype, storage, "b%d" % binding_of[j],
             dot(P["l%d_off" % j], coords, P.array("l%d_strides" % j)))))
         names.append("l%d" % j)
     lines += _flat_chain(program, names, "")
