@@ -28,7 +28,7 @@ from collections import namedtuple
 
 from .codegen.matmul import regtile_kernel
 from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, entry_1d, groups_for, header as prelude_header
-from .matmul import Tiling
+from .matmul import VARIANTS
 
 ACTIVATIONS = {
     None: "v",
@@ -211,14 +211,11 @@ def check_grid(grid, what):
                                "dimension" % (what, grid, MAX_GROUPS))
 
 
-# The forward implicit GEMM's register tiles (codegen/matmul.py regtile_kernel), both within
-# WebGPU's default 16 KiB of workgroup memory: 64 output channels x 128 pixels, or x 64 pixels
-# (twice the workgroups) where the wider tile would leave a large GPU under two waves. On the
-# H200 these beat 128 x 128 tiles (also with 16-deep K steps) on every ResNet-50 layer.
-REG_TILES = {
-    "r64x128": Tiling(64, 128, 8, 8, 8, False, 16, 0),
-    "r64x64": Tiling(64, 64, 16, 4, 8, False, 8, 0),
-}
+# The forward implicit GEMM's register tiles: two of the matmul's (wgpu_backend/matmul.py), both
+# within WebGPU's default 16 KiB of workgroup memory: 64 output channels x 128 pixels, or x 64
+# pixels (twice the workgroups) where the wider tile would leave a large GPU under two waves. On
+# the H200 these beat 128 x 128 tiles (also with 16-deep K steps) on every ResNet-50 layer.
+REG_TILES = {"r64x128": VARIANTS["reg64x128"], "r64x64": VARIANTS["reg64x64"]}
 
 
 def reg_wgsl(has_bias, activation, tile, flat_weight):

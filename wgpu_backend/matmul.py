@@ -53,6 +53,10 @@ VARIANTS = {
     "reg128k16": _t(128, 128, 16, 8, 8, lanes_x=16),           # 32 KiB of shared memory
     "reg128x64": _t(128, 64, 16, 8, 4, lanes_x=8),             # more workgroups: mid sizes
     "reg64": _t(64, 64, 16, 4, 4, lanes_x=8, pad_a=1),
+    # Narrow tiles (also the convolution's, wgpu_backend/conv.py): twice the workgroups of
+    # reg128x64 on mid sizes, within WebGPU's default 16 KiB of workgroup memory.
+    "reg64x128": _t(64, 128, 8, 8, 8, lanes_x=16),
+    "reg64x64": _t(64, 64, 16, 4, 8, lanes_x=8),
 }
 TUNE_MIN_FLOPS = 1 << 21
 TUNE_SECONDS = 0.01   # timed per variant while tuning
