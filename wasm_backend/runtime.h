@@ -915,9 +915,9 @@ static void conv_direct_dx(float *plane, const float *grad, const float *taps, i
                 float *__restrict dst = plane + iy * W + shift;
                 const float *__restrict src = grad + oy * OW;
                 if (sw == 1)
-                    for (int ox = lo; ox < hi; ox++) dst[ox] += wv * src[ox];
+                    VECTOR_LOOP for (int ox = lo; ox < hi; ox++) dst[ox] += wv * src[ox];
                 else
-                    for (int ox = lo; ox < hi; ox++) dst[ox * sw] += wv * src[ox];
+                    SCALAR_LOOP for (int ox = lo; ox < hi; ox++) dst[ox * sw] += wv * src[ox];
             }
         }
 }
@@ -962,9 +962,9 @@ static void fold_panel(float *img, const float *cols, int p0, int pn, int cg, in
                         const float *__restrict src = row + q - a;
                         int from = a > lo ? a : lo, to = b < hi ? b : hi;
                         if (sw == 1)
-                            for (int ox = from; ox < to; ox++) dst[ox] += src[ox];
+                            VECTOR_LOOP for (int ox = from; ox < to; ox++) dst[ox] += src[ox];
                         else
-                            for (int ox = from; ox < to; ox++) dst[ox * sw] += src[ox];
+                            SCALAR_LOOP for (int ox = from; ox < to; ox++) dst[ox * sw] += src[ox];
                     }
                     q += b - a;
                     p += b - a;
@@ -997,7 +997,7 @@ EXPORT(conv2d_grad_input_f32) void conv2d_grad_input_f32(float *dx, const float 
     float *wt = scratch, *cols = wt + O * K, *gp = cols + K * panel;
     for (int grp = 0; grp < groups; grp++)
         for (int o = 0; o < og; o++)
-            for (int k = 0; k < K; k++)
+            SCALAR_LOOP for (int k = 0; k < K; k++)
                 wt[(grp * K + k) * og + o] = w[(grp * og + o) * K + k];
     for (int n = 0; n < N; n++)
         for (int grp = 0; grp < groups; grp++)
@@ -1039,7 +1039,7 @@ EXPORT(conv2d_grad_weight_f32) void conv2d_grad_weight_f32(float *gw, const floa
                 mm_nt(part, grad_panel(gp, gy + (n * O + grp * og) * L, og, L, p0, pn), cols, og,
                       pn, K, K);
                 float *__restrict dst = gw + grp * og * K;
-                for (int e = 0; e < og * K; e++) dst[e] += part[e];
+                VECTOR_LOOP for (int e = 0; e < og * K; e++) dst[e] += part[e];
             }
 }
 
