@@ -867,9 +867,12 @@ EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, con
  * - dx: the columns of a panel are the group's transposed weight (K, O/groups) @ the gradient's
  *   panel, folded into dx at once (the adjoint of conv_panel), so no more than one panel of the
  *   column matrix ever exists;
- * - dw: the image's columns of a panel (conv_panel, the forward's gather) against the gradient's
- *   panel (mm_nt) give one partial product, added to dw in a fixed order (images, then panels):
- *   the sums are float32 and the same on every run. */
+ * - dw: the image's columns of a panel (conv_panel, the forward's gather) times the gradient's
+ *   panel transposed (mm_nn's register tiles: the long pixel axis is their reduction) give one
+ *   partial product dw^T; with K < 32 (a first layer's few taps) the transpose would
+ *   cost as much as the product, so mm_nt takes the dot products along the pixels instead. The
+ *   partial products are added to dw in a fixed order (images, then panels): the sums are
+ *   float32 and the same on every run. */
 #define CONV_GEOMETRY(g)                                                                     \
     int N = g[0], C = g[1], H = g[2], W = g[3], O = g[4], kh = g[5], kw = g[6], sh = g[7];   \
     int sw = g[8], pt = g[9], pl = g[10], dh = g[11], dw = g[12], OH = g[13], OW = g[14];    \
@@ -1010,8 +1013,8 @@ EXPORT(conv2d_grad_input_f32) void conv2d_grad_input_f32(float *dx, const float 
             }
 }
 
-/* scratch: a column panel K * panel, the gradient's panel (O/groups) * panel, one partial
- * product (O/groups, K) */
+/* scratch: a column panel K * panel, the gradient's panel (transposed) (O/groups) * panel, one
+ * partial product (K, O/groups) */
 EXPORT(conv2d_grad_weight_f32) void conv2d_grad_weight_f32(float *gw, const float *x,
                                                            const float *gy, float *scratch,
                                                            const int *g) {
@@ -1029,17 +1032,25 @@ EXPORT(conv2d_grad_weight_f32) void conv2d_grad_weight_f32(float *gw, const floa
         return;
     }
     memset(gw, 0, (size_t)O * K * sizeof(float));
-    float *cols = scratch, *gp = cols + K * panel, *part = gp + og * panel;
+    float *cols = scratch, *gt = cols + K * panel, *part = gt + og * panel;
     for (int n = 0; n < N; n++)
         for (int grp = 0; grp < groups; grp++)
             for (int p0 = 0; p0 < L; p0 += panel) {
                 int pn = L - p0 < panel ? L - p0 : panel;
                 conv_panel(cols, x + (n * C + grp * cg) * H * W, p0, pn, cg, H, W, kh, kw, sh, sw,
                            pt, pl, dh, dw, OW);
-                mm_nt(part, grad_panel(gp, gy + (n * O + grp * og) * L, og, L, p0, pn), cols, og,
-                      pn, K, K);
-                float *__restrict dst = gw + grp * og * K;
-                VECTOR_LOOP for (int e = 0; e < og * K; e++) dst[e] += part[e];
+                const float *gg = gy + (n * O + grp * og) * L;
+                float *dst = gw + grp * og * K;
+                if (K < 32) {  /* few taps: dot products along the pixels, nothing to transpose */
+                    mm_nt(part, grad_panel(gt, gg, og, L, p0, pn), cols, og, pn, K, K);
+                    VECTOR_LOOP for (int e = 0; e < og * K; e++) dst[e] += part[e];
+                    continue;
+                }
+                for (int o = 0; o < og; o++)
+                    SCALAR_LOOP for (int p = 0; p < pn; p++) gt[p * og + o] = gg[o * L + p0 + p];
+                mm_nn(part, cols, gt, K, pn, og, og);
+                for (int k = 0; k < K; k++)
+                    SCALAR_LOOP for (int o = 0; o < og; o++) dst[o * K + k] += part[k * og + o];
             }
 }
 
