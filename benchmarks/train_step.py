@@ -17,6 +17,9 @@ off) against its backward kernels (runtime.h), blocks interleaved, one JSON line
      "composed_backward_ms", "direct_backward_ms", "backward_ratio", "max_grad_diff", "load"}
 ratio = composed_ms / direct_ms (> 1: the kernels are faster); max_grad_diff: the largest
 difference between the two paths' gradients from the same weights; load: the 1-minute load average.
+Then one line per convolution of the CNN, its forward and backward alone, the same two ways:
+    {"bench": "train_step_wasm_conv", "engine", "layer", "x", "w", "composed_ms", "direct_ms",
+     "ratio", "load"}
 
     python benchmarks/train_step.py [--threads 1] [--repeat 5] [--steps 20] [--profile] [--wasm]
 """
@@ -150,8 +153,40 @@ def profile(pair, name, steps):
                           "calls_per_step": round(ncalls / steps, 1)}), flush=True)
 
 
+# The MNIST CNN's two convolutions at BATCH: input, weight, and whether the input needs a gradient
+CONV_LAYERS = {"conv1": ((BATCH, 1, 28, 28), (16, 1, 3, 3), False),
+               "conv2": ((BATCH, 16, 14, 14), (32, 16, 3, 3), True)}
+
+
+def conv_layer_step(inner, x_shape, w_shape, input_grad):
+    """One convolution's forward and backward (dx where the model needs it, dw, dbias)."""
+    backend = cn.Autodiff(inner)
+    rng = np.random.default_rng(0)
+    x = cn.tensor(rng.random(x_shape, dtype=np.float32), backend=backend)
+    x = x.require_grad() if input_grad else x
+    w = cn.tensor(rng.standard_normal(w_shape, dtype=np.float32) * 0.1, backend=backend).require_grad()
+    b = cn.tensor(np.zeros(w_shape[0], np.float32), backend=backend).require_grad()
+    shape = (x_shape[0], w_shape[0]) + x_shape[2:]
+    upstream = cn.tensor(rng.standard_normal(shape, dtype=np.float32), backend=backend)
+
+    def step():
+        (cn.conv2d(x, w, b, padding=1) * upstream).sum().backward()
+        inner.synchronize()
+    return step
+
+
+def side_by_side(fns, repeat, steps):
+    """Best block mean (ms) of each function, blocks interleaved."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], block_ms(fn, steps))
+    return best
+
+
 def wasm_rows(images, labels):
-    """The CNN step on each cn.Wasm() engine, composed conv backward against the kernels."""
+    """The CNN step on each cn.Wasm() engine, composed conv backward against the kernels, then
+    each of its convolutions alone (forward + backward)."""
     for engine in ("native", "wasmtime"):
         makers = (lambda: ComposedConvBackward(engine=engine), lambda: cn.Wasm(engine=engine))
         check = [Pair("cnn", images, labels, make()) for make in makers]
@@ -164,11 +199,8 @@ def wasm_rows(images, labels):
         for _ in range(2):
             for pair in pairs:
                 pair.cinders_step()
-        best = [float("inf")] * 2
-        for _ in range(ARGS.repeat):
-            for i, pair in enumerate(pairs):
-                best[i] = min(best[i], block_ms(pair.cinders_step, ARGS.steps))
-        backward = [pair.phases_ms(ARGS.steps)[1] for pair in pairs]
+        best = side_by_side([pair.cinders_step for pair in pairs], ARGS.repeat, ARGS.steps)
+        backward = [min(pair.phases_ms(ARGS.steps)[1] for _ in range(ARGS.repeat)) for pair in pairs]
         print(json.dumps({"bench": "train_step_wasm", "engine": engine, "batch": BATCH,
                           "composed_ms": round(best[0], 3), "direct_ms": round(best[1], 3),
                           "ratio": round(best[0] / best[1], 3), "composed_backward_ms": backward[0],
@@ -176,6 +208,15 @@ def wasm_rows(images, labels):
                           "backward_ratio": round(backward[0] / backward[1], 3),
                           "max_grad_diff": float("%.3g" % diff), "load": os.getloadavg()[0]}),
               flush=True)
+        for layer, (x_shape, w_shape, input_grad) in CONV_LAYERS.items():
+            steps = [conv_layer_step(make(), x_shape, w_shape, input_grad) for make in makers]
+            for step in steps:
+                step()
+            best = side_by_side(steps, ARGS.repeat, ARGS.steps)
+            print(json.dumps({"bench": "train_step_wasm_conv", "engine": engine, "layer": layer,
+                              "x": x_shape, "w": w_shape, "composed_ms": round(best[0], 3),
+                              "direct_ms": round(best[1], 3), "ratio": round(best[0] / best[1], 3),
+                              "load": os.getloadavg()[0]}), flush=True)
 
 
 def main():
