@@ -157,3 +157,19 @@ def test_missing_toolchain_says_how_to_fix(monkeypatch):
     monkeypatch.setattr(build.shutil, "which", lambda name: None)
     with pytest.raises(build.WasmBuildError, match="scripts/setup.sh"):
         build._tool("clang")
+
+
+def test_profile_lists_the_queued_kernels(wasm):
+    """cn.profile reports each kernel cn.Wasm() queues, nested profiles each see theirs, and
+    nothing is reported once the blocks close."""
+    x = cn.tensor([1.0, 2.0], backend=wasm)
+
+    def kernels(p):
+        return [e["name"] for e in p.events if e["kind"] == "kernel"]
+    with cn.profile(wasm) as outer:
+        with cn.profile(wasm) as inner:
+            x.exp().tolist()
+        x.sqrt().tolist()
+    x.tanh().tolist()
+    assert kernels(inner) == ["unary_exp_f32"]
+    assert kernels(outer) == ["unary_exp_f32", "unary_sqrt_f32"]
