@@ -237,8 +237,8 @@ def test_wasm_column_panels(monkeypatch):
 
 
 def test_wasm_gradients_are_deterministic_and_read_views(wasm):
-    """The same step twice gives the same bits (dw's sums run in one fixed order), and a
-    gradient that is a view (transposed, expanded) is read as its values."""
+    """The same step twice gives the same bits (dw's sums run in one fixed order), and an output
+    gradient that is a view (expanded from one value per channel) is read as its values."""
     case = _case(CASES[2])
     x = RNG.standard_normal((case["n"], case["c"]) + case["hw"]).astype(np.float32)
     w = RNG.standard_normal((case["o"], case["c"] // case["groups"]) + case["kernel"]).astype(np.float32)
@@ -255,7 +255,8 @@ def test_wasm_gradients_are_deterministic_and_read_views(wasm):
     for first, second in zip(*runs):
         np.testing.assert_array_equal(first, second)
     tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w))
-    (torch_conv(tx, tw, None, case) * torch.arange(out.shape[1], dtype=torch.float64).reshape(1, -1, 1, 1)).sum().backward()
+    tscale = torch.arange(out.shape[1], dtype=torch.float64).reshape(1, -1, 1, 1)
+    (torch_conv(tx, tw, None, case) * tscale).sum().backward()
     np.testing.assert_allclose(runs[0][0], tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(runs[0][1], tw.grad.numpy(), rtol=1e-4, atol=1e-4)
 
