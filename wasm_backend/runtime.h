@@ -952,13 +952,14 @@ static float conv_direct_dw(const float *grad, const float *img, int i, int j, i
 static void fold_panel(float *img, const float *cols, int p0, int pn, int cg, int H, int W,
                        int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int OW) {
     const float *row = cols;
+    int oy0 = p0 / OW, a0 = p0 % OW;  /* (segments then advance a row at a time: no divisions) */
     for (int c = 0; c < cg; c++, img += H * W)
         for (int i = 0; i < kh; i++)
             for (int j = 0; j < kw; j++, row += pn) {
                 int shift = j * dw - pl, lo, hi;
                 tap_span(shift, sw, W, OW, &lo, &hi);
-                for (int p = p0, q = 0; q < pn;) {
-                    int oy = p / OW, a = p % OW, b = OW - a < pn - q ? OW : a + pn - q;
+                for (int q = 0, oy = oy0, a = a0; q < pn; oy++, a = 0) {
+                    int b = OW - a < pn - q ? OW : a + pn - q;
                     int iy = oy * sh - pt + i * dh;
                     if (iy >= 0 && iy < H) {
                         float *__restrict dst = img + iy * W + shift;
@@ -970,7 +971,6 @@ static void fold_panel(float *img, const float *cols, int p0, int pn, int cg, in
                             SCALAR_LOOP for (int ox = from; ox < to; ox++) dst[ox * sw] += src[ox];
                     }
                     q += b - a;
-                    p += b - a;
                 }
             }
 }
