@@ -1,7 +1,9 @@
 """conv2d's backward kernels on cn.Wgpu() (wgpu_backend/conv_grad.py: dx as a transposed
 implicit GEMM, dw as a split implicit-GEMM reduction, dbias as a reduction) against torch's
 gradients, under cn.Autodiff and cn.Autodiff(cn.Fusion(...)); the composed reference
-(unfold2d/fold2d + matmul) is what a backend without the flag runs.
+(unfold2d/fold2d + matmul) is what a backend without the flag runs. The same grid runs on
+cn.Wasm()'s kernels (runtime.h conv2d_grad_input_f32, _weight_f32, _bias_f32) on its native and
+wasmtime engines.
 
 torch (CPU, float64 from the same float32 data) is the oracle. Shapes are small: lavapipe runs
 on two shared CPU cores.
@@ -197,3 +199,109 @@ def test_mnist_cnn_step_matches_the_composed_path(gpu):
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     for got, want in zip(results[0][1:], results[1][1:]):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+
+
+# -- cn.Wasm(): the same table on the native build and on the .wasm module in Wasmtime --------
+
+WASM_ENGINES = ("native", "wasmtime")
+WASM_BACKWARD_KERNELS = ["conv2d_grad_input_f32", "conv2d_grad_weight_f32", "conv2d_grad_bias_f32"]
+
+
+@pytest.fixture(scope="module", params=WASM_ENGINES)
+def wasm(request):
+    return cn.Wasm(engine=request.param)
+
+
+@pytest.mark.parametrize("row", CASES, ids=_case_id)
+def test_wasm_gradients_against_torch(wasm, row):
+    """dx, dw and dbias from cn.Wasm()'s kernels equal torch's on both engines; each runs once,
+    and backward() runs no unfold2d, fold2d or matmul kernel (the composed path's)."""
+    mine, theirs, kernels = _gradients(cn.Autodiff(wasm), _case(row))
+    for name, got, want in zip("xwb", mine, theirs):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg="d" + name)
+    assert [k for k in kernels if k in WASM_BACKWARD_KERNELS] == WASM_BACKWARD_KERNELS, kernels
+    assert not [k for k in kernels if "fold" in k or "matmul" in k], kernels
+
+
+def test_wasm_column_panels(monkeypatch):
+    """With panels of 8 pixels (segments that start and end inside output rows, the gradient's
+    panel copied out of its rows, dw's partial products summed over many panels) the grid's
+    cases still give torch's gradients."""
+    import cinders.wasm.backend as wasm_backend
+    monkeypatch.setattr(wasm_backend, "CONV_PANEL_BYTES", 32)
+    backend = cn.Autodiff(cn.Wasm(engine="native"))
+    for row in CASES[::2]:
+        mine, theirs, _ = _gradients(backend, _case(row))
+        for name, got, want in zip("xwb", mine, theirs):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg="d%s %s" % (name, row))
+
+
+def test_wasm_gradients_are_deterministic_and_read_views(wasm):
+    """The same step twice gives the same bits (dw's sums run in one fixed order), and an output
+    gradient that is a view (expanded from one value per channel) is read as its values."""
+    case = _case(CASES[2])
+    x = RNG.standard_normal((case["n"], case["c"]) + case["hw"]).astype(np.float32)
+    w = RNG.standard_normal((case["o"], case["c"] // case["groups"]) + case["kernel"]).astype(np.float32)
+    backend = cn.Autodiff(wasm)
+    args = (case["stride"], case["padding"], case["dilation"], case["groups"])
+    runs = []
+    for _ in range(2):
+        cx, cw = (cn.tensor(a, backend=backend).require_grad() for a in (x, w))
+        out = cn.conv2d(cx, cw, None, *args)
+        # a per-channel weighting broadcast over the image: the gradient arrives expanded
+        scale = cn.tensor(np.arange(out.shape[1], dtype=np.float32).reshape(1, -1, 1, 1), backend=backend)
+        grads = (out * scale).sum().backward()
+        runs.append([t.grad(grads).numpy() for t in (cx, cw)])
+    for first, second in zip(*runs):
+        np.testing.assert_array_equal(first, second)
+    tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w))
+    tscale = torch.arange(out.shape[1], dtype=torch.float64).reshape(1, -1, 1, 1)
+    (torch_conv(tx, tw, None, case) * tscale).sum().backward()
+    np.testing.assert_allclose(runs[0][0], tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(runs[0][1], tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _torch_mnist_cnn(model):
+    """torch's twin of MnistCNN with its weights (Sequential keys without "layers.")."""
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(1568, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    net.load_state_dict({k[len("layers."):]: torch.from_numpy(v.numpy().copy())
+                         for k, v in model.state_dict().items()})
+    return net.double()
+
+
+def test_wasm_mnist_cnn_training_step_matches_torch(wasm):
+    """One SGD step of the MNIST CNN on cn.Wasm(): the loss and every updated weight equal
+    torch's (float64), and the step's convolutions ran their backward kernels (the max pools
+    still fold: they are unfold2d + max on every backend without pool kernels)."""
+    from cinders.models.mnist import MnistCNN
+    x = RNG.random((8, 1, 28, 28), dtype=np.float32)
+    y = RNG.integers(0, 10, 8).astype(np.int32)
+    backend = cn.Autodiff(wasm)
+    cn.manual_seed(5)
+    model = MnistCNN().to(backend)
+    net = _torch_mnist_cnn(model)
+    with cn.profile(backend) as prof:
+        loss = F.cross_entropy(model(cn.tensor(x, backend=backend)), cn.tensor(y, backend=backend))
+        model = cn.optim.SGD(lr=0.1).step(model, loss.backward())
+    names = [e["name"] for e in prof.events if e.get("kind") == "kernel"]
+    tloss = TF.cross_entropy(net(torch.tensor(x, dtype=torch.float64)), torch.tensor(y, dtype=torch.int64))
+    tloss.backward()
+    with torch.no_grad():
+        for p in net.parameters():
+            p -= 0.1 * p.grad
+    assert float(loss.item()) == pytest.approx(tloss.item(), rel=1e-5)
+    theirs = net.state_dict()
+    for key, value in model.state_dict().items():
+        np.testing.assert_allclose(value.numpy(), theirs[key[len("layers."):]].numpy(),
+                                   rtol=1e-4, atol=1e-5, err_msg=key)
+    assert names.count("conv2d_grad_weight_f32") == 2 and names.count("conv2d_grad_input_f32") == 1
+    assert names.count("conv2d_grad_bias_f32") == 2 and names.count("fold2d_f32") == 2, names
+
+
+def test_wasm_declares_the_ability(wasm):
+    """cn.Wasm declares conv2d_backward_kernels on every engine; cn.Autodiff over it consumes it."""
+    assert wasm.conv2d_backward_kernels is True
+    assert cn.Autodiff(wasm).conv2d_backward_kernels is False

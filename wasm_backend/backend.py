@@ -14,6 +14,7 @@ from .. import dtypes
 from ..backend import Backend, _hash32, broadcast_shape, is_row_major, numel, row_major_strides, unfold2d_output_size
 from ..errors import DTypeError, IndexingError
 from ..ops import result_dtype
+from ..profile import record
 from . import kernels
 
 _CODE = {dtypes.float32: "f32", dtypes.int32: "i32", dtypes.bool_: "u8", dtypes.int8: "i8",
@@ -193,6 +194,13 @@ def _merge_dims(shape, operand_strides):
     return [n for n, _ in merged], [[s[k] for _, s in merged] for k in range(len(operand_strides))]
 
 
+def _conv_panel(cg, groups, taps, pixels):
+    """Output pixels per column panel of conv2d_f32 and its gradients (runtime.h): 0, the
+    direct loops, for one input channel per group; else a panel whose columns fill at most
+    CONV_PANEL_BYTES, 8 pixels at least."""
+    return 0 if cg == 1 and groups > 1 else min(pixels, max(8, CONV_PANEL_BYTES // (4 * taps)))
+
+
 def _broadcast_strides(h, shape):
     """h's strides seen from the (same-ndim) shape it broadcasts to: 0 where h has size 1."""
     return [0 if n == 1 and m != 1 else s for n, m, s in zip(h.shape, shape, h.strides)]
@@ -212,6 +220,9 @@ class Wasm(Backend):
 
     # The optional conv2d primitive (core/backend.py) is one kernel here (runtime.h conv2d_f32).
     conv2d_kernel = True
+    # ... and so is each of its gradients (runtime.h conv2d_grad_input_f32, _weight_f32,
+    # _bias_f32): cn.Autodiff runs them instead of unfold2d/fold2d and matmuls.
+    conv2d_backward_kernels = True
     # ... and so are lstm_cell and gru_cell (runtime.h lstm_cell_f32, gru_cell_f32).
     recurrent_kernels = True
     # cn.capture records the queued kernel calls and replays them as one call (capture.py).
@@ -246,6 +257,7 @@ class Wasm(Backend):
             heap.recorder = CommandRecorder(self)
         self._recorder = heap.recorder
         self._run = self.commands.add
+        self._profiles = 0  # cn.profile blocks open on this backend (profile_start)
 
     @property
     def shares_constants(self):
@@ -263,6 +275,22 @@ class Wasm(Backend):
 
     def synchronize(self):
         self.commands.flush()
+
+    def profile_start(self):
+        """Inside cn.profile each queued kernel is reported as a "kernel" event (its name); the
+        queue is wrapped only then, so unprofiled calls cost nothing more."""
+        self._profiles += 1
+        queue = self.commands.add
+
+        def run(name, *args):
+            record(self, {"kind": "kernel", "name": name})
+            queue(name, *args)
+        self._run = run
+
+    def profile_stop(self):
+        self._profiles -= 1
+        if not self._profiles:
+            self._run = self.commands.add
 
     def _write(self, ptr, data):
         self.commands.flush()
@@ -609,15 +637,59 @@ class Wasm(Backend):
         oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
         out = self._new((n, o, oh, ow), dtypes.float32)
         if numel(out.shape):
-            # Direct taps for one input channel per group; else panels of pixels whose columns
-            # fill at most CONV_PANEL_BYTES (runtime.h conv2d_f32), 8 pixels at least.
             taps = cg * kh * kw
-            panel = 0 if cg == 1 and groups > 1 else min(oh * ow, max(8, CONV_PANEL_BYTES // (4 * taps)))
+            panel = _conv_panel(cg, groups, taps, oh * ow)
             scratch = self._new((taps * max(panel, 1),), dtypes.float32)
             g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups,
                                 int(bias is not None), _ACTIVATION_CODES[activation], panel))
             b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)
             self._run("conv2d_f32", out, x, w, b, scratch, g)
+        return out
+
+    # -- conv2d's backward (core/backend.py conv2d_backward_kernels; runtime.h) ----------------
+    def _conv_backward_geometry(self, x_shape, w_shape, g_shape, stride, padding, dilation, groups):
+        """(conv2d_f32's geometry constant, the panel, C/groups * kh * kw) for a backward kernel."""
+        (n, c, h, wd), (o, cg, kh, kw), (oh, ow) = x_shape, w_shape, g_shape[2:]
+        (pt, _), (pl, _) = padding
+        taps = cg * kh * kw
+        panel = _conv_panel(cg, groups, taps, oh * ow)
+        params = (n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups, 0, 0, panel)
+        return self._constant(params), panel, taps
+
+    def conv2d_grad_input(self, g, w, size, stride, padding, dilation, groups):
+        g, w = self._contiguous(g), self._contiguous(w)
+        x_shape = g.shape[:1] + (w.shape[1] * groups,) + tuple(size)
+        if not numel(x_shape) or not numel(g.shape):  # nothing to compute, or nothing reaches dx
+            return self.full(x_shape, 0.0, dtypes.float32)
+        params, panel, taps = self._conv_backward_geometry(x_shape, w.shape, g.shape, stride,
+                                                           padding, dilation, groups)
+        o = g.shape[1]
+        # the transposed weight, a column panel, the gradient's panel (runtime.h)
+        scratch = self._new((o * taps + (taps + o // groups) * panel if panel else 1,), dtypes.float32)
+        out = self._new(x_shape, dtypes.float32)
+        self._run("conv2d_grad_input_f32", out, g, w, scratch, params)
+        return out
+
+    def conv2d_grad_weight(self, x, g, kernel, stride, padding, dilation, groups):
+        x, g = self._contiguous(x), self._contiguous(g)
+        og = g.shape[1] // groups
+        w_shape = (g.shape[1], x.shape[1] // groups) + tuple(kernel)
+        if not numel(w_shape) or not numel(g.shape):
+            return self.full(w_shape, 0.0, dtypes.float32)
+        params, panel, taps = self._conv_backward_geometry(x.shape, w_shape, g.shape, stride,
+                                                           padding, dilation, groups)
+        # a column panel, the gradient's panel, one partial product (runtime.h)
+        scratch = self._new(((taps + og) * panel + og * taps if panel else 1,), dtypes.float32)
+        out = self._new(w_shape, dtypes.float32)
+        self._run("conv2d_grad_weight_f32", out, x, g, scratch, params)
+        return out
+
+    def conv2d_grad_bias(self, g):
+        g = self._contiguous(g)
+        n, o, oh, ow = g.shape
+        out = self._new((o,), dtypes.float32)
+        if o:
+            self._run("conv2d_grad_bias_f32", out, g, n, o, oh * ow)
         return out
 
     def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):

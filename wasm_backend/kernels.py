@@ -3,7 +3,7 @@
 Each elementwise op, reduction and cast is one entry below: a C expression per dtype. The
 generator instantiates the shared strided loops of `runtime.h` (N-d iteration, broadcasting by
 stride 0, contiguous rows that clang vectorises to SIMD128) once per (op, dtype); only the
-kernels that are not elementwise (matmul, unfold2d/fold2d, conv2d, gather/scatter_add, random, fill) are
+kernels that are not elementwise (matmul, unfold2d/fold2d, conv2d and its gradients, gather/scatter_add, random, fill) are
 written by hand, in runtime.h. build.py compiles the result with clang --target=wasm32 -msimd128.
 
 Kernel names are what backend.py calls: unary_<op>_<dtype>, binary_<op>_<dtype>, where_<dtype>,
@@ -90,6 +90,7 @@ ARG_DTYPES = ("f32", "i32", "u8")
 # written by hand in runtime.h
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
                 "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32",
+                "conv2d_grad_input_f32", "conv2d_grad_weight_f32", "conv2d_grad_bias_f32",
                 "matmul_quantized", "conv2d_quantized", "dynamic_quantize_f32", "lstm_cell_f32", "gru_cell_f32"]
 GATHER_DTYPES = ("f32", "i32", "u8", "i8", "ui8", "f16")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
@@ -103,7 +104,8 @@ HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
                        "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
                        "conv2d_f32": "pppppp", "matmul_quantized": "ppppppp", "conv2d_quantized": "ppppppppp",
                        "dynamic_quantize_f32": "ppppi", "lstm_cell_f32": "pppii",
-                       "gru_cell_f32": "ppppii"}
+                       "gru_cell_f32": "ppppii", "conv2d_grad_input_f32": "ppppp",
+                       "conv2d_grad_weight_f32": "ppppp", "conv2d_grad_bias_f32": "ppiii"}
 
 
 def queued_kernels():

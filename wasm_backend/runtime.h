@@ -859,6 +859,219 @@ EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, con
     }
 }
 
+/* -- conv2d's backward without the im2col matrix (core/backend.py conv2d_backward_kernels) -- */
+/* g: conv2d_f32's geometry (has_bias and activation unused); gy (N, O, OH, OW) the output's
+ * gradient, x and w as conv2d_f32's, all contiguous. The forward's panel rule: panel 0 (one
+ * input channel per group: depthwise) runs direct loops over whole rows, no copy; else `panel`
+ * output pixels at a time, their columns (K = C/groups * kh * kw) in `scratch`:
+ * - dx: the columns of a panel are the group's transposed weight (K, O/groups) @ the gradient's
+ *   panel, folded into dx at once (the adjoint of conv_panel), so no more than one panel of the
+ *   column matrix ever exists;
+ * - dw: the image's columns of a panel (conv_panel, the forward's gather) times the gradient's
+ *   panel transposed (mm_nn's register tiles: the long pixel axis is their reduction) give one
+ *   partial product dw^T; with K < 32 (a first layer's few taps) the transpose would
+ *   cost as much as the product, so mm_nt takes the dot products along the pixels instead. The
+ *   partial products are added to dw in a fixed order (images, then panels): the sums are
+ *   float32 and the same on every run. */
+#define CONV_GEOMETRY(g)                                                                     \
+    int N = g[0], C = g[1], H = g[2], W = g[3], O = g[4], kh = g[5], kw = g[6], sh = g[7];   \
+    int sw = g[8], pt = g[9], pl = g[10], dh = g[11], dw = g[12], OH = g[13], OW = g[14];    \
+    int groups = g[15], panel = g[18];                                                       \
+    int cg = C / groups, og = O / groups, L = OH * OW, K = cg * kh * kw
+
+/* [lo, hi): the output columns ox whose input column ox * sw + shift lies inside the image */
+static inline void tap_span(int shift, int sw, int W, int OW, int *lo, int *hi) {
+    *lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw;
+    *hi = W - 1 - shift < 0 ? 0 : (W - 1 - shift) / sw + 1;
+    if (*hi > OW) *hi = OW;
+}
+
+static inline float lanes_sum(v128_t v) {
+    return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
+           (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
+}
+
+/* sum of a[k] * b[k], four lanes then the rest: one fixed order */
+static float dot_f32(const float *a, const float *b, int n) {
+    v128_t acc = wasm_f32x4_splat(0.0f);
+    int k = 0;
+    for (; k + 4 <= n; k += 4)
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(a + k), wasm_v128_load(b + k)));
+    float s = lanes_sum(acc);
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+/* depthwise dx: plane (H, W) += the taps' weights times grad (OH, OW), scattered back along the
+ * forward's reads (conv_direct's adjoint) */
+static void conv_direct_dx(float *plane, const float *grad, const float *taps, int H, int W,
+                           int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw,
+                           int OH, int OW) {
+    for (int i = 0; i < kh; i++)
+        for (int j = 0; j < kw; j++) {
+            float wv = taps[i * kw + j];
+            int shift = j * dw - pl, lo, hi;
+            tap_span(shift, sw, W, OW, &lo, &hi);
+            for (int oy = 0; oy < OH; oy++) {
+                int iy = oy * sh - pt + i * dh;
+                if (iy < 0 || iy >= H) continue;
+                float *__restrict dst = plane + iy * W + shift;
+                const float *__restrict src = grad + oy * OW;
+                if (sw == 1)
+                    VECTOR_LOOP for (int ox = lo; ox < hi; ox++) dst[ox] += wv * src[ox];
+                else
+                    SCALAR_LOOP for (int ox = lo; ox < hi; ox++) dst[ox * sw] += wv * src[ox];
+            }
+        }
+}
+
+/* depthwise dw of tap (i, j): sum over the output pixels of grad (OH, OW) times the image
+ * (H, W) pixel the tap read for it */
+static float conv_direct_dw(const float *grad, const float *img, int i, int j, int H, int W,
+                            int sh, int sw, int pt, int pl, int dh, int dw, int OH, int OW) {
+    int shift = j * dw - pl, lo, hi;
+    tap_span(shift, sw, W, OW, &lo, &hi);
+    float acc = 0.0f;
+    for (int oy = 0; oy < OH; oy++) {
+        int iy = oy * sh - pt + i * dh;
+        if (iy < 0 || iy >= H || hi <= lo) continue;
+        const float *src = img + iy * W + shift, *gr = grad + oy * OW;
+        if (sw == 1) {
+            acc += dot_f32(gr + lo, src + lo, hi - lo);
+        } else {
+            float s = 0.0f;
+            for (int ox = lo; ox < hi; ox++) s += gr[ox] * src[ox * sw];
+            acc += s;
+        }
+    }
+    return acc;
+}
+
+/* the panel's columns (cg * kh * kw rows of pn) added into the group's image gradient (cg
+ * planes of H, W): conv_panel's adjoint, the same output-row segments */
+static void fold_panel(float *img, const float *cols, int p0, int pn, int cg, int H, int W,
+                       int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw, int OW) {
+    const float *row = cols;
+    int oy0 = p0 / OW, a0 = p0 % OW;  /* (segments then advance a row at a time: no divisions) */
+    for (int c = 0; c < cg; c++, img += H * W)
+        for (int i = 0; i < kh; i++)
+            for (int j = 0; j < kw; j++, row += pn) {
+                int shift = j * dw - pl, lo, hi;
+                tap_span(shift, sw, W, OW, &lo, &hi);
+                for (int q = 0, oy = oy0, a = a0; q < pn; oy++, a = 0) {
+                    int b = OW - a < pn - q ? OW : a + pn - q;
+                    int iy = oy * sh - pt + i * dh;
+                    if (iy >= 0 && iy < H) {
+                        float *__restrict dst = img + iy * W + shift;
+                        const float *__restrict src = row + q - a;
+                        int from = a > lo ? a : lo, to = b < hi ? b : hi;
+                        if (sw == 1)
+                            VECTOR_LOOP for (int ox = from; ox < to; ox++) dst[ox] += src[ox];
+                        else
+                            SCALAR_LOOP for (int ox = from; ox < to; ox++) dst[ox * sw] += src[ox];
+                    }
+                    q += b - a;
+                }
+            }
+}
+
+/* rows (rows, L) of the gradient, pixels [p0, p0 + pn) of each, as a (rows, pn) matrix: the
+ * rows themselves when the panel is the whole image, else copied into gp */
+static const float *grad_panel(float *gp, const float *grad, int rows, int L, int p0, int pn) {
+    if (pn == L) return grad;
+    for (int r = 0; r < rows; r++) memcpy(gp + r * pn, grad + r * L + p0, (size_t)pn * sizeof(float));
+    return gp;
+}
+
+/* scratch: the transposed weight (groups, K, O/groups), a column panel K * panel, the
+ * gradient's panel (O/groups) * panel */
+EXPORT(conv2d_grad_input_f32) void conv2d_grad_input_f32(float *dx, const float *gy,
+                                                         const float *w, float *scratch,
+                                                         const int *g) {
+    CONV_GEOMETRY(g);
+    memset(dx, 0, (size_t)N * C * H * W * sizeof(float));
+    if (panel == 0) {
+        for (int n = 0; n < N; n++)
+            for (int oc = 0; oc < O; oc++)
+                conv_direct_dx(dx + (n * C + oc / og) * H * W, gy + (n * O + oc) * L,
+                               w + oc * kh * kw, H, W, kh, kw, sh, sw, pt, pl, dh, dw, OH, OW);
+        return;
+    }
+    float *wt = scratch, *cols = wt + O * K, *gp = cols + K * panel;
+    for (int grp = 0; grp < groups; grp++)
+        for (int o = 0; o < og; o++)
+            SCALAR_LOOP for (int k = 0; k < K; k++)
+                wt[(grp * K + k) * og + o] = w[(grp * og + o) * K + k];
+    for (int n = 0; n < N; n++)
+        for (int grp = 0; grp < groups; grp++)
+            for (int p0 = 0; p0 < L; p0 += panel) {
+                int pn = L - p0 < panel ? L - p0 : panel;
+                mm_nn(cols, wt + grp * K * og, grad_panel(gp, gy + (n * O + grp * og) * L, og, L,
+                      p0, pn), K, og, pn, pn);
+                fold_panel(dx + (n * C + grp * cg) * H * W, cols, p0, pn, cg, H, W, kh, kw, sh,
+                           sw, pt, pl, dh, dw, OW);
+            }
+}
+
+/* scratch: a column panel K * panel, the gradient's panel (transposed) (O/groups) * panel, one
+ * partial product (K, O/groups) */
+EXPORT(conv2d_grad_weight_f32) void conv2d_grad_weight_f32(float *gw, const float *x,
+                                                           const float *gy, float *scratch,
+                                                           const int *g) {
+    CONV_GEOMETRY(g);
+    if (panel == 0) {
+        for (int oc = 0; oc < O; oc++)
+            for (int i = 0; i < kh; i++)
+                for (int j = 0; j < kw; j++) {
+                    float acc = 0.0f;
+                    for (int n = 0; n < N; n++)
+                        acc += conv_direct_dw(gy + (n * O + oc) * L, x + (n * C + oc / og) * H * W,
+                                              i, j, H, W, sh, sw, pt, pl, dh, dw, OH, OW);
+                    gw[(oc * kh + i) * kw + j] = acc;
+                }
+        return;
+    }
+    memset(gw, 0, (size_t)O * K * sizeof(float));
+    float *cols = scratch, *gt = cols + K * panel, *part = gt + og * panel;
+    for (int n = 0; n < N; n++)
+        for (int grp = 0; grp < groups; grp++)
+            for (int p0 = 0; p0 < L; p0 += panel) {
+                int pn = L - p0 < panel ? L - p0 : panel;
+                conv_panel(cols, x + (n * C + grp * cg) * H * W, p0, pn, cg, H, W, kh, kw, sh, sw,
+                           pt, pl, dh, dw, OW);
+                const float *gg = gy + (n * O + grp * og) * L;
+                float *dst = gw + grp * og * K;
+                if (K < 32) {  /* few taps: dot products along the pixels, nothing to transpose */
+                    mm_nt(part, grad_panel(gt, gg, og, L, p0, pn), cols, og, pn, K, K);
+                    VECTOR_LOOP for (int e = 0; e < og * K; e++) dst[e] += part[e];
+                    continue;
+                }
+                for (int o = 0; o < og; o++)
+                    SCALAR_LOOP for (int p = 0; p < pn; p++) gt[p * og + o] = gg[o * L + p0 + p];
+                mm_nn(part, cols, gt, K, pn, og, og);
+                for (int k = 0; k < K; k++)
+                    SCALAR_LOOP for (int o = 0; o < og; o++) dst[o * K + k] += part[k * og + o];
+            }
+}
+
+/* dbias (O,): gy (N, O, L) summed over images and pixels, images in order */
+EXPORT(conv2d_grad_bias_f32) void conv2d_grad_bias_f32(float *db, const float *gy, int N, int O,
+                                                       int L) {
+    for (int oc = 0; oc < O; oc++) {
+        float acc = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float *p = gy + (n * O + oc) * L;
+            v128_t s4 = wasm_f32x4_splat(0.0f);
+            int k = 0;
+            for (; k + 4 <= L; k += 4) s4 = wasm_f32x4_add(s4, wasm_v128_load(p + k));
+            float s = lanes_sum(s4);
+            for (; k < L; k++) s += p[k];
+            acc += s;
+        }
+        db[oc] = acc;
+    }
+}
+
 /* -- quantized conv2d: the integer products of matmul_quantized, without an im2col matrix --- */
 /* g = [N, C, H, W, O, kh, kw, sh, sw, pt, pl, dh, dw, OH, OW, groups, panel, q_signed, z_code,
  *      z_per_channel, s_per_channel, x_float, has_bias, has_x_zero_point, scaled]
