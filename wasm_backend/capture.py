@@ -11,6 +11,11 @@ copy commands appended to the same call. Workspace and state stay alive because 
 holds their Buffers (core/capture.py `_Program._kept`); the descriptors it reads are pinned in
 the backend's constant cache (`Wasm._constant` never releases a pinned block).
 
+A host may also replay the last program by itself, running no Python (the page's JS:
+wasm/cinders.js): `standalone` hands out where its commands, inputs and outputs lie, and a
+generation word in linear memory that changes as soon as that is no longer true (the block
+rewritten for other inputs, the program stale, kernels queued that must run first).
+
 gather and scatter_add are called by the host, not queued: they return the first bad index for
 the host to raise on. A program keeps them in place, and a replay runs the commands before
 each, calls it, raises IndexingError on a bad index, and runs on: one call more per such
@@ -131,6 +136,9 @@ class CommandRecorder:
         self.heap = backend.heap
         self.names = {name: name for name in self.commands.ids}
         self.recording = None
+        self.generation = 0          # the generation word's value (standalone)
+        self.generation_block = None
+        self.handed_out = None       # (program, inputs) of the standalone plan in use
 
     # ---- recording --------------------------------------------------------------------------
     def start(self):
@@ -219,6 +227,7 @@ class CommandRecorder:
         bound += [(src.ptr + src_off, dst.ptr + dst_off, self._copy_descriptor(nbytes))
                   for src, src_off, dst, dst_off, nbytes in copies]
         if bound != program.bound:
+            self.invalidate()
             ints = array("i", program.ints)
             for i, buffers in rebinds.items():
                 for position, slot, offset in slots[i]:
@@ -242,6 +251,46 @@ class CommandRecorder:
                                     "tensor) in a cn.capture replay" % (name.rsplit("_", 1)[0], bad))
             start = position + 1 + count
         call("run_commands", command_word(ptr + 4 * start), len(ints) - start)
+
+    # ---- a host's own replays ------------------------------------------------------------
+    def standalone(self, program, inputs):
+        """What a host needs to replay `program` (core/capture.py `Captured.replayable()`, just
+        replayed with the handles `inputs` bound) by itself: write each input at its address,
+        call run_commands(commands, count), read each output at its address; valid while the
+        int32 at `generation` equals `expected`. None when a replay needs the host to check
+        indices between commands (gather). A dict of ints: {"commands", "count", "inputs":
+        [(address, bytes)], "outputs": [(address, bytes, dtype name)], "generation",
+        "expected"}. The program and inputs are kept alive until it is invalidated."""
+        prepared = program.prepared
+        if prepared.checked or prepared.written is None:
+            return None
+        self.invalidate()   # one plan at a time
+        if self.generation_block is None:
+            self.generation_block = _Block(self.heap, 16)
+            self._write_generation()
+        self.handed_out = (program, list(inputs))
+        program.on_stale.append(self.invalidate)
+        self.commands.on_queue = self.invalidate
+        return {"commands": command_word(prepared.block.ptr), "count": len(prepared.ints),
+                "inputs": [(h.ptr, _nbytes(h)) for h in inputs],
+                "outputs": [(raw.ptr + offset, nbytes, dtype.name)
+                            for raw, offset, nbytes, _, dtype in program.output_views()],
+                "generation": self.generation_block.ptr, "expected": self.generation}
+
+    def invalidate(self):
+        """The plan `standalone` handed out no longer holds: change the generation word."""
+        if self.handed_out is None:
+            return
+        program = self.handed_out[0]
+        self.handed_out = None
+        self.commands.on_queue = None
+        if self.invalidate in program.on_stale:
+            program.on_stale.remove(self.invalidate)
+        self.generation = (self.generation + 1) & 0x7FFFFFFF
+        self._write_generation()
+
+    def _write_generation(self):
+        self.backend.engine.write(self.generation_block.ptr, struct.pack("<i", self.generation))
 
     def _copy_commands(self, copies):
         tail, copy_id = array("i"), self.commands.ids["copy_u8"]

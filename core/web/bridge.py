@@ -2,13 +2,12 @@
 
     info = await init("auto")                  # WebGPU, else WebAssembly, else Python; says which and why
     predictor = await load_model(bytes, name)  # a record -> the model class it names
-    result = await predictor.predict(pixels)   # {"class", "logits", "probabilities"}
+    logits = await predictor.predict(pixels)   # a JS Float32Array (the page makes the answer)
     result = await predictor.run(values)       # any model: {"shape", "values"}
 
 Everything here is plain cinders code: the same model classes and record loader as the desktop.
 """
 import json
-import math
 import os
 from array import array
 
@@ -99,12 +98,15 @@ def _nested(flat, shape):
     return flat
 
 
-def answer(logits):
-    """One image's answer from its logits (Python floats)."""
-    top = max(logits)
-    exps = [math.exp(v - top) for v in logits]
-    total = sum(exps)
-    return {"class": logits.index(top), "logits": logits, "probabilities": [e / total for e in exps]}
+def _float32_js(values):
+    """Flat float32 values (a sequence of floats, or array('f')) as a JS Float32Array: results
+    cross to the page as one typed array (the page makes the answer: wasm/cinders.js answerOf),
+    not as a dict converted value by value."""
+    import js
+    data = values if values.__class__ is array and values.typecode == "f" else array("f", values)
+    out = js.Float32Array.new(len(data))
+    out.assign(data)
+    return out
 
 
 def _as_floats(pixels):
@@ -131,12 +133,16 @@ class Predictor:
         self.name = name
         # Records may name their input shape (JSON); the MNIST models take (N, 1, 28, 28).
         self.input_shape = tuple(json.loads(meta.get("input_shape", "[1, 28, 28]")))
+        # cn.Wasm(): the page replays the last prediction's program itself while it holds
+        # (predict_now sets replay_plan; wasm/cinders.js Replay): no Python per prediction.
+        self.replays_in_page = _state["kind"] == "wasm"
+        self.replay_plan = None
 
     def info(self):
         return {"class": type(self.model).__name__, "name": self.name,
                 "input_shape": list(self.input_shape), "backend": _state["kind"]}
 
-    def _forward(self, pixels, n, sample_shape=None):
+    def _input(self, pixels, n, sample_shape=None):
         values = _as_floats(pixels)
         sample_shape = sample_shape or self.input_shape
         per = 1
@@ -148,19 +154,18 @@ class Predictor:
         shape = (n,) + tuple(sample_shape)
         # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
         # and dtype this code already knows (a third of a warm inference on cn.Wasm())
-        x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
-        return self.forward(x)
+        return cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
 
-    @staticmethod
-    def _results(flat, n, classes):
-        return [answer([float(v) for v in flat[i * classes:(i + 1) * classes]]) for i in range(n)]
+    def _forward(self, pixels, n, sample_shape=None):
+        return self.forward(self._input(pixels, n, sample_shape))
 
     async def predict_batch(self, pixels, n):
-        logits = self._forward(pixels, n)
-        return self._results(await read_async(logits), n, logits.shape[-1])
+        """n images' logits, one after the other, as one JS Float32Array."""
+        return _float32_js(await read_async(self._forward(pixels, n)))
 
     async def predict(self, pixels):
-        return (await self.predict_batch(pixels, 1))[0]
+        """One image's logits (a JS Float32Array)."""
+        return await self.predict_batch(pixels, 1)
 
     async def run(self, values, sample_shape=None):
         """Any model: `values` hold one or more samples of sample_shape (default: the record's
@@ -179,10 +184,38 @@ class Predictor:
     def predict_now(self, pixels):
         """predict() without the event loop, for backends whose reads never wait (the CPU,
         cn.Wasm()): a JS caller gets the result in the same task instead of after a
-        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
-        logits = self._forward(pixels, 1)
-        # (to_flat gives Python floats: one image's logits are the row as it is)
-        return answer(logits.backend.to_flat(logits.handle))
+        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm()).
+        On cn.Wasm() it also sets replay_plan: what the page needs to replay this very call's
+        program by itself (None when it cannot)."""
+        x = self._input(pixels, 1)
+        logits = self.forward(x)
+        out = _float32_js(logits.backend.to_flat(logits.handle))
+        self.replay_plan = self._replay_plan(x) if self.replays_in_page else None
+        return out
+
+    def _replay_plan(self, x):
+        """The captured forward just replayed with x: as a JS object for wasm/cinders.js Replay
+        ({exports, commands, count, input, inputLength, output, outputLength, generation,
+        expected}: addresses in the module's memory, lengths in floats), or None (not a replay
+        yet, or a program that needs Python per call: wasm_backend/capture.py standalone)."""
+        program = self.forward.replayable()
+        if program is None:
+            return None
+        views = program.output_views()
+        if len(views) != 1 or views[0][4] is not cn.float32:  # the logits, and only them
+            return None
+        plan = self.backend.capture_recorder().standalone(program, [x.handle])
+        if plan is None:
+            return None
+        import js
+        from pyodide.ffi import to_js
+        (input_at, input_bytes), = plan["inputs"]
+        (output_at, output_bytes, _), = plan["outputs"]
+        return to_js({"exports": self.backend.engine.exports, "commands": plan["commands"],
+                      "count": plan["count"], "input": input_at, "inputLength": input_bytes // 4,
+                      "output": output_at, "outputLength": output_bytes // 4,
+                      "generation": plan["generation"], "expected": plan["expected"]},
+                     dict_converter=js.Object.fromEntries)
 
 
 def _basename(url, default):
