@@ -248,7 +248,7 @@ class Model {
     this.backendName = runtime.backendName;
     this.backendNote = runtime.backendNote;
     this.timings = timings;
-    this._replay = null;              // cn.Wasm(): the Replay of the last prediction, while it holds
+    this.replay = null;              // cn.Wasm(): the Replay of the last prediction, while it holds
   }
 
   // input: 784 numbers in [0, 1] (row-major 28x28), flat or nested. Resolves to
@@ -256,7 +256,7 @@ class Model {
   async predict(input) {
     const pixels = flatPixels(input);
     const t0 = now();
-    let logits = this._replay ? this._replay.run(pixels) : null;
+    let logits = this.replay ? this.replay.run(pixels) : null;
     if (logits === null) {
       // WebGPU reads are awaited; the CPU and cn.Wasm() answer within the call (no event-loop trip)
       if (this.backend === "webgpu") {
@@ -264,7 +264,7 @@ class Model {
       } else {
         logits = this._predictor.predict_now(pixels);
         const plan = this._predictor.replay_plan;
-        this._replay = plan ? new Replay(plan) : null;
+        this.replay = plan ? new Replay(plan) : null;
       }
     }
     const result = answerOf(logits);

@@ -98,7 +98,7 @@ def _nested(flat, shape):
     return flat
 
 
-def _float32_js(values):
+def float32_to_js(values):
     """Flat float32 values (a sequence of floats, or array('f')) as a JS Float32Array: results
     cross to the page as one typed array (the page makes the answer: wasm/cinders.js answerOf),
     not as a dict converted value by value."""
@@ -161,7 +161,7 @@ class Predictor:
 
     async def predict_batch(self, pixels, n):
         """n images' logits, one after the other, as one JS Float32Array."""
-        return _float32_js(await read_async(self._forward(pixels, n)))
+        return float32_to_js(await read_async(self._forward(pixels, n)))
 
     async def predict(self, pixels):
         """One image's logits (a JS Float32Array)."""
@@ -189,7 +189,7 @@ class Predictor:
         program by itself (None when it cannot)."""
         x = self._input(pixels, 1)
         logits = self.forward(x)
-        out = _float32_js(logits.backend.to_flat(logits.handle))
+        out = float32_to_js(logits.backend.to_flat(logits.handle))
         self.replay_plan = self._replay_plan(x) if self.replays_in_page else None
         return out
 
