@@ -310,21 +310,25 @@ def cinders_split(page, pixels, repeats=5):
                };
                const model = window.cindersDemo.model, px = Float32Array.from(pixels);
                const { answerOf } = await import("/wasm/cinders.js");
-               // the page's whole predict through Python (predict_now, and the replay plan it hands out)
-               out.page_python_predict_us = await perCall(() => { model.replay = null; return model.predict(px); });
+               // the page's whole predict through Python (predict_now, which hands the plan out)
+               const replay = model.replay;
+               model.replay = null;
+               out.page_python_predict_us = await perCall(() => model.predict(px));
+               model.replay = replay;
                // the page's whole predict, JS included: its own replay of the captured program
                await model.predict(px);
-               out.page_replays_in_js = model.replay !== null;
                out.captured_page_predict_us = await perCall(() => model.predict(px));
                // ... piece by piece (page_*: the input written into the module's memory, the
                // run_commands call, the logits' Float32Array slice, the answer)
                const r = model.replay;
-               if (r !== null && r.floats !== null) {
-                 const at = r.output >>> 2;
-                 out.page_input_us = await perCall(() => r.floats.set(px, r.input >>> 2), 200);
-                 out.page_kernels_us = await perCall(() => r.exports.run_commands(r.commands, r.count), 50);
-                 out.page_output_us = await perCall(() => r.floats.slice(at, at + r.outputLength), 200);
-                 const logits = r.floats.slice(at, at + r.outputLength);
+               out.page_replays_in_js = r !== null && r.run(px) !== null;
+               if (out.page_replays_in_js) {
+                 const plan = r.words, at = r.block, input = plan[at + 3] >>> 2, output = plan[at + 5] >>> 2;
+                 const outputEnd = output + (plan[at + 6] >>> 2);
+                 out.page_input_us = await perCall(() => r.floats.set(px, input), 200);
+                 out.page_kernels_us = await perCall(() => r.exports.run_commands(plan[at + 1], plan[at + 2]), 50);
+                 out.page_output_us = await perCall(() => r.floats.slice(output, outputEnd), 200);
+                 const logits = r.floats.slice(output, outputEnd);
                  out.page_answer_us = await perCall(() => answerOf(logits), 200);
                }
              }

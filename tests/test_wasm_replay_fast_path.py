@@ -111,25 +111,29 @@ def test_replays_stay_right_after_the_constant_cache_starts_over():
 
 
 # ---- a host's own replays (what the page's JS does: wasm/cinders.js Replay) -------------------
+OWNER = 7
+
+
 def _plan(backend, fast, x):
     program = fast.replayable()
     assert program is not None
-    return backend.capture_recorder().standalone(program, [x.handle])
+    recorder = backend.capture_recorder()
+    assert recorder.standalone(program, [x.handle], OWNER)
+    return recorder.plan_address()
 
 
 def _host_replay(engine, plan, values):
-    """What wasm/cinders.js Replay.run does, through the engine: None when the generation word
-    says the plan no longer holds, else the first output after writing `values` as the input."""
-    if struct.unpack("<i", engine.read(plan["generation"], 4))[0] != plan["expected"]:
+    """What wasm/cinders.js Replay.run does, through the engine: None when the plan block's
+    owner word says no plan of ours holds, else the output after writing `values` as the input."""
+    owner, commands, count, input_at, input_bytes, output_at, output_bytes = \
+        struct.unpack("<7I", engine.read(plan, 28))
+    if owner != OWNER:
         return None
-    (input_at, nbytes), = plan["inputs"]
     data = np.asarray(values, np.float32).tobytes()
-    assert len(data) == nbytes
+    assert len(data) == input_bytes
     engine.write(input_at, data)
-    engine.call("run_commands", plan["commands"], plan["count"])
-    output_at, nbytes, dtype = plan["outputs"][0]
-    assert dtype == "float32"
-    return np.frombuffer(engine.read(output_at, nbytes), np.float32)
+    engine.call("run_commands", commands - (1 << 32) if commands >= 1 << 31 else commands, count)
+    return np.frombuffer(engine.read(output_at, output_bytes), np.float32)
 
 
 def _captured_linear():
@@ -157,10 +161,10 @@ def test_a_host_replays_the_plan_with_the_answers_of_python():
 
 
 @pytest.mark.parametrize("change", ["replaced weight", "weight written in place", "kernels queued",
-                                    "other input", "another plan"])
+                                    "other input", "another owner"])
 def test_the_plan_stops_holding_when_python_changes_what_it_replays(change):
-    """The generation word changes (the host then goes through Python) when the program goes
-    stale, its commands are rebound, or kernels are queued that must run before it."""
+    """The plan block's owner word is zeroed (the host then goes through Python) when the
+    program goes stale, its commands are rebound, or kernels are queued that must run first."""
     from cinders.capture import assign
     backend, lin, fast, x = _captured_linear()
     plan = _plan(backend, fast, x)
@@ -175,8 +179,8 @@ def test_the_plan_stops_holding_when_python_changes_what_it_replays(change):
         (x + 1)  # noqa: B018  (queued, never read)
     elif change == "other input":
         fast(_x(backend, np.random.default_rng(6)))
-    else:
-        _plan(backend, fast, x)
+    else:  # another model's plan (the page's other Predictor): one plan at a time
+        assert backend.capture_recorder().standalone(fast.replayable(), [x.handle], OWNER + 1)
     assert _host_replay(backend.engine, plan, values) is None
     # Python's path answers with the change, and a new plan replays it
     x1 = cn.tensor(values, backend=backend)
@@ -204,4 +208,4 @@ def test_programs_that_need_python_per_call_are_not_handed_to_a_host():
     for _ in range(4):
         pick(index)
     program = pick.replayable()
-    assert program is not None and backend.capture_recorder().standalone(program, [index.handle]) is None
+    assert program is not None and not backend.capture_recorder().standalone(program, [index.handle], OWNER)

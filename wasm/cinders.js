@@ -197,31 +197,34 @@ export function answerOf(logits) {
 
 // A captured forward the page replays by itself, with no Python: the pixels written straight
 // into the program's input in the module's memory, one run_commands call, the logits read as a
-// Float32Array slice of that memory. Python hands the plan out after a prediction that replayed
-// (cinders.web.bridge Predictor.replay_plan; wasm_backend/capture.py standalone) and changes the
-// generation word in the module's memory as soon as it no longer holds (the program stale after
-// a weight was replaced, its commands rebound, kernels queued that must run first); then, and
-// for any input of another length, Python answers as before.
+// Float32Array slice of that memory. Python hands the program out after a prediction that
+// replayed (cinders.web.bridge Predictor.predict_now, wasm_backend/capture.py standalone) by
+// writing a plan block in the module's memory, read here at every call: its first word names
+// the model whose plan it is, and Python zeroes it as soon as the plan no longer holds (the
+// program stale after a weight was replaced, its commands rebound, kernels queued that must
+// run first). Then, and for an input of another length, Python answers as before.
 class Replay {
-  constructor(plan) {
-    Object.assign(this, plan);   // exports, commands, count, input, inputLength, output, outputLength, generation, expected
+  constructor({ exports, block, owner }) {   // Predictor.replay_slot()
+    this.exports = exports;
+    this.block = block >>> 2;   // in words: owner, commands, count, input, input bytes, output, output bytes
+    this.owner = owner;
+    this.words = null;
     this.floats = null;
-    this.ints = null;
   }
 
-  // The logits for these pixels, or null when the plan does not apply to them (any more).
+  // The logits for these pixels, or null when no plan of this model holds for them.
   run(pixels) {
-    if (pixels.length !== this.inputLength) return null;
     const buffer = this.exports.memory.buffer;
-    if (this.floats === null || this.floats.buffer !== buffer) {   // the memory grew: new views
+    if (this.words === null || this.words.buffer !== buffer) {   // the memory grew: new views
+      this.words = new Uint32Array(buffer);
       this.floats = new Float32Array(buffer);
-      this.ints = new Int32Array(buffer);
     }
-    if (this.ints[this.generation >>> 2] !== this.expected) return null;
-    this.floats.set(pixels, this.input >>> 2);
-    this.exports.run_commands(this.commands, this.count);
-    const at = this.output >>> 2;
-    return this.floats.slice(at, at + this.outputLength);
+    const plan = this.words, at = this.block;
+    if (plan[at] !== this.owner || 4 * pixels.length !== plan[at + 4]) return null;
+    this.floats.set(pixels, plan[at + 3] >>> 2);
+    this.exports.run_commands(plan[at + 1], plan[at + 2]);
+    const output = plan[at + 5] >>> 2;
+    return this.floats.slice(output, output + (plan[at + 6] >>> 2));
   }
 }
 
@@ -248,7 +251,8 @@ class Model {
     this.backendName = runtime.backendName;
     this.backendNote = runtime.backendNote;
     this.timings = timings;
-    this.replay = null;              // cn.Wasm(): the Replay of the last prediction, while it holds
+    const slot = runtime.backend === "wasm" ? predictor.replay_slot() : null;
+    this.replay = slot ? new Replay(slot) : null;   // cn.Wasm(): the page's own replays
   }
 
   // input: 784 numbers in [0, 1] (row-major 28x28), flat or nested. Resolves to
@@ -257,15 +261,9 @@ class Model {
     const pixels = flatPixels(input);
     const t0 = now();
     let logits = this.replay ? this.replay.run(pixels) : null;
+    // WebGPU reads are awaited; the CPU and cn.Wasm() answer within the call (no event-loop trip)
     if (logits === null) {
-      // WebGPU reads are awaited; the CPU and cn.Wasm() answer within the call (no event-loop trip)
-      if (this.backend === "webgpu") {
-        logits = await this._predictor.predict(pixels);
-      } else {
-        logits = this._predictor.predict_now(pixels);
-        const plan = this._predictor.replay_plan;
-        this.replay = plan ? new Replay(plan) : null;
-      }
+      logits = this.backend === "webgpu" ? await this._predictor.predict(pixels) : this._predictor.predict_now(pixels);
     }
     const result = answerOf(logits);
     result.ms = now() - t0;

@@ -12,9 +12,10 @@ holds their Buffers (core/capture.py `_Program._kept`); the descriptors it reads
 the backend's constant cache (`Wasm._constant` never releases a pinned block).
 
 A host may also replay the last program by itself, running no Python (the page's JS:
-wasm/cinders.js): `standalone` hands out where its commands, inputs and outputs lie, and a
-generation word in linear memory that changes as soon as that is no longer true (the block
-rewritten for other inputs, the program stale, kernels queued that must run first).
+wasm/cinders.js Replay): `standalone` writes where its commands, input and output lie into a
+plan block in linear memory, whose first word names the plan's owner while it holds and is
+zeroed as soon as it does not (the commands rewritten for other inputs, the program stale,
+kernels queued that must run first). The host reads the plan from memory at every call.
 
 gather and scatter_add are called by the host, not queued: they return the first bad index for
 the host to raise on. A program keeps them in place, and a replay runs the commands before
@@ -136,9 +137,8 @@ class CommandRecorder:
         self.heap = backend.heap
         self.names = {name: name for name in self.commands.ids}
         self.recording = None
-        self.generation = 0          # the generation word's value (standalone)
-        self.generation_block = None
-        self.handed_out = None       # (program, inputs) of the standalone plan in use
+        self.plan = None         # the plan block (standalone), made on first use
+        self.handed_out = None   # (program, input handle) of the plan that holds, else None
 
     # ---- recording --------------------------------------------------------------------------
     def start(self):
@@ -253,32 +253,39 @@ class CommandRecorder:
         call("run_commands", command_word(ptr + 4 * start), len(ints) - start)
 
     # ---- a host's own replays ------------------------------------------------------------
-    def standalone(self, program, inputs):
-        """What a host needs to replay `program` (core/capture.py `Captured.replayable()`, just
-        replayed with the handles `inputs` bound) by itself: write each input at its address,
-        call run_commands(commands, count), read each output at its address; valid while the
-        int32 at `generation` equals `expected`. None when a replay needs the host to check
-        indices between commands (gather). A dict of ints: {"commands", "count", "inputs":
-        [(address, bytes)], "outputs": [(address, bytes, dtype name)], "generation",
-        "expected"}. The program and inputs are kept alive until it is invalidated."""
+    PLAN_WORDS = ("owner", "commands", "count", "input", "input bytes", "output", "output bytes")
+
+    def plan_address(self):
+        """Address of the plan block: uint32 words PLAN_WORDS (addresses, byte sizes, the
+        command count); `owner` is 0 while no plan holds."""
+        if self.plan is None:
+            self.plan = _Block(self.heap, 4 * len(self.PLAN_WORDS))
+            self.backend.engine.write(self.plan.ptr, bytes(self.plan.size))
+        return self.plan.ptr
+
+    def standalone(self, program, inputs, owner):
+        """Hand `program` (core/capture.py `Captured.replayable()`, just replayed with the
+        handles `inputs` bound) to a host that replays it by itself while the plan block's
+        owner word is `owner` (a nonzero int the caller picks): write the input at its
+        address, call run_commands(commands, count), read the output at its address. The
+        program and the input are kept alive meanwhile. False (no plan) unless the program
+        has one input and one output and needs no host calls between its commands (gather)."""
         prepared = program.prepared
-        if prepared.checked or prepared.written is None:
-            return None
+        outputs = program.output_views()
+        if prepared.checked or prepared.written is None or len(inputs) != 1 or len(outputs) != 1:
+            return False
         self.invalidate()   # one plan at a time
-        if self.generation_block is None:
-            self.generation_block = _Block(self.heap, 16)
-            self._write_generation()
-        self.handed_out = (program, list(inputs))
+        (h,), (raw, offset, nbytes, _, _) = inputs, outputs[0]
+        words = array("I", [owner, prepared.block.ptr, len(prepared.ints), h.ptr, _nbytes(h),
+                            raw.ptr + offset, nbytes])
+        self.backend.engine.write(self.plan_address(), words.tobytes())
+        self.handed_out = (program, h)
         program.on_stale.append(self.invalidate)
         self.commands.on_queue = self.invalidate
-        return {"commands": command_word(prepared.block.ptr), "count": len(prepared.ints),
-                "inputs": [(h.ptr, _nbytes(h)) for h in inputs],
-                "outputs": [(raw.ptr + offset, nbytes, dtype.name)
-                            for raw, offset, nbytes, _, dtype in program.output_views()],
-                "generation": self.generation_block.ptr, "expected": self.generation}
+        return True
 
     def invalidate(self):
-        """The plan `standalone` handed out no longer holds: change the generation word."""
+        """The plan `standalone` handed out no longer holds: zero its owner word."""
         if self.handed_out is None:
             return
         program = self.handed_out[0]
@@ -286,11 +293,7 @@ class CommandRecorder:
         self.commands.on_queue = None
         if self.invalidate in program.on_stale:
             program.on_stale.remove(self.invalidate)
-        self.generation = (self.generation + 1) & 0x7FFFFFFF
-        self._write_generation()
-
-    def _write_generation(self):
-        self.backend.engine.write(self.generation_block.ptr, struct.pack("<i", self.generation))
+        self.backend.engine.write(self.plan.ptr, bytes(4))
 
     def _copy_commands(self, copies):
         tail, copy_id = array("i"), self.commands.ids["copy_u8"]

@@ -7,6 +7,7 @@
 
 Everything here is plain cinders code: the same model classes and record loader as the desktop.
 """
+import itertools
 import json
 import os
 from array import array
@@ -14,6 +15,7 @@ from array import array
 import cinders as cn
 
 _state = {"backend": None, "kind": None, "note": ""}
+_replay_owners = itertools.count(1)   # Predictor.replay_owner
 
 
 def cpu_backend():
@@ -134,9 +136,9 @@ class Predictor:
         # Records may name their input shape (JSON); the MNIST models take (N, 1, 28, 28).
         self.input_shape = tuple(json.loads(meta.get("input_shape", "[1, 28, 28]")))
         # cn.Wasm(): the page replays the last prediction's program itself while it holds
-        # (predict_now sets replay_plan; wasm/cinders.js Replay): no Python per prediction.
-        self.replays_in_page = _state["kind"] == "wasm"
-        self.replay_plan = None
+        # (wasm/cinders.js Replay, reading the plan predict_now hands out): no Python per
+        # prediction. The owner number tells this model's plan from another's.
+        self.replay_owner = next(_replay_owners) if _state["kind"] == "wasm" else 0
 
     def info(self):
         return {"class": type(self.model).__name__, "name": self.name,
@@ -185,36 +187,27 @@ class Predictor:
         """predict() without the event loop, for backends whose reads never wait (the CPU,
         cn.Wasm()): a JS caller gets the result in the same task instead of after a
         scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm()).
-        On cn.Wasm() it also sets replay_plan: what the page needs to replay this very call's
-        program by itself (None when it cannot)."""
+        On cn.Wasm() a call that replayed hands its program to the page (replay_slot)."""
         x = self._input(pixels, 1)
         logits = self.forward(x)
         out = float32_to_js(logits.backend.to_flat(logits.handle))
-        self.replay_plan = self._replay_plan(x) if self.replays_in_page else None
+        if self.replay_owner:
+            program = self.forward.replayable()
+            if program is not None and all(view[4] is cn.float32 for view in program.output_views()):
+                self.backend.capture_recorder().standalone(program, [x.handle], self.replay_owner)
         return out
 
-    def _replay_plan(self, x):
-        """The captured forward just replayed with x: as a JS object for wasm/cinders.js Replay
-        ({exports, commands, count, input, inputLength, output, outputLength, generation,
-        expected}: addresses in the module's memory, lengths in floats), or None (not a replay
-        yet, or a program that needs Python per call: wasm_backend/capture.py standalone)."""
-        program = self.forward.replayable()
-        if program is None:
-            return None
-        views = program.output_views()
-        if len(views) != 1 or views[0][4] is not cn.float32:  # the logits, and only them
-            return None
-        plan = self.backend.capture_recorder().standalone(program, [x.handle])
-        if plan is None:
+    def replay_slot(self):
+        """Where the page finds the plan predict_now hands out (wasm/cinders.js Replay), once
+        per model: {exports: the module's, block: the plan block's address (uint32 words:
+        owner, commands, count, input, input bytes, output, output bytes), owner: this model's
+        number, in the owner word while its plan holds}; None on other backends."""
+        if not self.replay_owner:
             return None
         import js
         from pyodide.ffi import to_js
-        (input_at, input_bytes), = plan["inputs"]
-        (output_at, output_bytes, _), = plan["outputs"]
-        return to_js({"exports": self.backend.engine.exports, "commands": plan["commands"],
-                      "count": plan["count"], "input": input_at, "inputLength": input_bytes // 4,
-                      "output": output_at, "outputLength": output_bytes // 4,
-                      "generation": plan["generation"], "expected": plan["expected"]},
+        block = self.backend.capture_recorder().plan_address()
+        return to_js({"exports": self.backend.engine.exports, "block": block, "owner": self.replay_owner},
                      dict_converter=js.Object.fromEntries)
 
 
