@@ -24,8 +24,11 @@ and ratio lines (cinders / ort; < 1 means cinders is faster). Where cinders' tim
 Pyodide start, wheel install, backend start, model load (from the runtime's own timings), and
 for one warm inference the Python time spent recording kernels (per dispatch) versus waiting
 for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes; and one
-captured predict piece by piece, `captured_*_us`: input, replay, the kernels inside it, read,
-answer, the whole predict_now and the page's whole predict, each timed in batches of 20 calls).
+captured predict piece by piece, `captured_*_us`: through Python, input, replay, the kernels
+inside it, read, the logits handed to JS, the whole predict_now; then the page's whole predict
+(`captured_page_predict_us`: the page replays the captured program itself, no Python) and its
+pieces `page_*_us`: input write, kernels, output read, answer; `page_python_predict_us` the
+page's predict when it goes through Python; each timed in batches of 20 to 200 calls).
 --cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
@@ -256,7 +259,7 @@ if engine is not None:
         "captured_input_us": per_call_us(lambda: cn.Tensor(backend, backend.from_flat(pixels, shape, cn.float32), shape, cn.float32)),
         "captured_replay_us": per_call_us(lambda: predictor.forward(x)),
         "captured_read_us": per_call_us(lambda: backend.to_flat(y.handle)),
-        "captured_answer_us": per_call_us(lambda: bridge.answer(list(row))),
+        "captured_logits_to_js_us": per_call_us(lambda: bridge.float32_to_js(row)),
     }
     # the replay's time inside the module (its run_commands call: the kernels), median per replay
     plain_call, in_module = engine.call, []
@@ -294,15 +297,40 @@ def cinders_split(page, pixels, repeats=5):
              const out = result.toJs({ dict_converter: Object.fromEntries });
              result.destroy();
              if (window.cindersDemo.model.backend === "wasm") {
-               // the page's whole predict, JS included (as the captured_* pieces: batches of 20)
-               const model = window.cindersDemo.model, px = Float32Array.from(pixels), times = [];
-               for (let b = 0; b < 15; b++) {
-                 const t = performance.now();
-                 for (let i = 0; i < 20; i++) await model.predict(px);
-                 times.push((performance.now() - t) / 20);
+               // As the captured_* pieces: us per call, median of 15 batches of n calls.
+               const perCall = async (f, n = 20) => {
+                 const times = [];
+                 for (let b = 0; b < 15; b++) {
+                   const t = performance.now();
+                   for (let i = 0; i < n; i++) await f();
+                   times.push((performance.now() - t) / n);
+                 }
+                 times.sort((a, b) => a - b);
+                 return Math.round(times[7] * 10000) / 10;
+               };
+               const model = window.cindersDemo.model, px = Float32Array.from(pixels);
+               const { answerOf } = await import("/wasm/cinders.js");
+               // the page's whole predict through Python (predict_now, which hands the plan out)
+               const replay = model.replay;
+               model.replay = null;
+               out.page_python_predict_us = await perCall(() => model.predict(px));
+               model.replay = replay;
+               // the page's whole predict, JS included: its own replay of the captured program
+               await model.predict(px);
+               out.captured_page_predict_us = await perCall(() => model.predict(px));
+               // ... piece by piece (page_*: the input written into the module's memory, the
+               // run_commands call, the logits' Float32Array slice, the answer)
+               const r = model.replay;
+               out.page_replays_in_js = r !== null && r.run(px) !== null;
+               if (out.page_replays_in_js) {
+                 const plan = r.words, at = r.block, input = plan[at + 3] >>> 2, output = plan[at + 5] >>> 2;
+                 const outputEnd = output + (plan[at + 6] >>> 2);
+                 out.page_input_us = await perCall(() => r.floats.set(px, input), 200);
+                 out.page_kernels_us = await perCall(() => r.exports.run_commands(plan[at + 1], plan[at + 2]), 50);
+                 out.page_output_us = await perCall(() => r.floats.slice(output, outputEnd), 200);
+                 const logits = r.floats.slice(output, outputEnd);
+                 out.page_answer_us = await perCall(() => answerOf(logits), 200);
                }
-               times.sort((a, b) => a - b);
-               out.captured_page_predict_us = Math.round(times[7] * 10000) / 10;
              }
              return out;
            }""", [PYTHON_SPLIT, pixels, repeats])

@@ -145,8 +145,10 @@ def retire(t):
         return
     raw = base.backend.capture_recorder().buffer(base.handle)[0]
     for program in list(_LIVE_PROGRAMS):
-        if id(raw) in program.state_ids:
+        if id(raw) in program.state_ids and not program.stale:
             program.stale = True
+            for callback in list(program.on_stale):
+                callback()
 
 
 _LIVE_PROGRAMS = weakref.WeakSet()  # the _Programs alive, for retire()
@@ -252,6 +254,20 @@ class Captured:
     def __repr__(self):
         return "cn.capture(%s: %d captures, %d replays)" % (self.__name__, self.captures,
                                                             self.replays)
+
+    def replayable(self):
+        """The program the last call replayed, when a host may replay it by itself, running no
+        Python, until the program's `on_stale` callbacks run (cn.Wasm() in the page:
+        wasm_backend/capture.py `standalone`, wasm/cinders.js): the last call was a replay of
+        all-tensor arguments, and the program patches no random seeds and computes no host
+        values. None otherwise. Such replays are not counted in `replays`."""
+        last = self._last
+        if last is None:
+            return None
+        program = last.program
+        if program.stale or program.seed_patches or program.host_values or program.callbacks:
+            return None
+        return program
 
     def _entry(self, key):
         """The entry of a signature, now the most recently used; a new one may push out the
@@ -567,7 +583,13 @@ class _Program:
         self._kept = list(kept.values())
         self.state_ids = frozenset(kept)
         self.stale = False   # set by retire(): a buffer it reads as state was given up
+        self.on_stale = []   # called when it goes stale (a host replaying it by itself stops)
         _LIVE_PROGRAMS.add(self)
+
+    def output_views(self):
+        """[(buffer, byte offset, byte size, shape, dtype)] per output: where a replay leaves
+        fn's results, before copying them out."""
+        return [view + (shape, dtype) for _, view, shape, dtype in self.outputs]
 
     def hand_out(self, out):
         """The second call's outputs, copied out of the workspace (one submit)."""

@@ -2,6 +2,8 @@
 (core/capture.py _LastCall), and a replay writes its program block only when an address in it
 changed (wasm_backend/capture.py). Anything else takes the generic path: never a stale program."""
 
+import struct
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,104 @@ def test_replays_stay_right_after_the_constant_cache_starts_over():
     backend.synchronize()
     np.testing.assert_allclose(fast(x).numpy(), lin(x).relu().numpy(), rtol=1e-6, atol=1e-7)
     assert len(junk) == 2048 and fast.replays >= 2
+
+
+# ---- a host's own replays (what the page's JS does: wasm/cinders.js Replay) -------------------
+OWNER = 7
+
+
+def _plan(backend, fast, x):
+    program = fast.replayable()
+    assert program is not None
+    recorder = backend.capture_recorder()
+    assert recorder.standalone(program, [x.handle], OWNER)
+    return recorder.plan_address()
+
+
+def _host_replay(engine, plan, values):
+    """What wasm/cinders.js Replay.run does, through the engine: None when the plan block's
+    owner word says no plan of ours holds, else the output after writing `values` as the input."""
+    owner, commands, count, input_at, input_bytes, output_at, output_bytes = \
+        struct.unpack("<7I", engine.read(plan, 28))
+    if owner != OWNER:
+        return None
+    data = np.asarray(values, np.float32).tobytes()
+    assert len(data) == input_bytes
+    engine.write(input_at, data)
+    engine.call("run_commands", commands - (1 << 32) if commands >= 1 << 31 else commands, count)
+    return np.frombuffer(engine.read(output_at, output_bytes), np.float32)
+
+
+def _captured_linear():
+    backend = cn.Wasm()
+    lin, fast = _linear(backend, 4)
+    x = _x(backend, np.random.default_rng(4))
+    for _ in range(4):  # warm, two recordings, then a replay
+        fast(x)
+    return backend, lin, fast, x
+
+
+def test_a_host_replays_the_plan_with_the_answers_of_python():
+    backend, lin, fast, x = _captured_linear()
+    rng = np.random.default_rng(5)
+    values = [rng.standard_normal((2, 6)).astype(np.float32) for _ in range(3)]
+    inputs = [cn.tensor(v, backend=backend) for v in values]
+    eager = [lin(t).relu().numpy() for t in inputs]
+    python = [fast(t).numpy() for t in inputs]
+    fast(x)  # (the plan is of the call just replayed)
+    plan = _plan(backend, fast, x)
+    for v, want, replayed in zip(values, eager, python):
+        got = _host_replay(backend.engine, plan, v).reshape(2, 3)
+        np.testing.assert_array_equal(got, replayed)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("change", ["replaced weight", "weight written in place", "kernels queued",
+                                    "other input", "another owner"])
+def test_the_plan_stops_holding_when_python_changes_what_it_replays(change):
+    """The plan block's owner word is zeroed (the host then goes through Python) when the
+    program goes stale, its commands are rebound, or kernels are queued that must run first."""
+    from cinders.capture import assign
+    backend, lin, fast, x = _captured_linear()
+    plan = _plan(backend, fast, x)
+    values = np.ones((2, 6), np.float32)
+    assert _host_replay(backend.engine, plan, values) is not None
+    new_bias = cn.tensor(np.arange(3, dtype=np.float32), backend=backend)
+    if change == "replaced weight":
+        lin.replace_tensors({"bias": new_bias})   # (the old tensor is retired)
+    elif change == "weight written in place":
+        assign(lin.bias, new_bias)   # a queued copy into the state buffer
+    elif change == "kernels queued":
+        (x + 1)  # noqa: B018  (queued, never read)
+    elif change == "other input":
+        fast(_x(backend, np.random.default_rng(6)))
+    else:  # another model's plan (the page's other Predictor): one plan at a time
+        assert backend.capture_recorder().standalone(fast.replayable(), [x.handle], OWNER + 1)
+    assert _host_replay(backend.engine, plan, values) is None
+    # Python's path answers with the change, and a new plan replays it
+    x1 = cn.tensor(values, backend=backend)
+    want = lin(x1).relu().numpy()
+    for _ in range(4):
+        got = fast(x1)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(_host_replay(backend.engine, _plan(backend, fast, x1), values).reshape(2, 3),
+                               want, rtol=1e-6, atol=1e-7)
+
+
+def test_programs_that_need_python_per_call_are_not_handed_to_a_host():
+    """Random kernels (their seeds are patched per call) and gather (its indices are checked
+    between commands) keep every replay in Python."""
+    backend = cn.Wasm()
+    rng = np.random.default_rng(7)
+    noisy = cn.capture(lambda x: x + cn.random(x.shape, backend=backend))
+    x = _x(backend, rng)
+    for _ in range(4):
+        noisy(x)
+    assert noisy.replays == 1 and noisy.replayable() is None
+    table = _x(backend, rng, (5, 3))
+    pick = cn.capture(lambda i: table.gather(0, i))
+    index = cn.tensor(np.array([[0, 1, 2], [4, 3, 0]], np.int32), backend=backend)
+    for _ in range(4):
+        pick(index)
+    program = pick.replayable()
+    assert program is not None and not backend.capture_recorder().standalone(program, [index.handle], OWNER)

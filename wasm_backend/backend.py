@@ -114,11 +114,14 @@ class Commands:
         self.ints = array("i")
         self.launches = 0
         self.recording = None  # capture.py's hook while cn.capture records (else None)
+        self.on_queue = None   # capture.py's hook while a host replays a program by itself
 
     def add(self, name, *args):
         """Queue kernel `name`; args are ints and WasmArrays (passed as their addresses, and
         named as buffers to a capture recording in progress: capture.py)."""
         ints = self.ints
+        if not ints and self.on_queue is not None:
+            self.on_queue()  # queued work must run before any later replay: the host's stops
         ints.append(self.ids[name])
         ints.extend([command_word(a if a.__class__ is int else a.ptr) for a in args])
         self.launches += 1

@@ -11,6 +11,12 @@ copy commands appended to the same call. Workspace and state stay alive because 
 holds their Buffers (core/capture.py `_Program._kept`); the descriptors it reads are pinned in
 the backend's constant cache (`Wasm._constant` never releases a pinned block).
 
+A host may also replay the last program by itself, running no Python (the page's JS:
+wasm/cinders.js Replay): `standalone` writes where its commands, input and output lie into a
+plan block in linear memory, whose first word names the plan's owner while it holds and is
+zeroed as soon as it does not (the commands rewritten for other inputs, the program stale,
+kernels queued that must run first). The host reads the plan from memory at every call.
+
 gather and scatter_add are called by the host, not queued: they return the first bad index for
 the host to raise on. A program keeps them in place, and a replay runs the commands before
 each, calls it, raises IndexingError on a bad index, and runs on: one call more per such
@@ -131,6 +137,8 @@ class CommandRecorder:
         self.heap = backend.heap
         self.names = {name: name for name in self.commands.ids}
         self.recording = None
+        self.plan = None         # the plan block (standalone), made on first use
+        self.handed_out = None   # (program, input handle) of the plan that holds, else None
 
     # ---- recording --------------------------------------------------------------------------
     def start(self):
@@ -219,6 +227,7 @@ class CommandRecorder:
         bound += [(src.ptr + src_off, dst.ptr + dst_off, self._copy_descriptor(nbytes))
                   for src, src_off, dst, dst_off, nbytes in copies]
         if bound != program.bound:
+            self.invalidate()
             ints = array("i", program.ints)
             for i, buffers in rebinds.items():
                 for position, slot, offset in slots[i]:
@@ -242,6 +251,49 @@ class CommandRecorder:
                                     "tensor) in a cn.capture replay" % (name.rsplit("_", 1)[0], bad))
             start = position + 1 + count
         call("run_commands", command_word(ptr + 4 * start), len(ints) - start)
+
+    # ---- a host's own replays ------------------------------------------------------------
+    PLAN_WORDS = ("owner", "commands", "count", "input", "input bytes", "output", "output bytes")
+
+    def plan_address(self):
+        """Address of the plan block: uint32 words PLAN_WORDS (addresses, byte sizes, the
+        command count); `owner` is 0 while no plan holds."""
+        if self.plan is None:
+            self.plan = _Block(self.heap, 4 * len(self.PLAN_WORDS))
+            self.backend.engine.write(self.plan.ptr, bytes(self.plan.size))
+        return self.plan.ptr
+
+    def standalone(self, program, inputs, owner):
+        """Hand `program` (core/capture.py `Captured.replayable()`, just replayed with the
+        handles `inputs` bound) to a host that replays it by itself while the plan block's
+        owner word is `owner` (a nonzero int the caller picks): write the input at its
+        address, call run_commands(commands, count), read the output at its address. The
+        program and the input are kept alive meanwhile. False (no plan) unless the program
+        has one input and one output and needs no host calls between its commands (gather)."""
+        prepared = program.prepared
+        outputs = program.output_views()
+        if prepared.checked or prepared.written is None or len(inputs) != 1 or len(outputs) != 1:
+            return False
+        self.invalidate()   # one plan at a time
+        (h,), (raw, offset, nbytes, _, _) = inputs, outputs[0]
+        words = array("I", [owner, prepared.block.ptr, len(prepared.ints), h.ptr, _nbytes(h),
+                            raw.ptr + offset, nbytes])
+        self.backend.engine.write(self.plan_address(), words.tobytes())
+        self.handed_out = (program, h)
+        program.on_stale.append(self.invalidate)
+        self.commands.on_queue = self.invalidate
+        return True
+
+    def invalidate(self):
+        """The plan `standalone` handed out no longer holds: zero its owner word."""
+        if self.handed_out is None:
+            return
+        program = self.handed_out[0]
+        self.handed_out = None
+        self.commands.on_queue = None
+        if self.invalidate in program.on_stale:
+            program.on_stale.remove(self.invalidate)
+        self.backend.engine.write(self.plan.ptr, bytes(4))
 
     def _copy_commands(self, copies):
         tail, copy_id = array("i"), self.commands.ids["copy_u8"]

@@ -2,19 +2,20 @@
 
     info = await init("auto")                  # WebGPU, else WebAssembly, else Python; says which and why
     predictor = await load_model(bytes, name)  # a record -> the model class it names
-    result = await predictor.predict(pixels)   # {"class", "logits", "probabilities"}
+    logits = await predictor.predict(pixels)   # a JS Float32Array (the page makes the answer)
     result = await predictor.run(values)       # any model: {"shape", "values"}
 
 Everything here is plain cinders code: the same model classes and record loader as the desktop.
 """
+import itertools
 import json
-import math
 import os
 from array import array
 
 import cinders as cn
 
 _state = {"backend": None, "kind": None, "note": ""}
+_replay_owners = itertools.count(1)   # Predictor.replay_owner
 
 
 def cpu_backend():
@@ -99,12 +100,15 @@ def _nested(flat, shape):
     return flat
 
 
-def answer(logits):
-    """One image's answer from its logits (Python floats)."""
-    top = max(logits)
-    exps = [math.exp(v - top) for v in logits]
-    total = sum(exps)
-    return {"class": logits.index(top), "logits": logits, "probabilities": [e / total for e in exps]}
+def float32_to_js(values):
+    """Flat float32 values (a sequence of floats, or array('f')) as a JS Float32Array: results
+    cross to the page as one typed array (the page makes the answer: wasm/cinders.js answerOf),
+    not as a dict converted value by value."""
+    import js
+    data = values if values.__class__ is array and values.typecode == "f" else array("f", values)
+    out = js.Float32Array.new(len(data))
+    out.assign(data)
+    return out
 
 
 def _as_floats(pixels):
@@ -131,12 +135,16 @@ class Predictor:
         self.name = name
         # Records may name their input shape (JSON); the MNIST models take (N, 1, 28, 28).
         self.input_shape = tuple(json.loads(meta.get("input_shape", "[1, 28, 28]")))
+        # cn.Wasm(): the page replays the last prediction's program itself while it holds
+        # (wasm/cinders.js Replay, reading the plan predict_now hands out): no Python per
+        # prediction. The owner number tells this model's plan from another's.
+        self.replay_owner = next(_replay_owners) if _state["kind"] == "wasm" else 0
 
     def info(self):
         return {"class": type(self.model).__name__, "name": self.name,
                 "input_shape": list(self.input_shape), "backend": _state["kind"]}
 
-    def _forward(self, pixels, n, sample_shape=None):
+    def _input(self, pixels, n, sample_shape=None):
         values = _as_floats(pixels)
         sample_shape = sample_shape or self.input_shape
         per = 1
@@ -148,19 +156,18 @@ class Predictor:
         shape = (n,) + tuple(sample_shape)
         # from_flat directly: cn.tensor would walk the 784 floats in Python to infer a shape
         # and dtype this code already knows (a third of a warm inference on cn.Wasm())
-        x = cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
-        return self.forward(x)
+        return cn.Tensor(self.backend, self.backend.from_flat(values, shape, cn.float32), shape, cn.float32)
 
-    @staticmethod
-    def _results(flat, n, classes):
-        return [answer([float(v) for v in flat[i * classes:(i + 1) * classes]]) for i in range(n)]
+    def _forward(self, pixels, n, sample_shape=None):
+        return self.forward(self._input(pixels, n, sample_shape))
 
     async def predict_batch(self, pixels, n):
-        logits = self._forward(pixels, n)
-        return self._results(await read_async(logits), n, logits.shape[-1])
+        """n images' logits, one after the other, as one JS Float32Array."""
+        return float32_to_js(await read_async(self._forward(pixels, n)))
 
     async def predict(self, pixels):
-        return (await self.predict_batch(pixels, 1))[0]
+        """One image's logits (a JS Float32Array)."""
+        return await self.predict_batch(pixels, 1)
 
     async def run(self, values, sample_shape=None):
         """Any model: `values` hold one or more samples of sample_shape (default: the record's
@@ -179,10 +186,29 @@ class Predictor:
     def predict_now(self, pixels):
         """predict() without the event loop, for backends whose reads never wait (the CPU,
         cn.Wasm()): a JS caller gets the result in the same task instead of after a
-        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm())."""
-        logits = self._forward(pixels, 1)
-        # (to_flat gives Python floats: one image's logits are the row as it is)
-        return answer(logits.backend.to_flat(logits.handle))
+        scheduler round trip (which costs more than a whole MNIST inference on cn.Wasm()).
+        On cn.Wasm() a call that replayed hands its program to the page (replay_slot)."""
+        x = self._input(pixels, 1)
+        logits = self.forward(x)
+        out = float32_to_js(logits.backend.to_flat(logits.handle))
+        if self.replay_owner:
+            program = self.forward.replayable()
+            if program is not None and all(view[4] is cn.float32 for view in program.output_views()):
+                self.backend.capture_recorder().standalone(program, [x.handle], self.replay_owner)
+        return out
+
+    def replay_slot(self):
+        """Where the page finds the plan predict_now hands out (wasm/cinders.js Replay), once
+        per model: {exports: the module's, block: the plan block's address (uint32 words:
+        owner, commands, count, input, input bytes, output, output bytes), owner: this model's
+        number, in the owner word while its plan holds}; None on other backends."""
+        if not self.replay_owner:
+            return None
+        import js
+        from pyodide.ffi import to_js
+        block = self.backend.capture_recorder().plan_address()
+        return to_js({"exports": self.backend.engine.exports, "block": block, "owner": self.replay_owner},
+                     dict_converter=js.Object.fromEntries)
 
 
 def _basename(url, default):
