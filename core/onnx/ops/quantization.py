@@ -158,6 +158,12 @@ def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, inp
     """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
     pair: codegen `requantized_activations`)."""
     lo, hi = quant_range(type_at(input_types, 2), "QuantizeLinear")
+    if x.backend.quantize_dequantize:   # one kernel (core/backend.py)
+        scales = [s.reshape(()).cast(float32).handle for s in (y_scale, x_scale)]
+        zps = [None if z is None else (z if z.dtype in (int8, uint8, int32) else z.cast(int32)).reshape(()).handle
+               for z in (y_zero_point, x_zero_point)]
+        return Tensor(x.backend, x.backend.quantize_dequantize(x.cast(float32).handle, scales[0], zps[0], scales[1],
+                                                               zps[1], lo, hi), x.shape, float32)
     params = [p.reshape(()).cast(float32) for p in (y_scale, y_zero_point, x_scale)]
     xz = 0.0 if x_zero_point is None else x_zero_point.reshape(()).cast(float32)
     return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
@@ -230,15 +236,18 @@ def packed_weight(b, a):
     return b.dtype in (int8, uint8) and b.backend is a.backend and a.backend.quantized_matmul
 
 
-def quantized_product(a, q, scale, zero_point, layout):
+def quantized_product(a, q, scale, zero_point, layout, a_scale=None):
     """a (..., K) @ dequantize(B) through the backend's matmul_quantized (core/backend.py):
-    float32 a and a scale give float32; int32 a and no scale the exact int32 product."""
+    float32 a and a scale give float32; int32 a and no scale the exact int32 product; a_scale
+    says float32 a is a QDQ activation (integers times a_scale), which the backend may sum
+    exactly in int32."""
     backend = a.backend
     k, n = layout.k, layout.n
     rows = a.reshape((-1, k))
     # flat (a reshape copies a strided view): the layout's strides count from each one's start
     handles = [None if t is None else t.reshape((-1,)).handle for t in (q, scale, zero_point)]
-    out = backend.matmul_quantized(rows.handle, *handles, layout)
+    out = backend.matmul_quantized(rows.handle, *handles, layout,
+                                   a_scale=None if a_scale is None else a_scale.reshape(()).cast(float32).handle)
     return Tensor(backend, out, (rows.shape[0], n), int32 if scale is None else float32).reshape(
         a.shape[:-1] + (n,))
 
@@ -420,7 +429,7 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
 @op(domain=JOINED)
 def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """x_scale: where X is a QDQ activation (codegen `quantized_conv_inputs`: X = (q - zp) *
+    """x_scale: where X is a QDQ activation (codegen `quantized_activation_inputs`: X = (q - zp) *
     x_scale with q 8-bit), its scale: X / x_scale are then integers and the backend's integer
     conv kernel computes the convolution."""
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
@@ -434,29 +443,41 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     return out if B is None else out + B.reshape((1, -1, 1, 1))
 
 
-def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed):
+def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed, x_scale=None):
     """a @ dequantize(W) (W^T where transposed) read 8-bit inside the kernel, or None where the
-    backend cannot (then the caller dequantizes)."""
-    if a.dtype is not float32 or w.ndim != 2 or block_size or not packed_weight(w, a):
+    backend cannot (then the caller dequantizes). x_scale: where a is a QDQ activation (codegen
+    `quantized_activation_inputs`), its scale: a / x_scale are then integers, which the kernel
+    multiplies by W's in exact int32 sums, scaled once (what onnxruntime's QLinearMatMul and
+    MatMulIntegerToFloat do); without the ability, the same exact sums in exact_matmul."""
+    if a.dtype is not float32 or w.ndim != 2 or block_size:
         return None
     rows, cols = w.shape
     k, n = (cols, rows) if transposed else (rows, cols)
     along_n = _axis(axis, 2) == (0 if transposed else 1)
     zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
-    layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
-    return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
+    if packed_weight(w, a):
+        layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
+        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout, x_scale)
+    if x_scale is None or not (along_n or w_scale.numel() == 1 and (zp is None or zp.numel() == 1)):
+        return None
+    x_scale = x_scale.reshape(()).cast(float32)
+    b = centered(w, None if zp is None else column_param(zp) if not transposed else _channel_param(zp, 2))
+    b = b.permute(1, 0) if transposed else b
+    acc = exact_matmul((a / x_scale).round(), b)
+    return acc.cast(float32) * (x_scale * column_param(w_scale).cast(float32))
 
 
 @op(domain=JOINED)
-def DequantizedMatMul(A, W, w_scale, w_zero_point=None, axis=1, block_size=0, output_dtype=0):
-    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False) if A.ndim >= 2 else None
+def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0):
+    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale) \
+        if A.ndim >= 2 else None
     return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
 
 
 @op(domain=JOINED)
-def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, axis=1, block_size=0, output_dtype=0, alpha=1.0,
-                    beta=1.0, transA=0, transB=0):
-    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB)
+def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
+                    alpha=1.0, beta=1.0, transA=0, transB=0):
+    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale)
     if out is None:
         return Gemm(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), C, alpha, beta, transA, transB)
     if alpha != 1.0:
