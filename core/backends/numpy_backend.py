@@ -121,6 +121,36 @@ def _out_of_bounds(op, index, axis, size):
     return IndexingError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
 
 
+def _strided_index(layout, rows, n):
+    """(rows, n) indices off + r * s_r + c * s_c of a QuantizedLayout triple (off, s_r, s_c)."""
+    off, sr, sc = layout
+    return off + np.arange(rows)[:, None] * sr + np.arange(n)[None, :] * sc
+
+
+def _strided_values(h, layout, rows, n, bits):
+    """int32 (rows, n) values of 8-bit (or int32) storage h at a QuantizedLayout triple, or of
+    its nibbles (bits 4, low first): a strided view of the bytes, gathered only for nibbles."""
+    flat = h.reshape(-1)
+    off, sr, sc = layout
+    if bits != 4 and sr >= 0 and sc >= 0:
+        size = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[off:], (rows, n), (sr * size, sc * size)).astype(np.int32)
+    index = _strided_index(layout, rows, n)
+    if bits == 4:
+        return ((flat[index >> 1].astype(np.int32) >> ((index & 1) * 4).astype(np.int32)) & 15).astype(np.int32)
+    return flat[index].astype(np.int32)
+
+
+def _exact_product(a, b):
+    """The exact int32 (wrapping) product of integer-valued a (..., K) and int32 b (K, N)."""
+    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * b.shape[0]
+    if bound < 2 ** 24:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.int32)
+    if bound < 2 ** 53:
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64).astype(np.int32)
+    return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
+
+
 class NumPy(Backend):
     """Desktop CPU backend on NumPy (float32 compute, like every other backend)."""
 
@@ -128,6 +158,10 @@ class NumPy(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
     recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
     normalization_kernels = True  # softmax, layer_norm (core/backend.py)
+    # int8/uint8 weights stay 8-bit in memory: matmul_quantized gathers B's values per call,
+    # and a QDQ activation's integers multiply them exactly (core/backend.py)
+    quantized_matmul = True
+    quantize_dequantize = True  # QuantizeLinear -> DequantizeLinear in whole-array steps
 
     def shape(self, h):
         return tuple(h.shape)
@@ -202,6 +236,40 @@ class NumPy(Backend):
             # (np.matmul loops over the broadcast batch)
             return np.matmul(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])).reshape(a.shape[:-1] + b.shape[-1:])
         return np.matmul(a, b)
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
+        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"): B's values q - zp are
+        read from q's storage for this call only (BLAS multiplies floats), and integer products
+        are summed exactly (_exact_product)."""
+        k, n = layout.k, layout.n
+        block = layout.block or k
+        blocks = -(-k // block)
+
+        def per_block(values):   # (blocks, n) -> one row per k (broadcast when one block)
+            return values if blocks == 1 else np.repeat(values, block, axis=0)[:k]
+        b = _strided_values(q, layout.q, k, n, layout.bits)
+        if zero_point is None:
+            b -= np.int32(layout.zp_default)
+        else:
+            b -= per_block(_strided_values(zero_point, layout.zp, blocks, n, layout.zp_bits))
+        s = None if scale is None else per_block(scale.reshape(-1)[_strided_index(layout.scale, blocks, n)])
+        if scale is None:
+            return _exact_product(a, b)
+        if a_scale is not None and blocks == 1:
+            return _exact_product(np.rint(a / a_scale), b).astype(np.float32) * (a_scale * s)
+        return np.matmul(a, b.astype(np.float32) * s)
+
+    def quantize_dequantize(self, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
+        """QuantizeLinear then DequantizeLinear (core/backend.py "quantize_dequantize"), the
+        composition's float32 steps in place on one array."""
+        y = np.asarray(np.rint(x / y_scale), np.float32)
+        if y_zero_point is not None:
+            y += y_zero_point.astype(np.float32)
+        np.clip(y, np.float32(lo), np.float32(hi), out=y)
+        if x_zero_point is not None:
+            y -= x_zero_point.astype(np.float32)
+        y *= x_scale
+        return y
 
     # The optional recurrent primitives (core/backend.py): a step in a few whole-array calls.
     def lstm_cell(self, gates, c):
