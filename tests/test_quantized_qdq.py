@@ -1,0 +1,114 @@
+"""QDQ transformers on the integer kernels (issue 28): a BERT-style encoder that onnxruntime's
+quantize_static writes in QDQ form (QuantizeLinear -> DequantizeLinear around every MatMul
+input, DequantizeLinear of int8 weight initializers) runs each weight MatMul as
+matmul_quantized with its activation's scale (a_scale: the activation's integers multiply the
+weight's in exact int32 sums, scaled once) and a float matmul only where both operands are
+activations (attention's QK^T and PV), and equals onnxruntime's run of the graph as written.
+The kernel's a_scale product is held to the exact integer product bit for bit."""
+
+import logging
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders.backend import QuantizedLayout
+from cinders.onnx import load
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+sys.path.insert(0, os.path.dirname(__file__))
+from test_onnx_transformers import TINY, _cached  # noqa: E402
+
+BACKENDS = {"numpy": lambda: cn.NumPy(), "wasm-native": lambda: cn.Wasm(engine="native"),
+            "wasm-wasmtime": lambda: cn.Wasm(engine="wasmtime"), "wgpu": lambda: cn.Wgpu(autotune=False)}
+IDS = np.random.default_rng(28).integers(0, TINY["vocab"], (2, 10)).astype(np.int64)
+
+
+class _Calibration:   # onnxruntime's CalibrationDataReader: a few random batches of token ids
+    def __init__(self):
+        rng = np.random.default_rng(1)
+        self.batches = iter([{"x": rng.integers(0, TINY["vocab"], (2, 10)).astype(np.int64)} for _ in range(3)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+@pytest.fixture(scope="module")
+def qdq_bert(tmp_path_factory):
+    """Path of the TINY BERT (tests/test_onnx_transformers.py) quantized by quantize_static, QDQ,
+    int8 activations and weights (its defaults, as benchmarks/quantized.py's q8_qdq)."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    path = str(tmp_path_factory.mktemp("qdq") / "bert_qdq.onnx")
+    logging.disable(logging.WARNING)   # the quantizer advises pre-processing
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_static(_cached("bert", "torchscript", False), path, _Calibration(), quant_format=QuantFormat.QDQ,
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    finally:
+        logging.disable(logging.NOTSET)
+    return path
+
+
+def _matmuls(path):
+    """(weight MatMuls: a DequantizeLinear of an int8 initializer as B, MatMuls of two activations)."""
+    graph = onnx.load(path).graph
+    inits = {i.name for i in graph.initializer}
+    makers = {o: n for n in graph.node for o in n.output}
+    weight = [n for n in graph.node if n.op_type == "MatMul" and makers.get(n.input[1]) is not None
+              and makers[n.input[1]].op_type == "DequantizeLinear" and makers[n.input[1]].input[0] in inits]
+    return len(weight), sum(n.op_type == "MatMul" for n in graph.node) - len(weight)
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_qdq_bert_runs_its_weight_matmuls_on_the_integer_kernel(qdq_bert, name, monkeypatch):
+    backend = BACKENDS[name]()
+    model = load(qdq_bert, backend=backend)
+    products, floats = [], []
+    quantized, plain = backend.matmul_quantized, backend.matmul
+
+    def matmul_quantized(*args, a_scale=None):
+        products.append(a_scale is not None)
+        return quantized(*args, a_scale=a_scale)
+
+    def matmul(a, b):
+        floats.append(backend.shape(b))
+        return plain(a, b)
+    monkeypatch.setattr(backend, "matmul_quantized", matmul_quantized)
+    monkeypatch.setattr(backend, "matmul", matmul)
+    got = model(cn.tensor(IDS.astype(np.int32), backend=backend)).numpy()
+    weights, activations = _matmuls(qdq_bert)
+    assert weights == 12 and activations == 4, (weights, activations)
+    assert products == [True] * weights, products       # every weight MatMul: integers and a scale
+    assert len(floats) == activations, floats            # a float matmul only for two activations
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(qdq_bert, options, providers=["CPUExecutionProvider"]).run(None, {"x": IDS})[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("engine", ["native", "wasmtime"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_scaled_activation_product_is_the_exact_integer_product(engine, transposed):
+    """matmul_quantized(a, W, scale, zp, layout, a_scale): a's integers (a / a_scale) times W's
+    in exact int32 sums, then * a_scale * scale[n] once: bit for bit the integer product scaled
+    in float32 (odd K, N not a multiple of 4, a Gemm's transposed (N, K) weight)."""
+    backend = cn.Wasm(engine=engine)
+    rng = np.random.default_rng(7)
+    m, k, n = 9, 301, 23
+    a_scale = np.float32(0.037)
+    a_int = rng.integers(-128, 128, (m, k))
+    w = rng.integers(-128, 128, (n, k) if transposed else (k, n)).astype(np.int32)
+    zp, scale = rng.integers(-5, 5, n).astype(np.int32), rng.uniform(0.001, 0.01, n).astype(np.float32)
+    put = lambda v, dtype=None: cn.tensor(v, backend=backend) if dtype is None else \
+        cn.tensor(v, backend=backend).cast(dtype)  # noqa: E731
+    layout = QuantizedLayout(k, n, 8, k, (0, 1, k) if transposed else (0, n, 1), scale=(0, 0, 1), zp=(0, 0, 1))
+    out = backend.matmul_quantized(put((a_int * a_scale).astype(np.float32)).handle, put(w, cn.int8).handle,
+                                   put(scale).handle, put(zp, cn.int8).handle, layout, a_scale=put(a_scale).handle)
+    got = cn.Tensor(backend, out, (m, n), cn.float32).numpy()
+    b = (w.T if transposed else w) - zp
+    np.testing.assert_array_equal(got, (a_int @ b).astype(np.float32) * (a_scale * scale))
