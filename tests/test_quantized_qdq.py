@@ -112,3 +112,60 @@ def test_scaled_activation_product_is_the_exact_integer_product(engine, transpos
     got = cn.Tensor(backend, out, (m, n), cn.float32).numpy()
     b = (w.T if transposed else w) - zp
     np.testing.assert_array_equal(got, (a_int @ b).astype(np.float32) * (a_scale * scale))
+
+
+def _blocked_and_1d_model():
+    """An opset-21 QDQ graph whose weights widen nowhere: a MatMul's int8 (K, N) weight and a
+    Gemm's transposed (N, K) one with blocked scales and zero points (block_size along K), and a
+    1-D Conv's per-channel int8 weight, its input a QDQ activation (the integer conv kernel)."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(21)
+    k, n, block = 96, 40, 32
+    inits = {"wm": rng.integers(-128, 128, (k, n)).astype(np.int8),
+             "sm": rng.uniform(0.002, 0.01, (k // block, n)).astype(np.float32),
+             "zm": rng.integers(-3, 4, (k // block, n)).astype(np.int8),
+             "wg": rng.integers(-128, 128, (n, k)).astype(np.int8),
+             "sg": rng.uniform(0.002, 0.01, (n, k // block)).astype(np.float32),
+             "wc": rng.integers(-128, 128, (6, 4, 7)).astype(np.int8),
+             "sc": rng.uniform(0.01, 0.02, 6).astype(np.float32), "xs": np.float32(0.03), "xz": np.int8(1)}
+    nodes = [helper.make_node("DequantizeLinear", ["wm", "sm", "zm"], ["wmf"], axis=0, block_size=block),
+             helper.make_node("MatMul", ["a", "wmf"], ["ym"]),
+             helper.make_node("DequantizeLinear", ["wg", "sg"], ["wgf"], axis=1, block_size=block),
+             helper.make_node("Gemm", ["a", "wgf"], ["yg"], transB=1),
+             helper.make_node("QuantizeLinear", ["c", "xs", "xz"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "xs", "xz"], ["cd"]),
+             helper.make_node("DequantizeLinear", ["wc", "sc"], ["wcf"], axis=0),
+             helper.make_node("Conv", ["cd", "wcf"], ["yc"], pads=[2, 1], strides=[2])]
+    graph = helper.make_graph(nodes, "blocked", [helper.make_tensor_value_info("a", 1, (3, k)),
+                                                 helper.make_tensor_value_info("c", 1, (2, 4, 31))],
+                              [helper.make_tensor_value_info(v, 1, None) for v in ("ym", "yg", "yc")],
+                              [numpy_helper.from_array(v, name) for name, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString(), {"a": rng.standard_normal((3, k)).astype(np.float32),
+                                       "c": rng.standard_normal((2, 4, 31)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_blocked_and_1d_conv_weights_stay_8_bit(name, monkeypatch):
+    """Blocked (opset 21) and 1-D conv weights are held int8 and read inside matmul_quantized /
+    the integer conv kernel: no cast of a whole weight to float32 on any call."""
+    backend = BACKENDS[name]()
+    data, feeds = _blocked_and_1d_model()
+    model = load(data, backend=backend)
+    held = {t.dtype for t in model.state_dict().values() if t.numel() in (96 * 40, 6 * 4 * 7)}
+    assert held == {cn.int8}, held
+    casts, plain_cast = [], backend.cast
+
+    def cast(x, dtype):
+        casts.append((backend.dtype(x), int(np.prod(backend.shape(x)))))
+        return plain_cast(x, dtype)
+    monkeypatch.setattr(backend, "cast", cast)
+    got = [t.numpy() for t in model(*(cn.tensor(v, backend=backend) for v in feeds.values()))]
+    widened = [c for c in casts if c[0] in (cn.int8, cn.uint8) and c[1] in (96 * 40, 6 * 4 * 7)]
+    assert not widened, widened
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * np.abs(e).max())

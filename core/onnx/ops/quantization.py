@@ -331,10 +331,23 @@ def kernel_conv(x, x_param, w, scale, zero_point, bias, group, auto_pad, dilatio
     return Tensor(x.backend, out, x.backend.shape(out), int32 if scale is None else float32)
 
 
+def conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides):
+    """A 1-D convolution's attributes as those of the same 2-D convolution of height 1: the
+    integer kernels and the packed-weight path are 2-D, and an 8-bit (O, C, k) weight viewed as
+    (O, C, 1, k) stays 8-bit."""
+    return dict(auto_pad=auto_pad, dilations=None if dilations is None else [1] + list(dilations),
+                kernel_shape=None if kernel_shape is None else [1] + list(kernel_shape),
+                pads=None if pads is None else [0, pads[0], 0, pads[1]],
+                strides=None if strides is None else [1] + list(strides))
+
+
 def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
     """The exact int32 convolution of 8-bit x minus its zero point (one value) with 8-bit w minus
     its zero point (one or one per output channel): in the backend's integer conv kernel, else
     on the packed weight through matmul_quantized, else exact_conv."""
+    if w.ndim == 3 and w.dtype in (int8, uint8):
+        return integer_conv(x.unsqueeze(2), x_zero_point, w.unsqueeze(2), w_zero_point, group,
+                            **conv1d_as_2d(**conv_args)).squeeze(2)
     xzp = None if x_zero_point is None else x_zero_point.reshape(())
     if conv_kernel_applies(x, w, w_zero_point):
         return kernel_conv(x.cast(int32), None if xzp is None else xzp.cast(int32), w, None, w_zero_point, None,
@@ -432,6 +445,11 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     """x_scale: where X is a QDQ activation (codegen `quantized_activation_inputs`: X = (q - zp) *
     x_scale with q 8-bit), its scale: X / x_scale are then integers and the backend's integer
     conv kernel computes the convolution."""
+    if W.ndim == 3 and W.dtype in (int8, uint8) and not block_size:   # 1-D: as 2-D of height 1
+        a = _axis(axis, 3)
+        return DequantizedConv(X.unsqueeze(2), W.unsqueeze(2), w_scale, w_zero_point, B, x_scale, a + (a == 2),
+                               block_size, output_dtype, group=group,
+                               **conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides)).squeeze(2)
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
     if x_scale is not None and X.dtype is float32 and \
             conv_kernel_applies(X, W, w_zero_point, w_scale, block_size, axis):
@@ -449,12 +467,22 @@ def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transpos
     `quantized_activation_inputs`), its scale: a / x_scale are then integers, which the kernel
     multiplies by W's in exact int32 sums, scaled once (what onnxruntime's QLinearMatMul and
     MatMulIntegerToFloat do); without the ability, the same exact sums in exact_matmul."""
-    if a.dtype is not float32 or w.ndim != 2 or block_size:
+    if a.dtype is not float32 or w.ndim != 2:
         return None
     rows, cols = w.shape
     k, n = (cols, rows) if transposed else (rows, cols)
     along_n = _axis(axis, 2) == (0 if transposed else 1)
     zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
+    if block_size:   # opset 21 blocks: along K the kernel reads them (one scale per block and column)
+        blocks = -(-k // block_size)
+        grid = (n, blocks) if transposed else (blocks, n)
+        if along_n or tuple(w_scale.shape) != grid or not packed_weight(w, a) or \
+                (zp is not None and tuple(w_zero_point.shape) != grid):
+            return None
+        params = (0, 1, blocks) if transposed else (0, n, 1)
+        layout = QuantizedLayout(k, n, 8, block_size, (0, 1, k) if transposed else (0, n, 1), scale=params,
+                                 zp=(0, 0, 0) if zp is None else params)
+        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
     if packed_weight(w, a):
         layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
         return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout, x_scale)
