@@ -142,13 +142,22 @@ def _strided_values(h, layout, rows, n, bits):
 
 
 def _exact_product(a, b):
-    """The exact int32 (wrapping) product of integer-valued a (..., K) and int32 b (K, N)."""
-    bound = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0)) * b.shape[0]
-    if bound < 2 ** 24:
-        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.int32)
-    if bound < 2 ** 53:
+    """The exact int32 (wrapping) product of integer-valued a (..., K) and int32 b (K, N): float32
+    GEMMs over chunks of K whose sums stay below 2**24 (8-bit differences: 258 terms), added in
+    int32; float64 where a's values are too large for that, int64 beyond 2**53."""
+    largest = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0))
+    k = b.shape[0]
+    if largest * k >= 2 ** 53:
+        return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
+    step = int((2 ** 24 - 1) // largest) if largest else k
+    if step < 64:
         return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64).astype(np.int32)
-    return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    total = None
+    for i in range(0, k, step):
+        part = np.matmul(a[..., i:i + step], b[i:i + step]).astype(np.int32)
+        total = part if total is None else np.add(total, part, out=total)
+    return total
 
 
 class NumPy(Backend):

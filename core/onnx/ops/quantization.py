@@ -20,7 +20,10 @@ ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`q
 QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
 `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
 DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
-it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
+it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel,
+the `quantize_dequantize` ability where declared), and where that activation is a joined
+product's input it hands the product the activation's scale (x_scale): its integers then
+multiply W's in exact int32 sums (matmul_quantized's a_scale), as onnxruntime's QLinear kernels.
 
 A backend that declares `quantized_conv2d` (cn.Wasm) has a convolution kernel of its own whose
 products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it the 8-bit
