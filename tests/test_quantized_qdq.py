@@ -169,3 +169,36 @@ def test_blocked_and_1d_conv_weights_stay_8_bit(name, monkeypatch):
     expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * np.abs(e).max())
+
+
+@pytest.mark.parametrize("name", ["numpy", "wasm-native", "wasm-wasmtime"])
+@pytest.mark.parametrize("zero_points", [(np.int8(-3), np.int8(-3)), (np.uint8(130), np.uint8(128)), (np.int8(5), np.int8(-7))])
+def test_quantize_dequantize_kernel_is_the_composition(name, zero_points):
+    """The quantize_dequantize ability's one kernel equals QuantizeLinear then DequantizeLinear
+    (onnxruntime's) value for value: rounding ties to even, saturation, NaN, odd lengths, a
+    dequantizing zero point other than the quantizing one."""
+    from onnx import helper, numpy_helper
+    backend = BACKENDS[name]()
+    yz, xz = zero_points
+    scale = np.float32(0.25)
+    x = np.concatenate([np.arange(-40, 40, 0.125), [np.nan, np.inf, -np.inf, 1e9, -1e9, 0.0625]]).astype(np.float32)
+    inits = {"s": scale, "yz": yz, "xz": xz}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "yz"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "xz"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    calls, kernel = [], backend.quantize_dequantize
+
+    def quantize_dequantize(*args):
+        calls.append(args[-2:])
+        return kernel(*args)
+    backend.quantize_dequantize = quantize_dequantize
+    got = load(data, backend=backend)(cn.tensor(x, backend=backend)).numpy()
+    assert len(calls) == 1, calls
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    finite = np.isfinite(x)   # (onnxruntime saturates NaN to a number; the composition keeps it)
+    np.testing.assert_array_equal(got[finite], expected[finite])
+    reference = load(data, backend=cn.Python())(cn.tensor(x, backend=cn.Python())).numpy()
+    np.testing.assert_array_equal(got, reference)
