@@ -202,3 +202,17 @@ def test_quantize_dequantize_kernel_is_the_composition(name, zero_points):
     np.testing.assert_array_equal(got[finite], expected[finite])
     reference = load(data, backend=cn.Python())(cn.tensor(x, backend=cn.Python())).numpy()
     np.testing.assert_array_equal(got, reference)
+
+
+def test_captured_qdq_bert_replays_the_same_answer(qdq_bert):
+    """cn.capture replays the integer products and the one-kernel round trips on cn.Wasm() (the
+    pages run models captured): the same answer as the uncaptured call."""
+    wasm = cn.Wasm()
+    model = load(qdq_bert, backend=wasm)
+    ids = cn.tensor(IDS.astype(np.int32), backend=wasm)
+    expected = model(ids).numpy()
+    forward = cn.capture(model)
+    outs = [forward(ids).numpy() for _ in range(4)]
+    assert forward.replays >= 1
+    for out in outs:
+        np.testing.assert_array_equal(out, expected)
