@@ -142,20 +142,20 @@ def _strided_values(h, layout, rows, n, bits):
 
 
 def _exact_product(a, b):
-    """The exact int32 (wrapping) product of integer-valued a (..., K) and int32 b (K, N): float32
-    GEMMs over chunks of K whose sums stay below 2**24 (8-bit differences: 258 terms), added in
-    int32; float64 where a's values are too large for that, int64 beyond 2**53."""
+    """The exact int32 (wrapping) product of integer-valued a (..., M, K) and b (..., K, N):
+    float32 GEMMs over chunks of K whose sums stay below 2**24 (8-bit differences: 258 terms),
+    added in int32; float64 where the values are too large for that, int64 beyond 2**53."""
     largest = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0))
-    k = b.shape[0]
+    k = b.shape[-2]
     if largest * k >= 2 ** 53:
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
     step = int((2 ** 24 - 1) // largest) if largest else k
     if step < 64:
         return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64).astype(np.int32)
-    a, b = a.astype(np.float32), b.astype(np.float32)
+    a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
     total = None
     for i in range(0, k, step):
-        part = np.matmul(a[..., i:i + step], b[i:i + step]).astype(np.int32)
+        part = np.matmul(a[..., i:i + step], b[..., i:i + step, :]).astype(np.int32)
         total = part if total is None else np.add(total, part, out=total)
     return total
 
@@ -171,6 +171,7 @@ class NumPy(Backend):
     # and a QDQ activation's integers multiply them exactly (core/backend.py)
     quantized_matmul = True
     quantize_dequantize = True  # QuantizeLinear -> DequantizeLinear in whole-array steps
+    quantized_conv2d = True  # conv2d_quantized: the unfolded image's integers times W's, exactly
 
     def shape(self, h):
         return tuple(h.shape)
@@ -267,6 +268,33 @@ class NumPy(Backend):
         if a_scale is not None and blocks == 1:
             return _exact_product(np.rint(a / a_scale), b).astype(np.float32) * (a_scale * s)
         return np.matmul(a, b.astype(np.float32) * s)
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        """A convolution whose products are integers (core/backend.py "quantized_conv2d"): the
+        image's integers (x - x_param, or rint(x / x_param) of a float32 QDQ activation) unfolded
+        and multiplied by the weight's (q - zero_point), all groups in one batched product
+        summed exactly (_exact_product); scaled once (* x_scale * scale[o] + bias[o]) where
+        scale is given."""
+        (pt, pb), (pl, pr) = padding
+        if x.dtype == np.float32:
+            image = np.rint(x / x_param)
+        else:
+            image = (x if x_param is None else x - x_param).astype(np.float32)
+        if pt or pb or pl or pr:
+            image = _pad(image, ((0, 0), (0, 0), (pt, pb), (pl, pr)), 0.0)
+        o, cg, kh, kw = q.shape
+        k = cg * kh * kw
+        w = q.reshape(groups, o // groups, k).astype(np.int32)
+        if zero_point is not None:
+            w -= zero_point.astype(np.int32).reshape((groups, o // groups, 1) if zero_point.size > 1 else ())
+        cols = self.unfold2d(image, (kh, kw), stride, (0, 0), dilation, 0.0)
+        n, _, length = cols.shape
+        oh, ow = unfold2d_output_size(image.shape[2], image.shape[3], (kh, kw), stride, (0, 0), dilation)
+        sums = _exact_product(w, cols.reshape(n, groups, k, length)).reshape(n, o, oh, ow)
+        if scale is None:
+            return sums
+        out = sums.astype(np.float32) * (x_param * scale.reshape(-1)).reshape(-1, 1, 1)
+        return out if bias is None else np.add(out, bias.reshape(-1, 1, 1), out=out)
 
     def quantize_dequantize(self, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
         """QuantizeLinear then DequantizeLinear (core/backend.py "quantize_dequantize"), the
