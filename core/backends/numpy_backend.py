@@ -141,11 +141,17 @@ def _strided_values(h, layout, rows, n, bits):
     return flat[index].astype(np.int32)
 
 
-def _exact_product(a, b):
+def _largest(x):
+    return float(np.abs(x).max(initial=0))
+
+
+def _exact_product(a, b, largest=None):
     """The exact int32 (wrapping) product of integer-valued a (..., M, K) and b (..., K, N):
     float32 GEMMs over chunks of K whose sums stay below 2**24 (8-bit differences: 258 terms),
-    added in int32; float64 where the values are too large for that, int64 beyond 2**53."""
-    largest = float(np.abs(a).max(initial=0)) * float(np.abs(b).max(initial=0))
+    added in int32; float64 where the values are too large for that, int64 beyond 2**53.
+    largest: a bound of |a_mk * b_kn| where the caller knows one (else measured)."""
+    if largest is None:
+        largest = _largest(a) * _largest(b)
     k = b.shape[-2]
     if largest * k >= 2 ** 53:
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
@@ -290,7 +296,9 @@ class NumPy(Backend):
         cols = self.unfold2d(image, (kh, kw), stride, (0, 0), dilation, 0.0)
         n, _, length = cols.shape
         oh, ow = unfold2d_output_size(image.shape[2], image.shape[3], (kh, kw), stride, (0, 0), dilation)
-        sums = _exact_product(w, cols.reshape(n, groups, k, length)).reshape(n, o, oh, ow)
+        # (the image's largest value bounds its unfolded copy's, without a pass over that)
+        sums = _exact_product(w, cols.reshape(n, groups, k, length), _largest(w) * _largest(image)).reshape(
+            n, o, oh, ow)
         if scale is None:
             return sums
         out = sums.astype(np.float32) * (x_param * scale.reshape(-1)).reshape(-1, 1, 1)
