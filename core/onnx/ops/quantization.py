@@ -12,25 +12,26 @@ matmul/conv of every backend, which is exact here: operands are differences of 8
 where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERMS along the
 reduced axis; each chunk is cast to int32 and the chunks are added in int32.
 
-Weights stay quantized where the backend declares `quantized_matmul` (core/backend.py; cn.Wgpu):
-an int8/uint8 weight initializer is kept at its storage dtype there (cinders.onnx), and
-MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to `matmul_quantized`, which
-dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int32 copy of B.
-ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`quantized_conv`),
-QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
-`DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
-DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
-it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel,
-the `quantize_dequantize` ability where declared), and where that activation is a joined
-product's input it hands the product the activation's scale (x_scale): its integers then
-multiply W's in exact int32 sums (matmul_quantized's a_scale), as onnxruntime's QLinear kernels.
+Weights stay quantized where the backend declares `quantized_matmul` (core/backend.py; cn.Wgpu,
+cn.Wasm, cn.NumPy): an int8/uint8 weight initializer is kept at its storage dtype there
+(cinders.onnx), and MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to
+`matmul_quantized`, which dequantizes it inside the matmul kernel (`quantized_product`): no
+float32 or int32 copy of B. ConvInteger and QLinearConv (group 1, 2-D) do the same on the
+unfolded image (`quantized_conv`), QLinearMatMul through `integer_matmul`, and a QDQ graph's
+weights too: the importer joins `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm
+that reads it into DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen),
+which keep W 8-bit; it joins an activation's QuantizeLinear -> DequantizeLinear into
+QuantizeDequantize (one kernel, the `quantize_dequantize` ability where declared), and where
+that activation is a joined product's input it hands the product the activation's scale
+(x_scale): its integers then multiply W's in exact int32 sums (matmul_quantized's a_scale), as
+onnxruntime's QLinear kernels.
 
-A backend that declares `quantized_conv2d` (cn.Wasm) has a convolution kernel of its own whose
-products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it the 8-bit
-x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit values (the
-importer then gives it that round trip's scale, x_scale), hands it float32 X, whose integers
-are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets float32
-sums * x_scale * w_scale + B.
+A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy) has a convolution kernel of its
+own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
+the 8-bit x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit
+values (the importer then gives it that round trip's scale, x_scale), hands it float32 X, whose
+integers are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets
+float32 sums * x_scale * w_scale + B.
 """
 
 import cinders as cn
