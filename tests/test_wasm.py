@@ -20,8 +20,10 @@ from cinders.wasm.engines import WasmEngineError
 # interleave, the packing of A), +0.7 KiB for DynamicQuantizeLinear in one kernel, +4.7 KiB for
 # float16 storage (its copy, the two casts to and from float32, its gather). Quantized
 # convolutions as integer kernels took it to 165.6 KiB: +5.1 KiB for conv2d_quantized (the
-# centring of image and weight into int16, the pixel panels' gather, the float epilogue).
-MODULE_BUDGET = 166 * 1024
+# centring of image and weight into int16, the pixel panels' gather, the float epilogue). QDQ
+# graphs' integer products took it to 167.0 KiB: +1.4 KiB for a QDQ activation's packing into
+# int16 pairs and the scaled epilogue of matmul_quantized, and quantize_dequantize_f32.
+MODULE_BUDGET = 168 * 1024
 
 
 @pytest.fixture(scope="module")
