@@ -36,6 +36,14 @@ max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
     python benchmarks/quantized.py --tab                    # cn.Wasm() in the tab vs ORT Web (WASM EP)
     python benchmarks/quantized.py --backend wasm,ort --wasm-engine wasmtime   # the tab's .wasm module
+
+--profile: where cn.Wasm()'s time goes instead, one JSON line per (model, variant):
+    {"bench": "quantized_profile", "model", "variant", "device", "launches", "ms" (the kernels'
+     sum per call), "kernels": {name: [ms per call, launches per call]} (largest first)}
+cn.profile sees no kernel events on cn.Wasm() (its queued kernels run in one host call), so each
+kernel is run and timed on its own here: every launch then also pays one host call, which
+inflates small kernels; read the shares, not the absolute times.
+    python benchmarks/quantized.py --profile --models bert --variants f32,q8_qdq --wasm-engine wasmtime
 """
 
 import argparse
@@ -321,6 +329,47 @@ def tab_main(models, variants, repeat, small):
         chromium.close()
 
 
+def wasm_kernel_profile(path, feeds, wasm_engine, repeat):
+    """({kernel: [ms per call, launches per call]}, device) of the model at path on cn.Wasm(),
+    each kernel queued and run on its own (see the module's docstring)."""
+    import collections
+    import time
+
+    from cinders.wasm.backend import Commands
+    ms, launches, timing = collections.Counter(), collections.Counter(), [False]
+    queue = Commands.add
+
+    def timed(commands, name, *args):
+        if not timing[0]:
+            return queue(commands, name, *args)
+        commands.flush()
+        start = time.perf_counter()
+        queue(commands, name, *args)
+        commands.flush()
+        ms[name] += (time.perf_counter() - start) * 1000 / repeat
+        launches[name] += 1
+    Commands.add = timed   # (before the backend is made: it binds commands.add)
+    try:
+        row, run = cinders_runner("wasm", path, feeds, wasm_engine)
+        run()
+        timing[0] = True
+        for _ in range(repeat):
+            run()
+    finally:
+        Commands.add = queue
+    return {name: [round(t, 3), launches[name] // repeat] for name, t in ms.most_common()}, row["device"]
+
+
+def profile_main(models, variants, repeat, small, wasm_engine):
+    for name in models:
+        src, feeds = float_model(name, small)
+        for variant in variants:
+            kernels, device = wasm_kernel_profile(quantized_file(src, variant, feeds), feeds, wasm_engine, repeat)
+            print(json.dumps({"bench": "quantized_profile", "model": name, "variant": variant, "device": device,
+                              "launches": sum(n for _, n in kernels.values()),
+                              "ms": round(sum(t for t, _ in kernels.values()), 3), "kernels": kernels}), flush=True)
+
+
 def ort_as_written(path, feeds):
     """onnxruntime's CPU output with graph optimizations off: the graph as written, the tests'
     oracle for full-range int8 files (tests/test_onnx_quant.py). On x86 without AVX-VNNI its
@@ -343,6 +392,8 @@ def main():
     parser.add_argument("--tab", action="store_true",
                         help="cn.Wasm() in headless Chromium's /onnx/ page against ORT Web's WASM EP "
                              "(instead of the desktop stacks of --backend)")
+    parser.add_argument("--profile", action="store_true",
+                        help="cn.Wasm()'s time per kernel instead of the stacks' comparison")
     parser.add_argument("--wasm-engine", default=None,
                         help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
@@ -351,6 +402,8 @@ def main():
     unknown = [s for s in stacks if s not in STACKS] + [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error("unknown stacks or variants: %s" % ", ".join(unknown))
+    if args.profile:
+        return profile_main(args.models.split(","), variants, args.repeat, args.small, args.wasm_engine)
     if args.tab:
         return tab_main(args.models.split(","), variants, args.repeat, args.small)
     for name in args.models.split(","):

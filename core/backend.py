@@ -169,6 +169,9 @@ elsewhere reads these flags (never hasattr or class names):
                        (C float32, scaled per block) or int32 (scale None: C int32, exact
                        integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
                        where the backend declares it, and compose the same result elsewhere.
+                       a_scale (keyword; float32 shape () or None): float32 a is a QDQ
+                       activation, integers times a_scale; a backend may sum rint(a / a_scale)
+                       exactly in int32 and scale once (cn.Wasm, cn.NumPy), the same C.
     quantized_conv2d   conv2d_quantized(x, x_param, q, scale, zero_point, bias, stride, padding,
                        dilation, groups) -> (N, O, OH, OW): a 2-D convolution whose products
                        are integers (8-bit values minus their zero points, exact int32 sums):
@@ -183,6 +186,12 @@ elsewhere reads these flags (never hasattr or class names):
                        of float32 x in one kernel, y int32 (0..255) shaped like x, scale
                        float32 and zero_point int32 of shape (); the same float32 arithmetic
                        as the composition in core/onnx/ops/quantization.py
+    quantize_dequantize  quantize_dequantize(x, y_scale, y_zero_point, x_scale, x_zero_point,
+                       lo, hi) -> float32 (min(max(round(x / y_scale) + y_zero_point, lo), hi)
+                       - x_zero_point) * x_scale: a QDQ activation's QuantizeLinear then
+                       DequantizeLinear (per tensor: scales float32 shape (), zero points
+                       int8/uint8/int32 shape () or None) in one kernel, the composition's
+                       float32 steps (core/onnx/ops/quantization.py QuantizeDequantize)
 A decorator forwards the abilities that pass through it (cn.Fusion is capturable when its
 inner backend is; cn.Autodiff is differentiable whatever it wraps).
 
@@ -317,8 +326,9 @@ class Backend:
     # permute, expand, slice, cat, pad, gather). The tensor layer widens them before
     # every other op, and refuses them on a backend that does not list them.
     storage_dtypes = ()
-    quantized_matmul = False  # matmul_quantized(a, q, scale, zero_point, layout), see above
+    quantized_matmul = False  # matmul_quantized(a, q, scale, zero_point, layout, a_scale=None), see above
     dynamic_quantize = False  # dynamic_quantize(x) -> (y, scale, zero_point), see above
+    quantize_dequantize = False  # quantize_dequantize(x, ys, yz, xs, xz, lo, hi), see above
     quantized_conv2d = False  # conv2d_quantized(x, x_param, q, scale, zero_point, ...), see above
 
     def device_key(self):

@@ -24,8 +24,9 @@ from cinders.wasm.engines import WasmEngineError
 # conv2d's backward kernels took it to 170.7 KiB: +5.0 KiB for conv2d_grad_input_f32 (the
 # transposed weight, the panel's fold: conv_panel's adjoint), conv2d_grad_weight_f32 (partial
 # products on mm_nn, or mm_nt for few taps) and conv2d_grad_bias_f32, 1.9 KiB of it the
-# depthwise direct loops.
-MODULE_BUDGET = 171 * 1024
+# depthwise direct loops. QDQ graphs' integer products added 1.4 KiB: a QDQ activation's
+# packing into int16 pairs, the scaled epilogue of matmul_quantized, quantize_dequantize_f32.
+MODULE_BUDGET = 173 * 1024
 
 
 @pytest.fixture(scope="module")

@@ -237,6 +237,8 @@ class Wasm(Backend):
     quantized_matmul = True
     # ... and the activations' DynamicQuantizeLinear is one kernel (runtime.h dynamic_quantize_f32)
     dynamic_quantize = True
+    # ... and so is a QDQ activation's QuantizeLinear -> DequantizeLinear (runtime.h quantize_dequantize_f32)
+    quantize_dequantize = True
     # ... and quantized 2-D convolutions read the 8-bit weight in place and multiply on the
     # integer kernel of matmul_quantized (runtime.h conv2d_quantized)
     quantized_conv2d = True
@@ -510,9 +512,9 @@ class Wasm(Backend):
                          int(transposed))
         return out
 
-    def matmul_quantized(self, a, q, scale, zero_point, layout):
+    def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
         """C = a @ dequantize(B), B read from q's bytes inside the kernel (core/backend.py,
-        "quantized_matmul")."""
+        "quantized_matmul"); a_scaled float32 a sums its integers exactly in int32 (runtime.h)."""
         m, k = a.shape
         n = layout.n
         integer = scale is None
@@ -529,13 +531,16 @@ class Wasm(Backend):
                   0 if zero_point is None else zero_point.offset * (2 if layout.zp_bits == 4 else 1)
                   + layout.zp[0], layout.zp[1], layout.zp[2], layout.zp_default, layout.bits,
                   layout.zp_bits, int(q.dtype is dtypes.int8),
-                  _ZP_CODE[None if zero_point is None else zero_point.dtype], int(integer))
+                  _ZP_CODE[None if zero_point is None else zero_point.dtype], int(integer),
+                  int(a_scale is not None))
         # the integer product's A as int16 pairs (runtime.h pack_pairs): (m, k rounded up to even)
-        scratch = self._new((m * (k + (k & 1)) // 2,), dtypes.int32) if integer else 0
+        pairs = integer or a_scale is not None
+        scratch = self._new((m * (k + (k & 1)) // 2,), dtypes.int32) if pairs else 0
         # (q and zero_point are read from their buffers' starts: the offsets are in params)
         self._run("matmul_quantized", out, a, q.buf.ptr,
                   0 if integer else scale.ptr + 4 * layout.scale[0],
-                  0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch)
+                  0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch,
+                  0 if a_scale is None else self._contiguous(a_scale))
         return out
 
     def dynamic_quantize(self, x):
@@ -545,6 +550,16 @@ class Wasm(Backend):
         scale, zero_point = self._new((), dtypes.float32), self._new((), dtypes.int32)
         self._run("dynamic_quantize_f32", y, x, scale, zero_point, numel(x.shape))
         return y, scale, zero_point
+
+    def quantize_dequantize(self, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
+        """QuantizeLinear then DequantizeLinear in one kernel (core/backend.py "quantize_dequantize")."""
+        x = self._contiguous(x)
+        y = self._new(x.shape, dtypes.float32)
+        zero_points = [None if z is None else self._contiguous(z) for z in (y_zero_point, x_zero_point)]
+        params = (numel(x.shape), lo, hi) + tuple(_ZP_CODE[None if z is None else z.dtype] for z in zero_points)
+        self._run("quantize_dequantize_f32", y, x, self._contiguous(y_scale), zero_points[0] or 0,
+                  self._contiguous(x_scale), zero_points[1] or 0, self._constant(params))
+        return y
 
     # -- movement: views ------------------------------------------------------------------------------
     def reshape(self, x, shape):

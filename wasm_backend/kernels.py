@@ -91,7 +91,8 @@ ARG_DTYPES = ("f32", "i32", "u8")
 HAND_WRITTEN = ["heap_base", "memory_grow", "memory_pages", "run_commands", "fill_32", "fill_8",
                 "random_f32", "matmul_f32", "unfold2d_f32", "fold2d_f32", "conv2d_f32",
                 "conv2d_grad_input_f32", "conv2d_grad_weight_f32", "conv2d_grad_bias_f32",
-                "matmul_quantized", "conv2d_quantized", "dynamic_quantize_f32", "lstm_cell_f32", "gru_cell_f32"]
+                "matmul_quantized", "conv2d_quantized", "dynamic_quantize_f32", "lstm_cell_f32", "gru_cell_f32",
+                "quantize_dequantize_f32"]
 GATHER_DTYPES = ("f32", "i32", "u8", "i8", "ui8", "f16")
 SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 
@@ -102,10 +103,11 @@ SCATTER_ADD_DTYPES = ("f32", "i32")  # the add is BINARY["add"]
 _MACRO_PARAMS = {"MAP1": "ppp", "MAP2": "pppp", "MAP3": "ppppp", "REDUCE": "ppiii", "ARG_REDUCE": "ppiii"}
 HAND_WRITTEN_PARAMS = {"fill_32": "pii", "fill_8": "pii", "random_f32": "piii",
                        "matmul_f32": "pppiiiiiii", "unfold2d_f32": "pppi", "fold2d_f32": "ppp",
-                       "conv2d_f32": "pppppp", "matmul_quantized": "ppppppp", "conv2d_quantized": "ppppppppp",
+                       "conv2d_f32": "pppppp", "matmul_quantized": "pppppppp", "conv2d_quantized": "ppppppppp",
                        "dynamic_quantize_f32": "ppppi", "lstm_cell_f32": "pppii",
                        "gru_cell_f32": "ppppii", "conv2d_grad_input_f32": "ppppp",
-                       "conv2d_grad_weight_f32": "ppppp", "conv2d_grad_bias_f32": "ppiii"}
+                       "conv2d_grad_weight_f32": "ppppp", "conv2d_grad_bias_f32": "ppiii",
+                       "quantize_dequantize_f32": "ppppppp"}
 
 
 def queued_kernels():

@@ -440,7 +440,7 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
 /* C (M, N) = A (M, K) @ dequantize(B), B's values read from 8-bit or packed 4-bit storage
  * (weights that stay quantized: core/backend.py "quantized_matmul"). p = [M, N, K, block, q_off,
  * q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed, z_code (0 none,
- * 1 int8, 2 uint8, 3 int32), integer]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
+ * 1 int8, 2 uint8, 3 int32), integer, a_scaled]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
  * of q (bits 4: nibbles, low first); its block's scale s[blk * s_sb + n * s_sn] and zero point
  * likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
  * float32 (q - zp) * scale, or int32 q - zp when integer: A and C int32, exact wrapping sums)
@@ -464,7 +464,7 @@ static void q_block_params(const int *p, const float *s, const void *z, int blk,
         int n = n0 + j, ze = z_off + blk * z_sb + n * z_sn;
         q_zp[j] = z_code == 3 ? ((const int *)z)[ze]
                 : z_code ? q_at(z, ze, zp_bits, z_code == 1) : z_default;
-        q_scale[j] = integer ? 1.0f : s[blk * s_sb + n * s_sn];
+        q_scale[j] = integer || !s ? 1.0f : s[blk * s_sb + n * s_sn];   /* (fill_pairs: no s) */
     }
 }
 
@@ -557,13 +557,17 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
 }
 #endif
 
-/* a16 (M, K2 * 2) <- a (M, K) int32, 0 past K; 0 when a value does not fit int16 (then the
- * product takes the general int32 loop) */
-static int pack_pairs(short *a16, const int *a, int M, int K) {
+/* a16 (M, K2 * 2) <- a (M, K) int32, or (inv != 0) the integers rint(a * inv) of float32 a (a
+ * QDQ graph's dequantized activation, inv = 1 / its scale, as conv2d_quantized reads x), 0 past
+ * K; 0 when a value does not fit int16 (then the product takes the general loop) */
+static int pack_pairs(short *a16, const void *a, int M, int K, float inv) {
     int K2 = (K + 1) / 2, outside = 0;
-    for (int m = 0; m < M; m++, a += K, a16 += 2 * K2) {
+    const int *ai = (const int *)a;
+    const float *af = (const float *)a;
+    for (int m = 0; m < M; m++, ai += K, af += K, a16 += 2 * K2) {
         for (int k = 0; k < K; k++) {
-            int v = a[k];
+            /* (a float past int32's range saturates, and so lands outside int16 too) */
+            int v = inv != 0.0f ? trunc_f32_i32(__builtin_rintf(af[k] * inv)) : ai[k];
             outside |= (unsigned)(v + 32768) > 65535u;
             a16[k] = (short)v;
         }
@@ -572,15 +576,24 @@ static int pack_pairs(short *a16, const int *a, int M, int K) {
     return !outside;
 }
 
-/* the (K2, nn, 2) int16 panel of B[:, n0:n0 + nn] - zero point (8-bit B, n contiguous), its
- * columns past nn up to `width` and the k past K 0 */
+/* the (K2, nn, 2) int16 panel of B[:, n0:n0 + nn] - zero point (8-bit B), its columns past nn
+ * up to `width` and the k past K 0: n contiguous B 8 columns per shuffle, any other layout
+ * (a Gemm's transposed weight, k contiguous) value by value */
 static void fill_pairs(const int *p, const void *q, const void *z, int n0, int nn, int width) {
-    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], mask = p[15] ? -1 : 0xFF;
+    int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], mask = p[15] ? -1 : 0xFF;
     short *panel = (short *)q_panel;
     if ((K & 1) || width > nn) memset(panel, 0, sizeof(short) * 2 * width * ((K + 1) / 2));
     for (int k0 = 0; k0 < K; k0 += block) {
         int k1 = k0 + block < K ? k0 + block : K;
         q_block_params(p, 0, z, k0 / block, n0, nn);
+        if (q_sn != 1) {
+            for (int j = 0; j < nn; j++) {
+                const signed char *qs = (const signed char *)q + q_off + (n0 + j) * q_sn;
+                for (int k = k0; k < k1; k++)
+                    panel[(k >> 1) * 2 * width + 2 * j + (k & 1)] = (short)((qs[k * q_sk] & mask) - q_zp[j]);
+            }
+            continue;
+        }
         for (int k = k0; k < k1; k++) {
             const signed char *qs = (const signed char *)q + q_off + k * q_sk + n0;
             short *row = panel + (k >> 1) * 2 * width + (k & 1);
@@ -605,16 +618,19 @@ static void fill_pairs(const int *p, const void *q, const void *z, int n0, int n
 }
 
 /* The integer product takes the pairs when B is 8-bit with an 8-bit zero point (|q - zp| <= 255),
- * a panel holds 4 columns of K (K <= Q_PANEL / 2) and A's values fit int16; else, as the
- * float product, the general loop below. scratch: (M, K rounded up to even) int16 for A's
- * pairs (unused by the float product). */
+ * a panel holds 4 columns of K (K <= Q_PANEL / 2) and A's values fit int16; and so does the
+ * float product where A is a QDQ activation (a_scaled: its integers are rint(a / *as)) and B has
+ * one block (its scale per column or per tensor): C = the int32 sums * *as * scale. Else the
+ * general loop below (a_scaled or not: a @ dequantize(B) in float32). scratch: (M, K rounded
+ * up to even) int16 for A's pairs (unused by the float product). */
 EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const void *q,
                                                const float *s, const void *z, const int *p,
-                                               short *scratch) {
+                                               short *scratch, const float *as) {
     int M = p[0], N = p[1], K = p[2], integer = p[17], transposed = p[5] == 1 && p[6] != 1;
+    int a_scaled = p[18] && p[3] >= K;
     int zp_8bit = p[16] == 1 || p[16] == 2 || (p[16] == 0 && p[12] >= -255 && p[12] <= 255);
-    if (integer && p[13] == 8 && p[6] == 1 && zp_8bit && K <= Q_PANEL / 2 &&
-        pack_pairs(scratch, a, M, K)) {
+    if ((integer || a_scaled) && p[13] == 8 && zp_8bit && K <= Q_PANEL / 2 &&
+        pack_pairs(scratch, a, M, K, integer ? 0.0f : 1.0f / *as)) {
         int K2 = (K + 1) / 2, width = (2 * Q_PANEL / (2 * K2)) & ~7;
         if (width < 4) width = 4;
         if (width > Q_PANEL / 8) width = Q_PANEL / 8;
@@ -624,13 +640,25 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
             fill_pairs(p, q, z, n0, nn, nn);
             mm_pairs((int *)o + n0, scratch, (const short *)q_panel, M, K2, nn, N);
         }
-        if (N4 == N) return;
-        /* the last N % 4 columns: a 4-wide panel whose padding columns are not stored */
-        int tail[4];
-        fill_pairs(p, q, z, N4, N - N4, 4);
-        for (int m = 0; m < M; m++) {
-            mm_pairs(tail, scratch + m * 2 * K2, (const short *)q_panel, 1, K2, 4, 4);
-            for (int j = 0; j < N - N4; j++) ((int *)o)[m * N + N4 + j] = tail[j];
+        if (N4 < N) {   /* the last N % 4 columns: a 4-wide panel whose padding columns are not stored */
+            int tail[4];
+            fill_pairs(p, q, z, N4, N - N4, 4);
+            for (int m = 0; m < M; m++) {
+                mm_pairs(tail, scratch + m * 2 * K2, (const short *)q_panel, 1, K2, 4, 4);
+                for (int j = 0; j < N - N4; j++) ((int *)o)[m * N + N4 + j] = tail[j];
+            }
+        }
+        if (integer) return;
+        /* the sums (as int32 in o) times a's scale and the column's, in place */
+        float *scale = q_scale;
+        for (int n0 = 0; n0 < N; n0 += Q_PANEL / 8) {
+            int nn = N - n0 < Q_PANEL / 8 ? N - n0 : Q_PANEL / 8;
+            for (int j = 0; j < nn; j++) scale[j] = *as * s[(n0 + j) * p[8]];
+            for (int m = 0; m < M; m++) {
+                int *acc = (int *)o + m * N + n0;
+                float *row = (float *)acc;
+                for (int j = 0; j < nn; j++) row[j] = (float)acc[j] * scale[j];
+            }
         }
         return;
     }
@@ -690,6 +718,32 @@ EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, f
         y[i] = trunc_f32_i32(min_f32(max_f32(__builtin_rintf(x[i] / scale) + zp, 0.0f), 255.0f));
     *scale_out = scale;
     *zp_out = (int)zp;
+}
+
+/* A QDQ graph's activation round trip, QuantizeLinear then DequantizeLinear with per-tensor
+ * parameters (core/backend.py "quantize_dequantize"): y = (min(max(rint(x / ys) + yz, lo), hi)
+ * - xz) * xs, the composition's float32 steps (NaN propagates as max_f32/min_f32 do) in one
+ * pass instead of seven kernels. p = [n, lo, hi, yz_code, xz_code]: a zero point's code as
+ * matmul_quantized's (0 none, 1 int8, 2 uint8, 3 int32). */
+static inline float zero_point_at(const void *z, int code) {
+    return code == 3 ? (float)*(const int *)z : code ? (float)q_at(z, 0, 8, code == 1) : 0.0f;
+}
+
+EXPORT(quantize_dequantize_f32) void quantize_dequantize_f32(float *y, const float *x, const float *ys,
+                                                             const void *yz, const float *xs,
+                                                             const void *xz, const int *p) {
+    int n = p[0], i = 0;
+    float lo = (float)p[1], hi = (float)p[2], ysc = *ys, xsc = *xs;
+    float yzp = zero_point_at(yz, p[3]), xzp = zero_point_at(xz, p[4]);
+    v128_t ys4 = wasm_f32x4_splat(ysc), yz4 = wasm_f32x4_splat(yzp), xs4 = wasm_f32x4_splat(xsc);
+    v128_t xz4 = wasm_f32x4_splat(-xzp), lo4 = wasm_f32x4_splat(lo), hi4 = wasm_f32x4_splat(hi);
+    for (; i + 4 <= n; i += 4) {
+        v128_t v = wasm_f32x4_add(wasm_f32x4_nearest(wasm_f32x4_div(wasm_v128_load(x + i), ys4)), yz4);
+        v = wasm_f32x4_min(wasm_f32x4_max(v, lo4), hi4);
+        wasm_v128_store(y + i, wasm_f32x4_mul(wasm_f32x4_add(v, xz4), xs4));   /* (v + -xz: v - xz exactly) */
+    }
+    for (; i < n; i++)
+        y[i] = (min_f32(max_f32(__builtin_rintf(x[i] / ysc) + yzp, lo), hi) - xzp) * xsc;
 }
 
 /* -- images: im2col and its adjoint ------------------------------------------------------ */

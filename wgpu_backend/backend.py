@@ -519,9 +519,11 @@ class Wgpu(Backend):
             return self.reduce("sum", out, 0, False)
         return out
 
-    def matmul_quantized(self, a, q, scale, zero_point, layout):
+    def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
         """C = a @ dequantize(B), B read from packed q inside the kernel (core/backend.py,
-        "quantized_matmul"; codegen/matmul.py, matmul_quantized_wgsl)."""
+        "quantized_matmul"; codegen/matmul.py, matmul_quantized_wgsl). A QDQ activation
+        (a_scale) takes the float32 tiles too: a GPU's f32 fma is as fast as its i32 one, and
+        the two extra passes that would make a's integers cost more than they save."""
         m, k = a.shape
         n = layout.n
         integer = scale is None

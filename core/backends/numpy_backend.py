@@ -121,6 +121,51 @@ def _out_of_bounds(op, index, axis, size):
     return IndexingError("%s: index %d is out of bounds for axis %d with size %d" % (op, bad, axis, size))
 
 
+def _strided_index(layout, rows, n):
+    """(rows, n) indices off + r * s_r + c * s_c of a QuantizedLayout triple (off, s_r, s_c)."""
+    off, sr, sc = layout
+    return off + np.arange(rows)[:, None] * sr + np.arange(n)[None, :] * sc
+
+
+def _strided_values(h, layout, rows, n, bits):
+    """int32 (rows, n) values of 8-bit (or int32) storage h at a QuantizedLayout triple, or of
+    its nibbles (bits 4, low first): a strided view of the bytes, gathered only for nibbles."""
+    flat = h.reshape(-1)
+    off, sr, sc = layout
+    if bits != 4 and sr >= 0 and sc >= 0:
+        size = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[off:], (rows, n), (sr * size, sc * size)).astype(np.int32)
+    index = _strided_index(layout, rows, n)
+    if bits == 4:
+        return ((flat[index >> 1].astype(np.int32) >> ((index & 1) * 4).astype(np.int32)) & 15).astype(np.int32)
+    return flat[index].astype(np.int32)
+
+
+def _largest(x):
+    return float(np.abs(x).max(initial=0))
+
+
+def _exact_product(a, b, largest=None):
+    """The exact int32 (wrapping) product of integer-valued a (..., M, K) and b (..., K, N):
+    float32 GEMMs over chunks of K whose sums stay below 2**24 (8-bit differences: 258 terms),
+    added in int32; float64 where the values are too large for that, int64 beyond 2**53.
+    largest: a bound of |a_mk * b_kn| where the caller knows one (else measured)."""
+    if largest is None:
+        largest = _largest(a) * _largest(b)
+    k = b.shape[-2]
+    if largest * k >= 2 ** 53:
+        return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
+    step = int((2 ** 24 - 1) // largest) if largest else k
+    if step < 64:
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.int64).astype(np.int32)
+    a, b = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    total = None
+    for i in range(0, k, step):
+        part = np.matmul(a[..., i:i + step], b[..., i:i + step, :]).astype(np.int32)
+        total = part if total is None else np.add(total, part, out=total)
+    return total
+
+
 class NumPy(Backend):
     """Desktop CPU backend on NumPy (float32 compute, like every other backend)."""
 
@@ -128,6 +173,11 @@ class NumPy(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
     recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
     normalization_kernels = True  # softmax, layer_norm (core/backend.py)
+    # int8/uint8 weights stay 8-bit in memory: matmul_quantized gathers B's values per call,
+    # and a QDQ activation's integers multiply them exactly (core/backend.py)
+    quantized_matmul = True
+    quantize_dequantize = True  # QuantizeLinear -> DequantizeLinear in whole-array steps
+    quantized_conv2d = True  # conv2d_quantized: the unfolded image's integers times W's, exactly
 
     def shape(self, h):
         return tuple(h.shape)
@@ -202,6 +252,69 @@ class NumPy(Backend):
             # (np.matmul loops over the broadcast batch)
             return np.matmul(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])).reshape(a.shape[:-1] + b.shape[-1:])
         return np.matmul(a, b)
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
+        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"): B's values q - zp are
+        read from q's storage for this call only (BLAS multiplies floats), and integer products
+        are summed exactly (_exact_product)."""
+        k, n = layout.k, layout.n
+        block = layout.block or k
+        blocks = -(-k // block)
+
+        def per_block(values):   # (blocks, n) -> one row per k (broadcast when one block)
+            return values if blocks == 1 else np.repeat(values, block, axis=0)[:k]
+        b = _strided_values(q, layout.q, k, n, layout.bits)
+        if zero_point is None:
+            b -= np.int32(layout.zp_default)
+        else:
+            b -= per_block(_strided_values(zero_point, layout.zp, blocks, n, layout.zp_bits))
+        s = None if scale is None else per_block(scale.reshape(-1)[_strided_index(layout.scale, blocks, n)])
+        if scale is None:
+            return _exact_product(a, b)
+        if a_scale is not None and blocks == 1:
+            return _exact_product(np.rint(a / a_scale), b).astype(np.float32) * (a_scale * s)
+        return np.matmul(a, b.astype(np.float32) * s)
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        """A convolution whose products are integers (core/backend.py "quantized_conv2d"): the
+        image's integers (x - x_param, or rint(x / x_param) of a float32 QDQ activation) unfolded
+        and multiplied by the weight's (q - zero_point), all groups in one batched product
+        summed exactly (_exact_product); scaled once (* x_scale * scale[o] + bias[o]) where
+        scale is given."""
+        (pt, pb), (pl, pr) = padding
+        if x.dtype == np.float32:
+            image = np.rint(x / x_param)
+        else:
+            image = (x if x_param is None else x - x_param).astype(np.float32)
+        if pt or pb or pl or pr:
+            image = _pad(image, ((0, 0), (0, 0), (pt, pb), (pl, pr)), 0.0)
+        o, cg, kh, kw = q.shape
+        k = cg * kh * kw
+        w = q.reshape(groups, o // groups, k).astype(np.int32)
+        if zero_point is not None:
+            w -= zero_point.astype(np.int32).reshape((groups, o // groups, 1) if zero_point.size > 1 else ())
+        cols = self.unfold2d(image, (kh, kw), stride, (0, 0), dilation, 0.0)
+        n, _, length = cols.shape
+        oh, ow = unfold2d_output_size(image.shape[2], image.shape[3], (kh, kw), stride, (0, 0), dilation)
+        # (the image's largest value bounds its unfolded copy's, without a pass over that)
+        sums = _exact_product(w, cols.reshape(n, groups, k, length), _largest(w) * _largest(image)).reshape(
+            n, o, oh, ow)
+        if scale is None:
+            return sums
+        out = sums.astype(np.float32) * (x_param * scale.reshape(-1)).reshape(-1, 1, 1)
+        return out if bias is None else np.add(out, bias.reshape(-1, 1, 1), out=out)
+
+    def quantize_dequantize(self, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
+        """QuantizeLinear then DequantizeLinear (core/backend.py "quantize_dequantize"), the
+        composition's float32 steps in place on one array."""
+        y = np.asarray(np.rint(x / y_scale), np.float32)
+        if y_zero_point is not None:
+            y += y_zero_point.astype(np.float32)
+        np.clip(y, np.float32(lo), np.float32(hi), out=y)
+        if x_zero_point is not None:
+            y -= x_zero_point.astype(np.float32)
+        y *= x_scale
+        return y
 
     # The optional recurrent primitives (core/backend.py): a step in a few whole-array calls.
     def lstm_cell(self, gates, c):

@@ -545,7 +545,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
     # Quantized weights stay 8-bit and Q -> DQ pairs join (the op's kernels read them); activations
     # fold into convs in this source only: the layer-style one keeps its ReLU layers.
-    nodes = quantized_conv_inputs(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
+    nodes = quantized_activation_inputs(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
                                                           constants, graph.output), constants)
     lines += scope.emit(fold_conv_activations(nodes, constants, [vi.name for vi in graph.output]))
     if problems:
@@ -668,19 +668,25 @@ def requantized_activations(nodes, constants, graph_outputs):
     return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
 
 
-def quantized_conv_inputs(nodes, constants):
-    """The nodes with each DequantizedConv whose X is a QuantizeDequantize of 8-bit values given
-    that round trip's scale as its input 5 (x_scale): X / x_scale are then the integers an
-    integer conv kernel multiplies (ops/quantization.py DequantizedConv)."""
+# The joined products whose X may be a QDQ activation, and the input slot of its scale (x_scale).
+ACTIVATION_SCALE_SLOTS = {"DequantizedConv": 5, "DequantizedMatMul": 4, "DequantizedGemm": 5}
+
+
+def quantized_activation_inputs(nodes, constants):
+    """The nodes with each DequantizedConv/MatMul/Gemm whose X is a QuantizeDequantize of 8-bit
+    values given that round trip's scale as its x_scale: X / x_scale are then the integers an
+    integer kernel multiplies by W's (ops/quantization.py), as onnxruntime's QLinearConv,
+    QLinearMatMul and MatMulIntegerToFloat do."""
     makers = {node.output[0]: node for node in nodes if node.op_type == "QuantizeDequantize" and
               node.domain == onnx_ops.JOINED and constants[node.input[2]].onnx_type in ("int8", "uint8")}
     out = []
     for node in nodes:
-        maker = makers.get(node.input[0]) if node.op_type == "DequantizedConv" else None
+        slot = ACTIVATION_SCALE_SLOTS.get(node.op_type) if node.domain == onnx_ops.JOINED else None
+        maker = makers.get(node.input[0]) if slot is not None else None
         if maker is not None:
             fused = MESSAGE_CLASSES["NodeProto"]()
             fused.op_type, fused.name, fused.domain = node.op_type, node.name, node.domain
-            fused.input = (list(node.input) + [""] * 5)[:5] + [maker.input[3]]
+            fused.input = (list(node.input) + [""] * slot)[:slot] + [maker.input[3]]
             fused.output, fused.attribute = list(node.output), list(node.attribute)
             node = fused
         out.append(node)

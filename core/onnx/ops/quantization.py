@@ -12,22 +12,26 @@ matmul/conv of every backend, which is exact here: operands are differences of 8
 where float32 holds every integer. Longer sums are cut into chunks of EXACT_TERMS along the
 reduced axis; each chunk is cast to int32 and the chunks are added in int32.
 
-Weights stay quantized where the backend declares `quantized_matmul` (core/backend.py; cn.Wgpu):
-an int8/uint8 weight initializer is kept at its storage dtype there (cinders.onnx), and
-MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to `matmul_quantized`, which
-dequantizes it inside the matmul kernel (`quantized_product`): no float32 or int32 copy of B.
-ConvInteger and QLinearConv (group 1, 2-D) do the same on the unfolded image (`quantized_conv`),
-QLinearMatMul through `integer_matmul`, and a QDQ graph's weights too: the importer joins
-`DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm that reads it into
-DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen), which keep W 8-bit;
-it joins an activation's QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel).
+Weights stay quantized where the backend declares `quantized_matmul` (core/backend.py; cn.Wgpu,
+cn.Wasm, cn.NumPy): an int8/uint8 weight initializer is kept at its storage dtype there
+(cinders.onnx), and MatMulInteger, DynamicQuantizeMatMul and MatMulNBits hand it to
+`matmul_quantized`, which dequantizes it inside the matmul kernel (`quantized_product`): no
+float32 or int32 copy of B. ConvInteger and QLinearConv (group 1, 2-D) do the same on the
+unfolded image (`quantized_conv`), QLinearMatMul through `integer_matmul`, and a QDQ graph's
+weights too: the importer joins `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm
+that reads it into DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen),
+which keep W 8-bit; it joins an activation's QuantizeLinear -> DequantizeLinear into
+QuantizeDequantize (one kernel, the `quantize_dequantize` ability where declared), and where
+that activation is a joined product's input it hands the product the activation's scale
+(x_scale): its integers then multiply W's in exact int32 sums (matmul_quantized's a_scale), as
+onnxruntime's QLinear kernels.
 
-A backend that declares `quantized_conv2d` (cn.Wasm) has a convolution kernel of its own whose
-products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it the 8-bit
-x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit values (the
-importer then gives it that round trip's scale, x_scale), hands it float32 X, whose integers
-are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets float32
-sums * x_scale * w_scale + B.
+A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy) has a convolution kernel of its
+own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
+the 8-bit x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit
+values (the importer then gives it that round trip's scale, x_scale), hands it float32 X, whose
+integers are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets
+float32 sums * x_scale * w_scale + B.
 """
 
 import cinders as cn
@@ -158,6 +162,12 @@ def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, inp
     """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
     pair: codegen `requantized_activations`)."""
     lo, hi = quant_range(type_at(input_types, 2), "QuantizeLinear")
+    if x.backend.quantize_dequantize:   # one kernel (core/backend.py)
+        scales = [s.reshape(()).cast(float32).handle for s in (y_scale, x_scale)]
+        zps = [None if z is None else (z if z.dtype in (int8, uint8, int32) else z.cast(int32)).reshape(()).handle
+               for z in (y_zero_point, x_zero_point)]
+        return Tensor(x.backend, x.backend.quantize_dequantize(x.cast(float32).handle, scales[0], zps[0], scales[1],
+                                                               zps[1], lo, hi), x.shape, float32)
     params = [p.reshape(()).cast(float32) for p in (y_scale, y_zero_point, x_scale)]
     xz = 0.0 if x_zero_point is None else x_zero_point.reshape(()).cast(float32)
     return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
@@ -230,15 +240,18 @@ def packed_weight(b, a):
     return b.dtype in (int8, uint8) and b.backend is a.backend and a.backend.quantized_matmul
 
 
-def quantized_product(a, q, scale, zero_point, layout):
+def quantized_product(a, q, scale, zero_point, layout, a_scale=None):
     """a (..., K) @ dequantize(B) through the backend's matmul_quantized (core/backend.py):
-    float32 a and a scale give float32; int32 a and no scale the exact int32 product."""
+    float32 a and a scale give float32; int32 a and no scale the exact int32 product; a_scale
+    says float32 a is a QDQ activation (integers times a_scale), which the backend may sum
+    exactly in int32."""
     backend = a.backend
     k, n = layout.k, layout.n
     rows = a.reshape((-1, k))
     # flat (a reshape copies a strided view): the layout's strides count from each one's start
     handles = [None if t is None else t.reshape((-1,)).handle for t in (q, scale, zero_point)]
-    out = backend.matmul_quantized(rows.handle, *handles, layout)
+    out = backend.matmul_quantized(rows.handle, *handles, layout,
+                                   a_scale=None if a_scale is None else a_scale.reshape(()).cast(float32).handle)
     return Tensor(backend, out, (rows.shape[0], n), int32 if scale is None else float32).reshape(
         a.shape[:-1] + (n,))
 
@@ -322,10 +335,23 @@ def kernel_conv(x, x_param, w, scale, zero_point, bias, group, auto_pad, dilatio
     return Tensor(x.backend, out, x.backend.shape(out), int32 if scale is None else float32)
 
 
+def conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides):
+    """A 1-D convolution's attributes as those of the same 2-D convolution of height 1: the
+    integer kernels and the packed-weight path are 2-D, and an 8-bit (O, C, k) weight viewed as
+    (O, C, 1, k) stays 8-bit."""
+    return dict(auto_pad=auto_pad, dilations=None if dilations is None else [1] + list(dilations),
+                kernel_shape=None if kernel_shape is None else [1] + list(kernel_shape),
+                pads=None if pads is None else [0, pads[0], 0, pads[1]],
+                strides=None if strides is None else [1] + list(strides))
+
+
 def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
     """The exact int32 convolution of 8-bit x minus its zero point (one value) with 8-bit w minus
     its zero point (one or one per output channel): in the backend's integer conv kernel, else
     on the packed weight through matmul_quantized, else exact_conv."""
+    if w.ndim == 3 and w.dtype in (int8, uint8):
+        return integer_conv(x.unsqueeze(2), x_zero_point, w.unsqueeze(2), w_zero_point, group,
+                            **conv1d_as_2d(**conv_args)).squeeze(2)
     xzp = None if x_zero_point is None else x_zero_point.reshape(())
     if conv_kernel_applies(x, w, w_zero_point):
         return kernel_conv(x.cast(int32), None if xzp is None else xzp.cast(int32), w, None, w_zero_point, None,
@@ -420,9 +446,14 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
 @op(domain=JOINED)
 def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                     auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """x_scale: where X is a QDQ activation (codegen `quantized_conv_inputs`: X = (q - zp) *
+    """x_scale: where X is a QDQ activation (codegen `quantized_activation_inputs`: X = (q - zp) *
     x_scale with q 8-bit), its scale: X / x_scale are then integers and the backend's integer
     conv kernel computes the convolution."""
+    if W.ndim == 3 and W.dtype in (int8, uint8) and not block_size:   # 1-D: as 2-D of height 1
+        a = _axis(axis, 3)
+        return DequantizedConv(X.unsqueeze(2), W.unsqueeze(2), w_scale, w_zero_point, B, x_scale, a + (a == 2),
+                               block_size, output_dtype, group=group,
+                               **conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides)).squeeze(2)
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
     if x_scale is not None and X.dtype is float32 and \
             conv_kernel_applies(X, W, w_zero_point, w_scale, block_size, axis):
@@ -434,29 +465,51 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     return out if B is None else out + B.reshape((1, -1, 1, 1))
 
 
-def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed):
+def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed, x_scale=None):
     """a @ dequantize(W) (W^T where transposed) read 8-bit inside the kernel, or None where the
-    backend cannot (then the caller dequantizes)."""
-    if a.dtype is not float32 or w.ndim != 2 or block_size or not packed_weight(w, a):
+    backend cannot (then the caller dequantizes). x_scale: where a is a QDQ activation (codegen
+    `quantized_activation_inputs`), its scale: a / x_scale are then integers, which the kernel
+    multiplies by W's in exact int32 sums, scaled once (what onnxruntime's QLinearMatMul and
+    MatMulIntegerToFloat do); without the ability, the same exact sums in exact_matmul."""
+    if a.dtype is not float32 or w.ndim != 2:
         return None
     rows, cols = w.shape
     k, n = (cols, rows) if transposed else (rows, cols)
     along_n = _axis(axis, 2) == (0 if transposed else 1)
     zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
-    layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
-    return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
+    if block_size:   # opset 21 blocks: along K the kernel reads them (one scale per block and column)
+        blocks = -(-k // block_size)
+        grid = (n, blocks) if transposed else (blocks, n)
+        if along_n or tuple(w_scale.shape) != grid or not packed_weight(w, a) or \
+                (zp is not None and tuple(w_zero_point.shape) != grid):
+            return None
+        params = (0, 1, blocks) if transposed else (0, n, 1)
+        layout = QuantizedLayout(k, n, 8, block_size, (0, 1, k) if transposed else (0, n, 1), scale=params,
+                                 zp=(0, 0, 0) if zp is None else params)
+        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
+    if packed_weight(w, a):
+        layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
+        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout, x_scale)
+    if x_scale is None or not (along_n or w_scale.numel() == 1 and (zp is None or zp.numel() == 1)):
+        return None
+    x_scale = x_scale.reshape(()).cast(float32)
+    b = centered(w, None if zp is None else column_param(zp) if not transposed else _channel_param(zp, 2))
+    b = b.permute(1, 0) if transposed else b
+    acc = exact_matmul((a / x_scale).round(), b)
+    return acc.cast(float32) * (x_scale * column_param(w_scale).cast(float32))
 
 
 @op(domain=JOINED)
-def DequantizedMatMul(A, W, w_scale, w_zero_point=None, axis=1, block_size=0, output_dtype=0):
-    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False) if A.ndim >= 2 else None
+def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0):
+    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale) \
+        if A.ndim >= 2 else None
     return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
 
 
 @op(domain=JOINED)
-def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, axis=1, block_size=0, output_dtype=0, alpha=1.0,
-                    beta=1.0, transA=0, transB=0):
-    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB)
+def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
+                    alpha=1.0, beta=1.0, transA=0, transB=0):
+    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale)
     if out is None:
         return Gemm(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), C, alpha, beta, transA, transB)
     if alpha != 1.0:
