@@ -3,7 +3,8 @@ headless Chromium, one run. JSON lines on stdout (and --out FILE).
 
     .venv/bin/python benchmarks/browser.py [--models cnn,mlp] [--warm 20] [--out results.jsonl]
 
-For each model (MNIST CNN and MLP):
+For each model (MNIST CNN and MLP; --models may also name torchvision's resnet18 and mobilenet_v2,
+imported in the tab, see below):
   cinders/webgpu  the demo page (/?model=...): cn.Wgpu() on the browser's WebGPU;
                   cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
                   ?backend=cpu (cn.Python: no NumPy offline); cinders/wasm with ?backend=wasm
@@ -26,7 +27,16 @@ for one warm inference the Python time spent recording kernels (per dispatch) ve
 for the GPU and the readback (cn.Wasm(): kernel calls, and the module's size in bytes; and one
 captured predict piece by piece, `captured_*_us`: input, replay, the kernels inside it, read,
 answer, the whole predict_now and the page's whole predict, each timed in batches of 20 calls).
---cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
+Imported models (--models resnet18,mobilenet_v2: random weights, 1x3x224x224, exported by
+tests/onnx_models.py): cn.Wasm() in the /onnx/ page's Pyodide (its captured forward, as
+benchmarks/quantized.py --tab runs it) against ORT Web's WASM EP (benchmarks/web/ort_models.html),
+one page each per thread count, timed in turns (warm_ms: median of --warm calls per page).
+
+--cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`). --threads 1,2 runs
+cinders/wasm and ort/wasm once per thread count (cn.Wasm()'s threaded build, ?threads=n, and
+ORT Web's ort.env.wasm.numThreads = n; the pages are cross-origin isolated, so both may start
+their workers), with a ratio line per count and a `threads_speedup` line per framework (the
+1-thread warm time over the n-thread one; > 1: the threads help).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
 here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
@@ -54,6 +64,7 @@ from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa:
 from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
 
 CLASSES = {"cnn": MnistCNN, "mlp": MnistMLP}
+IMPORTED = ("resnet18", "mobilenet_v2")   # torchvision's, through ONNX, in the /onnx/ page
 READY_MS = 180_000
 
 
@@ -320,12 +331,12 @@ def resource_times(page):
     }""")
 
 
-def measure_cinders(browser, base, model_url, backend, pixels, warm):
+def measure_cinders(browser, base, model_url, backend, pixels, warm, threads=1):
     fusion = backend.endswith("+fusion")
     # worker=0: Pyodide on the page's thread, as ORT Web runs here (no message round trip in the
     # times), and cinders_split reaches into it.
-    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d&worker=0"
-                              % (base, backend.split("+")[0], model_url, fusion))
+    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d&worker=0&threads=%d"
+                              % (base, backend.split("+")[0], model_url, fusion, threads))
     try:
         demo = page.evaluate("() => ({readyAt: window.cindersDemo.readyAt, timings: window.cindersDemo.model.timings,"
                              " backend: window.cindersDemo.model.backend})")
@@ -359,8 +370,8 @@ def measure_micro(browser, base, engine, pixels, warm):
         context.close()
 
 
-def measure_ort(browser, base, onnx_url, ep, pixels, warm):
-    context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s" % (base, ep, onnx_url))
+def measure_ort(browser, base, onnx_url, ep, pixels, warm, threads=1):
+    context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s&threads=%d" % (base, ep, onnx_url, threads))
     try:
         ready = page.evaluate("() => window.ortBench.readyAt")
         first, times, logits = timed_runs(page, "window.ortBench.run", pixels, warm)
@@ -369,6 +380,50 @@ def measure_ort(browser, base, onnx_url, ep, pixels, warm):
                 "reload_ms": round(reload_ms(page, "() => window.ortBench.readyAt"), 1)}
     finally:
         context.close()
+
+
+def measure_imported(browser, base, name, thread_counts, warm, out):
+    """An imported torchvision model on cn.Wasm() in the /onnx/ page and on ORT Web's WASM EP, one
+    page of each per thread count, all timed in turns (one call of each per round)."""
+    import numpy as np
+    import onnx_models
+    from quantized import TAB_JS, TAB_PYTHON, tab_feeds
+    from timing import interleaved_median_ms
+    path = onnx_models.export(name, "torchscript", size=224)
+    feeds = tab_feeds({"image": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)})
+    url = "/bench-onnx/" + os.path.basename(path)
+    contexts, runs, outputs = [], {}, {}
+    try:
+        for threads in thread_counts:
+            for framework, page_url, api in (
+                    ("cinders", "onnx/?backend=wasm&threads=%d" % threads, "tabBench"),
+                    ("ort", "bench/ort_models.html?ep=wasm&threads=%d" % threads, "ortModels")):
+                context, page = open_cold(browser, base + page_url)
+                contexts.append(context)
+                if framework == "cinders":
+                    page.evaluate(TAB_JS, TAB_PYTHON)
+                page.evaluate("([k, u, f]) => window.%s.load(k, u, f)" % api, [name, url, feeds])
+                runs[framework, threads] = lambda page=page, api=api: page.evaluate("(k) => window.%s.run(k)" % api, name)
+                outputs[framework, threads] = page.evaluate(
+                    "async (k) => Array.from(await window.%s.output(k)).slice(0, 1000)" % api, name)
+        ms = interleaved_median_ms(runs, warm, self_timed=True)
+    finally:
+        for context in contexts:
+            context.close()
+    for (framework, threads), value in ms.items():
+        emit({"bench": "browser", "model": name, "framework": framework, "provider": "wasm", "threads": threads,
+              "warm_ms": round(value, 2), "load_avg_1m": os.getloadavg()[0]}, out)
+    for framework in ("cinders", "ort"):
+        for threads in thread_counts[1:]:
+            emit({"bench": "browser", "kind": "threads_speedup", "model": name, "framework": framework + "/wasm",
+                  "threads": threads, "warm_speedup": ratio(ms[framework, thread_counts[0]], ms[framework, threads]),
+                  "max_output_diff": max(abs(a - b) for a, b in zip(outputs[framework, thread_counts[0]],
+                                                                     outputs[framework, threads]))}, out)
+    for threads in thread_counts:
+        emit({"bench": "browser", "kind": "ratio", "model": name, "ours": "cinders/wasm", "theirs": "ort/wasm",
+              "threads": threads, "warm_ratio": ratio(ms["cinders", threads], ms["ort", threads]),
+              "max_output_diff": max(abs(a - b) for a, b in zip(outputs["cinders", threads],
+                                                                 outputs["ort", threads]))}, out)
 
 
 def main(argv=None):
@@ -381,16 +436,25 @@ def main(argv=None):
     parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
     parser.add_argument("--micro", default="wasm,array",
                         help="/mnist-micro/ engines to time with the MLP (MicroPython WebAssembly); '' for none")
+    parser.add_argument("--threads", default="1",
+                        help="thread counts for cinders/wasm and ort/wasm, e.g. 1,2 (the others run on 1)")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    imported = [n for n in names if n in IMPORTED]
+    names = [n for n in names if n not in IMPORTED]
+    thread_counts = [int(n) for n in args.threads.split(",") if n.strip()]
     ensure_setup()
     folder = os.path.join(cache_dir(), "bench-models")
     models = prepare_models(names, folder)
     pixels, label = a_digit()
     mounts = [("/bench-models/", folder), ("/bench/", os.path.join(HERE, "web"))] + default_mounts()
+    if imported:
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))   # onnx_models: the exports
+        import onnx_models
+        mounts.insert(0, ("/bench-onnx/", onnx_models.CACHE))
     out = open(args.out, "a") if args.out else None
     with DemoServer(port=0, mounts=mounts) as server, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS + WEBGPU_FLAGS)
@@ -410,40 +474,60 @@ def main(argv=None):
             configs += [("ort", ep) for ep in args.ort.split(",") if ep]
             if name == "mlp":
                 configs += [("micro", engine) for engine in args.micro.split(",") if engine]
-            for framework, ep in configs:
+            # (framework, ep, threads): each wasm configuration once per thread count, cinders and
+            # ORT side by side per count
+            configs = [(f, ep, n) for f, ep in configs
+                       for n in (thread_counts if (f, ep) in (("cinders", "wasm"), ("ort", "wasm")) else [1])]
+            configs.sort(key=lambda c: (c[1] != "wasm", c[2]))
+            for framework, ep, threads in configs:
                 started = time.time()
                 try:
                     if framework == "cinders":
-                        row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm)
+                        row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm, threads)
                     elif framework == "micro":
                         row = measure_micro(browser, server.url, ep, pixels, args.warm)
                     else:
-                        row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
+                        row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm, threads)
                 except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
                     if (framework, ep) in (("cinders", "webgpu"), ("cinders", "wasm"), ("ort", "webgpu"), ("ort", "wasm")):
                         raise
                     emit({"bench": "browser", "model": name, "framework": framework, "provider": ep,
-                          "error": str(e).strip().splitlines()[-1][:300]}, out)
+                          "threads": threads, "error": str(e).strip().splitlines()[-1][:300]}, out)
                     continue
                 logits = row.pop("logits")
-                runs[(framework, ep)] = (row, logits)
+                runs[(framework, ep, threads)] = (row, logits)
                 row.update({"bench": "browser", "model": name, "framework": framework, "provider": ep,
+                            "threads": threads, "load_avg_1m": os.getloadavg()[0],
                             "wall_s": round(time.time() - started, 1)})
                 for key in ("cold_start_ms", "first_ms", "warm_ms"):
                     row[key] = round(row[key], 3)
                 emit(row, out)
-            pairs = [(("cinders", o), t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
-            pairs += [(("micro", engine), "wasm") for engine in ("wasm", "array")]
-            for (framework, ours_ep), ep in pairs:
-                if (framework, ours_ep) not in runs or ("ort", ep) not in runs:
+            pairs = [(("cinders", o, 1), ("ort", t, 1)) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
+            pairs += [(("micro", engine, 1), ("ort", "wasm", 1)) for engine in ("wasm", "array")]
+            pairs += [(("cinders", "wasm", n), ("ort", "wasm", n)) for n in thread_counts if n != 1]
+            for framework in ("cinders", "ort"):
+                for n in thread_counts:
+                    one, many = runs.get((framework, "wasm", 1)), runs.get((framework, "wasm", n))
+                    if n != 1 and one and many:
+                        emit({"bench": "browser", "kind": "threads_speedup", "model": name,
+                              "framework": framework + "/wasm", "threads": n,
+                              "max_logit_diff": max(abs(a - b) for a, b in zip(one[1], many[1])),
+                              **{key.replace("_ms", "_speedup"): ratio(one[0][key], many[0][key])
+                                 for key in ("warm_ms", "warm_min_ms")}}, out)
+            for ours_key, theirs_key in pairs:
+                if ours_key not in runs or theirs_key not in runs:
                     continue
-                ours, ours_logits = runs[(framework, ours_ep)]
-                theirs, their_logits = runs[("ort", ep)]
+                framework, ours_ep, threads = ours_key
+                ours, ours_logits = runs[ours_key]
+                theirs, their_logits = runs[theirs_key]
                 emit({"bench": "browser", "kind": "ratio", "model": name, "ours": framework + "/" + ours_ep,
-                      "theirs": "ort/" + ep,
+                      "theirs": "ort/" + theirs_key[1], "threads": threads,
                       "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
                       **{key.replace("_ms", "_ratio"): ratio(ours[key], theirs[key])
                          for key in ("cold_start_ms", "first_ms", "warm_ms", "warm_min_ms")}}, out)
+        for name in imported:
+            measure_imported(browser, server.url, name, thread_counts, args.warm, out)
+        emit({"bench": "browser", "kind": "environment", "load_avg_1m_after": os.getloadavg()[0]}, out)
         browser.close()
     if out:
         out.close()

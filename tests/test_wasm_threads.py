@@ -1,6 +1,7 @@
 """cn.Wasm()'s threaded build (wasm_backend/build.py, runtime.h parallel_for, wasm/kernel_threads.mjs)
 against its single-threaded module, both in Node: matmuls, convolutions and a whole imported CNN
-give the same bits, and the products were really shared among the threads (the pool's job count).
+give the same bits, and the products were really shared among the threads (the pool's job and
+join counts).
 The page's side (a cross-origin isolated page starts the pool) is e2e/test_wasm_threads_page.py."""
 import numpy as np
 import pytest
@@ -97,7 +98,8 @@ def test_an_imported_cnn_same_bits(single, threaded):
     image = onnx_models.inputs_for("squeezenet1_1", 1)[0]
     models = [cn_onnx.load(path, backend=backend) for backend in (single, threaded)]
     want = models[0](cn.tensor(image, backend=single))
-    before = threaded.engine.call("pool_jobs")
+    jobs, joins = threaded.engine.call("pool_jobs"), threaded.engine.call("pool_joins")
     got = models[1](cn.tensor(image, backend=threaded))
-    assert threaded.engine.call("pool_jobs") - before > 10
+    assert threaded.engine.call("pool_jobs") - jobs > 10
+    assert threaded.engine.call("pool_joins") > joins   # the workers took items, not only the caller
     np.testing.assert_array_equal(_bits(got), _bits(want))

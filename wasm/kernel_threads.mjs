@@ -42,8 +42,8 @@ export function importedMemoryPages(bytes) {
 
 // The calling thread's side: the shared memory, this thread's instance and threads - 1 workers
 // made by spawn({module, memory, worker}) (worker: 1 .. threads - 1). Resolves once every worker
-// is parked (runtime.h pool_worker: none may join after the first job) to {instance, memory,
-// workers, threads}.
+// is parked (runtime.h pool_worker; a job never waits for a worker that has not joined it) to
+// {instance, memory, workers, threads}.
 export async function startThreaded(module, pages, threads, spawn, timeoutMs = 30000) {
   const memory = new WebAssembly.Memory({ initial: pages, maximum: 65536, shared: true });
   const instance = await WebAssembly.instantiate(module, { env: { memory } });

@@ -34,12 +34,12 @@ EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(
 #endif
 
 /* -- threads: parallel_for ------------------------------------------------------------------
- * parallel_for(fn, args, n, work) runs fn(args, begin, end) over the items [0, n). The threaded build
- * (build.py: -matomics, memory imported and shared with the pool's workers, POOL_THREADS
+ * parallel_for(fn, args, n, work) runs fn(args, begin, end) over the items [0, n). The threaded
+ * build (build.py: -matomics, memory imported and shared with the pool's workers, POOL_THREADS
  * defined) hands the items one at a time, from an atomic counter, to the calling thread and to
- * the workers parked in pool_worker when `work` (multiply-adds, say) pays for waking them; every
- * other build, and small work, runs fn(args, 0, n) in one call. An item
- * is computed whole by one thread, by the same code as in one call (each output element by one
+ * the workers parked in pool_worker that join in time, when `work` (multiply-adds, say) pays for
+ * waking them; every other build, and small work, runs fn(args, 0, n) in one call. An item is
+ * computed whole by one thread, by the same code as in one call (each output element by one
  * thread, with the same summation order), so both builds give the same bits. Only the host's
  * thread calls parallel_for, never a task (a worker waiting on itself would never return). */
 typedef void (*task_fn)(const void *args, int begin, int end);
@@ -48,15 +48,23 @@ typedef void (*task_fn)(const void *args, int begin, int end);
 /* below this much work one thread does it all: waking the workers costs microseconds (on a
  * busy machine far more), a product of 2^17 multiply-adds about 30 us on one core */
 #define PARALLEL_MIN_WORK (1 << 17)
+/* pool.state: the job's tag (its generation, 23 bits) << 8 | POOL_OPEN while workers may join |
+ * the number of workers inside it. A worker joins only an open job of its generation, with one
+ * compare-and-swap, and only joined workers read the job; the caller closes the job once the
+ * items are all taken and waits for those inside. So a worker the machine is slow to wake never
+ * holds the caller up: it finds the job closed (or a later one) and parks again. */
+#define POOL_OPEN 128u
+#define POOL_TAG(g) (((unsigned)(g) & 0x7FFFFFu) << 8)
 static struct {
     int generation;        /* bumped once per job: the workers wait on it */
+    unsigned state;
     int next;              /* the next item to take */
-    int done;              /* workers finished with this job: the caller spins until all are */
     int items;
     task_fn fn;
     const void *args;
+    int joins;             /* times a worker joined a job (a test's evidence of sharing) */
 } pool;
-static int pool_workers;  /* parked in pool_worker; all of them join every job */
+static int pool_workers;  /* parked in pool_worker */
 static _Alignas(16) u8 pool_stacks[POOL_THREADS - 1][POOL_STACK];
 
 static void pool_take(void) {
@@ -71,15 +79,14 @@ EXPORT(pool_stack_top) int pool_stack_top(int w) {
     return (int)(uintptr_t)(pool_stacks[w - 1] + POOL_STACK);
 }
 
-/* the threads that share a job: the caller and the workers registered so far */
+/* the threads that may share a job: the caller and the workers parked so far */
 EXPORT(pool_threads) int pool_threads(void) { return 1 + __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST); }
 
-/* the jobs shared so far (a test's evidence that the threads took part) */
+/* the jobs shared so far and the workers' joins (a test's evidence that the threads took part) */
 EXPORT(pool_jobs) int pool_jobs(void) { return __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST); }
+EXPORT(pool_joins) int pool_joins(void) { return __atomic_load_n(&pool.joins, __ATOMIC_SEQ_CST); }
 
-/* A worker's whole life: register, then take a share of every job. The host starts the workers
- * and waits until pool_threads() counts them all before the first kernel call (a worker that
- * registered during a job would be waited for by a caller that never woke it). */
+/* a worker's whole life: wait for a job, join it if it is still open, take items, leave */
 EXPORT(pool_worker) void pool_worker(void) {
     __atomic_fetch_add(&pool_workers, 1, __ATOMIC_SEQ_CST);
     int seen = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST);
@@ -88,25 +95,35 @@ EXPORT(pool_worker) void pool_worker(void) {
         int now = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST);
         if (now == seen) continue;
         seen = now;
-        pool_take();
-        __atomic_fetch_add(&pool.done, 1, __ATOMIC_SEQ_CST);
+        unsigned state = __atomic_load_n(&pool.state, __ATOMIC_SEQ_CST);
+        while ((state & ~127u) == (POOL_TAG(seen) | POOL_OPEN)) {
+            if (__atomic_compare_exchange_n(&pool.state, &state, state + 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST)) {
+                __atomic_fetch_add(&pool.joins, 1, __ATOMIC_SEQ_CST);
+                pool_take();
+                __atomic_fetch_sub(&pool.state, 1u, __ATOMIC_SEQ_CST);
+                break;
+            }
+        }
     }
 }
 
-/* The caller spins rather than waits: memory.atomic.wait traps on a page's main thread (Pyodide
- * with ?worker=0), and the workers end their last items about when the caller ends its own. */
+/* The caller spins rather than waits for the workers inside the job: memory.atomic.wait traps on
+ * a page's main thread (Pyodide with ?worker=0), and they are busy with their last item. */
 static void parallel_for(task_fn fn, const void *args, int n, double work) {
     int workers = __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST);
     if (workers == 0 || n < 2 || work < PARALLEL_MIN_WORK) { fn(args, 0, n); return; }
     pool.fn = fn;
     pool.args = args;
     pool.items = n;
-    __atomic_store_n(&pool.done, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&pool.next, 0, __ATOMIC_SEQ_CST);
-    __atomic_fetch_add(&pool.generation, 1, __ATOMIC_SEQ_CST);
+    int job = pool.generation + 1;
+    __atomic_store_n(&pool.state, POOL_TAG(job) | POOL_OPEN, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.generation, job, __ATOMIC_SEQ_CST);
     __builtin_wasm_memory_atomic_notify(&pool.generation, (unsigned)workers);
     pool_take();
-    while (__atomic_load_n(&pool.done, __ATOMIC_SEQ_CST) < workers) {}
+    __atomic_fetch_and(&pool.state, ~POOL_OPEN, __ATOMIC_SEQ_CST);   /* no one joins any more */
+    while (__atomic_load_n(&pool.state, __ATOMIC_SEQ_CST) & 127u) {}  /* those inside finish */
 }
 #else
 static inline void parallel_for(task_fn fn, const void *args, int n, double work) {
