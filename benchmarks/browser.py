@@ -30,13 +30,15 @@ answer, the whole predict_now and the page's whole predict, each timed in batche
 Imported models (--models resnet18,mobilenet_v2: random weights, 1x3x224x224, exported by
 tests/onnx_models.py): cn.Wasm() in the /onnx/ page's Pyodide (its captured forward, as
 benchmarks/quantized.py --tab runs it) against ORT Web's WASM EP (benchmarks/web/ort_models.html),
-one page each per thread count, timed in turns (warm_ms: median of --warm calls per page).
+one page each per thread count, timed in turns (`side_by_side` lines: median of --warm rounds).
 
 --cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`). --threads 1,2 runs
 cinders/wasm and ort/wasm once per thread count (cn.Wasm()'s threaded build, ?threads=n, and
 ORT Web's ort.env.wasm.numThreads = n; the pages are cross-origin isolated, so both may start
 their workers), with a ratio line per count and a `threads_speedup` line per framework (the
-1-thread warm time over the n-thread one; > 1: the threads help).
+1-thread warm time over the n-thread one; > 1: the threads help); then the same pages again, all
+open at once and timed in turns (`side_by_side`: one call of each per round, the fair comparison
+on a shared machine: the sequential rows above see whatever load their moment had).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
 here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
@@ -382,48 +384,84 @@ def measure_ort(browser, base, onnx_url, ep, pixels, warm, threads=1):
         context.close()
 
 
-def measure_imported(browser, base, name, thread_counts, warm, out):
-    """An imported torchvision model on cn.Wasm() in the /onnx/ page and on ORT Web's WASM EP, one
-    page of each per thread count, all timed in turns (one call of each per round)."""
-    import numpy as np
-    import onnx_models
-    from quantized import TAB_JS, TAB_PYTHON, tab_feeds
+def threads_side_by_side(browser, base, name, pages, thread_counts, warm, out):
+    """cinders/wasm and ort/wasm at every thread count, one page each, all open at once and timed
+    in turns (one call of each per round, each timed by its page's clock), so that every figure
+    sees the same load. pages: {framework: (url with %d for the threads, prepare(page), run JS
+    (returns ms), output JS)}. Emits the warm medians, a threads_speedup line per framework and
+    count, and a ratio line per count."""
     from timing import interleaved_median_ms
-    path = onnx_models.export(name, "torchscript", size=224)
-    feeds = tab_feeds({"image": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)})
-    url = "/bench-onnx/" + os.path.basename(path)
     contexts, runs, outputs = [], {}, {}
     try:
         for threads in thread_counts:
-            for framework, page_url, api in (
-                    ("cinders", "onnx/?backend=wasm&threads=%d" % threads, "tabBench"),
-                    ("ort", "bench/ort_models.html?ep=wasm&threads=%d" % threads, "ortModels")):
-                context, page = open_cold(browser, base + page_url)
+            for framework, (url, prepare, run_js, output_js) in pages.items():
+                context, page = open_cold(browser, base + url % threads)
                 contexts.append(context)
-                if framework == "cinders":
-                    page.evaluate(TAB_JS, TAB_PYTHON)
-                page.evaluate("([k, u, f]) => window.%s.load(k, u, f)" % api, [name, url, feeds])
-                runs[framework, threads] = lambda page=page, api=api: page.evaluate("(k) => window.%s.run(k)" % api, name)
-                outputs[framework, threads] = page.evaluate(
-                    "async (k) => Array.from(await window.%s.output(k)).slice(0, 1000)" % api, name)
+                prepare(page)
+                runs[framework, threads] = lambda page=page, run_js=run_js: page.evaluate(run_js)
+                outputs[framework, threads] = page.evaluate(output_js)
         ms = interleaved_median_ms(runs, warm, self_timed=True)
     finally:
         for context in contexts:
             context.close()
     for (framework, threads), value in ms.items():
-        emit({"bench": "browser", "model": name, "framework": framework, "provider": "wasm", "threads": threads,
-              "warm_ms": round(value, 2), "load_avg_1m": os.getloadavg()[0]}, out)
-    for framework in ("cinders", "ort"):
+        emit({"bench": "browser", "kind": "side_by_side", "model": name, "framework": framework + "/wasm",
+              "threads": threads, "warm_ms": round(value, 3), "load_avg_1m": os.getloadavg()[0]}, out)
+
+    def diff(a, b):
+        return max(abs(x - y) for x, y in zip(outputs[a], outputs[b]))
+    one = thread_counts[0]
+    for framework in pages:
         for threads in thread_counts[1:]:
-            emit({"bench": "browser", "kind": "threads_speedup", "model": name, "framework": framework + "/wasm",
-                  "threads": threads, "warm_speedup": ratio(ms[framework, thread_counts[0]], ms[framework, threads]),
-                  "max_output_diff": max(abs(a - b) for a, b in zip(outputs[framework, thread_counts[0]],
-                                                                     outputs[framework, threads]))}, out)
+            emit({"bench": "browser", "kind": "threads_speedup", "side_by_side": True, "model": name,
+                  "framework": framework + "/wasm", "threads": threads, "threads_base": one,
+                  "warm_speedup": ratio(ms[framework, one], ms[framework, threads]),
+                  "max_output_diff": diff((framework, one), (framework, threads))}, out)
     for threads in thread_counts:
-        emit({"bench": "browser", "kind": "ratio", "model": name, "ours": "cinders/wasm", "theirs": "ort/wasm",
-              "threads": threads, "warm_ratio": ratio(ms["cinders", threads], ms["ort", threads]),
-              "max_output_diff": max(abs(a - b) for a, b in zip(outputs["cinders", threads],
-                                                                 outputs["ort", threads]))}, out)
+        emit({"bench": "browser", "kind": "ratio", "side_by_side": True, "model": name, "ours": "cinders/wasm",
+              "theirs": "ort/wasm", "threads": threads, "warm_ratio": ratio(ms["cinders", threads], ms["ort", threads]),
+              "max_output_diff": diff(("cinders", threads), ("ort", threads))}, out)
+
+
+def mnist_pages(record_url, onnx_url, pixels):
+    """threads_side_by_side's pages for an MNIST model: the demo page and ORT Web's ort.html."""
+    call = "window.%s(%s)" % ("%s", json.dumps(pixels))
+    return {"cinders": ("?backend=wasm&worker=0&model=%s&threads=%%d" % record_url, lambda page: None,
+                        "async () => (await %s).ms" % (call % "cindersDemo.predict"),
+                        "async () => (await %s).logits" % (call % "cindersDemo.predict")),
+            "ort": ("bench/ort.html?ep=wasm&model=%s&threads=%%d" % onnx_url, lambda page: None,
+                    "async () => (await %s).ms" % (call % "ortBench.run"),
+                    "async () => (await %s).logits" % (call % "ortBench.run"))}
+
+
+def imported_pages(name, url, feeds):
+    """threads_side_by_side's pages for an imported model: the /onnx/ page's Pyodide (its captured
+    forward, as benchmarks/quantized.py --tab runs it) and ORT Web's ort_models.html."""
+    from quantized import TAB_JS, TAB_PYTHON
+
+    def load(api, code=None):
+        def prepare(page):
+            if code:
+                page.evaluate(TAB_JS, code)
+            page.evaluate("([k, u, f]) => window.%s.load(k, u, f)" % api, [name, url, feeds])
+        return prepare
+    run = "() => window.%s.run(%s)"
+    output = "async () => Array.from(await window.%s.output(%s)).slice(0, 1000)"
+    return {"cinders": ("onnx/?backend=wasm&threads=%d", load("tabBench", TAB_PYTHON),
+                        run % ("tabBench", json.dumps(name)), output % ("tabBench", json.dumps(name))),
+            "ort": ("bench/ort_models.html?ep=wasm&threads=%d", load("ortModels"),
+                    run % ("ortModels", json.dumps(name)), output % ("ortModels", json.dumps(name)))}
+
+
+def measure_imported(browser, base, name, thread_counts, warm, out):
+    """An imported torchvision model (1x3x224x224, random weights) on cn.Wasm() and ORT Web."""
+    import numpy as np
+    import onnx_models
+    from quantized import tab_feeds
+    path = onnx_models.export(name, "torchscript", size=224)
+    feeds = tab_feeds({"image": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)})
+    threads_side_by_side(browser, base, name, imported_pages(name, "/bench-onnx/" + os.path.basename(path), feeds),
+                         thread_counts, warm, out)
 
 
 def main(argv=None):
@@ -514,6 +552,9 @@ def main(argv=None):
                               "max_logit_diff": max(abs(a - b) for a, b in zip(one[1], many[1])),
                               **{key.replace("_ms", "_speedup"): ratio(one[0][key], many[0][key])
                                  for key in ("warm_ms", "warm_min_ms")}}, out)
+            if len(thread_counts) > 1 and "wasm" in args.cinders.split(",") and "wasm" in args.ort.split(","):
+                threads_side_by_side(browser, server.url, name, mnist_pages(record_url, onnx_url, pixels),
+                                     thread_counts, args.warm, out)
             for ours_key, theirs_key in pairs:
                 if ours_key not in runs or theirs_key not in runs:
                     continue
