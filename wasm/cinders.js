@@ -169,7 +169,7 @@ export async function startPyodide(options) {
 // this thread and threads - 1 Web Workers on one shared memory) where the page may share memory
 // (cross-origin isolated: `cinders serve` and export-web send COOP/COEP), else the single-threaded
 // module. Resolves to {instance, memory, threads, note}. A pool on the page's own thread (?worker=0)
-// works too: the calling thread spins for the workers' last items instead of waiting (runtime.h).
+// works too: there the calling thread spins for the workers' last items instead of blocking.
 async function startKernels(options) {
   const threads = threadCount(options.threads, navigator.hardwareConcurrency);
   let note = "single-threaded build (threads: 1)";
@@ -183,7 +183,9 @@ async function startKernels(options) {
         worker.postMessage(data);
         return worker;
       };
-      const started = await startThreaded(module, importedMemoryPages(bytes), threads, spawn);
+      // (Atomics.wait blocks in a worker; on the page's main thread it is not allowed)
+      const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
+      const started = await startThreaded(module, importedMemoryPages(bytes), threads, spawn, inWorker);
       console.info(`cinders: cn.Wasm() runs its threaded build on ${threads} threads`);
       return { ...started, note: `threaded build on ${threads} threads` };
     } catch (error) {

@@ -44,9 +44,12 @@ export function importedMemoryPages(bytes) {
 // made by spawn({module, memory, worker}) (worker: 1 .. threads - 1). Resolves once every worker
 // is parked (runtime.h pool_worker; a job never waits for a worker that has not joined it) to
 // {instance, memory, workers, threads}.
-export async function startThreaded(module, pages, threads, spawn, timeoutMs = 30000) {
+// callerWaits: this thread may block in Atomics.wait (a worker, Node), else (a page's main thread)
+// it spins for the workers' last items.
+export async function startThreaded(module, pages, threads, spawn, callerWaits, timeoutMs = 30000) {
   const memory = new WebAssembly.Memory({ initial: pages, maximum: 65536, shared: true });
   const instance = await WebAssembly.instantiate(module, { env: { memory } });
+  instance.exports.pool_set_caller_waits(callerWaits ? 1 : 0);
   const workers = [];
   for (let worker = 1; worker < threads; worker++) workers.push(spawn({ module, memory, worker }));
   const t0 = Date.now();

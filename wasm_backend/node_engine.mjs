@@ -28,7 +28,8 @@ async function instantiate([path, threads, threadsModule]) {
     worker.unref();   // parked for good: the process ends with its stdin
     return worker;
   };
-  const { instance, memory } = await startThreaded(module, importedMemoryPages(bytes), Number(threads), spawn);
+  // (Node's main thread may block in Atomics.wait)
+  const { instance, memory } = await startThreaded(module, importedMemoryPages(bytes), Number(threads), spawn, true);
   return { ...instance.exports, memory };
 }
 

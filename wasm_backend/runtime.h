@@ -65,6 +65,8 @@ static struct {
     int joins;             /* times a worker joined a job (a test's evidence of sharing) */
 } pool;
 static int pool_workers;  /* parked in pool_worker */
+static int pool_caller_waits;  /* the host's thread may block (a worker, Node): pool_set_caller_waits */
+#define POOL_SPINS 4096   /* loads the caller spins before it blocks (the last items end soon) */
 static _Alignas(16) u8 pool_stacks[POOL_THREADS - 1][POOL_STACK];
 
 static void pool_take(void) {
@@ -81,6 +83,10 @@ EXPORT(pool_stack_top) int pool_stack_top(int w) {
 
 /* the threads that may share a job: the caller and the workers parked so far */
 EXPORT(pool_threads) int pool_threads(void) { return 1 + __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST); }
+
+/* whether the calling thread may block in memory.atomic.wait: not on a page's main thread
+ * (Pyodide with ?worker=0), where it traps; there the caller spins until the workers are done */
+EXPORT(pool_set_caller_waits) void pool_set_caller_waits(int may) { pool_caller_waits = may; }
 
 /* the jobs shared so far and the workers' joins (a test's evidence that the threads took part) */
 EXPORT(pool_jobs) int pool_jobs(void) { return __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST); }
@@ -101,15 +107,17 @@ EXPORT(pool_worker) void pool_worker(void) {
                                             __ATOMIC_SEQ_CST)) {
                 __atomic_fetch_add(&pool.joins, 1, __ATOMIC_SEQ_CST);
                 pool_take();
-                __atomic_fetch_sub(&pool.state, 1u, __ATOMIC_SEQ_CST);
+                if (__atomic_sub_fetch(&pool.state, 1u, __ATOMIC_SEQ_CST) == POOL_TAG(seen))
+                    __builtin_wasm_memory_atomic_notify((int *)&pool.state, 1);  /* the last out */
                 break;
             }
         }
     }
 }
 
-/* The caller spins rather than waits for the workers inside the job: memory.atomic.wait traps on
- * a page's main thread (Pyodide with ?worker=0), and they are busy with their last item. */
+/* The caller waits for the workers inside the job (busy with their last item) by spinning a
+ * little, then, where it may, blocking: a worker the machine took off its core gets that core
+ * instead of a spinning caller. */
 static void parallel_for(task_fn fn, const void *args, int n, double work) {
     int workers = __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST);
     if (workers == 0 || n < 2 || work < PARALLEL_MIN_WORK) { fn(args, 0, n); return; }
@@ -123,7 +131,10 @@ static void parallel_for(task_fn fn, const void *args, int n, double work) {
     __builtin_wasm_memory_atomic_notify(&pool.generation, (unsigned)workers);
     pool_take();
     __atomic_fetch_and(&pool.state, ~POOL_OPEN, __ATOMIC_SEQ_CST);   /* no one joins any more */
-    while (__atomic_load_n(&pool.state, __ATOMIC_SEQ_CST) & 127u) {}  /* those inside finish */
+    unsigned state;
+    for (int spins = 0; (state = __atomic_load_n(&pool.state, __ATOMIC_SEQ_CST)) & 127u; spins++)
+        if (pool_caller_waits && spins >= POOL_SPINS)   /* (returns at once if state changed) */
+            __builtin_wasm_memory_atomic_wait32((int *)&pool.state, (int)state, -1);
 }
 #else
 static inline void parallel_for(task_fn fn, const void *args, int n, double work) {
