@@ -48,14 +48,10 @@ def _normal(*shape):
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def test_the_threaded_build_is_its_own_module_with_a_pool():
+def test_the_threaded_build_is_its_own_module_with_a_pool(threaded):
     assert build.module_path(threaded=True) != build.module_path()
-    engine = NodeEngine(threads=THREADS)
-    try:
-        assert cn.Wasm(engine=engine).threads == engine.call("pool_threads") == THREADS
-        assert {"pool_worker", "pool_stack_top"} <= engine.kernels
-    finally:
-        engine.close()
+    assert threaded.threads == threaded.engine.call("pool_threads") == THREADS
+    assert {"pool_worker", "pool_stack_top"} <= threaded.engine.kernels
     assert cn.Wasm().threads == 1   # the desktop's native build: one thread
 
 

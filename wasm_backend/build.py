@@ -141,13 +141,19 @@ def served_dir(build=True):
     and its threaded build as THREADED_SERVED_NAME, in a folder of its own per source, so
     checkouts of other versions sharing the cache (or running at the same time) each serve the
     modules their pages' command ids were made for."""
-    path = module_path(build)
-    folder = os.path.join(module_dir(), "served-" + os.path.basename(path)[len("cinders-kernels-"):-len(".wasm")])
-    for name, threaded in ((SERVED_NAME, False), (THREADED_SERVED_NAME, True)):
+    modules = {SERVED_NAME: module_path(build)}
+    folder = os.path.join(module_dir(), "served-" + os.path.basename(modules[SERVED_NAME])[len("cinders-kernels-"):-len(".wasm")])
+    served = os.path.join(folder, THREADED_SERVED_NAME)
+    if not os.path.exists(served):
+        try:
+            modules[THREADED_SERVED_NAME] = module_path(build, threaded=True)
+        except WasmBuildError as e:   # the pages then run the single-threaded module
+            print("cinders: cn.Wasm()'s threaded build failed, pages run one thread: %s" % e, file=sys.stderr)
+    for name, path in modules.items():
         served = os.path.join(folder, name)
         if not os.path.exists(served):
             os.makedirs(folder, exist_ok=True)
-            shutil.copyfile(module_path(build, threaded), served + ".%d.tmp" % os.getpid())
+            shutil.copyfile(path, served + ".%d.tmp" % os.getpid())
             os.replace(served + ".%d.tmp" % os.getpid(), served)
     return folder
 

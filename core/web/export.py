@@ -271,7 +271,8 @@ def _write_runtime(out_dir, node_modules, replace=()):
         shutil.copyfile(kernels, os.path.join(out_dir, "wasm-kernels", "cinders-kernels.wasm"))
         # the threaded build, for a site served cross-origin isolated (cinders serve: COOP/COEP)
         threaded = os.path.join(wasm_module_dir(), "cinders-kernels-threads.wasm")
-        shutil.copyfile(threaded, os.path.join(out_dir, "wasm-kernels", "cinders-kernels-threads.wasm"))
+        if os.path.isfile(threaded):
+            shutil.copyfile(threaded, os.path.join(out_dir, "wasm-kernels", "cinders-kernels-threads.wasm"))
 
 
 def _precompressed(out_dir):
