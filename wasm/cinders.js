@@ -165,49 +165,62 @@ export async function startPyodide(options) {
   return { pyodide, timings };
 }
 
-// cn.Wasm()'s kernels, instantiated: the threaded build on options.threads threads (kernel_threads.mjs:
-// this thread and threads - 1 Web Workers on one shared memory) where the page may share memory
+// cn.Wasm()'s kernels: the threaded build on options.threads threads (kernel_threads.mjs: this
+// thread and threads - 1 Web Workers on one shared memory) where the page may share memory
 // (cross-origin isolated: `cinders serve` and export-web send COOP/COEP), else the single-threaded
-// module. Resolves to {instance, memory, threads, note}. A pool on the page's own thread (?worker=0)
-// works too: there the calling thread spins for the workers' last items instead of blocking.
-async function startKernels(options) {
+// module. The module downloads and compiles at once (while Pyodide starts); the instance and the
+// workers start on the first `await` (a page that runs on WebGPU starts none). Awaiting gives
+// {instance, memory, threads, note}. A pool on the page's own thread (?worker=0) works too: there
+// the calling thread spins for the workers' last items instead of blocking.
+function wasmKernels(options) {
   const threads = threadCount(options.threads, navigator.hardwareConcurrency);
-  let note = "single-threaded build (threads: 1)";
-  if (threads > 1 && globalThis.crossOriginIsolated) {
-    try {
-      const bytes = await (await fetchOk(options.threadedKernelsURL, "the threaded kernels")).arrayBuffer();
-      const module = await WebAssembly.compile(bytes);
-      const script = new URL("./cinders-kernel-thread.js", import.meta.url);
-      const spawn = (data) => {
-        const worker = new Worker(script, { type: "module" });
-        worker.postMessage(data);
-        return worker;
-      };
-      // (Atomics.wait blocks in a worker; on the page's main thread it is not allowed)
-      const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
-      const started = await startThreaded(module, importedMemoryPages(bytes), threads, spawn, inWorker);
-      console.info(`cinders: cn.Wasm() runs its threaded build on ${threads} threads`);
-      return { ...started, note: `threaded build on ${threads} threads` };
-    } catch (error) {
-      note = `single-threaded build (the threaded one failed: ${error.message || error})`;
-      console.warn("cinders:", note);
+  const threaded = threads > 1 && globalThis.crossOriginIsolated;
+  const single = () => WebAssembly.compileStreaming(fetchOk(options.kernelsURL, "cn.Wasm()'s kernels"));
+  const compiled = threaded
+    ? fetchOk(options.threadedKernelsURL, "the threaded kernels").then((r) => r.arrayBuffer())
+      .then(async (bytes) => ({ bytes, module: await WebAssembly.compile(bytes) }))
+    : single();
+  compiled.catch(() => {});  // reported (or fallen back from) where it is awaited
+  let note = threads > 1 ? "single-threaded build (the page is not cross-origin isolated: no shared memory)"
+    : "single-threaded build (threads: 1)";
+  const startThreads = async () => {
+    const { bytes, module } = await compiled;
+    const script = new URL("./cinders-kernel-thread.js", import.meta.url);
+    const spawn = (data) => {
+      const worker = new Worker(script, { type: "module" });
+      worker.postMessage(data);
+      return worker;
+    };
+    // (Atomics.wait blocks in a worker; on the page's main thread it is not allowed)
+    const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
+    return startThreaded(module, importedMemoryPages(bytes), threads, spawn, inWorker);
+  };
+  const start = async () => {
+    if (threaded) {
+      try {
+        const started = await startThreads();
+        console.info(`cinders: cn.Wasm() runs its threaded build on ${threads} threads`);
+        return { ...started, note: `threaded build on ${threads} threads` };
+      } catch (error) {
+        note = `single-threaded build (the threaded one failed: ${error.message || error})`;
+        console.warn("cinders:", note);
+      }
     }
-  } else if (threads > 1) {
-    note = "single-threaded build (the page is not cross-origin isolated: no shared memory)";
-  }
-  const { instance } = await WebAssembly.instantiateStreaming(fetchOk(options.kernelsURL, "cn.Wasm()'s kernels"), {});
-  console.info(`cinders: cn.Wasm() runs its ${note}`);
-  return { instance, memory: instance.exports.memory, threads: 1, note };
+    const instance = await WebAssembly.instantiate(await (threaded ? single() : compiled), {});
+    console.info(`cinders: cn.Wasm() runs its ${note}`);
+    return { instance, memory: instance.exports.memory, threads: 1, note };
+  };
+  let started = null;
+  return { then(resolve, reject) { started = started || start(); return started.then(resolve, reject); } };
 }
 
 async function startRuntime(options) {
   // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
   const status = options.status || options.onStatus || (() => {});
   const t0 = now();
-  // cn.Wasm()'s module (~150 KB) compiles and starts while Pyodide does; only a page forced onto
-  // another backend skips it.
-  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null : startKernels(options);
-  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
+  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
+  // backend skips it.
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null : wasmKernels(options);
   const { pyodide, timings } = await startPyodide({
     pyodideURL: options.pyodideURL, wheelManifest: options.wheelManifest, snapshot: options.snapshot,
     packages: options.packages, status });

@@ -4,9 +4,9 @@
     await engine_browser.load()            # fetch + instantiate (the demo server's copy by default)
     backend = cn.Wasm()                    # backend.threads: 1, or the threaded build's pool
 
-wasm/cinders.js starts the kernels itself (startKernels) while Pyodide starts: the threaded build
-on a pool of Web Workers where the page is cross-origin isolated, else the single-threaded module;
-it passes the started kernels here. With the threaded build the memory is a SharedArrayBuffer
+wasm/cinders.js prepares the kernels itself (wasmKernels) while Pyodide starts: the threaded
+build on a pool of Web Workers where the page is cross-origin isolated, else the single-threaded
+module; it passes them here, and awaiting them starts them. With the threaded build the memory is a SharedArrayBuffer
 that the workers' instances share; the copies in and out below are the same.
 
 Tensor bytes cross into the module's memory with one typed-array copy each way
@@ -63,8 +63,8 @@ class BrowserEngine:
 
 async def load(source=DEFAULT_URL):
     """Instantiate the module once per page; returns the engine. source: the single-threaded
-    module's URL, or a JS promise of the started kernels, {instance, memory, threads}
-    (wasm/cinders.js startKernels: the threaded build where the page may share memory)."""
+    module's URL, or a JS thenable of the started kernels, {instance, memory, threads}
+    (wasm/cinders.js wasmKernels: the threaded build where the page may share memory)."""
     global _loaded
     if _loaded is None:
         import js
