@@ -3,7 +3,8 @@ headless Chromium, one run. JSON lines on stdout (and --out FILE).
 
     .venv/bin/python benchmarks/browser.py [--models cnn,mlp] [--warm 20] [--out results.jsonl]
 
-For each model (MNIST CNN and MLP):
+For each model (MNIST CNN and MLP; --models may also name torchvision's resnet18 and mobilenet_v2,
+imported in the tab, see below):
   cinders/webgpu  the demo page (/?model=...): cn.Wgpu() on the browser's WebGPU;
                   cinders/webgpu+fusion cn.Fusion(cn.Wgpu()) (?fusion=1); cinders/cpu with
                   ?backend=cpu (cn.Python: no NumPy offline); cinders/wasm with ?backend=wasm
@@ -29,7 +30,18 @@ inside it, read, the logits handed to JS, the whole predict_now; then the page's
 (`captured_page_predict_us`: the page replays the captured program itself, no Python) and its
 pieces `page_*_us`: input write, kernels, output read, answer; `page_python_predict_us` the
 page's predict when it goes through Python; each timed in batches of 20 to 200 calls).
---cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`).
+Imported models (--models resnet18,mobilenet_v2: random weights, 1x3x224x224, exported by
+tests/onnx_models.py): cn.Wasm() in the /onnx/ page's Pyodide (its captured forward, as
+benchmarks/quantized.py --tab runs it) against ORT Web's WASM EP (benchmarks/web/ort_models.html),
+one page each per thread count, timed in turns (`side_by_side` lines: median of --warm rounds).
+
+--cinders/--ort pick the configurations (e.g. `--cinders wasm --ort wasm`). --threads 1,2 runs
+cinders/wasm and ort/wasm once per thread count (cn.Wasm()'s threaded build, ?threads=n, and
+ORT Web's ort.env.wasm.numThreads = n; the pages are cross-origin isolated, so both may start
+their workers), with a ratio line per count and a `threads_speedup` line per framework (the
+1-thread warm time over the n-thread one; > 1: the threads help); then the same pages again, all
+open at once and timed in turns (`side_by_side`: one call of each per round, the fair comparison
+on a shared machine: the sequential rows above see whatever load their moment had).
 
 The ONNX files are exported from the same weights through PyTorch (torch.onnx, legacy exporter),
 here only: PyTorch is a benchmark oracle, never a cinders dependency. Weights come from
@@ -57,6 +69,7 @@ from cinders.web.server import DemoServer, default_mounts, ensure_setup  # noqa:
 from browser_env import CHROMIUM, QUIET_FLAGS, WEBGPU_FLAGS  # noqa: E402
 
 CLASSES = {"cnn": MnistCNN, "mlp": MnistMLP}
+IMPORTED = ("resnet18", "mobilenet_v2")   # torchvision's, through ONNX, in the /onnx/ page
 READY_MS = 180_000
 
 
@@ -348,12 +361,12 @@ def resource_times(page):
     }""")
 
 
-def measure_cinders(browser, base, model_url, backend, pixels, warm):
+def measure_cinders(browser, base, model_url, backend, pixels, warm, threads=1):
     fusion = backend.endswith("+fusion")
     # worker=0: Pyodide on the page's thread, as ORT Web runs here (no message round trip in the
     # times), and cinders_split reaches into it.
-    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d&worker=0"
-                              % (base, backend.split("+")[0], model_url, fusion))
+    context, page = open_cold(browser, "%s?backend=%s&model=%s&fusion=%d&worker=0&threads=%d"
+                              % (base, backend.split("+")[0], model_url, fusion, threads))
     try:
         demo = page.evaluate("() => ({readyAt: window.cindersDemo.readyAt, timings: window.cindersDemo.model.timings,"
                              " backend: window.cindersDemo.model.backend})")
@@ -387,8 +400,8 @@ def measure_micro(browser, base, engine, pixels, warm):
         context.close()
 
 
-def measure_ort(browser, base, onnx_url, ep, pixels, warm):
-    context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s" % (base, ep, onnx_url))
+def measure_ort(browser, base, onnx_url, ep, pixels, warm, threads=1):
+    context, page = open_cold(browser, "%sbench/ort.html?ep=%s&model=%s&threads=%d" % (base, ep, onnx_url, threads))
     try:
         ready = page.evaluate("() => window.ortBench.readyAt")
         first, times, logits = timed_runs(page, "window.ortBench.run", pixels, warm)
@@ -397,6 +410,86 @@ def measure_ort(browser, base, onnx_url, ep, pixels, warm):
                 "reload_ms": round(reload_ms(page, "() => window.ortBench.readyAt"), 1)}
     finally:
         context.close()
+
+
+def threads_side_by_side(browser, base, name, pages, thread_counts, warm, out):
+    """cinders/wasm and ort/wasm at every thread count, one page each, all open at once and timed
+    in turns (one call of each per round, each timed by its page's clock), so that every figure
+    sees the same load. pages: {framework: (url with %d for the threads, prepare(page), run JS
+    (returns ms), output JS)}. Emits the warm medians, a threads_speedup line per framework and
+    count, and a ratio line per count."""
+    from timing import interleaved_median_ms
+    contexts, runs, outputs = [], {}, {}
+    try:
+        for threads in thread_counts:
+            for framework, (url, prepare, run_js, output_js) in pages.items():
+                context, page = open_cold(browser, base + url % threads)
+                contexts.append(context)
+                prepare(page)
+                runs[framework, threads] = lambda page=page, run_js=run_js: page.evaluate(run_js)
+                outputs[framework, threads] = page.evaluate(output_js)
+        ms = interleaved_median_ms(runs, warm, self_timed=True)
+    finally:
+        for context in contexts:
+            context.close()
+    for (framework, threads), value in ms.items():
+        emit({"bench": "browser", "kind": "side_by_side", "model": name, "framework": framework + "/wasm",
+              "threads": threads, "warm_ms": round(value, 3), "load_avg_1m": os.getloadavg()[0]}, out)
+
+    def diff(a, b):
+        return max(abs(x - y) for x, y in zip(outputs[a], outputs[b]))
+    one = thread_counts[0]
+    for framework in pages:
+        for threads in thread_counts[1:]:
+            emit({"bench": "browser", "kind": "threads_speedup", "side_by_side": True, "model": name,
+                  "framework": framework + "/wasm", "threads": threads, "threads_base": one,
+                  "warm_speedup": ratio(ms[framework, one], ms[framework, threads]),
+                  "max_output_diff": diff((framework, one), (framework, threads))}, out)
+    for threads in thread_counts:
+        emit({"bench": "browser", "kind": "ratio", "side_by_side": True, "model": name, "ours": "cinders/wasm",
+              "theirs": "ort/wasm", "threads": threads, "warm_ratio": ratio(ms["cinders", threads], ms["ort", threads]),
+              "max_output_diff": diff(("cinders", threads), ("ort", threads))}, out)
+
+
+def mnist_pages(record_url, onnx_url, pixels):
+    """threads_side_by_side's pages for an MNIST model: the demo page and ORT Web's ort.html."""
+    call = "window.%s(%s)" % ("%s", json.dumps(pixels))
+    return {"cinders": ("?backend=wasm&worker=0&model=%s&threads=%%d" % record_url, lambda page: None,
+                        "async () => (await %s).ms" % (call % "cindersDemo.predict"),
+                        "async () => (await %s).logits" % (call % "cindersDemo.predict")),
+            "ort": ("bench/ort.html?ep=wasm&model=%s&threads=%%d" % onnx_url, lambda page: None,
+                    "async () => (await %s).ms" % (call % "ortBench.run"),
+                    "async () => (await %s).logits" % (call % "ortBench.run"))}
+
+
+def imported_pages(name, url, feeds):
+    """threads_side_by_side's pages for an imported model: the /onnx/ page's Pyodide (its captured
+    forward, as benchmarks/quantized.py --tab runs it) and ORT Web's ort_models.html."""
+    from quantized import TAB_JS, TAB_PYTHON
+
+    def load(api, code=None):
+        def prepare(page):
+            if code:
+                page.evaluate(TAB_JS, code)
+            page.evaluate("([k, u, f]) => window.%s.load(k, u, f)" % api, [name, url, feeds])
+        return prepare
+    run = "() => window.%s.run(%s)"
+    output = "async () => Array.from(await window.%s.output(%s)).slice(0, 1000)"
+    return {"cinders": ("onnx/?backend=wasm&threads=%d", load("tabBench", TAB_PYTHON),
+                        run % ("tabBench", json.dumps(name)), output % ("tabBench", json.dumps(name))),
+            "ort": ("bench/ort_models.html?ep=wasm&threads=%d", load("ortModels"),
+                    run % ("ortModels", json.dumps(name)), output % ("ortModels", json.dumps(name)))}
+
+
+def measure_imported(browser, base, name, thread_counts, warm, out):
+    """An imported torchvision model (1x3x224x224, random weights) on cn.Wasm() and ORT Web."""
+    import numpy as np
+    import onnx_models
+    from quantized import tab_feeds
+    path = onnx_models.export(name, "torchscript", size=224)
+    feeds = tab_feeds({"image": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)})
+    threads_side_by_side(browser, base, name, imported_pages(name, "/bench-onnx/" + os.path.basename(path), feeds),
+                         thread_counts, warm, out)
 
 
 def main(argv=None):
@@ -409,16 +502,25 @@ def main(argv=None):
     parser.add_argument("--ort", default="wasm,webgpu", help="ONNX Runtime Web execution providers")
     parser.add_argument("--micro", default="wasm,array",
                         help="/mnist-micro/ engines to time with the MLP (MicroPython WebAssembly); '' for none")
+    parser.add_argument("--threads", default="1",
+                        help="thread counts for cinders/wasm and ort/wasm, e.g. 1,2 (the others run on 1)")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     names = [n.strip() for n in args.models.split(",") if n.strip()]
+    imported = [n for n in names if n in IMPORTED]
+    names = [n for n in names if n not in IMPORTED]
+    thread_counts = [int(n) for n in args.threads.split(",") if n.strip()]
     ensure_setup()
     folder = os.path.join(cache_dir(), "bench-models")
     models = prepare_models(names, folder)
     pixels, label = a_digit()
     mounts = [("/bench-models/", folder), ("/bench/", os.path.join(HERE, "web"))] + default_mounts()
+    if imported:
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))   # onnx_models: the exports
+        import onnx_models
+        mounts.insert(0, ("/bench-onnx/", onnx_models.CACHE))
     out = open(args.out, "a") if args.out else None
     with DemoServer(port=0, mounts=mounts) as server, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=QUIET_FLAGS + WEBGPU_FLAGS)
@@ -438,40 +540,63 @@ def main(argv=None):
             configs += [("ort", ep) for ep in args.ort.split(",") if ep]
             if name == "mlp":
                 configs += [("micro", engine) for engine in args.micro.split(",") if engine]
-            for framework, ep in configs:
+            # (framework, ep, threads): each wasm configuration once per thread count, cinders and
+            # ORT side by side per count
+            configs = [(f, ep, n) for f, ep in configs
+                       for n in (thread_counts if (f, ep) in (("cinders", "wasm"), ("ort", "wasm")) else [1])]
+            configs.sort(key=lambda c: (c[1] != "wasm", c[2]))
+            for framework, ep, threads in configs:
                 started = time.time()
                 try:
                     if framework == "cinders":
-                        row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm)
+                        row = measure_cinders(browser, server.url, record_url, ep, pixels, args.warm, threads)
                     elif framework == "micro":
                         row = measure_micro(browser, server.url, ep, pixels, args.warm)
                     else:
-                        row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm)
+                        row = measure_ort(browser, server.url, onnx_url, ep, pixels, args.warm, threads)
                 except Exception as e:  # noqa: BLE001  (a broken configuration is a result too)
                     if (framework, ep) in (("cinders", "webgpu"), ("cinders", "wasm"), ("ort", "webgpu"), ("ort", "wasm")):
                         raise
                     emit({"bench": "browser", "model": name, "framework": framework, "provider": ep,
-                          "error": str(e).strip().splitlines()[-1][:300]}, out)
+                          "threads": threads, "error": str(e).strip().splitlines()[-1][:300]}, out)
                     continue
                 logits = row.pop("logits")
-                runs[(framework, ep)] = (row, logits)
+                runs[(framework, ep, threads)] = (row, logits)
                 row.update({"bench": "browser", "model": name, "framework": framework, "provider": ep,
+                            "threads": threads, "load_avg_1m": os.getloadavg()[0],
                             "wall_s": round(time.time() - started, 1)})
                 for key in ("cold_start_ms", "first_ms", "warm_ms"):
                     row[key] = round(row[key], 3)
                 emit(row, out)
-            pairs = [(("cinders", o), t) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
-            pairs += [(("micro", engine), "wasm") for engine in ("wasm", "array")]
-            for (framework, ours_ep), ep in pairs:
-                if (framework, ours_ep) not in runs or ("ort", ep) not in runs:
+            pairs = [(("cinders", o, 1), ("ort", t, 1)) for o in ("webgpu", "webgpu+fusion", "wasm") for t in ("webgpu", "wasm")]
+            pairs += [(("micro", engine, 1), ("ort", "wasm", 1)) for engine in ("wasm", "array")]
+            pairs += [(("cinders", "wasm", n), ("ort", "wasm", n)) for n in thread_counts if n != 1]
+            for framework in ("cinders", "ort"):
+                for n in thread_counts:
+                    one, many = runs.get((framework, "wasm", 1)), runs.get((framework, "wasm", n))
+                    if n != 1 and one and many:
+                        emit({"bench": "browser", "kind": "threads_speedup", "model": name,
+                              "framework": framework + "/wasm", "threads": n,
+                              "max_logit_diff": max(abs(a - b) for a, b in zip(one[1], many[1])),
+                              **{key.replace("_ms", "_speedup"): ratio(one[0][key], many[0][key])
+                                 for key in ("warm_ms", "warm_min_ms")}}, out)
+            if len(thread_counts) > 1 and "wasm" in args.cinders.split(",") and "wasm" in args.ort.split(","):
+                threads_side_by_side(browser, server.url, name, mnist_pages(record_url, onnx_url, pixels),
+                                     thread_counts, args.warm, out)
+            for ours_key, theirs_key in pairs:
+                if ours_key not in runs or theirs_key not in runs:
                     continue
-                ours, ours_logits = runs[(framework, ours_ep)]
-                theirs, their_logits = runs[("ort", ep)]
+                framework, ours_ep, threads = ours_key
+                ours, ours_logits = runs[ours_key]
+                theirs, their_logits = runs[theirs_key]
                 emit({"bench": "browser", "kind": "ratio", "model": name, "ours": framework + "/" + ours_ep,
-                      "theirs": "ort/" + ep,
+                      "theirs": "ort/" + theirs_key[1], "threads": threads,
                       "max_logit_diff": max(abs(a - b) for a, b in zip(ours_logits, their_logits)),
                       **{key.replace("_ms", "_ratio"): ratio(ours[key], theirs[key])
                          for key in ("cold_start_ms", "first_ms", "warm_ms", "warm_min_ms")}}, out)
+        for name in imported:
+            measure_imported(browser, server.url, name, thread_counts, args.warm, out)
+        emit({"bench": "browser", "kind": "environment", "load_avg_1m_after": os.getloadavg()[0]}, out)
         browser.close()
     if out:
         out.close()

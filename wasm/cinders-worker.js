@@ -2,7 +2,7 @@
 // here, off the page's thread. Messages in: {type: "load", options}, then {type: "predict", id,
 // pixels}, {type: "predictBatch", id, inputs} and {type: "run", id, values, sampleShape}. Messages out: {type: "status", text},
 // {type: "progress", progress} while loading, then {type: "ready", info, backend, backendName,
-// backendNote, timings, timeOrigin} or {type: "error", message}; each call is answered by {type: "result", id,
+// backendNote, wasmThreads, timings, timeOrigin} or {type: "error", message}; each call is answered by {type: "result", id,
 // result} or {type: "failed", id, message}.
 import { Cinders } from "./cinders.js";
 
@@ -18,7 +18,8 @@ async function load(options) {
       onProgress: (progress) => post({ type: "progress", progress }),
     });
     post({ type: "ready", info: model.info, backend: model.backend, backendName: model.backendName,
-           backendNote: model.backendNote, timings: model.timings, timeOrigin: performance.timeOrigin });
+           backendNote: model.backendNote, wasmThreads: model.wasmThreads, timings: model.timings,
+           timeOrigin: performance.timeOrigin });
   } catch (error) {
     post({ type: "error", message: messageOf(error) });
   }

@@ -14,12 +14,17 @@
 // cinders.wgpu.browser, else WebAssembly SIMD kernels through cinders.wasm, else Python), reads the record with cinders' own loader and rebuilds the
 // model class the record names.
 
+import { importedMemoryPages, startThreaded, threadCount } from "./kernel_threads.mjs";
+
 const HERE = new URL(".", import.meta.url);                     // .../wasm/
 const DEFAULTS = {
   pyodideURL: new URL("../node_modules/pyodide/", HERE).href,   // or a CDN folder, for users online
   wheelManifest: new URL("../wheels/cinders-wheel.json", HERE).href,
   backend: "auto",               // "auto" (WebGPU, else WebAssembly SIMD, else Python) | "webgpu" | "wasm" | "python"
   kernelsURL: new URL("../wasm-kernels/cinders-kernels.wasm", HERE).href,  // cn.Wasm()'s module
+  threadedKernelsURL: new URL("../wasm-kernels/cinders-kernels-threads.wasm", HERE).href,  // its threaded build
+  threads: null,      // cn.Wasm()'s threads where the page is cross-origin isolated: null = the
+                      // cores, at most 4; 1 = the single-threaded module (kernel_threads.mjs)
   fusion: false,      // WebGPU through cn.Fusion: elementwise chains become one kernel
   snapshot: true,     // start from the server's Pyodide memory snapshot when it has one: a fast
                       // start, but no JSPI (t.tolist() cannot block; await t.to_data_async())
@@ -33,7 +38,7 @@ const DEFAULTS = {
 
 // Options that name files: a worker resolves relative URLs against its own script, so they are
 // made absolute against the page first.
-const URL_OPTIONS = ["model", "modelSource", "pyodideURL", "wheelManifest", "kernelsURL"];
+const URL_OPTIONS = ["model", "modelSource", "pyodideURL", "wheelManifest", "kernelsURL", "threadedKernelsURL"];
 
 // The steps of a load, in order (onStatus texts; onProgress's step counts them).
 export const LOAD_STEPS = ["loading Pyodide", "installing cinders", "starting the backend", "loading the model"];
@@ -160,15 +165,62 @@ export async function startPyodide(options) {
   return { pyodide, timings };
 }
 
+// cn.Wasm()'s kernels: the threaded build on options.threads threads (kernel_threads.mjs: this
+// thread and threads - 1 Web Workers on one shared memory) where the page may share memory
+// (cross-origin isolated: `cinders serve` and export-web send COOP/COEP), else the single-threaded
+// module. The module downloads and compiles at once (while Pyodide starts); the instance and the
+// workers start on the first `await` (a page that runs on WebGPU starts none). Awaiting gives
+// {instance, memory, threads, note}. A pool on the page's own thread (?worker=0) works too: there
+// the calling thread spins for the workers' last items instead of blocking.
+function wasmKernels(options) {
+  const threads = threadCount(options.threads, navigator.hardwareConcurrency);
+  const threaded = threads > 1 && globalThis.crossOriginIsolated;
+  const single = () => WebAssembly.compileStreaming(fetchOk(options.kernelsURL, "cn.Wasm()'s kernels"));
+  const compiled = threaded
+    ? fetchOk(options.threadedKernelsURL, "the threaded kernels").then((r) => r.arrayBuffer())
+      .then(async (bytes) => ({ bytes, module: await WebAssembly.compile(bytes) }))
+    : single();
+  compiled.catch(() => {});  // reported (or fallen back from) where it is awaited
+  let note = threads > 1 ? "single-threaded build (the page is not cross-origin isolated: no shared memory)"
+    : "single-threaded build (threads: 1)";
+  const startThreads = async () => {
+    const { bytes, module } = await compiled;
+    const script = new URL("./cinders-kernel-thread.js", import.meta.url);
+    const spawn = (data) => {
+      const worker = new Worker(script, { type: "module" });
+      worker.postMessage(data);
+      return worker;
+    };
+    // (Atomics.wait blocks in a worker; on the page's main thread it is not allowed)
+    const inWorker = typeof WorkerGlobalScope !== "undefined" && self instanceof WorkerGlobalScope;
+    return startThreaded(module, importedMemoryPages(bytes), threads, spawn, inWorker);
+  };
+  const start = async () => {
+    if (threaded) {
+      try {
+        const started = await startThreads();
+        console.info(`cinders: cn.Wasm() runs its threaded build on ${threads} threads`);
+        return { ...started, note: `threaded build on ${threads} threads` };
+      } catch (error) {
+        note = `single-threaded build (the threaded one failed: ${error.message || error})`;
+        console.warn("cinders:", note);
+      }
+    }
+    const instance = await WebAssembly.instantiate(await (threaded ? single() : compiled), {});
+    console.info(`cinders: cn.Wasm() runs its ${note}`);
+    return { instance, memory: instance.exports.memory, threads: 1, note };
+  };
+  let started = null;
+  return { then(resolve, reject) { started = started || start(); return started.then(resolve, reject); } };
+}
+
 async function startRuntime(options) {
   // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
   const status = options.status || options.onStatus || (() => {});
   const t0 = now();
   // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
   // backend skips it.
-  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
-    : WebAssembly.compileStreaming(fetch(options.kernelsURL));
-  if (kernels) kernels.catch(() => {});  // reported (and fallen back from) where Python awaits it
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null : wasmKernels(options);
   const { pyodide, timings } = await startPyodide({
     pyodideURL: options.pyodideURL, wheelManifest: options.wheelManifest, snapshot: options.snapshot,
     packages: options.packages, status });
@@ -181,7 +233,11 @@ async function startRuntime(options) {
   const chosen = (await bridge.init(options.backend, options.fusion, kernels || options.kernelsURL)).toJs({ dict_converter: Object.fromEntries });
   timings.backend_ms = now() - t2;
   timings.runtime_ms = now() - t0;
-  return { pyodide, bridge, backend: chosen.backend, backendName: chosen.name, backendNote: chosen.note, timings };
+  // cn.Wasm()'s threads (cn.Wasm().threads in Python); 0 on another backend
+  const wasmThreads = chosen.backend === "wasm" ? (await kernels).threads : 0;
+  timings.wasm_threads = wasmThreads;
+  return { pyodide, bridge, backend: chosen.backend, backendName: chosen.name, backendNote: chosen.note,
+           wasmThreads, timings };
 }
 
 // One image's answer from its logits (float32, as Python hands them over or a Replay reads
@@ -250,6 +306,7 @@ class Model {
     this.backend = runtime.backend;   // "webgpu" | "wasm" | "cpu"
     this.backendName = runtime.backendName;
     this.backendNote = runtime.backendNote;
+    this.wasmThreads = runtime.wasmThreads;   // cn.Wasm()'s threads (1: single-threaded), 0 elsewhere
     this.timings = timings;
     const slot = runtime.backend === "wasm" ? predictor.replay_slot() : null;
     this.replay = slot ? new Replay(slot) : null;   // cn.Wasm(): the page's own replays
@@ -297,6 +354,7 @@ class WorkerModel {
     this.backend = loaded.backend;
     this.backendName = loaded.backendName;
     this.backendNote = loaded.backendNote;
+    this.wasmThreads = loaded.wasmThreads;
     this.timings = loaded.timings;
     this.pending = new Map();
     this.nextId = 0;

@@ -18,7 +18,7 @@ __all__ = ["Wasm", "load"]
 
 async def load(source=None):
     """Pyodide: fetch and instantiate the kernels (once per page) so that cn.Wasm() can run.
-    source: the module's URL (default: the demo server's), or a JS promise of the compiled
-    WebAssembly.Module."""
+    source: the module's URL (default: the demo server's), or a JS thenable of the kernels
+    wasm/cinders.js prepared ({instance, memory, threads}: the threaded build where it could)."""
     from . import engine_browser
     return await engine_browser.load(source or engine_browser.DEFAULT_URL)

@@ -265,6 +265,12 @@ class Wasm(Backend):
         self._profiles = 0  # cn.profile blocks open on this backend (profile_start)
 
     @property
+    def threads(self):
+        """How many threads the kernels run on: 1, or the threaded build's pool where the page
+        could start one (engine_browser.py; engines.NodeEngine(threads=n) on the desktop)."""
+        return self.engine.threads
+
+    @property
     def shares_constants(self):
         """Not while cn.capture records this thread: a scalar the tensor layer caches would be
         filled in one recording and found in the next, and a changed Python number would be

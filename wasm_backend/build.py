@@ -36,6 +36,20 @@ NATIVE_FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fPIC", "-shared", "
                 "-Wno-unknown-pragmas"]
 WASM_OPT_FLAGS = ["-O3", "--enable-simd", "--enable-bulk-memory", "--enable-nontrapping-float-to-int",
                   "--enable-sign-ext"]
+# The threaded build of the same source (runtime.h parallel_for), for pages that may share memory
+# (cross-origin isolated): atomics, its memory imported and shared with the pool's workers
+# (each a Web Worker or a Node worker thread instantiating this module on it), growable to
+# wasm32's 4 GiB (a shared memory must declare a maximum), and __stack_pointer exported so that
+# each worker runs on its own stack (runtime.h pool_stack_top). Debian's wasi-libc has no
+# threads sysroot; its libc.a links into a shared memory all the same, and no code a worker runs
+# calls into it (the tasks are matmul and convolution loops).
+THREADS_MAX = 8   # runtime.h POOL_THREADS: the calling thread and up to 7 workers
+THREADED_FLAGS = {
+    "clang": ["-matomics", "-mmutable-globals", "-DPOOL_THREADS=%d" % THREADS_MAX],
+    "wasm-ld": ["--shared-memory", "--import-memory", "--max-memory=%d" % (65536 * 65536),
+                "--export=__stack_pointer"],
+    "wasm-opt": ["--enable-threads", "--enable-mutable-globals"],
+}
 
 
 class WasmBuildError(RuntimeError):
@@ -47,9 +61,14 @@ def c_source():
         return kernels.source(f.read())
 
 
-def _source_hash(source):
+def _flags(tool, threaded):
+    own = {"clang": CLANG_FLAGS, "wasm-ld": LINK_FLAGS, "wasm-opt": WASM_OPT_FLAGS}[tool]
+    return own + (THREADED_FLAGS[tool] if threaded else [])
+
+
+def _source_hash(source, threaded=False):
     digest = hashlib.sha256(source.encode())
-    digest.update(" ".join(CLANG_FLAGS + LINK_FLAGS + WASM_OPT_FLAGS).encode())
+    digest.update(" ".join(sum((_flags(t, threaded) for t in ("clang", "wasm-ld", "wasm-opt")), [])).encode())
     return digest.hexdigest()[:16]
 
 
@@ -100,31 +119,42 @@ def module_dir():
 
 
 SERVED_NAME = "cinders-kernels.wasm"   # the name pages ask for at /wasm-kernels/
+THREADED_SERVED_NAME = "cinders-kernels-threads.wasm"   # ... and the threaded build's
 STALE_AFTER_S = 24 * 3600               # other sources' builds older than this are removed
 
 
-def module_path(build=True):
-    """Path of the built module for the current source; builds it first when missing."""
+def module_path(build=True, threaded=False):
+    """Path of the built module for the current source (threaded: its threaded build); builds
+    it first when missing."""
     source = c_source()
-    path = os.path.join(module_dir(), "cinders-kernels-%s.wasm" % _source_hash(source))
+    path = os.path.join(module_dir(), "cinders-kernels-%s%s.wasm"
+                        % ("threads-" if threaded else "", _source_hash(source, threaded)))
     if not os.path.exists(path):
         if not build:
             raise FileNotFoundError("cn.Wasm()'s module is not built: run `python -m cinders.wasm.build`")
-        _build(source, path)
+        _build(source, path, threaded)
     return path
 
 
 def served_dir(build=True):
-    """The folder the demo server serves at /wasm-kernels/: this source's module as SERVED_NAME,
-    in a folder of its own per source, so checkouts of other versions sharing the cache (or
-    running at the same time) each serve the module their pages' command ids were made for."""
-    path = module_path(build)
-    folder = os.path.join(module_dir(), "served-" + os.path.basename(path)[len("cinders-kernels-"):-len(".wasm")])
-    served = os.path.join(folder, SERVED_NAME)
+    """The folder the demo server serves at /wasm-kernels/: this source's module as SERVED_NAME
+    and its threaded build as THREADED_SERVED_NAME, in a folder of its own per source, so
+    checkouts of other versions sharing the cache (or running at the same time) each serve the
+    modules their pages' command ids were made for."""
+    modules = {SERVED_NAME: module_path(build)}
+    folder = os.path.join(module_dir(), "served-" + os.path.basename(modules[SERVED_NAME])[len("cinders-kernels-"):-len(".wasm")])
+    served = os.path.join(folder, THREADED_SERVED_NAME)
     if not os.path.exists(served):
-        os.makedirs(folder, exist_ok=True)
-        shutil.copyfile(path, served + ".%d.tmp" % os.getpid())
-        os.replace(served + ".%d.tmp" % os.getpid(), served)
+        try:
+            modules[THREADED_SERVED_NAME] = module_path(build, threaded=True)
+        except WasmBuildError as e:   # the pages then run the single-threaded module
+            print("cinders: cn.Wasm()'s threaded build failed, pages run one thread: %s" % e, file=sys.stderr)
+    for name, path in modules.items():
+        served = os.path.join(folder, name)
+        if not os.path.exists(served):
+            os.makedirs(folder, exist_ok=True)
+            shutil.copyfile(path, served + ".%d.tmp" % os.getpid())
+            os.replace(served + ".%d.tmp" % os.getpid(), served)
     return folder
 
 
@@ -136,19 +166,19 @@ def _tool(name):
     return found
 
 
-def _build(source, path):
-    print("cinders: building the WebAssembly kernels (clang -msimd128) into %s" % path,
-          file=sys.stderr, flush=True)
+def _build(source, path, threaded):
+    print("cinders: building the %sWebAssembly kernels (clang -msimd128) into %s"
+          % ("threaded " if threaded else "", path), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         c_file, obj, raw = (os.path.join(tmp, name) for name in ("kernels.c", "kernels.o", "raw.wasm"))
         with open(c_file, "w") as f:
             f.write(source)
-        _run([_tool("clang")] + CLANG_FLAGS + ["-o", obj, c_file], "clang")
+        _run([_tool("clang")] + _flags("clang", threaded) + ["-o", obj, c_file], "clang")
         if not os.path.exists(LIBC):
             raise WasmBuildError("%s is missing: apt-get install wasi-libc (scripts/setup.sh)" % LIBC)
-        _run([_tool("wasm-ld")] + LINK_FLAGS + [obj, LIBC, "-o", raw], "wasm-ld")
+        _run([_tool("wasm-ld")] + _flags("wasm-ld", threaded) + [obj, LIBC, "-o", raw], "wasm-ld")
         optimised = os.path.join(tmp, "opt.wasm")
-        _run([_tool("wasm-opt")] + WASM_OPT_FLAGS + [raw, "-o", optimised], "wasm-opt")
+        _run([_tool("wasm-opt")] + _flags("wasm-opt", threaded) + [raw, "-o", optimised], "wasm-opt")
         _remove_stale(os.path.dirname(path))
         tmp_out = path + ".tmp"
         shutil.copyfile(optimised, tmp_out)
@@ -171,7 +201,7 @@ def _remove_stale(folder):
 
 def main():
     from .engines import native_compiler
-    paths = [module_path()] + ([native_library_path()] if native_compiler() else [])
+    paths = [module_path(), module_path(threaded=True)] + ([native_library_path()] if native_compiler() else [])
     for path in paths:
         print("%s %d bytes" % (path, os.path.getsize(path)))
 

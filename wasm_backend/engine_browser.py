@@ -2,7 +2,12 @@
 
     from cinders.wasm import engine_browser
     await engine_browser.load()            # fetch + instantiate (the demo server's copy by default)
-    backend = cn.Wasm()
+    backend = cn.Wasm()                    # backend.threads: 1, or the threaded build's pool
+
+wasm/cinders.js prepares the kernels itself (wasmKernels) while Pyodide starts: the threaded
+build on a pool of Web Workers where the page is cross-origin isolated, else the single-threaded
+module; it passes them here, and awaiting them starts them. With the threaded build the memory is a SharedArrayBuffer
+that the workers' instances share; the copies in and out below are the same.
 
 Tensor bytes cross into the module's memory with one typed-array copy each way
 (`Uint8Array.assign` from a Python buffer, `assign_to` into one); kernel calls are plain JS
@@ -18,10 +23,11 @@ _loaded = None
 
 
 class BrowserEngine:
-    def __init__(self, instance):
+    def __init__(self, instance, memory, threads):
         import js
         self.exports = instance.exports
-        self.memory = self.exports.memory
+        self.memory = memory
+        self.threads = threads
         self.kernels = frozenset(js.Object.keys(self.exports).to_py())
         self._functions = {}
         self._bytes = js.Uint8Array.new(self.memory.buffer)
@@ -56,9 +62,9 @@ class BrowserEngine:
 
 
 async def load(source=DEFAULT_URL):
-    """Instantiate the module once per page; returns the engine. source: the module's URL, or
-    a JS promise of the compiled WebAssembly.Module (wasm/cinders.js compiles it while Pyodide
-    starts)."""
+    """Instantiate the module once per page; returns the engine. source: the single-threaded
+    module's URL, or a JS thenable of the started kernels, {instance, memory, threads}
+    (wasm/cinders.js wasmKernels: the threaded build where the page may share memory)."""
     global _loaded
     if _loaded is None:
         import js
@@ -68,10 +74,11 @@ async def load(source=DEFAULT_URL):
                 raise RuntimeError("cn.Wasm(): cannot fetch the kernels from %s: HTTP %s"
                                    % (source, response.status))
             module = await js.WebAssembly.compile(await response.arrayBuffer())
+            instance = await js.WebAssembly.instantiate(module, js.Object.new())
+            _loaded = BrowserEngine(instance, instance.exports.memory, 1)
         else:
-            module = await source
-        instance = await js.WebAssembly.instantiate(module, js.Object.new())
-        _loaded = BrowserEngine(instance)
+            started = await source
+            _loaded = BrowserEngine(started.instance, started.memory, started.threads)
     return _loaded
 
 

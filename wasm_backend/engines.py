@@ -1,6 +1,7 @@
 """How Python reaches cn.Wasm()'s kernels: the engine interface and the engines.
 
-An engine has `kernels` (the module's export names) and
+An engine has `kernels` (the module's export names), `threads` (how many threads its kernels
+run on: 1, or the threaded build's pool, runtime.h parallel_for) and
     call(name, *ints) -> int | None      run an exported kernel
     write(ptr, data)                     bytes into linear memory
     read(ptr, nbytes) -> bytes
@@ -47,14 +48,19 @@ class NodeEngine:
     """The module in `node node_engine.mjs`, one JSON line per request over stdio. Writes do not
     wait for an answer, so each kernel call costs one round trip."""
 
-    def __init__(self, module_path=None):
+    def __init__(self, module_path=None, threads=None):
+        """threads: run the threaded build on that many threads (worker threads of the Node
+        process, wasm/kernel_threads.mjs); None: the single-threaded module."""
         from . import build
-        path = module_path or build.module_path()
+        from ..assets import REPO_ROOT
+        path = module_path or build.module_path(threaded=threads is not None)
         node = shutil.which("node")
         if node is None:
             raise WasmEngineError("cn.Wasm() on the desktop runs its kernels in Node: install Node.js 20")
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_engine.mjs")
-        self.proc = subprocess.Popen([node, script, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        pool = [] if threads is None else [str(threads), os.path.join(REPO_ROOT, "wasm", "kernel_threads.mjs")]
+        self.threads = threads or 1
+        self.proc = subprocess.Popen([node, script, path] + pool, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.kernels = frozenset(self._reply())
         atexit.register(self.close)
 
@@ -113,6 +119,8 @@ class WasmtimeEngine(LinearMemory):
     """The module instantiated in this process by Wasmtime. Reads and writes copy between
     Python bytes and the linear memory directly."""
 
+    threads = 1   # the single-threaded module
+
     def __init__(self, module_path=None):
         import wasmtime
         from . import build
@@ -154,6 +162,7 @@ class NativeEngine(LinearMemory):
     arena's committed pages, heap_base, growth) is kept here, as the module keeps its own."""
 
     HEAP_BASE = 1024      # nothing of the library lives in the arena: the host's heap starts low
+    threads = 1           # (the desktop's onnxruntime comparisons are single-threaded too)
     INITIAL_PAGES = 16
 
     def __init__(self, library_path=None):

@@ -1,5 +1,8 @@
 // cn.Wasm()'s kernels in Node, for a CPython process (engines.NodeEngine) that talks over stdio.
 //   node node_engine.mjs cinders-kernels-<hash>.wasm
+//   node node_engine.mjs cinders-kernels-threads-<hash>.wasm THREADS path/to/wasm/kernel_threads.mjs
+// The second form runs the threaded build on THREADS threads: this one and THREADS - 1 worker
+// threads (each runs this script, parked in the kernels' pool).
 // One JSON request per stdin line:
 //   ["c", name, [int args]]  call an exported kernel    -> reply {"v": result or null}
 //   ["w", ptr, base64]       write bytes at ptr         -> no reply (an error goes with the next)
@@ -7,10 +10,31 @@
 // The first reply lists the module's exports. A failed request replies {"e": message}.
 import fs from "node:fs";
 import readline from "node:readline";
+import { pathToFileURL } from "node:url";
+import { isMainThread, Worker, workerData } from "node:worker_threads";
 
-const module = new WebAssembly.Module(fs.readFileSync(process.argv[2]));
-const { exports } = new WebAssembly.Instance(module, {});
-const memory = exports.memory;
+if (!isMainThread) {
+  (await import(workerData.threadsModule)).runWorker(workerData);
+}
+
+async function instantiate([path, threads, threadsModule]) {
+  const bytes = fs.readFileSync(path);
+  const module = new WebAssembly.Module(bytes);
+  if (threads === undefined) return new WebAssembly.Instance(module, {}).exports;
+  const url = pathToFileURL(threadsModule).href;
+  const { importedMemoryPages, startThreaded } = await import(url);
+  const spawn = (data) => {
+    const worker = new Worker(new URL(import.meta.url), { workerData: { ...data, threadsModule: url } });
+    worker.unref();   // parked for good: the process ends with its stdin
+    return worker;
+  };
+  // (Node's main thread may block in Atomics.wait)
+  const { instance, memory } = await startThreaded(module, importedMemoryPages(bytes), Number(threads), spawn, true);
+  return { ...instance.exports, memory };
+}
+
+const exports = isMainThread ? await instantiate(process.argv.slice(2)) : null;
+const memory = exports && exports.memory;
 let pendingError = null;
 
 function reply(value) {
@@ -34,14 +58,16 @@ function handle([op, a, b]) {
   }
 }
 
-reply(Object.keys(exports));
-readline.createInterface({ input: process.stdin }).on("line", (line) => {
-  let request;
-  try {
-    request = JSON.parse(line);
-    handle(request);
-  } catch (error) {
-    if (request && request[0] === "w") pendingError = String(error);
-    else { pendingError = String(error); reply(null); }
-  }
-});
+if (isMainThread) {
+  reply(Object.keys(exports));
+  readline.createInterface({ input: process.stdin }).on("line", (line) => {
+    let request;
+    try {
+      request = JSON.parse(line);
+      handle(request);
+    } catch (error) {
+      if (request && request[0] === "w") pendingError = String(error);
+      else { pendingError = String(error); reply(null); }
+    }
+  });
+}

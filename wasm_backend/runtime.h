@@ -33,6 +33,116 @@ EXPORT(memory_grow) int memory_grow(int pages) { return __builtin_wasm_memory_gr
 EXPORT(memory_pages) int memory_pages(void) { return __builtin_wasm_memory_size(0); }
 #endif
 
+/* -- threads: parallel_for ------------------------------------------------------------------
+ * parallel_for(fn, args, n, work) runs fn(args, begin, end) over the items [0, n). The threaded
+ * build (build.py: -matomics, memory imported and shared with the pool's workers, POOL_THREADS
+ * defined) hands the items one at a time, from an atomic counter, to the calling thread and to
+ * the workers parked in pool_worker that join in time, when `work` (multiply-adds, say) pays for
+ * waking them; every other build, and small work, runs fn(args, 0, n) in one call. An item is
+ * computed whole by one thread, by the same code as in one call (each output element by one
+ * thread, with the same summation order), so both builds give the same bits. Only the host's
+ * thread calls parallel_for, never a task (a worker waiting on itself would never return). */
+typedef void (*task_fn)(const void *args, int begin, int end);
+#ifdef POOL_THREADS
+#define POOL_STACK 65536   /* each worker's stack (the caller's: -z stack-size) */
+/* below this much work one thread does it all: waking the workers costs microseconds (on a
+ * busy machine far more), a product of 2^17 multiply-adds about 30 us on one core */
+#define PARALLEL_MIN_WORK (1 << 17)
+/* pool.state: the job's tag (its generation, 23 bits) << 8 | POOL_OPEN while workers may join |
+ * the number of workers inside it. A worker joins only an open job of its generation, with one
+ * compare-and-swap, and only joined workers read the job; the caller closes the job once the
+ * items are all taken and waits for those inside. So a worker the machine is slow to wake never
+ * holds the caller up: it finds the job closed (or a later one) and parks again. */
+#define POOL_OPEN 128u
+#define POOL_TAG(g) (((unsigned)(g) & 0x7FFFFFu) << 8)
+static struct {
+    int generation;        /* bumped once per job: the workers wait on it */
+    unsigned state;
+    int next;              /* the next item to take */
+    int items;
+    task_fn fn;
+    const void *args;
+    int joins;             /* times a worker joined a job (a test's evidence of sharing) */
+} pool;
+static int pool_workers;  /* parked in pool_worker */
+static int pool_caller_waits;  /* the host's thread may block (a worker, Node): pool_set_caller_waits */
+#define POOL_SPINS 4096   /* loads the caller spins before it blocks (the last items end soon) */
+static _Alignas(16) u8 pool_stacks[POOL_THREADS - 1][POOL_STACK];
+
+static void pool_take(void) {
+    int i;
+    while ((i = __atomic_fetch_add(&pool.next, 1, __ATOMIC_SEQ_CST)) < pool.items) pool.fn(pool.args, i, i + 1);
+}
+
+/* where worker w (1 .. POOL_THREADS - 1) sets its __stack_pointer before calling pool_worker
+ * (a leaf: it runs on no stack) */
+EXPORT(pool_stack_top) int pool_stack_top(int w) {
+    if (w < 1 || w >= POOL_THREADS) __builtin_trap();
+    return (int)(uintptr_t)(pool_stacks[w - 1] + POOL_STACK);
+}
+
+/* the threads that may share a job: the caller and the workers parked so far */
+EXPORT(pool_threads) int pool_threads(void) { return 1 + __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST); }
+
+/* whether the calling thread may block in memory.atomic.wait: not on a page's main thread
+ * (Pyodide with ?worker=0), where it traps; there the caller spins until the workers are done */
+EXPORT(pool_set_caller_waits) void pool_set_caller_waits(int may) { pool_caller_waits = may; }
+
+/* the jobs shared so far and the workers' joins (a test's evidence that the threads took part) */
+EXPORT(pool_jobs) int pool_jobs(void) { return __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST); }
+EXPORT(pool_joins) int pool_joins(void) { return __atomic_load_n(&pool.joins, __ATOMIC_SEQ_CST); }
+
+/* a worker's whole life: wait for a job, join it if it is still open, take items, leave */
+EXPORT(pool_worker) void pool_worker(void) {
+    __atomic_fetch_add(&pool_workers, 1, __ATOMIC_SEQ_CST);
+    int seen = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST);
+    for (;;) {
+        __builtin_wasm_memory_atomic_wait32(&pool.generation, seen, -1);  /* (at once if changed) */
+        int now = __atomic_load_n(&pool.generation, __ATOMIC_SEQ_CST);
+        if (now == seen) continue;
+        seen = now;
+        unsigned state = __atomic_load_n(&pool.state, __ATOMIC_SEQ_CST);
+        while ((state & ~127u) == (POOL_TAG(seen) | POOL_OPEN)) {
+            if (__atomic_compare_exchange_n(&pool.state, &state, state + 1, 0, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST)) {
+                __atomic_fetch_add(&pool.joins, 1, __ATOMIC_SEQ_CST);
+                pool_take();
+                if (__atomic_sub_fetch(&pool.state, 1u, __ATOMIC_SEQ_CST) == POOL_TAG(seen))
+                    __builtin_wasm_memory_atomic_notify((int *)&pool.state, 1);  /* the last out */
+                break;
+            }
+        }
+    }
+}
+
+/* The caller waits for the workers inside the job (busy with their last item) by spinning a
+ * little, then, where it may, blocking: a worker the machine took off its core gets that core
+ * instead of a spinning caller. */
+static void parallel_for(task_fn fn, const void *args, int n, double work) {
+    int workers = __atomic_load_n(&pool_workers, __ATOMIC_SEQ_CST);
+    if (workers == 0 || n < 2 || work < PARALLEL_MIN_WORK) { fn(args, 0, n); return; }
+    pool.fn = fn;
+    pool.args = args;
+    pool.items = n;
+    __atomic_store_n(&pool.next, 0, __ATOMIC_SEQ_CST);
+    int job = pool.generation + 1;
+    __atomic_store_n(&pool.state, POOL_TAG(job) | POOL_OPEN, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pool.generation, job, __ATOMIC_SEQ_CST);
+    __builtin_wasm_memory_atomic_notify(&pool.generation, (unsigned)workers);
+    pool_take();
+    __atomic_fetch_and(&pool.state, ~POOL_OPEN, __ATOMIC_SEQ_CST);   /* no one joins any more */
+    unsigned state;
+    for (int spins = 0; (state = __atomic_load_n(&pool.state, __ATOMIC_SEQ_CST)) & 127u; spins++)
+        if (pool_caller_waits && spins >= POOL_SPINS)   /* (returns at once if state changed) */
+            __builtin_wasm_memory_atomic_wait32((int *)&pool.state, (int)state, -1);
+}
+#else
+static inline void parallel_for(task_fn fn, const void *args, int n, double work) {
+    (void)work;
+    fn(args, 0, n);
+}
+#endif
+
 static inline float bits_f32(int bits) { union { int i; float f; } u = { bits }; return u.f; }
 
 /* -- scalar helpers named in kernels.py's tables (NumPy's semantics, see core/backend.py) -- */
@@ -424,17 +534,48 @@ static void mm_nt(float *o, const float *a, const float *bt, int M, int K, int N
 
 #endif
 
+/* The threads' share of a product: items are blocks of MM_ROWS rows of each batch's product,
+ * or, for a transposed b with few rows (Linear at batch 1), blocks of MM_COLS columns; a range
+ * of items is one mm_nn/mm_nt call per batch (one call for all of them in one thread). */
+#define MM_ROWS 4   /* mm_nn's tile height */
+#define MM_COLS 16
+typedef struct {
+    float *o;
+    const float *a, *b;
+    int M, K, N, ldo, o_stride, a_stride, b_stride, transposed, by_columns, blocks;
+} mm_job;
+
+static void mm_task(const void *args, int begin, int end) {
+    const mm_job *j = (const mm_job *)args;
+    int step = j->by_columns ? MM_COLS : MM_ROWS, size = j->by_columns ? j->N : j->M;
+    for (int p = begin / j->blocks; p * j->blocks < end; p++) {
+        int from = (begin > p * j->blocks ? begin - p * j->blocks : 0) * step;
+        int to = (end - p * j->blocks) * step;
+        if (to > size) to = size;
+        float *o = j->o + p * j->o_stride;
+        const float *a = j->a + p * j->a_stride, *b = j->b + p * j->b_stride;
+        if (j->by_columns) mm_nt(o + from, a, b + from * j->K, j->M, j->K, to - from, j->ldo);
+        else if (j->transposed) mm_nt(o + from * j->ldo, a + from * j->K, b, to - from, j->K, j->N, j->ldo);
+        else mm_nn(o + from * j->ldo, a + from * j->K, b, to - from, j->K, j->N, j->ldo);
+    }
+}
+
+/* batch products o[p] (M, N), rows ldo apart, o[p] o_stride after o[p - 1]; a, b likewise */
+static void mm_parallel(float *o, const float *a, const float *b, int batch, int M, int K, int N,
+                        int ldo, int o_stride, int a_stride, int b_stride, int transposed) {
+    int by_columns = transposed && M < 2 * MM_ROWS;
+    int blocks = by_columns ? (N + MM_COLS - 1) / MM_COLS : (M + MM_ROWS - 1) / MM_ROWS;
+    if (blocks == 0) return;
+    mm_job job = { o, a, b, M, K, N, ldo, o_stride, a_stride, b_stride, transposed, by_columns, blocks };
+    parallel_for(mm_task, &job, batch * blocks, (double)batch * M * K * N);
+}
+
 /* batched: out (batch, M, N) contiguous; a and b advance by their batch strides (0 when a
  * batch dim broadcasts); transposed_b: b is stored (N, K) */
 EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int batch, int M,
                                    int K, int N, int a_batch_stride, int b_batch_stride,
                                    int transposed_b) {
-    for (int p = 0; p < batch; p++) {
-        float *op = o + p * M * N;
-        const float *ap = a + p * a_batch_stride, *bp = b + p * b_batch_stride;
-        if (transposed_b) mm_nt(op, ap, bp, M, K, N, N);
-        else mm_nn(op, ap, bp, M, K, N, N);
-    }
+    mm_parallel(o, a, b, batch, M, K, N, N, M * N, a_batch_stride, b_batch_stride, transposed_b);
 }
 
 /* C (M, N) = A (M, K) @ dequantize(B), B's values read from 8-bit or packed 4-bit storage
@@ -884,14 +1025,15 @@ EXPORT(conv2d_f32) void conv2d_f32(float *o, const float *x, const float *w, con
             int pointwise = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 &&
                             OH == H && OW == W;  /* the image is its own column matrix */
             for (int grp = 0; grp < groups; grp++)
-                if (pointwise)
-                    mm_nn(out + grp * og * L, w + grp * og * K, x + (n * C + grp * cg) * L, og, K,
-                          L, L);
+                if (pointwise)   /* (the output channels shared among the threads) */
+                    mm_parallel(out + grp * og * L, w + grp * og * K, x + (n * C + grp * cg) * L,
+                                1, og, K, L, L, 0, 0, 0, 0);
                 else for (int p0 = 0; p0 < L; p0 += panel) {
                     int pn = L - p0 < panel ? L - p0 : panel;
                     conv_panel(scratch, x + (n * C + grp * cg) * H * W, p0, pn, cg, H, W, kh, kw,
                                sh, sw, pt, pl, dh, dw, OW);
-                    mm_nn(out + grp * og * L + p0, w + grp * og * K, scratch, og, K, pn, L);
+                    mm_parallel(out + grp * og * L + p0, w + grp * og * K, scratch, 1, og, K, pn,
+                                L, 0, 0, 0, 0);
                 }
         }
         for (int oc = 0; oc < O; oc++) {

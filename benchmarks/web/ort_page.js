@@ -1,6 +1,6 @@
 // The anchor pages' ONNX Runtime Web, loaded once here: ?ep=wasm (ort.wasm.min.js) | webgpu
-// (ort.webgpu.min.js) from the local npm package, single-threaded (the pages are not
-// cross-origin isolated: ORT would fall back to one thread anyway). withOrt(setup) runs
+// (ort.webgpu.min.js) from the local npm package, single-threaded unless ?threads=n (the demo
+// server's pages are cross-origin isolated, so ORT may start its workers). withOrt(setup) runs
 // `await setup(params, ep)` once `ort` exists and shows "ready", or the error, in #status.
 function withOrt(setup) {
   const params = new URLSearchParams(location.search);
@@ -12,7 +12,7 @@ function withOrt(setup) {
   script.onload = async () => {
     try {
       ort.env.wasm.wasmPaths = dist;
-      ort.env.wasm.numThreads = 1;
+      ort.env.wasm.numThreads = Number(params.get("threads") || 1);   // ?threads=n: its worker pool
       await setup(params, ep);
       status("ready");
     } catch (error) {

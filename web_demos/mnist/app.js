@@ -2,7 +2,8 @@
 // URL options: ?backend=auto|webgpu|wasm|python (default auto: WebGPU, else WebAssembly SIMD,
 // else Python), ?model=<record url>, ?fusion=1 (WebGPU through cn.Fusion), ?worker=0 (Pyodide on
 // the page's thread instead of a Web Worker: window.cindersDemo.model.runtime.pyodide then exists,
-// for tests and benchmarks that run Python in the page; the page freezes while it loads).
+// for tests and benchmarks that run Python in the page; the page freezes while it loads),
+// ?threads=n (cn.Wasm()'s threads on a cross-origin isolated page; 1: single-threaded).
 // The page itself (drawing, bars, timings, window.cindersDemo) is web_demos/shared/digit_page.js;
 // here the model is loaded. window.cindersDemo adds {model, readyAt} for tests and benchmarks.
 import { Cinders } from "/wasm/cinders.js";
@@ -18,6 +19,7 @@ try {
     backend: params.get("backend") || "auto",
     fusion: params.get("fusion") === "1",
     worker: params.get("worker") !== "0",
+    threads: params.has("threads") ? Number(params.get("threads")) : null,   // cn.Wasm()'s threads
     onStatus: (text) => { document.getElementById("status").textContent = text; },
     onProgress: page.progress,
   });

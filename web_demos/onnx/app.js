@@ -1,7 +1,7 @@
 // The ONNX page: uploaded files (an .onnx, with its external data if it has any) are imported by
 // cinders.onnx inside Pyodide (no onnx package, no server round trip) and run on WebGPU, else
 // cn.Wasm(), else Python, on inputs the visitor can edit; a decoder with a KV cache also generates.
-// URL options: ?backend=auto|webgpu|wasm|python (default auto).
+// URL options: ?backend=auto|webgpu|wasm|python (default auto), ?threads=n (cn.Wasm()'s threads).
 // window.cindersOnnx = {info, result, runtime, generation} for tests; #status says "ready",
 // "importing", "running", "generating", "done" or "error: ...".
 import { Cinders } from "../wasm/cinders.js";
@@ -82,7 +82,8 @@ async function importFiles(onnxWeb, pyodide, files) {
 }
 
 try {
-  const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status });
+  const runtime = await Cinders.runtime({ backend: params.get("backend") || "auto", onStatus: status,
+                                          threads: params.has("threads") ? Number(params.get("threads")) : null });
   api.runtime = runtime;
   showBackend(runtime, params.get("backend"));
   const pyodide = runtime.pyodide;
