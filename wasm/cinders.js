@@ -260,8 +260,9 @@ export function answerOf(logits) {
 // program stale after a weight was replaced, its commands rebound, kernels queued that must
 // run first). Then, and for an input of another length, Python answers as before.
 class Replay {
-  constructor({ exports, block, owner }) {   // Predictor.replay_slot()
+  constructor({ exports, memory, block, owner }) {   // Predictor.replay_slot()
     this.exports = exports;
+    this.memory = memory;
     this.block = block >>> 2;   // in words: owner, commands, count, input, input bytes, output, output bytes
     this.owner = owner;
     this.words = null;
@@ -270,7 +271,7 @@ class Replay {
 
   // The logits for these pixels, or null when no plan of this model holds for them.
   run(pixels) {
-    const buffer = this.exports.memory.buffer;
+    const buffer = this.memory.buffer;
     if (this.words === null || this.words.buffer !== buffer) {   // the memory grew: new views
       this.words = new Uint32Array(buffer);
       this.floats = new Float32Array(buffer);

@@ -199,7 +199,8 @@ class Predictor:
 
     def replay_slot(self):
         """Where the page finds the plan predict_now hands out (wasm/cinders.js Replay), once
-        per model: {exports: the module's, block: the plan block's address (uint32 words:
+        per model: {exports: the module's, memory: its memory (the threaded build imports a shared
+        one, so it is not among the exports), block: the plan block's address (uint32 words:
         owner, commands, count, input, input bytes, output, output bytes), owner: this model's
         number, in the owner word while its plan holds}; None on other backends."""
         if not self.replay_owner:
@@ -207,8 +208,9 @@ class Predictor:
         import js
         from pyodide.ffi import to_js
         block = self.backend.capture_recorder().plan_address()
-        return to_js({"exports": self.backend.engine.exports, "block": block, "owner": self.replay_owner},
-                     dict_converter=js.Object.fromEntries)
+        engine = self.backend.engine
+        return to_js({"exports": engine.exports, "memory": engine.memory, "block": block,
+                      "owner": self.replay_owner}, dict_converter=js.Object.fromEntries)
 
 
 def _basename(url, default):
