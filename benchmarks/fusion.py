@@ -17,11 +17,16 @@ PyTorch is installed (torch.nn.functional.gelu / layer_norm on the same data, CU
     python benchmarks/fusion.py            # 2^24 floats, MNIST batch 64 (a real GPU)
     python benchmarks/fusion.py --small    # 2^16 floats, batch 8, few repeats (lavapipe)
     python benchmarks/fusion.py --only train --batch 2 --steps 40   # host time per step
+    python benchmarks/fusion.py --only train --batch 2 --profile    # ... and where it goes
 """
 
 import argparse
+import collections
+import cProfile
 import json
 import math
+import os
+import pstats
 import statistics
 import time
 
@@ -207,6 +212,10 @@ def mnist_bench(args):
             done = time.perf_counter()
             for series, value in zip(times[key], (host - wall, host_cpu - cpu, done - wall)):
                 series.append(value * 1e3)
+    if args.profile:
+        for (variant, mode), case in cases.items():
+            if mode == "uncaptured":
+                profile_step(variant, case, steps)
     ms = {key: [statistics.median(series) for series in times[key]] for key in cases}
     device = cn.Wgpu().device.name
     for (variant, mode), (host, host_cpu, step_ms) in ms.items():
@@ -221,6 +230,47 @@ def mnist_bench(args):
               "step_speedup": round(unfused[2] / fused[2], 3)})
 
 
+def profile_step(variant, case, steps):
+    """Where an uncaptured step's host time goes (cProfile on this thread's CPU clock, so
+    inflated by the profiler, roughly per call: compare shares, not totals): own time per step
+    by the file's folder (cn.Fusion's graph, the Wgpu runner and launch path, wgpu-py...), then
+    the hottest functions. One JSON line each."""
+    backend, run, submit, x, y = case
+    prof = cProfile.Profile(time.thread_time)
+    for _ in range(steps):
+        backend.synchronize()
+        prof.enable()
+        submit(run(x, y))
+        prof.disable()
+    stats = pstats.Stats(prof).stats
+    folders = collections.Counter()
+    for (path, _, _), (_, _, own, _, _) in stats.items():
+        folders[_folder(path)] += own
+    for folder, own in folders.most_common(10):
+        emit({"bench": "mnist_cnn_train_step_profile", "variant": variant, "folder": folder,
+              "own_ms_per_step": round(own / steps * 1e3, 3)})
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:15]
+    for (path, line, name), (_, calls, own, cum, _) in rows:
+        emit({"bench": "mnist_cnn_train_step_profile", "variant": variant,
+              "function": "%s/%s:%d(%s)" % (_folder(path), os.path.basename(path), line, name),
+              "own_ms_per_step": round(own / steps * 1e3, 3),
+              "cum_ms_per_step": round(cum / steps * 1e3, 3),
+              "calls_per_step": round(calls / steps, 1)})
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _folder(path):
+    """A profiled file's folder in this repository (core/fusion, wgpu_backend, ...), its
+    installed package (wgpu, cffi), or "python" (the standard library, builtins)."""
+    if path.startswith(_ROOT + os.sep):
+        return os.path.dirname(os.path.relpath(path, _ROOT))
+    if "site-packages" + os.sep in path:
+        return path.split("site-packages" + os.sep, 1)[1].split(os.sep)[0]
+    return "python"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="small sizes, few repeats (lavapipe)")
@@ -229,6 +279,8 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--only", choices=("elementwise", "train"), default=None,
                         help="run one part: the elementwise chains, or the training step")
+    parser.add_argument("--profile", action="store_true",
+                        help="also where each uncaptured step's host time goes (cProfile)")
     args = parser.parse_args()
     if args.small:
         args.repeat = min(args.repeat, 3)
