@@ -177,27 +177,32 @@ class Program:
         self.shape, self.axis = shape, axis
         self.leaves, self.consts, self.nodes = [], [], []
         self.exprs = nodes
-        # (a flush builds one per kernel launch: the loop below is kept tight)
-        ref_of = {id(e): ("n", i) for i, e in enumerate(nodes)}  # expr id -> its ref
-        structure = []
+        index = {id(e): i for i, e in enumerate(nodes)}
+        leaf_index, const_index, structure = {}, {}, []
         self.has_reduce = False
         for e in nodes:
             refs = []
             for x in e.inputs:
-                ref = ref_of.get(id(x))
-                if ref is None:  # a constant or a leaf met for the first time
-                    found = self.consts if x.kind == CONST else self.leaves
-                    ref = ref_of[id(x)] = ("c" if x.kind == CONST else "l", len(found))
-                    found.append(x)
-                refs.append(ref)
+                i = index.get(id(x))
+                if i is not None:
+                    refs.append(("n", i))
+                elif x.kind == CONST:
+                    j = const_index.setdefault(id(x), len(self.consts))
+                    if j == len(self.consts):
+                        self.consts.append(x)
+                    refs.append(("c", j))
+                else:
+                    j = leaf_index.setdefault(id(x), len(self.leaves))
+                    if j == len(self.leaves):
+                        self.leaves.append(x)
+                    refs.append(("l", j))
             refs = tuple(refs)
             role = "row" if axis is not None and is_row(e.fshape, frame) else "full"
             op = e.op
             self.nodes.append((op, e.arg, refs, role, e.dtype))
             structure.append((op, e.arg.key if op == "custom" else None, refs, role, e.dtype))
-            if op.startswith("reduce_"):
-                self.has_reduce = True
-        self.outputs = [ref_of[id(e)][1] for e in outputs]
+            self.has_reduce = self.has_reduce or op.startswith("reduce_")
+        self.outputs = [index[id(e)] for e in outputs]
         self.key = (len(shape), axis is not None, tuple(structure),
                     tuple(x.dtype for x in self.consts), tuple(self.outputs))
 
