@@ -29,7 +29,7 @@ from .codegen.packing import binding_type
 
 
 _LAYOUTS = {}  # kernel key -> its ParamLayout (built once per kernel, like its source)
-_SOURCES = {}  # kernel key -> {None or in-place slot: WGSL} of the plans kept by run_op
+_SOURCES = {}  # kernel key -> {None or in-place slot: WGSL} of the plans kept
 _POOL_SOURCES = {}  # kernel key -> WGSL of the pool kernels with a prologue (run_pool)
 MAX_PLANS = 4096
 
@@ -55,9 +55,14 @@ class ProgramRunner:
     def __init__(self, backend, max_buffers=None):
         self.backend = backend
         self.storage_layout = backend.storage_layout  # where storage dtypes sit in words (packing.py)
-        self._plans = {}  # plain op signature -> Plan (run_op)
+        self._plans = {}  # plain op signature (run_op), program_signature (run) -> Plan
         limit = backend.device.limits["max_storage_buffers_per_shader_stage"]
         self.max_buffers = min(limit, max_buffers) if max_buffers else limit
+
+    @property
+    def kept_plans(self):
+        """How many plans are kept (of plain ops and of fused Programs)."""
+        return len(self._plans)
 
     @staticmethod
     def binding_key(h):
@@ -65,9 +70,17 @@ class ProgramRunner:
 
     def run(self, program, out=None):
         """Launch `program`; returns [handle per output]. out: destination views, one per
-        output, to write into instead of new buffers (copies into a region of a cat or pad)."""
-        plan = self._plan(program, out)
-        return self._execute(plan, [e.value for e in program.leaves], out)
+        output, to write into instead of new buffers (copies into a region of a cat or pad).
+        Its plan is kept per `program_signature` (a training step flushes the same groups over
+        the same shapes every step); later calls patch the leaves' offsets and the constants'
+        values into the parameter block."""
+        leaves = [e.value for e in program.leaves]
+        signature = program_signature(program, leaves, out)
+        plan = self._plans.get(signature)
+        if plan is None:
+            plan = self._plan(program, out)
+            self._keep(signature, plan)
+        return self._execute(plan, leaves, out, [bits(c.arg, c.dtype) for c in program.consts])
 
     def run_op(self, op, arg, handles, shape, dtype, frame=None, out=None):
         """A plain op of the backend (see `one_node`), launched like `run(one_node(...))`. Its
@@ -81,13 +94,15 @@ class ProgramRunner:
                      out and tuple((o.shape, o.strides, o.offset % 4) for o in out))
         plan = self._plans.get(signature)
         if plan is None:
-            program = one_node(op, arg, handles, shape, dtype, frame)
-            plan = self._plan(program, out)
-            plan.keep_sources()
-            if len(self._plans) >= MAX_PLANS:  # many shapes (varying inputs): start afresh
-                self._plans.clear()
-            self._plans[signature] = plan
+            plan = self._plan(one_node(op, arg, handles, shape, dtype, frame), out)
+            self._keep(signature, plan)
         return self._execute(plan, handles, out)
+
+    def _keep(self, signature, plan):
+        plan.keep_sources()
+        if len(self._plans) >= MAX_PLANS:  # many shapes (varying inputs): start afresh
+            self._plans.clear()
+        self._plans[signature] = plan
 
     def _plan(self, program, out):
         """How to launch `program` (a Plan; its key is None where nothing is to compute)."""
@@ -96,7 +111,7 @@ class ProgramRunner:
         items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
         specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         if items == 0:
-            return Plan(None, None, None, (), None, None, specs, (), program.name, ())
+            return Plan(None, None, None, (), None, None, specs, (), program.name, (), None)
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
         slots, binding_of, slot_leaf = {}, [], []
@@ -170,17 +185,22 @@ class ProgramRunner:
             build = lambda inplace=None: rows_wgsl(  # noqa: E731
                 program, binding_of, slot_types, storage_layout, threads)
             out_fields = []
-        # Where the per-call values (the offsets of leaves and destinations) sit in P.
+        # Where the per-call values (the offsets of leaves and destinations, the constants) sit
+        # in P.
         offsets = [(layout.position("l%d_off" % j), j, width) for j in range(len(views))]
         out_offsets = [(layout.position(name), j, w) for name, j, w in out_fields]
+        consts_at = layout.array_position("consts") if consts else None
         return Plan(key, build, layout.pack(**values), offsets, groups, slot_leaf, specs,
-                    donors, program.name, out_offsets)
+                    donors, program.name, out_offsets, consts_at)
 
-    def _execute(self, plan, leaf_handles, out):
+    def _execute(self, plan, leaf_handles, out, consts=()):
+        """Launch a plan over these leaves (and destinations), with these constants' words."""
         backend = self.backend
         if plan.key is None:
             return out or [backend.empty(s, dt) for s, dt in plan.specs]
         params = list(plan.params)
+        if consts:
+            params[plan.consts_at:plan.consts_at + len(consts)] = consts
         for position, j, width in plan.offsets:
             params[position] = leaf_handles[j].offset // width
         for position, j, width in plan.out_offsets:
@@ -295,18 +315,34 @@ class ProgramRunner:
         return vshape, strides, h.offset
 
 
+def program_signature(program, leaves, out):
+    """Everything `ProgramRunner._plan` reads of a Program, but the values patched per call (the
+    leaves' offsets, the constants' values): its structure (Program.key: ops, wiring, roles,
+    dtypes, constants' dtypes, outputs), the frame, the outputs' public shapes (a row kept or
+    squeezed), each leaf's dtype, shape and view (strides, alignment, whether at offset 0; a
+    leaf has its handle's shape and dtype), which leaves share a buffer, and the destination
+    views. Equal signatures, equal plans (tests/test_fusion_plans.py)."""
+    return (program.key, program.shape, program.axis,
+            tuple(program.exprs[o].shape for o in program.outputs),
+            tuple((h.dtype, h.shape, h.strides, h.offset % 4, h.offset == 0) for h in leaves),
+            tuple(next(k for k, g in enumerate(leaves) if g.storage is h.storage)
+                  for h in leaves) if len(leaves) > 1 else (),
+            out and tuple((o.shape, o.strides, o.offset % 4) for o in out))
+
+
 class Plan:
     """How to launch a Program: its kernel key and source builder, the parameter block with the
-    positions of the per-call offsets, grid, bindings (the leaf bound in each slot), outputs."""
+    positions of the per-call offsets (and of the constants, `consts_at`), grid, bindings (the
+    leaf bound in each slot), outputs."""
 
     __slots__ = ("key", "build", "params", "offsets", "groups", "slot_leaf", "specs", "donors",
-                 "name", "out_offsets")
+                 "name", "out_offsets", "consts_at")
 
     def __init__(self, key, build, params, offsets, groups, slot_leaf, specs, donors, name,
-                 out_offsets):
+                 out_offsets, consts_at):
         self.key, self.build, self.params, self.offsets = key, build, params, offsets
         self.groups, self.slot_leaf, self.specs, self.donors = groups, slot_leaf, specs, donors
-        self.name, self.out_offsets = name, out_offsets
+        self.name, self.out_offsets, self.consts_at = name, out_offsets, consts_at
 
     def keep_sources(self):
         """Let the plan outlive its Program, whose leaves hold the first call's buffers: the

@@ -223,20 +223,24 @@ class Fusion(Backend):
 
     def _record(self, op, arg, handles, shape, dtype, frame=None):
         """A pending expr of `op` over the exprs of `handles` (public output shape `shape`)."""
-        inputs = tuple(h.expr for h in handles)
+        inputs = tuple([h.expr for h in handles])
         pending = [e for e in inputs if e.kind == PENDING]
         if frame is None:  # elementwise: join the frame of a pending input that can host it
             frame = next((e.frame for e in pending if e.frame[1] is not None
-                          and fits_frame(e.frame, shape)), (shape, None))
+                          and fits_frame(e.frame, shape)), (shape, None)) if pending else (shape, None)
         if pending:
+            computed = False
             for e in pending:
                 if e.frame != frame and not self._joins(e, frame):
                     self._compute(e)
-            pending = [e for e in inputs if e.kind == PENDING]
+                    computed = True
+            if computed:
+                pending = [e for e in inputs if e.kind == PENDING]
         # Keep the group within one kernel's limits: compute the biggest pending input first.
         while True:
-            leaves = inputs[0].leaves.union(*(e.leaves for e in inputs[1:]))
-            size = 1 + sum(e.size for e in pending)
+            leaves = inputs[0].leaves if len(inputs) == 1 else \
+                inputs[0].leaves.union(*[e.leaves for e in inputs[1:]])
+            size = 1 + sum([e.size for e in pending])
             if not pending or (len(leaves) < self.compiler.max_buffers and size <= MAX_GROUP_OPS):
                 break
             self._compute(max(pending, key=lambda e: (len(e.leaves), e.size)))

@@ -133,17 +133,17 @@ def plan_split(order, target, limit, binding_key, frame):
     """The longest prefix of `order` that one kernel can compute within `limit` bound buffers,
     and the exprs it must write (the target, live handles, values the rest still reads);
     None when no prefix can write what it must (a broadcast value the rest needs)."""
+    # The common case first: the whole group fits one kernel.
+    keys = {binding_key(x.value) for e in order for x in e.inputs if x.kind == LEAF}
+    outputs = [x for x in order if x is target or alive(x)]
+    if len(keys) + len(outputs) <= limit and all(writable(x, frame) for x in outputs):
+        return len(order), outputs
     position = {id(e): i for i, e in enumerate(order)}
     last_use = {}  # expr id -> index of its last pending user in order
     for i, e in enumerate(order):
         for x in e.inputs:
             if id(x) in position:
                 last_use[id(x)] = i
-    # The common case first: the whole group fits one kernel.
-    keys = {binding_key(x.value) for e in order for x in e.inputs if x.kind == LEAF}
-    outputs = [x for x in order if x is target or alive(x)]
-    if len(keys) + len(outputs) <= limit and all(writable(x, frame) for x in outputs):
-        return len(order), outputs
     best = None
     keys = set()
     for p in range(1, len(order) + 1):

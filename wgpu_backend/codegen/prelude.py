@@ -73,6 +73,13 @@ class ParamLayout:
             raise KeyError("parameter %r is an array" % name)
         return start - (self.size - self.own)
 
+    def array_position(self, name):
+        """Where array field `name`'s first element sits in the packed list."""
+        start, count = self._at[name]
+        if count is None:
+            raise KeyError("parameter %r is a scalar" % name)
+        return start - (self.size - self.own)
+
     def array(self, name):
         """The WGSL expressions of every element of array field `name`."""
         return [self[name, i] for i in range(self._at[name][1])]
