@@ -333,7 +333,7 @@ class Captured:
         entry.program = _Program(base, recorder, recording)
         self.captures += 1
         # The outputs live in the program's workspace, which the next replay overwrites.
-        return entry.program.hand_out(out)
+        return entry.program.hand_out(out, [raw for raw, _, _ in views])
 
     def _call_op_stream(self, base, leaves, tensors, args, kwargs):
         """The same three calls for a backend that records its own op stream and replays it
@@ -552,6 +552,7 @@ class _Program:
         launches = recording.launches
         self.prepared, offsets = recorder.prepare(launches)
         inputs = {id(r): i for i, r in enumerate(recording.inputs)}
+        self.input_count = len(inputs)
         # Launches reading inputs are rebound per replay: (launch index, [(slot, input)]).
         self.rebinds = []
         for i, launch in enumerate(launches):
@@ -567,15 +568,20 @@ class _Program:
                     self.seed_patches.append((offsets[i] + 4, rel))
         self.draws = recording.seeds[1] - recording.seeds[0]
         self.launches = [launch.buffers for launch in launches]
-        self.outputs = [(chain, recorder.buffer(t.handle), t.shape, t.dtype)
-                        for chain, t in recording.outputs]
+        # An output may be an input or a view of one (fn returned x.reshape(...), x[0]): no
+        # kernel writes it, so a replay copies it out of that call's input (its index here),
+        # never out of the recording call's buffer.
+        self.outputs = []
+        for chain, t in recording.outputs:
+            view = recorder.buffer(t.handle)
+            self.outputs.append((chain, view, t.shape, t.dtype, inputs.get(id(view[0]))))
         self.template = None
         self.kernels = len(launches)
         self.host_values = recording.host["values"]
         self.callbacks = recording.host["callbacks"]
         # Everything but the inputs is the program's from now on (workspace and state).
         kept = {id(r): r for buffers in self.launches for r in buffers if id(r) not in inputs}
-        kept.update((id(raw), raw) for _, (raw, _, _), _, _ in self.outputs)
+        kept.update((id(raw), raw) for _, (raw, _, _), _, _, source in self.outputs if source is None)
         kept.update((id(raw), raw) for raw, _, _ in self.host_values)
         recorder.keep(self, list(kept.values()))
         # The program's last reference (this object) keeps the buffers alive, so their ids
@@ -588,19 +594,26 @@ class _Program:
 
     def output_views(self):
         """[(buffer, byte offset, byte size, shape, dtype)] per output: where a replay leaves
-        fn's results, before copying them out."""
-        return [view + (shape, dtype) for _, view, shape, dtype in self.outputs]
+        fn's results, before copying them out; None where an output is read out of an input
+        (it is in another buffer at every call)."""
+        if any(source is not None for *_, source in self.outputs):
+            return None
+        return [view + (shape, dtype) for _, view, shape, dtype, _ in self.outputs]
 
-    def hand_out(self, out):
+    def hand_out(self, out, inputs):
         """The second call's outputs, copied out of the workspace (one submit)."""
         self.template = out
-        fresh, copies = self._fresh_outputs()
+        fresh, copies = self._fresh_outputs(inputs)
         self.recorder.replay(None, {}, [], copies)
         return _rebuild(out, iter(fresh))
 
-    def _fresh_outputs(self):
+    def _fresh_outputs(self, inputs):
+        """New tensors for the outputs, and the copies that fill them: from the workspace, or
+        from this call's input `inputs[source]` where an output is (a view of) an input."""
         base, recorder, fresh, copies = self.base, self.recorder, [], []
-        for chain, (raw, offset, nbytes), shape, dtype in self.outputs:
+        for chain, (raw, offset, nbytes), shape, dtype, source in self.outputs:
+            if source is not None:
+                raw = inputs[source]
             h = recorder.new_output(shape, dtype)
             dst, dst_off, _ = recorder.buffer(h)
             copies.append((raw, offset, dst, dst_off, nbytes))
@@ -627,7 +640,7 @@ class _Program:
                 self.recorder.write_scalar(raw, offset, compute())
             for callback in self.callbacks:
                 callback()
-        fresh, copies = self._fresh_outputs()
+        fresh, copies = self._fresh_outputs(inputs)
         if _PROFILING:
             _profile_event(self.base, {"kind": "replay", "name": name, "kernels": self.kernels})
         self.recorder.replay(self.prepared, rebinds, patches, copies)

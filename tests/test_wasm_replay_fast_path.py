@@ -209,3 +209,22 @@ def test_programs_that_need_python_per_call_are_not_handed_to_a_host():
         pick(index)
     program = pick.replayable()
     assert program is not None and not backend.capture_recorder().standalone(program, [index.handle], OWNER)
+
+
+def test_no_plan_for_a_handle_the_commands_do_not_read_or_an_output_that_is_an_input():
+    """A plan writes the page's input where the program's commands read it: not for a handle
+    its last replay did not bind, nor for a program of two inputs (the second unused), nor where
+    the output is the input itself (no kernel writes it: it is in the caller's buffer each call)."""
+    backend = cn.Wasm()
+    lin, fast = _linear(backend, 4)
+    rng = np.random.default_rng(9)
+    a, b = _x(backend, rng), _x(backend, rng)
+    recorder = backend.capture_recorder()
+    first_only = cn.capture(lambda a, b: lin(a).relu())
+    itself = cn.capture(lambda x: x.reshape(-1))
+    for _ in range(4):
+        fast(a), first_only(a, b), itself(a)
+    assert not recorder.standalone(fast.replayable(), [b.handle], OWNER)
+    assert not recorder.standalone(first_only.replayable(), [a.handle], OWNER)
+    assert not recorder.standalone(itself.replayable(), [a.handle], OWNER)
+    assert recorder.standalone(fast.replayable(), [a.handle], OWNER)   # (the handle it reads)

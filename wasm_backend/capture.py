@@ -269,13 +269,24 @@ class CommandRecorder:
         owner word is `owner` (a nonzero int the caller picks): write the input at its
         address, call run_commands(commands, count), read the output at its address. The
         program and the input are kept alive meanwhile. False (no plan) unless the program
-        has one input and one output and needs no host calls between its commands (gather)."""
+        has one input, bound at `inputs[0]` by its last replay, and one output that a kernel
+        writes, and needs no host calls between its commands (gather)."""
         prepared = program.prepared
         outputs = program.output_views()
-        if prepared.checked or prepared.written is None or len(inputs) != 1 or len(outputs) != 1:
+        if (prepared.checked or prepared.written is None or program.input_count != 1
+                or len(inputs) != 1 or outputs is None or len(outputs) != 1):
             return False
-        self.invalidate()   # one plan at a time
         (h,), (raw, offset, nbytes, _, _) = inputs, outputs[0]
+        # The last replay bound every launch that reads the input (program.rebinds: launch,
+        # [(buffer slot, input)]) in this order, all its buffers (replay's `bound`): the input's
+        # slots must hold `h`, else the commands read the input somewhere else.
+        bound = iter(prepared.bound)
+        for i, pairs in program.rebinds:
+            inputs_at = {slot for slot, _ in pairs}
+            for _, slot, at in prepared.slots[i]:
+                if next(bound, None) != h.ptr + at and slot in inputs_at:
+                    return False
+        self.invalidate()   # one plan at a time
         words = array("I", [owner, prepared.block.ptr, len(prepared.ints), h.ptr, _nbytes(h),
                             raw.ptr + offset, nbytes])
         self.backend.engine.write(self.plan_address(), words.tobytes())

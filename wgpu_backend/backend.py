@@ -218,7 +218,7 @@ class Wgpu(Backend):
         found = self._rt.kernels.get(key)
         if found is None:
             source = build()
-            pipeline, cached = self.device.pipeline(directives(source) + source)
+            pipeline, cached = self.device.pipeline(directives(source, self.storage_layout) + source)
             found = self._rt.kernels[key] = pipeline
             if _PROFILING:
                 _record(self, {"kind": "cache_hit" if cached else "compile", "name": name})

@@ -197,7 +197,8 @@ class DesktopDevice(Device):
         arena = self.device.create_buffer(
             size=max(256, len(params) + max(windows, default=0)),
             usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
-        self.queue.write_buffer(arena, 0, params)
+        if params:   # (a program without kernels, fn returning a view of its input, has none)
+            self.queue.write_buffer(arena, 0, params)
         program = _Program(arena, dispatches, windows)
         program.groups = [self._group_for(d.pipeline, arena, w, d.buffers)
                           for d, w in zip(dispatches, windows)]

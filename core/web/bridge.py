@@ -193,7 +193,8 @@ class Predictor:
         out = float32_to_js(logits.backend.to_flat(logits.handle))
         if self.replay_owner:
             program = self.forward.replayable()
-            if program is not None and all(view[4] is cn.float32 for view in program.output_views()):
+            views = program and program.output_views()
+            if views and all(view[4] is cn.float32 for view in views):
                 self.backend.capture_recorder().standalone(program, [x.handle], self.replay_owner)
         return out
 

@@ -18,7 +18,8 @@ float32 in both layouts, so results do not depend on the adapter), and writes an
 from it. float16 is rounded to nearest even in integer arithmetic (`f16_bits`), not by
 pack2x16float or an f32 -> f16 conversion, whose rounding and overflow WGSL leaves to the
 implementation; in HALF the rounded bits go through unpack2x16float, whose result an f16 holds
-exactly. `binding_type`, `load` and `store`, asked with the device's layout, are the only places
+exactly (infinities and NaN included on the adapters tested: lavapipe; the exact bitcast to
+vec2<f16> is not accepted by this wgpu's shader compiler). `binding_type`, `load` and `store`, asked with the device's layout, are the only places
 that know it; every generator reads and writes buffers through them.
 """
 
@@ -78,9 +79,12 @@ def narrow(dtype, value):
     return _NARROW[dtype.name].format(v=value)
 
 
-def directives(source):
-    """The `enable` directives a kernel source needs in front (f16 bindings in HALF)."""
-    if re.search(r"\bf16\b", source) and not re.search(r"^\s*enable\s+f16\s*;", source, re.M):
+def directives(source, layout):
+    """The `enable` directives a kernel source needs in front: f16 on a HALF device whose
+    source names the type (a packed-layout device may lack the feature: a user kernel that
+    mentions f16 there is compiled as written)."""
+    if layout == HALF and re.search(r"\bf16\b", source) and \
+            not re.search(r"^\s*enable\s+f16\s*;", source, re.M):
         return "enable f16;\n"
     return ""
 
