@@ -484,7 +484,7 @@ class Wasm(Backend):
         "quantized_matmul")."""
         m, k = a.shape
         n = layout.n
-        integer = scale is None
+        integer = scale is None and not q.dtype.is_float   # (a float16 B has no scale)
         out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
         if m * n == 0:
             return out
@@ -503,7 +503,7 @@ class Wasm(Backend):
         scratch = self._new((m * (k + (k & 1)) // 2,), dtypes.int32) if integer else 0
         # (q and zero_point are read from their buffers' starts: the offsets are in params)
         self._run("matmul_quantized", out, a, q.buf.ptr,
-                  0 if integer else scale.ptr + 4 * layout.scale[0],
+                  0 if scale is None else scale.ptr + 4 * layout.scale[0],
                   0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch)
         return out
 

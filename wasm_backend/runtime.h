@@ -441,8 +441,8 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
  * (weights that stay quantized: core/backend.py "quantized_matmul"). p = [M, N, K, block, q_off,
  * q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed, z_code (0 none,
  * 1 int8, 2 uint8, 3 int32), integer]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
- * of q (bits 4: nibbles, low first); its block's scale s[blk * s_sb + n * s_sn] and zero point
- * likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
+ * of q (bits 4: nibbles, low first; bits 16: float16, widened, no scale or zero point); its
+ * block's scale s[blk * s_sb + n * s_sn] and zero point likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
  * float32 (q - zp) * scale, or int32 q - zp when integer: A and C int32, exact wrapping sums)
  * and the panel is multiplied by all of A (float: mm_nn's SIMD tiles), so each weight is
  * dequantized once per call and no more than one panel is ever held in float. */
@@ -476,6 +476,17 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
     int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], bits = p[13];
     int q_signed = p[15], integer = p[17];
     int *ints = (int *)q_panel;
+    if (bits == 16) {   /* float16 B (a half model's weight): widened, no scale or zero point */
+        const uint16_t *h = (const uint16_t *)q + q_off + n0 * q_sn;
+        if (transposed) {   /* (nn, K): B's rows along k, read in order */
+            for (int j = 0; j < nn; j++)
+                for (int k = 0; k < K; k++) q_panel[j * K + k] = f16_to_f32(h[j * q_sn + k * q_sk]);
+        } else {
+            for (int k = 0; k < K; k++)
+                for (int j = 0; j < nn; j++) q_panel[k * nn + j] = f16_to_f32(h[k * q_sk + j * q_sn]);
+        }
+        return;
+    }
     for (int k0 = 0; k0 < K; k0 += block) {
         int k1 = k0 + block < K ? k0 + block : K;
         q_block_params(p, s, z, k0 / block, n0, nn);
