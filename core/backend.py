@@ -169,6 +169,8 @@ elsewhere reads these flags (never hasattr or class names):
                        (C float32, scaled per block) or int32 (scale None: C int32, exact
                        integer sums: MatMulInteger). core/onnx/ops/quantization*.py use it
                        where the backend declares it, and compose the same result elsewhere.
+                       A float16 q (`bits` 16: a half model's weight, core/onnx/ops/linalg.py)
+                       has no scale or zero point (None): C float32 = a @ q widened.
     quantized_conv2d   conv2d_quantized(x, x_param, q, scale, zero_point, bias, stride, padding,
                        dilation, groups) -> (N, O, OH, OW): a 2-D convolution whose products
                        are integers (8-bit values minus their zero points, exact int32 sums):
@@ -447,7 +449,7 @@ def reference_random(n, distribution, seed):
 class QuantizedLayout:
     """Where matmul_quantized finds B's element (k, n) of a (K, N) product: value q_off + k *
     q_sk + n * q_sn of q (`bits` 8: the storage dtype's elements; 4: nibbles of uint8 bytes, low
-    first); its scale and zero point at off + (k // block) * sb + n * sn of their handles
+    first; 16: float16 elements); its scale and zero point at off + (k // block) * sb + n * sn of their handles
     (zero_point None: `zp_default` everywhere; zp_bits 4: nibbles too)."""
 
     __slots__ = ("k", "n", "bits", "block", "q", "scale", "zp", "zp_bits", "zp_default")

@@ -442,7 +442,8 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
  * q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed, z_code (0 none,
  * 1 int8, 2 uint8, 3 int32), integer]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
  * of q (bits 4: nibbles, low first; bits 16: float16, widened, no scale or zero point); its
- * block's scale s[blk * s_sb + n * s_sn] and zero point likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
+ * block's scale s[blk * s_sb + n * s_sn] and zero point likewise. B is dequantized one panel
+ * at a time (all of K by a few columns, Q_PANEL values:
  * float32 (q - zp) * scale, or int32 q - zp when integer: A and C int32, exact wrapping sums)
  * and the panel is multiplied by all of A (float: mm_nn's SIMD tiles), so each weight is
  * dequantized once per call and no more than one panel is ever held in float. */

@@ -20,6 +20,35 @@ _NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.bool
 _FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
 
 
+QUANT_PANEL = 1 << 16   # values of B that matmul_quantized dequantizes at once (256 KB as float32)
+
+
+def _stored(flat, index, bits):
+    """Elements `index` of a flat storage array: values, or nibbles (low first) when bits == 4."""
+    if bits == 4:
+        return (flat[index >> 1] >> ((index & 1) * 4).astype(np.uint8)) & np.uint8(15)
+    return flat[index]
+
+
+def _dequantized(q, scale, zero_point, layout, ks, ns, integer):
+    """B[ks, ns] of matmul_quantized's layout (core/backend.py QuantizedLayout): float32
+    (q - zero point) * scale, int32 q - zero point when integer, a float16 B widened."""
+    values = _stored(q.reshape(-1), layout.q[0] + ks * layout.q[1] + ns * layout.q[2], layout.bits)
+    if q.dtype == np.float16:
+        return values.astype(np.float32)
+    block = ks // (layout.block or max(1, ks.shape[0]))
+    values = values.astype(np.int32)
+    if zero_point is None:
+        values -= np.int32(layout.zp_default)
+    else:
+        values -= _stored(zero_point.reshape(-1), layout.zp[0] + block * layout.zp[1] + ns * layout.zp[2],
+                          layout.zp_bits).astype(np.int32)
+    if integer:
+        return values
+    scales = scale.reshape(-1)[layout.scale[0] + block * layout.scale[1] + ns * layout.scale[2]]
+    return values.astype(np.float32) * scales
+
+
 # erf in float64, rounded once to float32: within 1 float32 ulp of the correctly rounded erf
 # (~0.5% of results are 1 ulp off; math.erf per element costs ~100x more):
 #   |x| < 2:       erf(x) = x * S(x^2)         (every element, by Horner, in place)
@@ -126,6 +155,7 @@ class NumPy(Backend):
 
     name = "numpy"
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
+    quantized_matmul = True  # matmul_quantized: B widened a panel of columns at a time
     recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
     normalization_kernels = True  # softmax, layer_norm (core/backend.py)
 
@@ -202,6 +232,22 @@ class NumPy(Backend):
             # (np.matmul loops over the broadcast batch)
             return np.matmul(a.reshape(-1, a.shape[-1]), b.reshape(b.shape[-2:])).reshape(a.shape[:-1] + b.shape[-1:])
         return np.matmul(a, b)
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout):
+        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"): B's values are read from
+        q and dequantized QUANT_PANEL values (a few columns of all of K) at a time, each panel
+        multiplied by all of a, so no float32 or int32 copy of the whole of B is ever held."""
+        m, k = a.shape
+        n = layout.n
+        integer = scale is None and not q.dtype.kind == "f"   # (a float16 B has no scale)
+        out = np.empty((m, n), np.int32 if integer else np.float32)
+        width = max(1, QUANT_PANEL // max(k, 1))
+        ks = np.arange(k)[:, None]
+        for n0 in range(0, n, width):
+            ns = np.arange(n0, min(n, n0 + width))[None, :]
+            panel = _dequantized(q, scale, zero_point, layout, ks, ns, integer)
+            out[:, n0:n0 + ns.shape[1]] = np.matmul(a, panel)
+        return out
 
     # The optional recurrent primitives (core/backend.py): a step in a few whole-array calls.
     def lstm_cell(self, gates, c):
