@@ -33,7 +33,13 @@ def _stored(flat, index, bits):
 def _dequantized(q, scale, zero_point, layout, ks, ns, integer):
     """B[ks, ns] of matmul_quantized's layout (core/backend.py QuantizedLayout): float32
     (q - zero point) * scale, int32 q - zero point when integer, a float16 B widened."""
-    values = _stored(q.reshape(-1), layout.q[0] + ks * layout.q[1] + ns * layout.q[2], layout.bits)
+    flat = q.reshape(-1)
+    if layout.bits == 4:
+        values = _stored(flat, layout.q[0] + ks * layout.q[1] + ns * layout.q[2], 4)
+    else:   # a strided view of the panel's values (no index arrays), widened below
+        first, (_, sk, sn) = layout.q[0] + int(ns[0, 0]) * layout.q[2], layout.q
+        values = np.lib.stride_tricks.as_strided(flat[first:], (ks.shape[0], ns.shape[1]),
+                                                 (sk * flat.itemsize, sn * flat.itemsize), writeable=False)
     if q.dtype == np.float16:
         return values.astype(np.float32)
     block = ks // (layout.block or max(1, ks.shape[0]))
