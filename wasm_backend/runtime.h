@@ -449,6 +449,10 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
  * dequantized once per call and no more than one panel is ever held in float. */
 #define Q_PANEL 16384
 static float q_panel[Q_PANEL];
+/* a float16 B's panel: 4x the 8-bit one, so that a conv's long K (C * kh * kw, up to 4,608 in
+ * ResNets) still gives mm_nn columns in multiples of 8 */
+#define H_PANEL 65536
+static float h_panel[H_PANEL];
 static int q_zp[Q_PANEL / 8];
 static float q_scale[Q_PANEL / 8];
 
@@ -477,14 +481,15 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
     int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], bits = p[13];
     int q_signed = p[15], integer = p[17];
     int *ints = (int *)q_panel;
-    if (bits == 16) {   /* float16 B (a half model's weight): widened, no scale or zero point */
+    if (bits == 16) {   /* float16 B (a half model's weight): widened into (K, nn) for mm_nn */
         const uint16_t *h = (const uint16_t *)q + q_off + n0 * q_sn;
-        if (transposed) {   /* (nn, K): B's rows along k, read in order */
+        float *panel = h_panel;
+        if (q_sk == 1) {   /* B's k contiguous (conv and Gemm weights stored (N, K)): read in order */
             for (int j = 0; j < nn; j++)
-                for (int k = 0; k < K; k++) q_panel[j * K + k] = f16_to_f32(h[j * q_sn + k * q_sk]);
+                for (int k = 0; k < K; k++) panel[k * nn + j] = f16_to_f32(h[j * q_sn + k]);
         } else {
             for (int k = 0; k < K; k++)
-                for (int j = 0; j < nn; j++) q_panel[k * nn + j] = f16_to_f32(h[k * q_sk + j * q_sn]);
+                for (int j = 0; j < nn; j++) panel[k * nn + j] = f16_to_f32(h[k * q_sk + j * q_sn]);
         }
         return;
     }
@@ -643,6 +648,16 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
         for (int m = 0; m < M; m++) {
             mm_pairs(tail, scratch + m * 2 * K2, (const short *)q_panel, 1, K2, 4, 4);
             for (int j = 0; j < N - N4; j++) ((int *)o)[m * N + N4 + j] = tail[j];
+        }
+        return;
+    }
+    if (p[13] == 16) {   /* float16 B: its own panel, always (K, nn) */
+        int width = (H_PANEL / K) & ~7;
+        if (width < 8) width = H_PANEL / K > 0 ? H_PANEL / K : 1;
+        for (int n0 = 0; n0 < N; n0 += width) {
+            int nn = N - n0 < width ? N - n0 : width;
+            q_fill(p, q, s, z, n0, nn, 0);
+            mm_nn((float *)o + n0, (const float *)a, h_panel, M, K, nn, N);
         }
         return;
     }
