@@ -16,6 +16,7 @@ import pytest
 import cinders as cn
 from cinders.assets import cache_dir
 from cinders.onnx import load
+from cinders.onnx.ops.linalg import half_product
 
 import onnx_models
 
@@ -154,15 +155,19 @@ def test_half_model_matches_onnxruntime_with_half_weights(backend, half_files, n
     assert half >= 0.75, half
 
 
-def _matmul_file(dtype, k=512, n=512):
-    w = np.random.default_rng(5).standard_normal((k, n)).astype(dtype)
-    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+def _matmul_file(w, rows=3):
+    """a (rows, K) @ the constant w, in w's element type (float16 or float32)."""
+    elem = TensorProto.FLOAT16 if w.dtype == np.float16 else TensorProto.FLOAT
     graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("a", elem, (3, k))],
-                              [helper.make_tensor_value_info("y", elem, (3, n))], [numpy_helper.from_array(w, "w")])
+                              [helper.make_tensor_value_info("a", elem, (rows, w.shape[0]))],
+                              [helper.make_tensor_value_info("y", elem, (rows, w.shape[1]))],
+                              [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+WEIGHT = np.random.default_rng(5).standard_normal((512, 512)).astype(np.float32)
 
 
 def _held_bytes(b):
@@ -179,14 +184,14 @@ def test_half_weights_take_half_the_float_bytes(name):
             b.synchronize()
             b.empty_cache()
         before = _held_bytes(b)
-        model = load(_matmul_file(dtype), backend=b)
+        model = load(_matmul_file(WEIGHT.astype(dtype)), backend=b)
         held.append((_held_bytes(b) - before, model))
     (f32, _), (f16, half_model) = held
     assert f32 >= 4 * 512 * 512
     assert 0.5 <= f16 / f32 < 0.51, (f16, f32)
     a = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float16)
     got = half_model(cn.tensor(a, backend=b, dtype=cn.float16)).numpy()
-    expected = _ort(_matmul_file(np.float16), a)
+    expected = _ort(_matmul_file(WEIGHT.astype(np.float16)), a)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), expected.astype(np.float32), rtol=4e-3, atol=0.05)
 
@@ -205,3 +210,20 @@ def test_cast_to_float16_rounds_as_onnx_says(backend):
     np.testing.assert_array_equal(got, _ort(data, x))
     with np.errstate(over="ignore"):   # (70000 rounds to infinity, as intended)
         np.testing.assert_array_equal(got, x.astype(np.float16).astype(np.float32))
+
+
+def test_every_finite_float16_weight_widens_exactly(backend):
+    """Identity @ W for a W holding every finite float16 bit pattern (subnormals included; -0
+    sums to 0 in a product): the kernels' widening of a half weight is exact."""
+    _, b = backend
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    w = bits.view(np.float16)[np.isfinite(bits.view(np.float16))].reshape(248, 256)
+    a = cn.tensor(np.eye(248, dtype=np.float32), backend=b)
+    for transposed in (False, True):   # (K, N) as MatMul reads it, (N, K) as Gemm's transB and Conv
+        weight = cn.tensor(w.T.copy() if transposed else w, backend=b, dtype=cn.float16)
+        got = half_product(a, weight, transposed)
+        assert got.dtype is cn.float32
+        np.testing.assert_array_equal(got.numpy(), w.astype(np.float32))
+    special = np.array([[np.inf, -np.inf, np.nan, 65504.0]], np.float16)
+    got = half_product(cn.tensor([[1.0]], backend=b), cn.tensor(special, backend=b, dtype=cn.float16))
+    np.testing.assert_array_equal(got.numpy(), special.astype(np.float32))
