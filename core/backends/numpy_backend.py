@@ -20,7 +20,7 @@ _NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.bool
 _FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
 
 
-QUANT_PANEL = 1 << 16   # values of B that matmul_quantized dequantizes at once (256 KB as float32)
+QUANT_PANEL = 1 << 18   # values of B that matmul_quantized dequantizes at once (1 MB as float32)
 
 
 def _stored(flat, index, bits):
