@@ -227,3 +227,12 @@ def test_every_finite_float16_weight_widens_exactly(backend):
     special = np.array([[np.inf, -np.inf, np.nan, 65504.0]], np.float16)
     got = half_product(cn.tensor([[1.0]], backend=b), cn.tensor(special, backend=b, dtype=cn.float16))
     np.testing.assert_array_equal(got.numpy(), special.astype(np.float32))
+
+
+def test_half_values_on_a_backend_without_float16_are_refused(half_files):
+    """cn.Autodiff holds no storage dtypes, so it cannot round to float16: a Cast to float16 is
+    refused with a clear error rather than computed unrounded."""
+    b = cn.Autodiff(cn.NumPy())
+    model = load(half_files[("cnn", True)], backend=b)
+    with pytest.raises(cn.CindersError, match="float16"):
+        model(cn.tensor(_input("cnn", False), backend=b))
