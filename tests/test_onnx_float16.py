@@ -212,10 +212,12 @@ def test_cast_to_float16_rounds_as_onnx_says(backend):
         np.testing.assert_array_equal(got, x.astype(np.float16).astype(np.float32))
 
 
-def test_every_finite_float16_weight_widens_exactly(backend):
+@pytest.mark.parametrize("name", list(BACKENDS) + ["wasmtime"])
+def test_every_finite_float16_weight_widens_exactly(name):
     """Identity @ W for a W holding every finite float16 bit pattern (subnormals included; -0
-    sums to 0 in a product): the kernels' widening of a half weight is exact."""
-    _, b = backend
+    sums to 0 in a product): the kernels' widening of a half weight is exact (cn.Wasm's .wasm
+    module in Wasmtime too)."""
+    b = cn.Wasm(engine="wasmtime") if name == "wasmtime" else BACKENDS[name]()
     bits = np.arange(1 << 16, dtype=np.uint16)
     w = bits.view(np.float16)[np.isfinite(bits.view(np.float16))].reshape(248, 256)
     a = cn.tensor(np.eye(248, dtype=np.float32), backend=b)
