@@ -238,3 +238,25 @@ def test_half_values_on_a_backend_without_float16_are_refused(half_files):
     model = load(half_files[("cnn", True)], backend=b)
     with pytest.raises(cn.CindersError, match="float16"):
         model(cn.tensor(_input("cnn", False), backend=b))
+
+
+def test_import_onnx_record_keeps_half_weights_and_runs_on_python(tmp_path, monkeypatch):
+    """`cinders import-onnx` on the default backend (cn.NumPy) writes the half weights as
+    safetensors F16; the written module loads them on cn.Python (no quantized_matmul: widened
+    per call) with NumPy's answer."""
+    import importlib
+    from cinders.onnx import import_onnx
+    path = tmp_path / "half.onnx"
+    w = np.random.default_rng(8).standard_normal((24, 16)).astype(np.float16)
+    path.write_bytes(_matmul_file(w))
+    assert cn.default_backend().name == "numpy"
+    py_path, st_path, _ = import_onnx(str(path), str(tmp_path / "out"), name="half_net")
+    from safetensors.numpy import load_file
+    assert load_file(st_path)["w"].dtype == np.float16
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    module = importlib.import_module("half_net")
+    a = np.random.default_rng(9).standard_normal((3, 24)).astype(np.float16)
+    got = module.Model.load(st_path, backend=cn.Python())(cn.tensor(a, backend=cn.Python(), dtype=cn.float16))
+    expected = load(path.read_bytes(), backend=cn.NumPy())(cn.tensor(a, backend=cn.NumPy(), dtype=cn.float16))
+    assert got.dtype is cn.float16
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())

@@ -8,7 +8,7 @@ from ...functional import conv2d, conv_activation, max_pool2d
 from ...tensor import unfold2d
 from ..proto import OnnxError
 from .base import op
-from .linalg import half_product, half_weight
+from .linalg import half_product, half_weight, widened
 from .shapes import _reverse
 
 
@@ -72,7 +72,7 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
     if group == 1 and half_weight(w, x):
         out = _half_conv(x, w, B, strides, dilations, begins, ends, activation)
         return out.squeeze(2) if nd == 1 else out
-    out = conv2d(x, w, B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
+    out = conv2d(x, widened(w), B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
                  dilation=tuple(dilations), groups=group, activation=activation)
     return out.squeeze(2) if nd == 1 else out
 

@@ -19,6 +19,12 @@ def half_weight(w, a):
         and a.backend.quantized_matmul
 
 
+def widened(w):
+    """A weight as float32: a float16 one that a backend cannot multiply as such (cn.Python
+    running a record that `cinders import-onnx` wrote with float16 weights) is widened per call."""
+    return w.cast(float32) if w.dtype is float16 else w
+
+
 def half_product(a, w, transposed=False):
     """a (..., K) @ W (W^T where transposed) for a float16 weight W (half_weight), read and
     widened inside the backend's matmul_quantized (core/backend.py)."""
@@ -36,7 +42,7 @@ def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     if half_weight(B, a):
         out = half_product(a, B, transB)
     else:
-        out = a @ (B.transpose(0, 1) if transB else B)
+        out = a @ widened(B.transpose(0, 1) if transB else B)
     if alpha != 1.0:
         out = out * alpha
     if C is not None:
@@ -46,7 +52,7 @@ def Gemm(A, B, C=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
 
 @op()
 def MatMul(A, B):
-    return half_product(A, B) if B.ndim == 2 and half_weight(B, A) else A @ B
+    return half_product(A, B) if B.ndim == 2 and half_weight(B, A) else A @ widened(B)
 
 
 @op()
