@@ -550,7 +550,7 @@ class Wgpu(Backend):
         zd = None if zero_point is None else zero_point.dtype
         # whole packed words along B's contiguous axis where its rows start on word boundaries
         pw = quantized_per_word(q.dtype, layout.bits)
-        words = None if q.dtype.is_float else \
+        words = ("kv" if q_sk == 1 else None) if q.dtype.is_float else \
             "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
             "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
         key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
