@@ -9,6 +9,8 @@ random weights; benchmarks/onnx_transformers.py builds and exports it), each as
     q4           onnxruntime MatMul4BitsQuantizer (MatMulNBits, 4-bit blocks of 32)
     cinders_q8   `cinders quantize --mode q8` (DynamicQuantizeMatMul, int8 per-column weights)
     cinders_q4   `cinders quantize --mode q4` (MatMulNBits, block 32)
+    f16          onnxruntime's float16 converter (convert_float_to_float16, keep_io_types: float32
+                 inputs and outputs, float16 weights and activations inside)
 all written offline into .cache/quantized/. Stacks: cn.NumPy(), cn.Wasm() (the desktop engine:
 wasmtime in process), cn.Wgpu(), and onnxruntime's CPU provider (1 thread).
 
@@ -36,6 +38,7 @@ max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
     python benchmarks/quantized.py --tab                    # cn.Wasm() in the tab vs ORT Web (WASM EP)
     python benchmarks/quantized.py --backend wasm,ort --wasm-engine wasmtime   # the tab's .wasm module
+    python benchmarks/quantized.py --backend numpy,wasm,ort --variants f32,f16  # half models
 
 --profile: where cn.Wasm()'s time goes instead, one JSON line per (model, variant):
     {"bench": "quantized_profile", "model", "variant", "device", "launches", "ms" (the kernels'
@@ -68,7 +71,7 @@ import cinders as cn  # noqa: E402
 from cinders.onnx import load  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "quantized")
-VARIANTS = ("f32", "q8_dynamic", "q8_qdq", "q4", "cinders_q8", "cinders_q4")
+VARIANTS = ("f32", "q8_dynamic", "q8_qdq", "q4", "cinders_q8", "cinders_q4", "f16")
 STACKS = ("numpy", "wasm", "wgpu", "ort")
 
 
@@ -115,6 +118,9 @@ def quantized_file(src, variant, feeds):
             elif variant == "q8_qdq":
                 quantize_static(src, dst, _Calibration(feeds), quant_format=QuantFormat.QDQ,
                                 activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+            elif variant == "f16":
+                from onnxruntime.transformers.float16 import convert_float_to_float16
+                onnx.save(convert_float_to_float16(onnx.load(src), keep_io_types=True), dst)
             elif variant == "q4":
                 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
                 q = MatMulNBitsQuantizer(onnx.load(src), block_size=32, is_symmetric=False)

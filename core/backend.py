@@ -172,6 +172,8 @@ elsewhere reads these flags (never hasattr or class names):
                        a_scale (keyword; float32 shape () or None): float32 a is a QDQ
                        activation, integers times a_scale; a backend may sum rint(a / a_scale)
                        exactly in int32 and scale once (cn.Wasm, cn.NumPy), the same C.
+                       A float16 q (`bits` 16: a half model's weight, core/onnx/ops/linalg.py)
+                       has no scale or zero point (None): C float32 = a @ q widened.
     quantized_conv2d   conv2d_quantized(x, x_param, q, scale, zero_point, bias, stride, padding,
                        dilation, groups) -> (N, O, OH, OW): a 2-D convolution whose products
                        are integers (8-bit values minus their zero points, exact int32 sums):
@@ -457,7 +459,7 @@ def reference_random(n, distribution, seed):
 class QuantizedLayout:
     """Where matmul_quantized finds B's element (k, n) of a (K, N) product: value q_off + k *
     q_sk + n * q_sn of q (`bits` 8: the storage dtype's elements; 4: nibbles of uint8 bytes, low
-    first); its scale and zero point at off + (k // block) * sb + n * sn of their handles
+    first; 16: float16 elements); its scale and zero point at off + (k // block) * sb + n * sn of their handles
     (zero_point None: `zp_default` everywhere; zp_bits 4: nibbles too)."""
 
     __slots__ = ("k", "n", "bits", "block", "q", "scale", "zp", "zp_bits", "zp_default")

@@ -184,6 +184,11 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation, groups, activat
     out = (w @ cols).reshape(n, o, oh, ow)
     if bias is not None:
         out = out + bias.reshape(1, o, 1, 1)
+    return conv_activation(out, activation)
+
+
+def conv_activation(out, activation):
+    """A convolution's result after its activation (None, "relu" or "relu6": CONV_ACTIVATIONS)."""
     if activation is None:
         return out
     out = relu(out)

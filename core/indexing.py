@@ -102,8 +102,8 @@ def setitem(x, key, value):
         x._same_device("setitem", value)
         if value.dtype is not x.dtype:
             value = value.cast(x.dtype)
-    elif isinstance(value, (bool, int, float)):
-        value = full((), value, backend=x.backend, dtype=x.dtype)
+    elif isinstance(value, (bool, int, float)):   # (a storage dtype's value: narrowed at the end)
+        value = full((), value, backend=x.backend, dtype=x.dtype.compute)
     else:
         value = tensor(value, backend=x.backend, dtype=x.dtype)
     if value.shape != positions.shape:
@@ -112,12 +112,13 @@ def setitem(x, key, value):
                              % (value.shape, positions.shape))
         value = value.reshape((1,) * (positions.ndim - value.ndim) + value.shape).expand(positions.shape)
     # scatter_add adds; bools add as ints. `hit` marks the written positions, `where` keeps the rest.
-    work = int32 if x.dtype is bool_ else x.dtype
+    work = int32 if x.dtype is bool_ else x.dtype.compute
     flat, where_to = x.reshape(-1), positions.reshape(-1)
     hit = full(flat.shape, 0, backend=x.backend, dtype=int32).scatter_add(
         0, where_to, full(where_to.shape, 1, backend=x.backend, dtype=int32)) > 0
     placed = full(flat.shape, 0, backend=x.backend, dtype=work).scatter_add(0, where_to, value.reshape(-1).cast(work))
-    new = where(hit, placed.cast(x.dtype), flat).reshape(x.shape)
+    # (where widens a storage dtype: its result is narrowed back to x's)
+    new = where(hit, placed.cast(x.dtype), flat).cast(x.dtype).reshape(x.shape)
     handle = x.backend.assign(x, new)
     capture.retire(x)   # x's old buffer is given up: captured programs reading it record again
     x.handle = handle

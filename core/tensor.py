@@ -894,11 +894,11 @@ def pad(x, pads, value=0):
     check_shape("pad", shape, element_bytes(x.backend))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ArgumentTypeError("pad: value must be a number, got %r" % (value,))
-    if x.dtype is not float32 and (value != value or value in (math.inf, -math.inf)):
+    if not x.dtype.is_float and (value != value or value in (math.inf, -math.inf)):
         raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
     if x.dtype is int32 and not -2147483648 <= value <= 2147483647:
         raise ArgumentError("pad: value %r does not fit int32" % (value,))
-    if x.dtype is not float32 and isinstance(value, float) and value != int(value):
+    if not x.dtype.is_float and isinstance(value, float) and value != int(value):
         raise DTypeError("pad: value %r does not fit dtype %r" % (value, x.dtype))
     value = _PY_TYPE[x.dtype](value)
     return Tensor(x.backend, x.backend.pad(x.handle, tuple(pairs), value), shape, x.dtype)

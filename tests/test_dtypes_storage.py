@@ -130,3 +130,32 @@ def test_records_match_the_safetensors_package(tmp_path):
     for name, a in arrays.items():
         np.testing.assert_array_equal(back[name], a)
         assert back[name].dtype == a.dtype
+
+
+def test_pad_of_float16_takes_fractional_and_infinite_values(backend):
+    x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    t = cn.tensor(x, backend=backend, dtype=cn.float16)
+    for value in (0.5, float("inf"), -float("inf")):
+        got = cn.pad(t, (1, 1), value)
+        assert got.dtype is cn.float16
+        np.testing.assert_array_equal(got.numpy(), np.pad(x, ((0, 0), (1, 1)), constant_values=value))
+    assert np.isnan(cn.pad(t, (1, 0), float("nan")).numpy()[:, 0]).all()
+    with pytest.raises(cn.DTypeError):
+        cn.pad(cn.tensor([1, 2], backend=backend, dtype=cn.int8), (1, 1), 0.5)
+
+
+def test_setitem_on_storage_dtypes_narrows_like_cast(backend):
+    h = np.arange(6, dtype=np.float16).reshape(2, 3)
+    t = cn.tensor(h, backend=backend, dtype=cn.float16)
+    t[0, 1] = 0.3333
+    t[1] = cn.tensor([7.1, 8.2, 9.3], backend=backend)
+    h[0, 1], h[1] = 0.3333, np.float32([7.1, 8.2, 9.3]).astype(np.float16)
+    assert t.dtype is cn.float16
+    np.testing.assert_array_equal(t.numpy(), h)
+    q = cn.tensor(np.arange(6, dtype=np.int8), backend=backend, dtype=cn.int8)
+    q[2] = 300                      # wraps, as cast does: 300 - 256
+    q[3:5] = [-1, 7]
+    assert q.dtype is cn.int8 and q.numpy().tolist() == [0, 1, 44, -1, 7, 5]
+    u = cn.tensor(np.arange(4, dtype=np.uint8), backend=backend, dtype=cn.uint8)
+    u[1:3] = [9, 250]
+    assert u.dtype is cn.uint8 and u.numpy().tolist() == [0, 9, 250, 3]

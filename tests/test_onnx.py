@@ -287,6 +287,8 @@ def test_imported_model_trains_under_autodiff():
 KNOWN_FAILURES = {
     "test_attention_4d_gqa_with_past_and_present_fp16": "float16 reference, cinders computes in float32",
     "test_attention_4d_gqa_with_past_and_present_fp16_expanded": "float16 reference, cinders computes in float32",
+    "test_attention_4d_causal_fp16_expanded": "float16 reference (rounded after every op), cinders computes "
+                                              "in float32 and rounds its float16 output once: one ulp apart",
     "test_batchnorm_epsilon_training_mode": "training-mode BatchNormalization (running statistics) not supported",
     "test_batchnorm_example_training_mode": "training-mode BatchNormalization (running statistics) not supported",
     "test_dequantizelinear_blocked": "blocked quantisation not supported",

@@ -26,7 +26,9 @@ from cinders.wasm.engines import WasmEngineError
 # products on mm_nn, or mm_nt for few taps) and conv2d_grad_bias_f32, 1.9 KiB of it the
 # depthwise direct loops. QDQ graphs' integer products added 1.4 KiB: a QDQ activation's
 # packing into int16 pairs, the scaled epilogue of matmul_quantized, quantize_dequantize_f32.
-MODULE_BUDGET = 173 * 1024
+# Half-precision weights added 1.7 KiB (173.8 KiB): float16 B in matmul_quantized, widened a
+# panel at a time without branches (f16_widen).
+MODULE_BUDGET = 174 * 1024
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from array import array
 
 from .. import dtypes
 from ..backend import Backend, _hash32, broadcast_shape, is_row_major, numel, row_major_strides, unfold2d_output_size
-from ..errors import DTypeError, IndexingError
+from ..errors import DTypeError, IndexingError, SizeLimitError
 from ..ops import result_dtype
 from ..profile import record
 from . import kernels
@@ -23,6 +23,7 @@ _ARRAY = {dtypes.float32: "f", dtypes.int32: "i", dtypes.bool_: "B", dtypes.int8
           dtypes.uint8: "B", dtypes.float16: "H"}   # float16: its bit patterns
 _SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1, dtypes.int8: 1, dtypes.uint8: 1,
          dtypes.float16: 2}
+HALF_PANEL = 65536   # runtime.h H_PANEL: the float16 B panel's floats, so matmul_quantized's K at most
 # matmul_quantized's code of a zero point's dtype (runtime.h)
 _ZP_CODE = {None: 0, dtypes.int8: 1, dtypes.uint8: 2, dtypes.int32: 3}
 _ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2}  # conv2d_f32's (runtime.h)
@@ -523,13 +524,16 @@ class Wasm(Backend):
         "quantized_matmul"); a_scaled float32 a sums its integers exactly in int32 (runtime.h)."""
         m, k = a.shape
         n = layout.n
-        integer = scale is None
+        integer = scale is None and not q.dtype.is_float   # (a float16 B has no scale)
         out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
         if m * n == 0:
             return out
         if k == 0:
             self._run("fill_32", out, m * n, 0)
             return out
+        if layout.bits == 16 and k > HALF_PANEL:
+            raise SizeLimitError("cn.Wasm matmul_quantized: a float16 B of K = %d rows (at most %d: "
+                                 "runtime.h h_panel holds one column of it)" % (k, HALF_PANEL))
         a = self._contiguous(a)
         nibbles = 2 if layout.bits == 4 else 1
         params = (m, n, k, layout.block or k, q.offset * nibbles + layout.q[0], layout.q[1],
@@ -544,7 +548,7 @@ class Wasm(Backend):
         scratch = self._new((m * (k + (k & 1)) // 2,), dtypes.int32) if pairs else 0
         # (q and zero_point are read from their buffers' starts: the offsets are in params)
         self._run("matmul_quantized", out, a, q.buf.ptr,
-                  0 if integer else scale.ptr + 4 * layout.scale[0],
+                  0 if scale is None else scale.ptr + 4 * layout.scale[0],
                   0 if zero_point is None else zero_point.buf.ptr, self._constant(params), scratch,
                   0 if a_scale is None else self._contiguous(a_scale))
         return out

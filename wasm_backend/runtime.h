@@ -582,13 +582,28 @@ EXPORT(matmul_f32) void matmul_f32(float *o, const float *a, const float *b, int
  * (weights that stay quantized: core/backend.py "quantized_matmul"). p = [M, N, K, block, q_off,
  * q_sk, q_sn, s_sb, s_sn, z_off, z_sb, z_sn, z_default, bits, zp_bits, q_signed, z_code (0 none,
  * 1 int8, 2 uint8, 3 int32), integer, a_scaled]. B's value (k, n) is element q_off + k * q_sk + n * q_sn
- * of q (bits 4: nibbles, low first); its block's scale s[blk * s_sb + n * s_sn] and zero point
- * likewise. B is dequantized one panel at a time (all of K by a few columns, Q_PANEL values:
+ * of q (bits 4: nibbles, low first; bits 16: float16, widened, no scale or zero point); its
+ * block's scale s[blk * s_sb + n * s_sn] and zero point likewise. B is dequantized one panel
+ * at a time (all of K by a few columns, Q_PANEL values:
  * float32 (q - zp) * scale, or int32 q - zp when integer: A and C int32, exact wrapping sums)
  * and the panel is multiplied by all of A (float: mm_nn's SIMD tiles), so each weight is
  * dequantized once per call and no more than one panel is ever held in float. */
 #define Q_PANEL 16384
 static float q_panel[Q_PANEL];
+/* a float16 B's panel: 4x the 8-bit one, so that a conv's long K (C * kh * kw, up to 4,608 in
+ * ResNets) still gives mm_nn columns in multiples of 8 */
+#define H_PANEL 65536
+static float h_panel[H_PANEL];
+
+/* f16_to_f32 without branches, so that the loops filling h_panel vectorise (a batch-1 layer
+ * widens each weight once per call: at ResNet's late layers that is most of the work) */
+static inline float f16_widen(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fff) << 13, e = h & 0x7c00;
+    union { uint32_t i; float f; } normal = { em + (112u << 23) }, small;
+    small.f = (float)(h & 0x3ff) * 5.9604645e-8f;   /* subnormal: m * 2^-24 */
+    normal.i = (e == 0 ? small.i : e == 0x7c00 ? (em | 0x7f800000u) : normal.i) | (uint32_t)(h & 0x8000) << 16;
+    return normal.f;
+}
 static int q_zp[Q_PANEL / 8];
 static float q_scale[Q_PANEL / 8];
 
@@ -617,6 +632,18 @@ static void q_fill(const int *p, const void *q, const float *s, const void *z, i
     int K = p[2], block = p[3], q_off = p[4], q_sk = p[5], q_sn = p[6], bits = p[13];
     int q_signed = p[15], integer = p[17];
     int *ints = (int *)q_panel;
+    if (bits == 16) {   /* float16 B (a half model's weight): widened into (K, nn) for mm_nn */
+        const uint16_t *h = (const uint16_t *)q + q_off + n0 * q_sn;
+        float *panel = h_panel;
+        if (q_sk == 1) {   /* B's k contiguous (conv and Gemm weights stored (N, K)): read in order */
+            for (int j = 0; j < nn; j++)
+                for (int k = 0; k < K; k++) panel[k * nn + j] = f16_widen(h[j * q_sn + k]);
+        } else {
+            for (int k = 0; k < K; k++)
+                for (int j = 0; j < nn; j++) panel[k * nn + j] = f16_widen(h[k * q_sk + j * q_sn]);
+        }
+        return;
+    }
     for (int k0 = 0; k0 < K; k0 += block) {
         int k1 = k0 + block < K ? k0 + block : K;
         q_block_params(p, s, z, k0 / block, n0, nn);
@@ -800,6 +827,16 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
                 float *row = (float *)acc;
                 for (int j = 0; j < nn; j++) row[j] = (float)acc[j] * scale[j];
             }
+        }
+        return;
+    }
+    if (p[13] == 16) {   /* float16 B: its own panel, always (K, nn) */
+        int width = (H_PANEL / K) & ~7;
+        if (width < 8) width = H_PANEL / K > 0 ? H_PANEL / K : 1;
+        for (int n0 = 0; n0 < N; n0 += width) {
+            int nn = N - n0 < width ? N - n0 : width;
+            q_fill(p, q, s, z, n0, nn, 0);
+            mm_nn((float *)o + n0, (const float *)a, h_panel, M, K, nn, N);
         }
         return;
     }

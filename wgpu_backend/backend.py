@@ -526,7 +526,7 @@ class Wgpu(Backend):
         the two extra passes that would make a's integers cost more than they save."""
         m, k = a.shape
         n = layout.n
-        integer = scale is None
+        integer = scale is None and not q.dtype.is_float   # (a float16 B has no scale)
         out = self._new((m, n), dtypes.int32 if integer else dtypes.float32)
         if m * n == 0:
             return out
@@ -539,20 +539,21 @@ class Wgpu(Backend):
             raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
                                    "device's 65535 workgroups per dimension" % (m, n))
         a = self._readable(a)
-        handles = [a, q] + ([] if integer else [scale]) + ([] if zero_point is None else [zero_point])
+        handles = [a, q] + ([] if scale is None else [scale]) + ([] if zero_point is None else [zero_point])
         P = matmul_quantized_layout()
-        so, ssb, ssn = (scale.offset + layout.scale[0],) + layout.scale[1:] if not integer else (0, 0, 0)
+        so, ssb, ssn = (scale.offset + layout.scale[0],) + layout.scale[1:] if scale is not None else (0, 0, 0)
         zo, zsb, zsn = (zero_point.offset * (2 if layout.zp_bits == 4 else 1) + layout.zp[0],) + \
             layout.zp[1:] if zero_point is not None else (0, 0, 0)
         q_off, q_sk, q_sn = q.offset * (2 if layout.bits == 4 else 1) + layout.q[0], *layout.q[1:]
         params = P.pack(M=m, N=n, K=k, block=layout.block or k, a_off=a.offset,
                         q_off=q_off, q_sk=q_sk, q_sn=q_sn, s_off=so, s_sb=ssb, s_sn=ssn,
                         z_off=zo, z_sb=zsb, z_sn=zsn, z_default=layout.zp_default & 0xFFFFFFFF)
-        sd = None if integer else scale.dtype
+        sd = None if scale is None else scale.dtype
         zd = None if zero_point is None else zero_point.dtype
         # whole packed words along B's contiguous axis where its rows start on word boundaries
         pw = quantized_per_word(q.dtype, layout.bits)
-        words = "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
+        words = ("kv" if q_sk == 1 else None) if q.dtype.is_float else \
+            "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
             "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
         key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
         self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,

@@ -20,6 +20,39 @@ _NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool_: np.bool
 _FROM_NP = {np.dtype(v): k for k, v in _NP.items()}
 
 
+QUANT_PANEL = 1 << 18   # values of B that matmul_quantized dequantizes at once (1 MB as float32)
+
+
+def _stored(flat, index, bits):
+    """Elements `index` of a flat storage array: values, or nibbles (low first) when bits == 4."""
+    if bits == 4:
+        return (flat[index >> 1] >> ((index & 1) * 4).astype(np.uint8)) & np.uint8(15)
+    return flat[index]
+
+
+def _dequantized(q, scale, zero_point, layout, ks, ns):
+    """B[ks, ns] of matmul_quantized's layout (core/backend.py QuantizedLayout) in float32:
+    (q - zero point) * scale, or a float16 B widened."""
+    flat = q.reshape(-1)
+    if layout.bits == 4:
+        values = _stored(flat, layout.q[0] + ks * layout.q[1] + ns * layout.q[2], 4)
+    else:   # a strided view of the panel's values (no index arrays), widened below
+        first, (_, sk, sn) = layout.q[0] + int(ns[0, 0]) * layout.q[2], layout.q
+        values = np.lib.stride_tricks.as_strided(flat[first:], (ks.shape[0], ns.shape[1]),
+                                                 (sk * flat.itemsize, sn * flat.itemsize), writeable=False)
+    if q.dtype == np.float16:
+        return values.astype(np.float32)
+    block = ks // (layout.block or max(1, ks.shape[0]))
+    values = values.astype(np.int32)
+    if zero_point is None:
+        values -= np.int32(layout.zp_default)
+    else:
+        values -= _stored(zero_point.reshape(-1), layout.zp[0] + block * layout.zp[1] + ns * layout.zp[2],
+                          layout.zp_bits).astype(np.int32)
+    scales = scale.reshape(-1)[layout.scale[0] + block * layout.scale[1] + ns * layout.scale[2]]
+    return values.astype(np.float32) * scales
+
+
 # erf in float64, rounded once to float32: within 1 float32 ulp of the correctly rounded erf
 # (~0.5% of results are 1 ulp off; math.erf per element costs ~100x more):
 #   |x| < 2:       erf(x) = x * S(x^2)         (every element, by Horner, in place)
@@ -173,8 +206,8 @@ class NumPy(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES  # int8/uint8/float16 arrays
     recurrent_kernels = True  # lstm_cell, gru_cell (core/backend.py)
     normalization_kernels = True  # softmax, layer_norm (core/backend.py)
-    # int8/uint8 weights stay 8-bit in memory: matmul_quantized gathers B's values per call,
-    # and a QDQ activation's integers multiply them exactly (core/backend.py)
+    # int8/uint8 (and a half model's float16) weights stay small in memory: matmul_quantized
+    # reads B's values per call, and a QDQ activation's integers multiply them exactly
     quantized_matmul = True
     quantize_dequantize = True  # QuantizeLinear -> DequantizeLinear in whole-array steps
     quantized_conv2d = True  # conv2d_quantized: the unfolded image's integers times W's, exactly
@@ -254,26 +287,34 @@ class NumPy(Backend):
         return np.matmul(a, b)
 
     def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
-        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"): B's values q - zp are
-        read from q's storage for this call only (BLAS multiplies floats), and integer products
-        are summed exactly (_exact_product)."""
+        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"). Integer products (no scale:
+        MatMulInteger; or a QDQ activation's a_scale) read B's values q - zp for this call only
+        (BLAS multiplies floats) and sum them exactly (_exact_product); float products dequantize
+        QUANT_PANEL values of B (a few columns of all of K) at a time, each panel multiplied by
+        all of a, so no float32 copy of the whole of B is held (a float16 B, a half model's
+        weight, is only widened)."""
         k, n = layout.k, layout.n
         block = layout.block or k
         blocks = -(-k // block)
-
-        def per_block(values):   # (blocks, n) -> one row per k (broadcast when one block)
-            return values if blocks == 1 else np.repeat(values, block, axis=0)[:k]
-        b = _strided_values(q, layout.q, k, n, layout.bits)
-        if zero_point is None:
-            b -= np.int32(layout.zp_default)
-        else:
-            b -= per_block(_strided_values(zero_point, layout.zp, blocks, n, layout.zp_bits))
-        s = None if scale is None else per_block(scale.reshape(-1)[_strided_index(layout.scale, blocks, n)])
-        if scale is None:
-            return _exact_product(a, b)
-        if a_scale is not None and blocks == 1:
+        integer = scale is None and q.dtype.kind != "f"
+        if integer or (a_scale is not None and blocks == 1):
+            b = _strided_values(q, layout.q, k, n, layout.bits)
+            if zero_point is None:
+                b -= np.int32(layout.zp_default)
+            else:   # (one row of zero points per block of K, repeated down its rows)
+                zp = _strided_values(zero_point, layout.zp, blocks, n, layout.zp_bits)
+                b -= zp if blocks == 1 else np.repeat(zp, block, axis=0)[:k]
+            if integer:
+                return _exact_product(a, b)
+            s = scale.reshape(-1)[_strided_index(layout.scale, blocks, n)]
             return _exact_product(np.rint(a / a_scale), b).astype(np.float32) * (a_scale * s)
-        return np.matmul(a, b.astype(np.float32) * s)
+        out = np.empty((a.shape[0], n), np.float32)
+        width = max(1, QUANT_PANEL // max(k, 1))
+        ks = np.arange(k)[:, None]
+        for n0 in range(0, n, width):
+            ns = np.arange(n0, min(n, n0 + width))[None, :]
+            out[:, n0:n0 + ns.shape[1]] = np.matmul(a, _dequantized(q, scale, zero_point, layout, ks, ns))
+        return out
 
     def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
         """A convolution whose products are integers (core/backend.py "quantized_conv2d"): the

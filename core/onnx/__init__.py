@@ -132,6 +132,9 @@ def _tensors(constants, backend):
         if base.quantized_matmul and c.onnx_type in ("int8", "uint8"):
             # quantized weights stay 8-bit where matmuls dequantize them (ops/quantization.py)
             dtype = from_name(c.onnx_type)
+        elif base.quantized_matmul and c.half:
+            # a half model's weights stay float16, widened inside the matmul kernel (ops/linalg.py)
+            dtype = from_name("float16")
         out[attr] = Tensor(base, base.from_flat(c.storable_values(), c.shape, dtype), c.shape, dtype)
     return out
 

@@ -160,6 +160,7 @@ class Constant:
         self.onnx_type, self.shape, self.values = onnx_type, tuple(shape), values
         self.dtype = cinders_dtype_name(onnx_type)
         self.attr = None  # the Model attribute holding it, once something reads it as a tensor
+        self.half = False  # a float16 weight that may stay float16 in memory (`half_weights`)
 
     def python_values(self):
         """Flat Python numbers in the cinders dtype (int64 beyond int32 saturates)."""
@@ -523,6 +524,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # Batch norms after constant-weight convs become the convs' weights and biases (fold.py).
     model, graph = copy.copy(model), copy.copy(graph)
     model.graph = graph
+    graph.node = topological(graph.node)
     graph.node = fold_batch_norms(graph.node, constants, [vi.name for vi in graph.output])
 
     if not graph.output:
@@ -543,6 +545,8 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # Shapes decided at import assume the declared dims: an input of other dims is refused.
     lines = ["ops.expect_shape(%s, %s, %s)" % (var, literal(dims), ascii(vi.name))
              for var, vi, dims in zip(input_vars, inputs, declared) if any(isinstance(d, int) for d in dims)]
+    lines += ["%s = ops.half_input(%s)" % (var, var) for var, vi in zip(input_vars, inputs)
+              if element_type(vi.type)[0] == "float16"]
     # Quantized weights stay 8-bit and Q -> DQ pairs join (the op's kernels read them); activations
     # fold into convs in this source only: the layer-style one keeps its ReLU layers.
     nodes = quantized_activation_inputs(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
@@ -558,7 +562,9 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     for vi in graph.output:
         if vi.name not in known:
             raise OnnxError("graph output %s is produced by no node" % ascii(vi.name))
-        outputs.append(_operand(vi.name, values, attrs, constants, False, scope.host_values))
+        out = _operand(vi.name, values, attrs, constants, False, scope.host_values)
+        outputs.append("ops.half_output(%s)" % out if element_type(vi.type)[0] == "float16" else out)
+    half_weights(nodes, constants)
     stored = list({c.attr: c for every in scope.every_constants for c in every.values() if c.attr}.values())
     return _module_source(model, class_name, source_name, opset, inputs, input_vars, outputs, lines,
                           stored, scope.device_reads, declared), {c.attr: c for c in stored}, scope.device_reads
@@ -585,6 +591,75 @@ def _declared_shapes(inputs, given):
             dims = shape
         out.append(dims)
     return out
+
+
+def topological(nodes):
+    """The nodes in an order where each comes after the nodes whose outputs it reads (subgraphs'
+    reads included), the file's order kept where it already is one. onnxruntime runs graphs
+    whose nodes are out of order, and its float16 converter writes them so (the input Casts
+    last); what cannot be ordered (a cycle, a missing value) keeps its place, for emit to name."""
+    made = {o for node in nodes for o in node.output if o}
+
+    def reads(node):
+        names = set(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.g is not None else []) + list(attr.graphs):
+                for inner in sub.node:
+                    names |= reads(inner)
+        return names
+
+    waiting = [(node, (reads(node) & made) - set(node.output)) for node in nodes]
+    done, out = set(), []
+    while waiting:   # passes in the file's order, each taking every node whose inputs are made
+        left = []
+        for node, needs in waiting:
+            if needs <= done:
+                out.append(node)
+                done.update(node.output)
+            else:
+                left.append((node, needs))
+        if len(left) == len(waiting):   # a cycle or a value nothing makes: the file's order
+            return out + [node for node, _ in left]
+        waiting = left
+    return out
+
+
+# A half model's float16 weights that stay float16 in memory (cinders.onnx `_tensors`, where the
+# backend declares quantized_matmul): those whose every reader is one of these ops' weight input,
+# op -> (input index, most dims): the products widen them inside matmul_quantized
+# (ops/linalg.py half_product, ops/conv.py), Gather widens the rows it takes (an embedding
+# table). Every other float16 constant computes as float32 from import on.
+HALF_WEIGHT_READERS = {"MatMul": (1, 2), "Gemm": (1, 2), "Conv": (1, 4), "Gather": (0, 8)}
+
+
+def half_weights(nodes, constants):
+    """Mark (Constant.half) the float16 constants that only the nodes of HALF_WEIGHT_READERS
+    read as their weight (MatMul's B at 2-D, Gemm's B without transA, a 1-D/2-D Conv's W of group
+    1, Gather's data); a read anywhere else, subgraphs included, keeps the constant float32."""
+    readers = collections.defaultdict(list)
+
+    def walk(graph_nodes, top):
+        for node in graph_nodes:
+            for i, name in enumerate(node.input):
+                readers[name].append((node, i) if top else None)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.g is not None else []) + list(attr.graphs):
+                    walk(sub.node, False)
+
+    def weight_slot(read, c):
+        if read is None or read[0].domain or read[0].op_type not in HALF_WEIGHT_READERS:
+            return False
+        node, dims = read[0], len(c.shape)
+        slot, most = HALF_WEIGHT_READERS[node.op_type]
+        attrs = {a.name: a.i for a in node.attribute if a.type == 2}
+        shaped = dims >= 3 if node.op_type == "Conv" else dims == 2 or node.op_type == "Gather"
+        return read[1] == slot and shaped and dims <= most and not attrs.get("transA") and attrs.get("group", 1) == 1
+
+    walk(nodes, True)
+    for name, reads in readers.items():
+        c = constants.get(name)
+        if c is not None and c.onnx_type == "float16" and all(weight_slot(r, c) for r in reads):
+            c.half = True
 
 
 # The products whose constant 8-bit weight a QDQ graph dequantizes first, and the op
@@ -891,6 +966,9 @@ def _node_statement(node, fn, attributes, opset, values, attrs, constants, host_
     while len(outs) > 1 and outs[-1] == "_":
         outs.pop()
     inline = _INLINE.get(node.op_type) if not fn.domain else None
+    if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in constants and \
+            constants[node.input[1]].onnx_type == "float16":
+        inline = None   # a half model's weight: ops.MatMul reads it float16 (ops/linalg.py)
     exponent = _small_constant_exponent(node, constants) if node.op_type == "Pow" and not fn.domain else None
     if exponent is not None and not attributes:
         expr = "ops.power_by_constant(%s, %d)" % (args[0], exponent)

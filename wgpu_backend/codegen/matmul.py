@@ -393,9 +393,12 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
            and row stride whole words: each invocation loads whole u32 words of one row,
            neighbouring invocations neighbouring words, and unpacks their 4 (8 nibbles) values;
       "n"  the same along n (B stored (K, N): MatMulInteger's B);
-      None one value per read through the strides (any layout).
+      "kv" one value per read along k (neighbouring invocations, neighbouring k): a float16 B
+           stored (N, K) (conv and Gemm weights), read in order in both float16 layouts;
+      None one value per read through the strides, neighbouring invocations along n.
     Integer A (scale_dtype None: MatMulInteger) stages q - zp and sums in i32, exactly for any
-    K; float A in f32. zp_dtype None: every zero point is P.z_default. storage: the device's
+    K; float A in f32. zp_dtype None: every zero point is P.z_default. A float16 B (bits 16) is
+    widened as it is read, one value per read (no scale or zero point). storage: the device's
     layout of storage dtypes (packing.py; float16 scales are read through it)."""
     P = matmul_quantized_layout()
     acc, T, R, BK = a_dtype.wgsl, QUANT_THREADS, micro, QUANT_BK
@@ -417,7 +420,9 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         return "i32(extractBits(%s, %du, 8u))" % (word, 8 * j)
 
     def dequantized(raw, gk, gn):
-        """The staged value of B[gk, gn] whose packed value is `raw` (i32)."""
+        """The staged value of B[gk, gn] whose packed value is `raw` (i32; a float16 B's f32)."""
+        if q_dtype.is_float:   # a half model's weight: widened as loaded, no scale or zero point
+            return raw
         blk = "(%s) / block" % gk
         zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % q_at(
             "z", zp_dtype, zp_bits, "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]))
@@ -478,6 +483,13 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         lines += ["tb[bk][nw / %du + %du] = %s(%s);" % (R, g, vec, ", ".join("v%d" % (R * g + c) for c in range(R)))
                   for g in range(pw // R)]
         stage += staged(tile * BK // pw, lines)
+    elif words == "kv":
+        stage += staged(tile * BK, [
+            "let bn = e / %du; let bk = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (BK, BK),
+            "var v = %s(0);" % acc,
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+                                                              "gk", "gn"),
+            "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     else:
         stage += staged(tile * BK, [
             "let bk = e / %du; let bn = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (tile, tile),

@@ -4,7 +4,7 @@ pads read as Python numbers), the host backend where shape arithmetic runs, dtyp
 import inspect
 
 import cinders as cn
-from ...dtypes import float32, int32, bool_
+from ...dtypes import float16, float32, int32, bool_
 from ...functional import stack
 from ...tensor import Tensor
 from ..proto import OnnxError
@@ -50,6 +50,25 @@ def cinders_dtype_name(onnx_type_name):
 
 def dtype_of(onnx_type):
     return _DTYPES[cinders_dtype_name(onnx_type)]
+
+
+def half_input(x):
+    """A graph input or Cast result the file types float16: its values rounded to float16 (a
+    float16 tensor's already are), computed in float32 as every float16 value is."""
+    return _holding_half(x).cast(float32).cast(float16).cast(float32)
+
+
+def half_output(y):
+    """A graph output the file types float16, returned as a cn.float16 tensor."""
+    return _holding_half(y).cast(float16)
+
+
+def _holding_half(x):
+    if float16 not in x.backend.storage_dtypes:
+        raise OnnxError("float16 values (a Cast to float16, float16 inputs and outputs) round through "
+                        "cn.float16 tensors, which %r does not hold: run the model on one that does "
+                        "(cn.NumPy(), cn.Wasm(), cn.Wgpu(), cn.Python())" % (x.backend,))
+    return x
 
 
 def op_params(fn):

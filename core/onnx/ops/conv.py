@@ -4,10 +4,11 @@ import math
 
 import cinders as cn
 from ...dtypes import float32
-from ...functional import conv2d, max_pool2d
+from ...functional import conv2d, conv_activation, max_pool2d
 from ...tensor import unfold2d
 from ..proto import OnnxError
 from .base import op
+from .linalg import half_product, half_weight, widened
 from .shapes import _reverse
 
 
@@ -68,9 +69,28 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         x, w = _to_2d(X), _to_2d(W)
         strides, dilations = [1] + list(strides), [1] + list(dilations)
         begins, ends = [0] + list(begins), [0] + list(ends)
-    out = conv2d(x, w, B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
+    if group == 1 and half_weight(w, x):
+        out = _half_conv(x, w, B, strides, dilations, begins, ends, activation)
+        return out.squeeze(2) if nd == 1 else out
+    out = conv2d(x, widened(w), B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
                  dilation=tuple(dilations), groups=group, activation=activation)
     return out.squeeze(2) if nd == 1 else out
+
+
+def _half_conv(x, w, bias, strides, dilations, begins, ends, activation):
+    """2-D convolution (group 1) with a half model's float16 weight W (O, C, kh, kw): the
+    unfolded image's rows times W, read k-contiguous and widened inside matmul_quantized
+    (linalg.half_product), then bias and activation."""
+    kernel = tuple(w.shape[2:])
+    if begins != ends:   # unfold2d pads both sides alike: pad x itself first
+        x, begins = _pad_spatial(x, begins, ends, 0.0), [0, 0]
+    cols = unfold2d(x, kernel, tuple(strides), tuple(begins), tuple(dilations))
+    n, ckk, length = cols.shape
+    o = w.shape[0]
+    out = half_product(cols.permute(0, 2, 1).reshape((n * length, ckk)), w.reshape((o, ckk)), transposed=True)
+    oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    out = out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
+    return conv_activation(out if bias is None else out + bias.reshape((1, o, 1, 1)), activation)
 
 
 def _conv3d(x, w, bias, strides, dilations, group):

@@ -5,7 +5,7 @@ import math
 import cinders as cn
 from ...dtypes import float32, int32
 from ...nn.functional import hardswish
-from .base import _axis, dtype_of, op, scalar
+from .base import _axis, dtype_of, half_input, op, scalar
 from .normalization import _channel
 
 
@@ -310,6 +310,8 @@ def Clip(input, min=None, max=None):  # noqa: A002  (ONNX names)
 
 @op()
 def Cast(input, to, saturate=1, round_mode="up"):
+    if to == "float16":   # computes in float32, but holds float16's values: ONNX rounds here
+        return half_input(input)
     dtype = dtype_of(to)
     if input.dtype is float32 and dtype is int32:
         # ONNX casts float to int like C (toward zero); the protocol's cast does the same.

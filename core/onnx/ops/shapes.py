@@ -4,7 +4,7 @@ import math
 
 import cinders as cn
 from ...backend import numel
-from ...dtypes import bool_, float32, int32
+from ...dtypes import bool_, float16, float32, int32
 from ...functional import stack
 from ...indexing import _take
 from ...limits import LIST_ELEMENT_BYTES, check_elements, check_shape
@@ -112,7 +112,8 @@ def Gather(data, indices, axis=0):
         picked = _pick_from_host_vector(data.tolist(), indices.tolist())
         if picked is not None:
             return cn.tensor(picked, backend=data.backend, dtype=data.dtype)
-    return _take(data, _axis(axis, data.ndim), indices.cast(int32))
+    out = _take(data, _axis(axis, data.ndim), indices.cast(int32))
+    return out.cast(float32) if out.dtype is float16 else out   # a half model's embedding rows
 
 
 def _pick_from_host_vector(values, picks):
