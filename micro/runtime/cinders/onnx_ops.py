@@ -188,7 +188,10 @@ def _from_2d(y, nd):
 
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
          strides=None, activation=None):
-    # activation: not ONNX's; the importer folds a Relu / Clip(0, 6) after a Conv into it
+    # activation: not ONNX's; the importer folds a Relu / Clip(0, 6) after a Conv into it (and
+    # SiLU / HardSwish / HardSigmoid, which the board does not compute: refused, never guessed)
+    if activation not in (None, "relu", "relu6"):
+        raise NotImplementedError("Conv: activation %r is not supported on the board" % (activation,))
     if group != 1:
         raise NotImplementedError("Conv: group=%d is not supported on the board" % group)
     if X.shape[1] != W.shape[1]:
