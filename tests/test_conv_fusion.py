@@ -1,5 +1,5 @@
-"""Fewer kernels around convolutions: batch norms folded into the conv at ONNX import
-(core/onnx/fold.py) and pooling as one kernel that never builds the unfolded matrix (the
+"""Fewer kernels around convolutions: batch norms, per-channel adds and activations folded into
+the conv at ONNX import (core/onnx/fold.py) and pooling as one kernel that never builds the unfolded matrix (the
 optional pool2d primitive: wgpu_backend/codegen/images.py).
 
 Oracles: onnxruntime for imported graphs, cn.NumPy()'s composition (unfold2d + reduce) for the
@@ -241,6 +241,31 @@ def test_depthwise_convs_with_silu_hardswish_hardsigmoid_against_onnxruntime(gpu
     model = load(data, backend=gpu)
     convs = [n for n in _kernels(gpu, lambda: model(cn.tensor(x, backend=gpu))) if n.startswith("conv2d")]
     assert [n.split("_")[-1] for n in convs][:4] == ["silu", "hardswish", "hardsigmoid", "relu6"], convs
+
+
+def test_per_channel_adds_fold_into_the_conv_bias(gpu):
+    """PaddlePaddle's export of conv + bias + ReLU: a bias-free Conv, an Add of a (1, C, 1, 1)
+    constant, an Identity, a Relu: one conv with bias and activation. A (C, 1, 1) constant
+    added (first operand) to a conv with a bias folds too; a (C,) constant (it broadcasts along
+    W, here as long as C) does not. Results equal onnxruntime's."""
+    from onnx import helper
+    x = RNG.standard_normal((1, 4, 7, 6)).astype(np.float32)
+    inits = {"w1": RNG.standard_normal((6, 4, 3, 3)).astype(np.float32),
+             "a1": RNG.standard_normal((1, 6, 1, 1)).astype(np.float32),
+             "w2": RNG.standard_normal((6, 1, 3, 3)).astype(np.float32), "b2": RNG.standard_normal(6).astype(np.float32),
+             "a2": RNG.standard_normal((6, 1, 1)).astype(np.float32),
+             "w3": RNG.standard_normal((6, 6, 1, 1)).astype(np.float32),
+             "a3": RNG.standard_normal(6).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "a1"], ["d1"]),
+             helper.make_node("Identity", ["d1"], ["i1"]),
+             helper.make_node("Relu", ["i1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=6),
+             helper.make_node("Add", ["a2", "c2"], ["d2"]),
+             helper.make_node("Conv", ["d2", "w3"], ["c3"]),
+             helper.make_node("Add", ["c3", "a3"], ["z"])]
+    source = _check_against_onnxruntime(gpu, _model(nodes, inits, x.shape), x)
+    assert source.count(" + ") == 1 and "Relu" not in source and "activation='relu'" in source, source
 
 
 MAXPOOLS = [dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),      # resnet's

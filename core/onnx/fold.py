@@ -4,6 +4,8 @@ fold_conv_activations: a Relu, Clip(0, 6), HardSwish, HardSigmoid (torch's) or x
 (SiLU as exporters write it) that alone reads a 2-D Conv's output becomes the Conv's
 `activation` (functional.conv2d's epilogue), so conv + activation is one kernel.
 
+fold_conv_bias_adds: an Add of a per-channel constant after a Conv becomes the Conv's bias.
+
 fold_batch_norms: a BatchNormalization at inference (constant statistics) whose input is a Conv
 with a constant weight, read by nothing else, folds into that Conv: per output channel o,
     s[o] = scale[o] / sqrt(var[o] + eps)
@@ -133,6 +135,51 @@ def _known_values(nodes, constants):
     return known
 
 
+def fold_conv_bias_adds(nodes, constants, graph_outputs):
+    """The node list with each Add of a per-output-channel constant ((C, 1, 1) or (1, C, 1, 1),
+    either operand) to a 2-D Conv's output that nothing else reads made that Conv's bias (B' = B
+    + c, in float64 rounded once; exactly c for a Conv without bias, as PaddlePaddle's exports
+    write every conv): the conv kernel adds it at its store, and an activation after it can
+    fold too. The Conv's constant weight tells C."""
+    from .codegen import Constant   # (codegen imports this module)
+    readers = _readers(nodes, graph_outputs)
+    values = _known_values(nodes, constants)
+    fresh_name = _namer(nodes, constants)
+    producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
+    out = list(nodes)
+    for i, add in enumerate(nodes):
+        if add.op_type != "Add" or not _plain(add) or len(add.input) != 2:
+            continue
+        for k in (0, 1):
+            j, c = producer.get(add.input[k]), values.get(add.input[1 - k])
+            conv = out[j] if j is not None else None
+            if conv is None or c is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
+                    or readers.get(add.input[k]) != 1 or len(conv.output) != 1 \
+                    or any(a.name == "activation" for a in conv.attribute):
+                continue
+            w = values.get(conv.input[1]) if len(conv.input) > 1 else None
+            b = values.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+            if w is None or len(w.shape) != 4 or (len(conv.input) > 2 and conv.input[2] and b is None):
+                continue
+            channels = w.shape[0]
+            if c.onnx_type != "float32" or w.onnx_type != "float32" or \
+                    c.shape not in ((channels, 1, 1), (1, channels, 1, 1)) or (b is not None and b.onnx_type != "float32"):
+                continue
+            bias = b.python_values() if b is not None else [0.0] * channels
+            b_name = fresh_name((conv.input[2] if b is not None else conv.input[1]) + "_add")
+            constants[b_name] = Constant("float32", (channels,),
+                                         array("f", (bo + co for bo, co in zip(bias, c.python_values()))))
+            folded = _NODE()
+            folded.input = [conv.input[0], conv.input[1], b_name]
+            folded.output = list(add.output)
+            folded.name = conv.name or add.name
+            folded.op_type, folded.domain = "Conv", conv.domain
+            folded.attribute = list(conv.attribute)
+            out[j], out[i] = None, folded
+            break
+    return [node for node in out if node is not None]
+
+
 def _clip_bounds(node, constants):
     """(min, max) of a Clip whose bounds are known at import (attributes before opset 11,
     constant inputs after), None where one is absent; None when a bound is data."""
@@ -210,11 +257,16 @@ def fold_conv_activations(nodes, constants, graph_outputs):
         if found is None:
             continue
         activation, x, gate = found
-        j = producer.get(x)
+        if readers.get(x) != (1 if gate is None else 2):
+            continue
+        j, skipped = producer.get(x), []
+        while j is not None and out[j] is not None and out[j].op_type == "Identity" and _plain(out[j]) \
+                and readers.get(out[j].input[0]) == 1:   # (PaddlePaddle's exports put them there)
+            skipped.append(j)
+            j = producer.get(out[j].input[0])
         conv = out[j] if j is not None else None
         if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                or readers.get(x) != (1 if gate is None else 2) or len(conv.output) != 1 \
-                or any(a.name == "activation" for a in conv.attribute):
+                or len(conv.output) != 1 or any(a.name == "activation" for a in conv.attribute):
             continue
         w = values.get(conv.input[1]) if len(conv.input) > 1 else None
         if w is None or len(w.shape) != 4:
@@ -226,6 +278,6 @@ def fold_conv_activations(nodes, constants, graph_outputs):
         folded.name, folded.op_type, folded.domain = conv.name or node.name, "Conv", conv.domain
         folded.attribute = list(conv.attribute) + [attr]
         out[j], out[i] = None, folded
-        if gate is not None:
-            out[gate] = None
+        for k in skipped + ([gate] if gate is not None else []):
+            out[k] = None
     return [node for node in out if node is not None]
