@@ -102,6 +102,42 @@ static inline uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | (a >> 13));
 }
 
+/* e^x without libm, so that loops over it vectorise: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two
+ * parts), e^r by Cephes' expf polynomial, 2^n in two factors (n = 128 and the subnormals
+ * included). Within 2 ulp of expf; overflows to inf, underflows to 0, NaN stays NaN. */
+static inline float exp_f32(float x) {
+    float c = x > 88.8f ? 88.8f : x;   /* (NaN fails both tests: it goes through as NaN) */
+    c = c < -104.0f ? -104.0f : c;
+    float n = __builtin_rintf(c * 1.44269504088896341f);
+    float r = c - n * 0.693359375f + n * 2.12194440e-4f, z = r * r;
+    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
+                4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
+    int k = (int)n, k1 = k / 2;
+    union { int i; float f; } s1 = { (k1 + 127) << 23 }, s2 = { (k - k1 + 127) << 23 };
+    return (p * z + r + 1.0f) * s1.f * s2.f;
+}
+
+/* erf without libm (erff is a call per element; this vectorises): |x| < 1.25: x + x P(x^2);
+ * else 1 - erfc(|x|) with the sign of x, erfc(a) = exp(Q(a - 2.5) - a^2) (|a| clamped at 4,
+ * where erf is 1 in float32). P and Q: Chebyshev fits (in float64) of erf(x) / x - 1 over
+ * x^2 in [0, 1.5625] and of log(erfc(a)) + a^2 over [1.25, 4]. Within 2 ulp of the float64
+ * erf rounded (exhaustively checked over every float32); NaN stays NaN, -0 stays -0. */
+static inline float erf_f32(float x) {
+    float t = x * x;
+    float p = ((((((-7.629189307e-06f * t + 1.042495074e-04f) * t - 8.346330323e-04f) * t +
+                  5.209747540e-03f) * t - 2.686065500e-02f) * t + 1.128368590e-01f) * t -
+               3.761263114e-01f) * t + 1.283791662e-01f;
+    float a = __builtin_fabsf(x);
+    a = a > 4.0f ? 4.0f : a;
+    float u = a - 2.5f;
+    float q = (((((((((-1.669940831e-08f * u - 9.733702999e-08f) * u + 1.744765890e-06f) * u -
+                     1.285625543e-05f) * u + 7.708404639e-05f) * u - 4.208582542e-04f) * u +
+                  2.165441211e-03f) * u - 1.085809549e-02f) * u + 5.610627413e-02f) * u -
+              3.526807490e-01f) * u - 1.556815273e+00f;
+    float big = __builtin_copysignf(1.0f - exp_f32(q - a * a), x);
+    return __builtin_fabsf(x) < 1.25f ? x + x * p : big;
+}
+
 /* -- N-d strided iteration -------------------------------------------------------------- */
 static inline int row_count(const int *d) {
     int rows = 1;
@@ -745,21 +781,6 @@ EXPORT(fold2d_f32) void fold2d_f32(float *o, const float *cols, const int *g) {
 }
 
 /* -- conv2d without the whole im2col matrix ---------------------------------------------- */
-/* e^x without libm, so that loops over it vectorise: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two
- * parts), e^r by Cephes' expf polynomial, 2^n in two factors (n = 128 and the subnormals
- * included). Within 2 ulp of expf; overflows to inf, underflows to 0, NaN stays NaN. */
-static inline float exp_f32(float x) {
-    float c = x > 88.8f ? 88.8f : x;   /* (NaN fails both tests: it goes through as NaN) */
-    c = c < -104.0f ? -104.0f : c;
-    float n = __builtin_rintf(c * 1.44269504088896341f);
-    float r = c - n * 0.693359375f + n * 2.12194440e-4f, z = r * r;
-    float p = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
-                4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f;
-    int k = (int)n, k1 = k / 2;
-    union { int i; float f; } s1 = { (k1 + 127) << 23 }, s2 = { (k - k1 + 127) << 23 };
-    return (p * z + r + 1.0f) * s1.f * s2.f;
-}
-
 /* conv2d_f32's epilogue over n values: + b, then the activation (codes: backend.py
  * _ACTIVATION_CODES; the formulas of functional.conv_activation; NaN propagates) */
 static void conv_epilogue(float *v, int n, float b, int activation) {
