@@ -21,7 +21,10 @@ from cinders.wasm.engines import WasmEngineError
 # float16 storage (its copy, the two casts to and from float32, its gather). Quantized
 # convolutions as integer kernels took it to 165.6 KiB: +5.1 KiB for conv2d_quantized (the
 # centring of image and weight into int16, the pixel panels' gather, the float epilogue).
-MODULE_BUDGET = 166 * 1024
+# Depthwise convs and conv activations took it to 169.9 KiB: +4.3 KiB for the depthwise rows
+# (3x3 taps unrolled, stride 1 and 2), the conv epilogue's SiLU / hard activations (a
+# vectorised exp) and erf's polynomial.
+MODULE_BUDGET = 170 * 1024
 
 
 @pytest.fixture(scope="module")

@@ -820,6 +820,14 @@ static void conv_epilogue(float *v, int n, float b, int activation) {
  * the output, so the memory beyond input, weight and output is one panel, never the whole
  * matrix (a 1x1 convolution with stride 1 and no padding needs no panel: it is one matmul). */
 
+/* the largest depthwise taps unrolled: 7x7 natively, 3x3 in the tab's module (each unrolled
+ * 5x5 or 7x7 loop adds 3-4 KB to it) */
+#ifdef __wasm__
+#define DW_UNROLL_MAX 3
+#else
+#define DW_UNROLL_MAX 7
+#endif
+
 /* one output row of a depthwise convolution from a zero-padded plane (src: its row of tap
  * (0, 0), rows Wp apart): K x K taps, stride S, no dilation. Inlined with constant K and S: the
  * taps unroll, and the ox loop vectorises. */
@@ -847,8 +855,8 @@ static void conv_depthwise(float *plane, const float *img, const float *taps, fl
         memcpy(pad + (iy + pt) * Wp + pl, img + iy * W, (size_t)cols * sizeof(float));
     /* 3x3 taps, stride 1 or 2, no dilation: unrolled; 5x5 and 7x7 too on rows shorter than 64
      * (on long rows the taps one by one were up to 2.5x faster: measured on AVX2, the OCR
-     * classifier's 96-wide rows); else the taps one by one */
-    int unrolled = kh == 3 || ((kh == 5 || kh == 7) && OW < 64);
+     * classifier's 96-wide rows) where DW_UNROLL_MAX allows; else the taps one by one */
+    int unrolled = kh == 3 || (kh <= DW_UNROLL_MAX && OW < 64);
     int shape = kh == kw && dh == 1 && dw == 1 && sw <= 2 && unrolled ? kh * 2 + sw - 1 : 0;
     for (int oy = 0; oy < OH; oy++) {
         float *dst = plane + oy * OW;
@@ -856,10 +864,12 @@ static void conv_depthwise(float *plane, const float *img, const float *taps, fl
         switch (shape) {
         case 6: dw_row(dst, src, taps, Wp, OW, 3, 1); break;
         case 7: dw_row(dst, src, taps, Wp, OW, 3, 2); break;
+#if DW_UNROLL_MAX > 3
         case 10: dw_row(dst, src, taps, Wp, OW, 5, 1); break;
         case 11: dw_row(dst, src, taps, Wp, OW, 5, 2); break;
         case 14: dw_row(dst, src, taps, Wp, OW, 7, 1); break;
         case 15: dw_row(dst, src, taps, Wp, OW, 7, 2); break;
+#endif
         default:
             for (int ox = 0; ox < OW; ox++) dst[ox] = 0.0f;
             for (int i = 0; i < kh; i++)
