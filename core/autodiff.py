@@ -557,6 +557,12 @@ class Autodiff(Backend):
     def conv2d_kernel(self):
         return self._inner.conv2d_kernel
 
+    @property
+    def conv2d_activations(self):
+        # those whose gradient the output alone gives (backward below); functional.conv2d
+        # composes the others after the kernel, and records their gradients op by op
+        return tuple(a for a in self._inner.conv2d_activations if a in ("relu", "relu6"))
+
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         out = self._inner.conv2d(x.value, w.value, None if bias is None else bias.value, stride,
                                  padding, dilation, groups, activation)

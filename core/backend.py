@@ -75,9 +75,11 @@ and that composition is the reference every kernel is tested against.
                           torch.nn.functional.conv2d followed by an activation, without the
                           unfold2d matrix: x (N, C, H, W) float32, w (O, C/groups, kh, kw),
                           bias (O,) or None, stride/dilation (sh, sw), padding
-                          ((top, bottom), (left, right)), activation None | "relu" | "relu6"
-                          (NaN propagates); -> (N, O, OH, OW). Reference: functional.conv2d's
-                          unfold2d + matmul composition. Decorators forward the flag of the
+                          ((top, bottom), (left, right)), activation None or one the backend
+                          lists in `conv2d_activations` ("relu", "relu6"; "silu", "hardswish",
+                          "hardsigmoid" where declared; NaN propagates); -> (N, O, OH, OW).
+                          Reference: functional.conv2d's unfold2d + matmul composition and
+                          functional.conv_activation. Decorators forward the flag of the
                           backend they wrap and record the op (Autodiff: its gradient).
     conv2d_grad_input(g, w, size, stride, padding, dilation, groups)  flag: conv2d_backward_kernels
     conv2d_grad_weight(x, g, kernel, stride, padding, dilation, groups)
@@ -318,6 +320,7 @@ class Backend:
     compiles_kernels = False  # fusion_compiler(max_buffers): cn.Fusion compiles groups with it
     capturable = False        # capture_recorder(): cn.capture records and replays its launches
     conv2d_kernel = False     # conv2d(...): a convolution kernel of its own (else unfold + matmul)
+    conv2d_activations = ("relu", "relu6")  # the activations conv2d(...) applies at its store
     conv2d_backward_kernels = False  # conv2d_grad_input/_weight/_bias(...): conv2d's backward
     pool2d_kernel = False     # pool2d(...): max/avg pooling kernels of their own (else unfold + reduce)
     recurrent_kernels = False  # lstm_cell(...), gru_cell(...): one kernel per recurrent step

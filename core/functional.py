@@ -37,6 +37,26 @@ def relu(x):
     return where(x <= 0, 0.0 if x.dtype is float32 else 0, x)
 
 
+def silu(x):
+    """x * sigmoid(x) (swish, EfficientNet's activation)."""
+    x = _float("silu", x)
+    return x * sigmoid(x)
+
+
+def relu6(x):
+    return x.clamp(0.0, 6.0)
+
+
+def hardsigmoid(x):
+    """relu6(x + 3) / 6, torch's piecewise-linear sigmoid (MobileNetV3)."""
+    return (x + 3.0).clamp(0.0, 6.0) / 6.0
+
+
+def hardswish(x):
+    """x * hardsigmoid(x)."""
+    return x * hardsigmoid(x)
+
+
 def gelu(x):
     """The exact GELU, x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
     x = _float("gelu", x)
@@ -127,15 +147,30 @@ def one_hot(indices, num_classes, dtype=int32):
 
 # -- images (NCHW) ---------------------------------------------------------------------------------
 
-CONV_ACTIVATIONS = (None, "relu", "relu6")
+def _relu_then_6(x):
+    # (where, not clamp: cn.Autodiff's conv2d gradient is 0 at 0 and at 6, as this one's)
+    out = relu(x)
+    return where(out >= 6.0, 6.0, out)
+
+
+# conv2d's `activation`: the composition each names, which a backend's conv2d kernel applies at
+# its store where it lists the name in `conv2d_activations` (core/backend.py)
+CONV_ACTIVATIONS = {None: None, "relu": relu, "relu6": _relu_then_6, "silu": silu,
+                    "hardswish": hardswish, "hardsigmoid": hardsigmoid}
+
+
+def conv_activation(out, activation):
+    """out after conv2d's `activation` (a key of CONV_ACTIVATIONS)."""
+    return out if activation is None else CONV_ACTIVATIONS[activation](out)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """2-D cross-correlation like torch.nn.functional.conv2d: x (N, C, H, W), weight
-    (O, C/groups, kh, kw), bias (O,); then `activation` (None, "relu" or "relu6"). padding: an
-    int, (ph, pw), or ((top, bottom), (left, right)). A backend that declares `conv2d_kernel`
-    runs it as one kernel (bias and activation at its store, no unfolded matrix); elsewhere it
-    is composed as unfold2d + one batched matmul over groups (the protocol's reference)."""
+    (O, C/groups, kh, kw), bias (O,); then `activation` (a key of CONV_ACTIVATIONS). padding:
+    an int, (ph, pw), or ((top, bottom), (left, right)). A backend that declares `conv2d_kernel`
+    runs it as one kernel (bias and, where it lists it in `conv2d_activations`, the activation
+    at its store, no unfolded matrix; another activation follows as its composition); elsewhere
+    it is composed as unfold2d + one batched matmul over groups (the protocol's reference)."""
     x._same_device("conv2d", weight)
     if x.dtype is not float32 or weight.dtype is not float32:
         raise DTypeError("conv2d: needs float32 input and weight, got %r and %r" % (x.dtype, weight.dtype))
@@ -148,8 +183,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
         raise ShapeError("conv2d: input shape %s and weight shape %s do not fit groups=%r "
                          "(need C == weight.shape[1] * groups and O divisible by groups)"
                          % (x.shape, weight.shape, groups))
-    if activation not in CONV_ACTIVATIONS:
-        raise ArgumentError("conv2d: activation must be one of %s, got %r" % (CONV_ACTIVATIONS, activation))
+    if not (activation is None or isinstance(activation, str)) or activation not in CONV_ACTIVATIONS:
+        raise ArgumentError("conv2d: activation must be one of %s, got %r" % (tuple(CONV_ACTIVATIONS), activation))
     pads = _conv_padding(padding)
     (pt, pb), (pl, pr) = pads
     padded = (n, c, x.shape[2] + pt + pb, x.shape[3] + pl + pr)
@@ -162,9 +197,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, acti
         if bias.dtype is not float32:
             raise DTypeError("conv2d: needs a float32 bias, got %r" % (bias.dtype,))
     if x.backend.conv2d_kernel and x.numel() and weight.numel():
+        applied = activation if activation in x.backend.conv2d_activations else None
         h = x.backend.conv2d(x.handle, weight.handle, None if bias is None else bias.handle,
-                             stride, pads, dilation, groups, activation)
-        return Tensor(x.backend, h, (n, o, oh, ow), float32)
+                             stride, pads, dilation, groups, applied)
+        out = Tensor(x.backend, h, (n, o, oh, ow), float32)
+        return out if applied == activation else conv_activation(out, activation)
     return conv2d_reference(x, weight, bias, stride, pads, dilation, groups, activation)
 
 
@@ -185,14 +222,6 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation, groups, activat
     if bias is not None:
         out = out + bias.reshape(1, o, 1, 1)
     return conv_activation(out, activation)
-
-
-def conv_activation(out, activation):
-    """A convolution's result after its activation (None, "relu" or "relu6": CONV_ACTIVATIONS)."""
-    if activation is None:
-        return out
-    out = relu(out)
-    return out if activation == "relu" else where(out >= 6.0, 6.0, out)
 
 
 def lstm_cell(gates, c):

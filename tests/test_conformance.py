@@ -106,6 +106,23 @@ def _np_conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     return out if b is None else out + b.reshape(1, o, 1, 1)
 
 
+# conv2d's activations (functional.CONV_ACTIVATIONS) in float64
+_NP_CONV_ACTIVATIONS = {
+    "silu": lambda y: y / (1.0 + np.exp(-y)),
+    "hardswish": lambda y: y * np.clip(y + 3.0, 0.0, 6.0) / 6.0,
+    "hardsigmoid": lambda y: np.clip(y + 3.0, 0.0, 6.0) / 6.0,
+}
+
+
+def _conv_activation_case(activation, x, w, stride, padding, groups):
+    """A conv2d row with a bias and `activation` (depthwise where groups == C: 3x3 to 7x7 taps
+    whose rows and columns fall inside the image and at its padded borders)."""
+    return Case("conv2d %s %dx%d stride %d groups %d" % (activation, w.shape[2], w.shape[3], stride, groups),
+                lambda x, w, b: cn.conv2d(x, w, b, stride, padding, 1, groups, activation),
+                lambda x, w, b: _NP_CONV_ACTIVATIONS[activation](_np_conv2d(x, w, b, stride, padding, 1, groups)),
+                x, w, F(w.shape[0]))
+
+
 def _np_windows(x, k, stride, padding, pad_value):
     x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)), constant_values=pad_value)
     win = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(2, 3))
@@ -302,6 +319,12 @@ CASES = _binary_cases() + [
          lambda x, w: _np_conv2d(x, w, None, 1, 1, 1, 2), F(2, 4, 4, 4), F(6, 2, 3, 3)),
     Case("conv2d depthwise", lambda x, w: cn.conv2d(x, w, groups=3),
          lambda x, w: _np_conv2d(x, w, None, 1, 0, 1, 3), F(1, 3, 4, 4), F(3, 1, 2, 2)),
+    _conv_activation_case("silu", F(1, 3, 6, 7), F(4, 3, 3, 3), 1, 1, 1),
+    _conv_activation_case("hardswish", F(1, 4, 9, 10), F(4, 1, 3, 3), 1, 1, 4),
+    _conv_activation_case("silu", F(2, 3, 8, 9), F(3, 1, 3, 3), 2, 1, 3),
+    _conv_activation_case("hardsigmoid", F(1, 3, 11, 12), F(3, 1, 5, 5), 2, 2, 3),
+    _conv_activation_case("silu", F(1, 2, 13, 15), F(4, 1, 7, 7), 2, 3, 2),
+    _conv_activation_case("hardswish", F(1, 2, 12, 11), F(2, 1, 5, 5), 1, 2, 2),
     Case("max_pool2d", lambda x: cn.max_pool2d(x, 2), lambda x: _np_max_pool(x, 2, 2, 0), F(2, 2, 4, 6)),
     Case("max_pool2d pad stride", lambda x: cn.max_pool2d(x, 3, stride=2, padding=1),
          lambda x: _np_max_pool(x, 3, 2, 1), F(1, 2, 5, 5, lo=-5, hi=-1)),

@@ -1,5 +1,5 @@
-"""Fewer kernels around convolutions: batch norms folded into the conv at ONNX import
-(core/onnx/fold.py) and pooling as one kernel that never builds the unfolded matrix (the
+"""Fewer kernels around convolutions: batch norms, per-channel adds and activations folded into
+the conv at ONNX import (core/onnx/fold.py) and pooling as one kernel that never builds the unfolded matrix (the
 optional pool2d primitive: wgpu_backend/codegen/images.py).
 
 Oracles: onnxruntime for imported graphs, cn.NumPy()'s composition (unfold2d + reduce) for the
@@ -193,6 +193,79 @@ def test_batch_norm_that_cannot_fold_stays(gpu):
                   helper.make_node("Add", ["y", "t"], ["z"])]):
         source = _check_against_onnxruntime(gpu, _model(head + tail, inits, x.shape), x)
         assert "BatchNormalization" in source
+
+
+def test_depthwise_convs_with_silu_hardswish_hardsigmoid_against_onnxruntime(gpu):
+    """Depthwise convs followed by x * Sigmoid(x) (SiLU as exporters write it), HardSwish,
+    torch's HardSigmoid and a Clip(0, 6) whose bounds are Constant nodes: each becomes its
+    conv's activation (cn.Wasm()'s and cn.Wgpu()'s kernels apply it at the store; cn.NumPy()
+    and cn.Autodiff compose it), and a Sigmoid * x whose x has a third reader, or a HardSigmoid
+    of another slope, stays. Every backend equals onnxruntime's output."""
+    import onnxruntime
+    from onnx import helper, numpy_helper
+    from cinders.onnx import load
+    x = RNG.standard_normal((1, 6, 17, 16)).astype(np.float32)
+    inits = {"w1": RNG.standard_normal((6, 1, 3, 3)).astype(np.float32), "b1": RNG.standard_normal(6).astype(np.float32),
+             "w2": RNG.standard_normal((12, 1, 5, 5)).astype(np.float32),
+             "w3": RNG.standard_normal((12, 12, 1, 1)).astype(np.float32),
+             "w4": RNG.standard_normal((12, 1, 7, 7)).astype(np.float32),
+             "w5": RNG.standard_normal((12, 12, 1, 1)).astype(np.float32)}
+    const = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(  # noqa: E731
+        np.array(v, np.float32), name))
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=6),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]),
+             helper.make_node("Mul", ["c1", "s1"], ["a1"]),                        # silu
+             helper.make_node("Conv", ["a1", "w2"], ["c2"], pads=[2, 2, 2, 2], strides=[2, 2], group=6),
+             helper.make_node("HardSwish", ["c2"], ["a2"]),
+             helper.make_node("Conv", ["a2", "w3"], ["c3"]),
+             helper.make_node("HardSigmoid", ["c3"], ["a3"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Conv", ["a3", "w4"], ["c4"], pads=[3, 3, 3, 3], group=12),
+             const("lo", 0.0), const("hi", 6.0),
+             helper.make_node("Clip", ["c4", "lo", "hi"], ["a4"]),                 # relu6
+             helper.make_node("Conv", ["a4", "w5"], ["c5"]),
+             helper.make_node("Sigmoid", ["c5"], ["s5"]),
+             helper.make_node("Mul", ["s5", "c5"], ["m5"]),                        # c5 read thrice
+             helper.make_node("HardSigmoid", ["c5"], ["h5"], alpha=0.2, beta=0.5),  # another slope
+             helper.make_node("Add", ["m5", "h5"], ["z"])]
+    data = _model(nodes, inits, x.shape)
+    want = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for backend in (cn.Wasm(engine="native"), cn.Wasm(engine="wasmtime"), cn.Autodiff(cn.Wasm(engine="native")),
+                    gpu, cn.NumPy()):
+        model = load(data, backend=backend)
+        got = model(cn.tensor(x, backend=backend)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=repr(backend))
+    for activation in ("silu", "hardswish", "hardsigmoid", "relu6"):
+        assert "activation='%s'" % activation in model.source, model.source
+    assert "Clip" not in model.source and model.source.count("Sigmoid(") == 1, model.source
+    assert model.source.count("HardSigmoid(") == 1 and "HardSwish(" not in model.source, model.source
+    model = load(data, backend=gpu)
+    convs = [n for n in _kernels(gpu, lambda: model(cn.tensor(x, backend=gpu))) if n.startswith("conv2d")]
+    assert [n.split("_")[-1] for n in convs][:4] == ["silu", "hardswish", "hardsigmoid", "relu6"], convs
+
+
+def test_per_channel_adds_fold_into_the_conv_bias(gpu):
+    """PaddlePaddle's export of conv + bias + ReLU: a bias-free Conv, an Add of a (1, C, 1, 1)
+    constant, an Identity, a Relu: one conv with bias and activation. A (C, 1, 1) constant
+    added (first operand) to a conv with a bias folds too; a (C,) constant (it broadcasts along
+    W, here as long as C) does not. Results equal onnxruntime's."""
+    from onnx import helper
+    x = RNG.standard_normal((1, 4, 7, 6)).astype(np.float32)
+    inits = {"w1": RNG.standard_normal((6, 4, 3, 3)).astype(np.float32),
+             "a1": RNG.standard_normal((1, 6, 1, 1)).astype(np.float32),
+             "w2": RNG.standard_normal((6, 1, 3, 3)).astype(np.float32), "b2": RNG.standard_normal(6).astype(np.float32),
+             "a2": RNG.standard_normal((6, 1, 1)).astype(np.float32),
+             "w3": RNG.standard_normal((6, 6, 1, 1)).astype(np.float32),
+             "a3": RNG.standard_normal(6).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "a1"], ["d1"]),
+             helper.make_node("Identity", ["d1"], ["i1"]),
+             helper.make_node("Relu", ["i1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=6),
+             helper.make_node("Add", ["a2", "c2"], ["d2"]),
+             helper.make_node("Conv", ["d2", "w3"], ["c3"]),
+             helper.make_node("Add", ["c3", "a3"], ["z"])]
+    source = _check_against_onnxruntime(gpu, _model(nodes, inits, x.shape), x)
+    assert source.count(" + ") == 1 and "Relu" not in source and "activation='relu'" in source, source
 
 
 MAXPOOLS = [dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),      # resnet's

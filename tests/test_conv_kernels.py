@@ -27,7 +27,7 @@ STRIDES, DILATIONS, GROUPS = (1, 2, (2, 1)), (1, (1, 2)), (1, 2, "dw")
 PADDINGS = (0, (1, 2), ((2, 0), (1, 3)))        # none, symmetric (ph, pw), asymmetric
 SIZES = ((7, 9), (6, 5), (9, 8))                 # odd and even, never square
 BATCHES, BIASES = (1, 3), (True, False)
-ACTIVATIONS = (None, "relu", "relu6")
+ACTIVATIONS = (None, "relu", "relu6", "silu", "hardswish", "hardsigmoid")
 OUT_CHANNELS = (16, 6)                           # 16: the tiled kernel (groups 1/2), 6: direct
 # C is 16 or 8: K = (C/G) x taps, so the tiled kernel's 8-deep K steps end inside a tap or a channel
 
@@ -41,7 +41,7 @@ def _grid():
         g = c if groups == "dw" else groups
         cases.append(dict(n=BATCHES[i % 2], c=c, hw=SIZES[i % 3], o=o, kernel=(3, 2 + i % 2),
                           stride=stride, dilation=dilation, groups=g, padding=padding,
-                          bias=BIASES[(i // 2) % 2], activation=ACTIVATIONS[i % 3]))
+                          bias=BIASES[(i // 2) % 2], activation=ACTIVATIONS[i % len(ACTIVATIONS)]))
     return cases
 
 
@@ -67,7 +67,8 @@ def torch_conv(x, w, b, case):
         (pt, pb), (pl, pr) = padding
         x, padding = TF.pad(x, (pl, pr, pt, pb)), 0
     y = TF.conv2d(x, w, b, case["stride"], padding, case["dilation"], case["groups"])
-    return {None: y, "relu": TF.relu(y), "relu6": TF.relu6(y)}[case["activation"]]
+    return {None: y, "relu": TF.relu(y), "relu6": TF.relu6(y), "silu": TF.silu(y), "hardswish": TF.hardswish(y),
+            "hardsigmoid": TF.hardsigmoid(y)}[case["activation"]]
 
 
 def _cn_conv(backend, x, w, b, case):

@@ -290,6 +290,10 @@ def _op_cases():
         ("Conv", [r(1, 2, 5, 6), r(2, 2, 2, 2)], {"auto_pad": "SAME_LOWER"}),
         # few output positions (6): the board's position-by-position conv, padding read too
         ("Conv", [r(2, 2, 5, 5), r(3, 2, 3, 3), r(3)], {"strides": [2, 2], "dilations": [2, 1], "pads": [1, 1, 1, 1]}),
+        # the activations the importer folds into a Conv (core/onnx/fold.py)
+        ("Conv", [r(1, 2, 5, 6), r(3, 2, 3, 3), r(3)], {"pads": [1, 1, 1, 1], "activation": "silu"}),
+        ("Conv", [r(1, 2, 5, 6), r(3, 2, 3, 3)], {"activation": "hardswish"}),
+        ("Conv", [r(1, 2, 5, 6), r(3, 2, 1, 1), r(3)], {"activation": "hardsigmoid"}),
         ("LSTM", [r(3, 2, 4), r(1, 8, 4), r(1, 8, 2), r(1, 16)], {"hidden_size": 2}),   # 3 steps, batch of 2
         ("BatchNormalization", [r(2, 3, 2, 2), r(3), r(3), r(3), np.abs(r(3)) + 0.5], {"epsilon": 1e-3}),
     ]

@@ -26,7 +26,8 @@ _SIZE = {dtypes.float32: 4, dtypes.int32: 4, dtypes.bool_: 1, dtypes.int8: 1, dt
 HALF_PANEL = 65536   # runtime.h H_PANEL: the float16 B panel's floats, so matmul_quantized's K at most
 # matmul_quantized's code of a zero point's dtype (runtime.h)
 _ZP_CODE = {None: 0, dtypes.int8: 1, dtypes.uint8: 2, dtypes.int32: 3}
-_ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2}  # conv2d_f32's (runtime.h)
+# conv2d_f32's activation codes (runtime.h conv_epilogue)
+_ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2, "silu": 3, "hardswish": 4, "hardsigmoid": 5}
 CONV_PANEL_BYTES = 1 << 20  # conv2d's column panel: fits a core's L2 cache
 _PAGE = 65536
 
@@ -227,6 +228,8 @@ class Wasm(Backend):
     # ... and so is each of its gradients (runtime.h conv2d_grad_input_f32, _weight_f32,
     # _bias_f32): cn.Autodiff runs them instead of unfold2d/fold2d and matmuls.
     conv2d_backward_kernels = True
+    # ... and the forward applies these activations at its store (runtime.h conv_epilogue)
+    conv2d_activations = ("relu", "relu6", "silu", "hardswish", "hardsigmoid")
     # ... and so are lstm_cell and gru_cell (runtime.h lstm_cell_f32, gru_cell_f32).
     recurrent_kernels = True
     # cn.capture records the queued kernel calls and replays them as one call (capture.py).
@@ -665,9 +668,13 @@ class Wasm(Backend):
         oh, ow = unfold2d_output_size(h + pt + pb, wd + pl + pr, (kh, kw), stride, (0, 0), dilation)
         out = self._new((n, o, oh, ow), dtypes.float32)
         if numel(out.shape):
+            # Panel 0 (one input channel per group): direct taps over a zero-padded plane
+            # (runtime.h conv_depthwise); else the columns of a panel of pixels.
             taps = cg * kh * kw
             panel = _conv_panel(cg, groups, taps, oh * ow)
-            scratch = self._new((taps * max(panel, 1),), dtypes.float32)
+            padded = ((oh - 1) * stride[0] + (kh - 1) * dilation[0] + 1) * \
+                ((ow - 1) * stride[1] + (kw - 1) * dilation[1] + 1)
+            scratch = self._new((padded if panel == 0 else taps * panel,), dtypes.float32)
             g = self._constant((n, c, h, wd, o, kh, kw, *stride, pt, pl, *dilation, oh, ow, groups,
                                 int(bias is not None), _ACTIVATION_CODES[activation], panel))
             b = x if bias is None else self._contiguous(bias)  # (any valid address when unused)

@@ -123,6 +123,7 @@ class Wgpu(Backend):
 
     # The optional conv2d primitive (core/backend.py) has kernels of its own here (conv.py).
     conv2d_kernel = True
+    conv2d_activations = tuple(a for a in conv.ACTIVATIONS if a)  # (WGSL at the store)
     # ... and its backward: dx, dw and dbias kernels without unfold2d or fold2d (conv_grad.py).
     conv2d_backward_kernels = True
     # ... and so has the optional pool2d primitive (codegen/images.py: a window per thread).

@@ -34,6 +34,9 @@ ACTIVATIONS = {
     None: "v",
     "relu": "select(v, 0.0, v <= 0.0)",
     "relu6": "select(select(v, 0.0, v <= 0.0), 6.0, v >= 6.0)",
+    "silu": "v / (1.0 + exp(-v))",
+    "hardsigmoid": "select(select(v + 3.0, 0.0, v + 3.0 <= 0.0), 6.0, v + 3.0 >= 6.0) / 6.0",
+    "hardswish": "v * (select(select(v + 3.0, 0.0, v + 3.0 <= 0.0), 6.0, v + 3.0 >= 6.0) / 6.0)",
 }
 
 

@@ -364,6 +364,10 @@ class Fusion(Backend):
     def conv2d_kernel(self):
         return self._inner.conv2d_kernel
 
+    @property
+    def conv2d_activations(self):
+        return self._inner.conv2d_activations
+
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         # Only called when the inner backend declares the kernel; its bias and activation
         # run inside it, so the conv is a boundary like unfold2d.

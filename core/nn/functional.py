@@ -6,7 +6,8 @@ import math
 from ..dtypes import float32, int32
 from ..errors import DTypeError, ShapeError
 from ..functional import (  # noqa: F401  (re-exported: nn.functional is the one place to look)
-    avg_pool2d, conv2d, gelu, log_softmax, max_pool2d, relu, sigmoid, softmax)
+    avg_pool2d, conv2d, gelu, hardsigmoid, hardswish, log_softmax, max_pool2d, relu, relu6, sigmoid, silu,
+    softmax)
 from ..creation import random
 from ..tensor import Tensor, _numel, cat, where
 
@@ -67,20 +68,6 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         out = out + bias
     return out
-
-
-def relu6(x):
-    return x.clamp(0.0, 6.0)
-
-
-def hardsigmoid(x):
-    """relu6(x + 3) / 6, torch's piecewise-linear sigmoid (MobileNetV3)."""
-    return (x + 3.0).clamp(0.0, 6.0) / 6.0
-
-
-def hardswish(x):
-    """x * hardsigmoid(x)."""
-    return x * hardsigmoid(x)
 
 
 def _adaptive_windows(size, out):

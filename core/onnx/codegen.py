@@ -19,7 +19,7 @@ from array import array
 from ..nn.module import Module
 from . import infer
 from . import ops as onnx_ops
-from .fold import fold_batch_norms, fold_conv_activations
+from .fold import fold_batch_norms, fold_conv_activations, fold_conv_bias_adds
 from .ops import cinders_dtype_name
 from .proto import DATA_TYPES, MESSAGE_CLASSES, OnnxError, element_type, tensor_values
 
@@ -521,11 +521,13 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     constants.update(_fixed_constants(graph, fixed_inputs or {}, constants))
     if graph.sparse_initializer:
         raise OnnxError("sparse initializers are not supported (see %s)" % DOCS)
-    # Batch norms after constant-weight convs become the convs' weights and biases (fold.py).
+    # Batch norms and per-channel constant adds after constant-weight convs become the convs'
+    # weights and biases (fold.py).
     model, graph = copy.copy(model), copy.copy(graph)
     model.graph = graph
     graph.node = topological(graph.node)
-    graph.node = fold_batch_norms(graph.node, constants, [vi.name for vi in graph.output])
+    graph.node = fold_conv_bias_adds(fold_batch_norms(graph.node, constants, [vi.name for vi in graph.output]),
+                                     constants, [vi.name for vi in graph.output])
 
     if not graph.output:
         raise OnnxError("the graph has no outputs")

@@ -1,7 +1,10 @@
 """Graph rewrites at import that make fewer, bigger kernels without changing a result.
 
-fold_conv_activations: a Relu or Clip(0, 6) that alone reads a 2-D Conv's output becomes the
-Conv's `activation` (functional.conv2d's epilogue), so conv + ReLU is one kernel.
+fold_conv_activations: a Relu, Clip(0, 6), HardSwish, HardSigmoid (torch's) or x * Sigmoid(x)
+(SiLU as exporters write it) that alone reads a 2-D Conv's output becomes the Conv's
+`activation` (functional.conv2d's epilogue), so conv + activation is one kernel.
+
+fold_conv_bias_adds: an Add of a per-channel constant after a Conv becomes the Conv's bias.
 
 fold_batch_norms: a BatchNormalization at inference (constant statistics) whose input is a Conv
 with a constant weight, read by nothing else, folds into that Conv: per output channel o,
@@ -75,6 +78,7 @@ def fold_batch_norms(nodes, constants, graph_outputs):
     nodes are not modified (a folded Conv is a new node)."""
     from .codegen import Constant   # (codegen imports this module)
     readers = _readers(nodes, graph_outputs)
+    values = _known_values(nodes, constants)
     fresh_name = _namer(nodes, constants)
     producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
     out = list(nodes)
@@ -87,9 +91,9 @@ def fold_batch_norms(nodes, constants, graph_outputs):
         if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
                 or readers.get(bn.input[0]) != 1 or len(conv.output) != 1:
             continue
-        w = constants.get(conv.input[1]) if len(conv.input) > 1 else None
-        b = constants.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-        stats = [constants.get(name) for name in bn.input[1:]]
+        w = values.get(conv.input[1]) if len(conv.input) > 1 else None
+        b = values.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        stats = [values.get(name) for name in bn.input[1:]]
         if w is None or None in stats or len(w.shape) < 3 or (len(conv.input) > 2 and conv.input[2] and b is None):
             continue
         channels = stats + ([b] if b is not None else [])
@@ -119,6 +123,63 @@ def fold_batch_norms(nodes, constants, graph_outputs):
     return [node for node in out if node is not None]
 
 
+def _known_values(nodes, constants):
+    """constants and the values of the graph's Constant nodes (which codegen adds to constants
+    only as it emits them), for the folds' look-ups."""
+    from .codegen import _constant_node   # (codegen imports this module)
+    known = dict(constants)
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1 \
+                and any(a.name == "value" for a in node.attribute):
+            known[node.output[0]] = _constant_node(node, None)
+    return known
+
+
+def fold_conv_bias_adds(nodes, constants, graph_outputs):
+    """The node list with each Add of a per-output-channel constant ((C, 1, 1) or (1, C, 1, 1),
+    either operand) to a 2-D Conv's output that nothing else reads made that Conv's bias (B' = B
+    + c, in float64 rounded once; exactly c for a Conv without bias, as PaddlePaddle's exports
+    write every conv): the conv kernel adds it at its store, and an activation after it can
+    fold too. The Conv's constant weight tells C."""
+    from .codegen import Constant   # (codegen imports this module)
+    readers = _readers(nodes, graph_outputs)
+    values = _known_values(nodes, constants)
+    fresh_name = _namer(nodes, constants)
+    producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
+    out = list(nodes)
+    for i, add in enumerate(nodes):
+        if add.op_type != "Add" or not _plain(add) or len(add.input) != 2:
+            continue
+        for k in (0, 1):
+            j, c = producer.get(add.input[k]), values.get(add.input[1 - k])
+            conv = out[j] if j is not None else None
+            if conv is None or c is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
+                    or readers.get(add.input[k]) != 1 or len(conv.output) != 1 \
+                    or any(a.name == "activation" for a in conv.attribute):
+                continue
+            w = values.get(conv.input[1]) if len(conv.input) > 1 else None
+            b = values.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+            if w is None or len(w.shape) != 4 or (len(conv.input) > 2 and conv.input[2] and b is None):
+                continue
+            channels = w.shape[0]
+            if c.onnx_type != "float32" or w.onnx_type != "float32" or \
+                    c.shape not in ((channels, 1, 1), (1, channels, 1, 1)) or (b is not None and b.onnx_type != "float32"):
+                continue
+            bias = b.python_values() if b is not None else [0.0] * channels
+            b_name = fresh_name((conv.input[2] if b is not None else conv.input[1]) + "_add")
+            constants[b_name] = Constant("float32", (channels,),
+                                         array("f", (bo + co for bo, co in zip(bias, c.python_values()))))
+            folded = _NODE()
+            folded.input = [conv.input[0], conv.input[1], b_name]
+            folded.output = list(add.output)
+            folded.name = conv.name or add.name
+            folded.op_type, folded.domain = "Conv", conv.domain
+            folded.attribute = list(conv.attribute)
+            out[j], out[i] = None, folded
+            break
+    return [node for node in out if node is not None]
+
+
 def _clip_bounds(node, constants):
     """(min, max) of a Clip whose bounds are known at import (attributes before opset 11,
     constant inputs after), None where one is absent; None when a bound is data."""
@@ -132,34 +193,82 @@ def _clip_bounds(node, constants):
     return bounds.get("min"), bounds.get("max")
 
 
+def _plain(node):
+    return node.domain in ("", "ai.onnx") and len([o for o in node.output if o]) == 1
+
+
+def _torch_hardsigmoid(node):
+    """True for a HardSigmoid of torch's slope and offset, clamp(x / 6 + 1/2, 0, 1) (what
+    conv2d's "hardsigmoid" computes, as clamp(x + 3, 0, 6) / 6: the same to float32 rounding)."""
+    attrs = {a.name: a.f for a in node.attribute if a.name in ("alpha", "beta")}
+    return node.op_type == "HardSigmoid" and abs(attrs.get("alpha", 0.2) - 1 / 6) < 1e-6 \
+        and attrs.get("beta", 0.5) == 0.5
+
+
 def _activation(node, constants):
-    """"relu" / "relu6" when `node` is that activation of its first input, else None."""
-    if node.domain not in ("", "ai.onnx") or len([o for o in node.output if o]) != 1:
+    """conv2d's activation that `node` applies to its first input ("relu", "relu6", "hardswish",
+    "hardsigmoid"), else None."""
+    if not _plain(node):
         return None
     if node.op_type == "Relu":
         return "relu"
     if node.op_type == "Clip" and _clip_bounds(node, constants) == (0.0, 6.0):
         return "relu6"
+    if node.op_type == "HardSwish":
+        return "hardswish"
+    return "hardsigmoid" if _torch_hardsigmoid(node) else None
+
+
+def _gated(node, nodes, producer, readers):
+    """(activation, x, index of the gate) where `node` is Mul(x, gate(x)) (either order) and the
+    gate, read by nothing else, is a Sigmoid (x * sigmoid(x): "silu", as exporters write SiLU)
+    or torch's HardSigmoid ("hardswish"); else None."""
+    if node.op_type != "Mul" or not _plain(node) or len(node.input) != 2:
+        return None
+    for k in (0, 1):
+        g = producer.get(node.input[k])
+        gate, x = (nodes[g] if g is not None else None), node.input[1 - k]
+        if gate is None or not _plain(gate) or not gate.input or gate.input[0] != x \
+                or readers.get(gate.output[0]) != 1:
+            continue
+        if gate.op_type == "Sigmoid":
+            return "silu", x, g
+        if _torch_hardsigmoid(gate):
+            return "hardswish", x, g
     return None
 
 
 def fold_conv_activations(nodes, constants, graph_outputs):
-    """The node list with each Relu (or Clip(0, 6)) that is the only reader of a 2-D Conv's
-    output made that Conv's `activation` (the conv kernel applies it at its store: one kernel
-    and one full-size tensor less). Not for the layer-style source (the board's Conv2d layer has
-    no activation); the folded node's attribute is one only cinders' Conv op reads."""
+    """The node list with each activation that is the only reader of a 2-D Conv's output made
+    that Conv's `activation` (functional.CONV_ACTIVATIONS: Relu, Clip(0, 6), HardSwish, torch's
+    HardSigmoid, and x * Sigmoid(x) or x * HardSigmoid(x) where the Conv's output x has just
+    those two readers), so the conv kernel applies it at its store: one kernel and one or two
+    full-size tensors less (a backend whose kernel lacks it composes it after the kernel). Not
+    for the layer-style source (the board's Conv2d layer has no activation); the folded node's
+    attribute is one only cinders' Conv op reads."""
     readers = _readers(nodes, graph_outputs)
+    values = _known_values(nodes, constants)
     producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
     out = list(nodes)
     for i, node in enumerate(nodes):
-        activation = _activation(node, constants)
-        j = producer.get(node.input[0]) if activation and node.input else None
+        found = _gated(node, nodes, producer, readers)
+        if found is None and node.input and _activation(node, values):
+            found = _activation(node, values), node.input[0], None
+        if found is None:
+            continue
+        activation, x, gate = found
+        if readers.get(x) != (1 if gate is None else 2):
+            continue
+        j, skipped = producer.get(x), []
+        while j is not None and out[j] is not None and out[j].op_type == "Identity" and _plain(out[j]) \
+                and readers.get(out[j].input[0]) == 1:   # (PaddlePaddle's exports put them there)
+            skipped.append(j)
+            j = producer.get(out[j].input[0])
         conv = out[j] if j is not None else None
         if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                or readers.get(node.input[0]) != 1 or len(conv.output) != 1 \
-                or any(a.name == "activation" for a in conv.attribute):
+                or len(conv.output) != 1 or any(a.name == "activation" for a in conv.attribute):
             continue
-        w = constants.get(conv.input[1]) if len(conv.input) > 1 else None
+        w = values.get(conv.input[1]) if len(conv.input) > 1 else None
         if w is None or len(w.shape) != 4:
             continue
         attr = _ATTRIBUTE()
@@ -169,4 +278,6 @@ def fold_conv_activations(nodes, constants, graph_outputs):
         folded.name, folded.op_type, folded.domain = conv.name or node.name, "Conv", conv.domain
         folded.attribute = list(conv.attribute) + [attr]
         out[j], out[i] = None, folded
+        for k in skipped + ([gate] if gate is not None else []):
+            out[k] = None
     return [node for node in out if node is not None]

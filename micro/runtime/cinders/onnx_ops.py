@@ -188,7 +188,10 @@ def _from_2d(y, nd):
 
 def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
          strides=None, activation=None):
-    # activation: not ONNX's; the importer folds a Relu / Clip(0, 6) after a Conv into it
+    # activation: not ONNX's; the importer folds a Relu, Clip(0, 6), HardSwish, HardSigmoid or
+    # x * Sigmoid(x) after a Conv into it (_CONV_ACTIVATIONS)
+    if activation is not None and activation not in _CONV_ACTIVATIONS:
+        raise NotImplementedError("Conv: activation %r is not supported on the board" % (activation,))
     if group != 1:
         raise NotImplementedError("Conv: group=%d is not supported on the board" % group)
     if X.shape[1] != W.shape[1]:
@@ -211,8 +214,22 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         conv = lambda xb: _own(engine.conv2d(xb, rows, bias, W.shape[0], kernel, strides, pad, dilations))
     y = per_sample(conv, X2)
     if activation is not None:
-        y = _ops.clamp(y, 0.0, 6.0 if activation == "relu6" else None)
+        y = _CONV_ACTIVATIONS[activation](y)
     return _from_2d(y, nd)
+
+
+def _hardsigmoid(y):
+    return _ops.binary("div", _ops.clamp(_ops.binary("add", y, 3.0), 0.0, 6.0), 6.0)
+
+
+# Conv's folded activations: the desktop's functional.CONV_ACTIVATIONS on the board's ops
+_CONV_ACTIVATIONS = {
+    "relu": lambda y: _ops.clamp(y, 0.0, None),
+    "relu6": lambda y: _ops.clamp(y, 0.0, 6.0),
+    "silu": lambda y: _ops.binary("mul", y, _ops.unary("sigmoid", y)),
+    "hardsigmoid": _hardsigmoid,
+    "hardswish": lambda y: _ops.binary("mul", y, _hardsigmoid(y)),
+}
 
 
 FEW_POSITIONS = 8  # a streaming model's chunk (silero's convs: 4 and fewer)
