@@ -87,6 +87,14 @@ def gpu():
     return cn.Wgpu(autotune=False)
 
 
+@pytest.fixture
+def gpu_kinds(monkeypatch):
+    """The kernel choice a GPU gets (lavapipe, a CPU adapter, runs the direct kernel only)."""
+    from cinders.wgpu import conv as wgpu_conv
+    choose = wgpu_conv.kernel_kind
+    monkeypatch.setattr(wgpu_conv, "kernel_kind", lambda og, k, cpu: choose(og, k, False))
+
+
 @pytest.fixture(scope="module")
 def wasm():
     return cn.Wasm()
@@ -133,7 +141,7 @@ def test_wasm_column_panels_and_pointwise(wasm, monkeypatch):
                                    err_msg=_case_id(case))
 
 
-def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
+def test_the_grid_runs_both_kernels_and_never_unfolds(gpu, gpu_kinds):
     """The register-tiled implicit GEMM and the direct kernel each run in the grid, as one
     launch with bias and activation inside, and no unfold2d or matmul kernel is launched."""
     seen = set()
@@ -149,7 +157,7 @@ def test_the_grid_runs_both_kernels_and_never_unfolds(gpu):
 
 
 @pytest.mark.parametrize("tile", ["r64x128", "r64x64"])
-def test_both_tiles_and_strided_weights(gpu, tile, monkeypatch):
+def test_both_tiles_and_strided_weights(gpu, gpu_kinds, tile, monkeypatch):
     """Both register tiles of the implicit GEMM (the large one is chosen only for layers bigger
     than lavapipe can run quickly, so it is forced here) on the grid's tiled cases, with the
     weight contiguous (read at k) and as a permuted view (read through its strides)."""
@@ -173,7 +181,7 @@ def test_both_tiles_and_strided_weights(gpu, tile, monkeypatch):
     assert ran >= 6  # the grid's tiled cases among every third
 
 
-def test_column_tiles_past_the_grid_limit_continue_in_z(gpu, monkeypatch):
+def test_column_tiles_past_the_grid_limit_continue_in_z(gpu, gpu_kinds, monkeypatch):
     """More column tiles than a grid dimension holds (65,535 on real devices: a conv with over
     8.4 million output pixels) continue in z: with the limit lowered to 3, a conv of 5 column
     tiles runs on a 3 x 1 x 2 grid (the last z row half empty) and matches torch."""

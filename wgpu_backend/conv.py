@@ -276,10 +276,13 @@ def reg_wgsl(has_bias, activation, tile, flat_weight):
             + "\n".join(setup + body + stores) + "\n}\n")
 
 
-def kernel_kind(og, k):
+def kernel_kind(og, k, cpu):
     """"reg" (the register-tiled implicit GEMM) once a tile has enough output channels and
-    reduction depth to reuse what it stages; "direct" for depthwise and tiny convolutions."""
-    return "direct" if og < 8 or k < 16 else "reg"
+    reduction depth to reuse what it stages; "direct" for depthwise and tiny convolutions, and
+    on CPU adapters (lavapipe, SwiftShader), as the matmul's heuristic does: barriers cost them
+    more than they save, and their JIT compiles the large unrolled kernel slowly enough that
+    Chromium's GPU watchdog lost SwiftShader's device on it."""
+    return "direct" if cpu or og < 8 or k < 16 else "reg"
 
 
 TWO_WAVES = 264  # workgroups that give a large GPU two waves (an H100's 132 SMs)
@@ -309,7 +312,7 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     if total == 0:
         return out
     og, k, cols = o // groups, cg * kh * kw, n * oh * ow
-    kind = kernel_kind(og, k)
+    kind = kernel_kind(og, k, backend.device.is_cpu)
     if kind != "direct":
         tile_name = reg_tile_for(og, cols, groups)
         tile = REG_TILES[tile_name]
