@@ -280,8 +280,9 @@ def kernel_kind(og, k, cpu):
     """"reg" (the register-tiled implicit GEMM) once a tile has enough output channels and
     reduction depth to reuse what it stages; "direct" for depthwise and tiny convolutions, and
     on CPU adapters (lavapipe, SwiftShader), as the matmul's heuristic does: barriers cost them
-    more than they save, and their JIT compiles the large unrolled kernel slowly enough that
-    Chromium's GPU watchdog lost SwiftShader's device on it."""
+    more than they save. (In Chromium, SwiftShader lost its device on the register-tiled kernel,
+    e2e/test_capture_browser.py; why -- the JIT's time on the large unrolled kernel, or a
+    construct it mishandles -- is not pinned down.)"""
     return "direct" if cpu or og < 8 or k < 16 else "reg"
 
 
