@@ -637,13 +637,18 @@ HALF_WEIGHT_READERS = {"MatMul": (1, 2), "Gemm": (1, 2), "Conv": (1, 4), "Gather
 def half_weights(nodes, constants):
     """Mark (Constant.half) the float16 constants that only the nodes of HALF_WEIGHT_READERS
     read as their weight (MatMul's B at 2-D, Gemm's B without transA, a 1-D/2-D Conv's W of group
-    1, Gather's data); a read anywhere else, subgraphs included, keeps the constant float32."""
+    1, Gather's data); a read anywhere else, subgraphs included, keeps the constant float32.
+    Only the float16 constants' reads are indexed: a graph's other values cost nothing here."""
+    halves = {name for name, c in constants.items() if c.onnx_type == "float16"}
+    if not halves:
+        return
     readers = collections.defaultdict(list)
 
     def walk(graph_nodes, top):
         for node in graph_nodes:
             for i, name in enumerate(node.input):
-                readers[name].append((node, i) if top else None)
+                if name in halves:
+                    readers[name].append((node, i) if top else None)
             for attr in node.attribute:
                 for sub in ([attr.g] if attr.g is not None else []) + list(attr.graphs):
                     walk(sub.node, False)
