@@ -394,6 +394,25 @@ class Fusion(Backend):
             return getattr(self._inner, name)(*args)
         return self._boundary(name, *args)
 
+    # The products whose weights stay packed (core/backend.py "quantized_matmul",
+    # "quantized_conv2d"): boundaries, so int8, 4-bit and float16 weights stay at their size
+    # under Fusion. (dynamic_quantize and quantize_dequantize are not forwarded: their
+    # compositions are reductions and elementwise ops, which fuse with what they read.)
+    @property
+    def quantized_matmul(self):
+        return self._inner.quantized_matmul
+
+    def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
+        return self._inner_kernel("matmul_quantized", a, q, scale, zero_point, layout, a_scale)
+
+    @property
+    def quantized_conv2d(self):
+        return self._inner.quantized_conv2d
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        return self._inner_kernel("conv2d_quantized", x, x_param, q, scale, zero_point, bias, stride, padding,
+                                  dilation, groups)
+
     @property
     def pool2d_kernel(self):
         return self._inner.pool2d_kernel
