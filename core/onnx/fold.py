@@ -72,30 +72,65 @@ def _namer(nodes, constants):
     return fresh
 
 
+class _Fold:
+    """What each fold reads of the graph, indexed once per pass: how many readers each value has,
+    the values known at import, which node produces each value, fresh names; and the node list
+    being rewritten (a replaced node becomes None until `nodes()`)."""
+
+    def __init__(self, nodes, constants, graph_outputs):
+        self.readers = _readers(nodes, graph_outputs)
+        self.values = _known_values(nodes, constants)
+        self.fresh_name = _namer(nodes, constants)
+        self.producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
+        self.out = list(nodes)
+
+    def conv_of(self, value):
+        """(index, node) of the not yet folded plain Conv with one output that produces `value`,
+        or (None, None)."""
+        j = self.producer.get(value)
+        conv = self.out[j] if j is not None else None
+        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") or len(conv.output) != 1:
+            return None, None
+        return j, conv
+
+    def weight_and_bias(self, conv):
+        """The Conv's constant weight and bias (None where absent), or None where either is data."""
+        w = self.values.get(conv.input[1]) if len(conv.input) > 1 else None
+        has_bias = len(conv.input) > 2 and conv.input[2]
+        b = self.values.get(conv.input[2]) if has_bias else None
+        return None if w is None or (has_bias and b is None) else (w, b)
+
+    def fold(self, conv_index, node_index, conv, inputs, node, attributes=()):
+        """Replace the Conv and the node after it by one Conv reading `inputs` and writing the
+        node's outputs, the Conv's attributes plus `attributes`."""
+        folded = _NODE()
+        folded.input, folded.output = list(inputs), list(node.output)
+        folded.name, folded.op_type, folded.domain = conv.name or node.name, "Conv", conv.domain
+        folded.attribute = list(conv.attribute) + list(attributes)
+        self.out[conv_index], self.out[node_index] = None, folded
+
+    def nodes(self):
+        return [node for node in self.out if node is not None]
+
+
 def fold_batch_norms(nodes, constants, graph_outputs):
     """The node list with every foldable Conv -> BatchNormalization pair made one Conv (see the
     module docstring); the folded weights and biases are added to `constants` under new names.
     nodes are not modified (a folded Conv is a new node)."""
     from .codegen import Constant   # (codegen imports this module)
-    readers = _readers(nodes, graph_outputs)
-    values = _known_values(nodes, constants)
-    fresh_name = _namer(nodes, constants)
-    producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
-    out = list(nodes)
+    graph = _Fold(nodes, constants, graph_outputs)
     for i, bn in enumerate(nodes):
         if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") or len(bn.input) != 5 \
                 or not _inference_only(bn):
             continue
-        j = producer.get(bn.input[0])
-        conv = out[j] if j is not None else None
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                or readers.get(bn.input[0]) != 1 or len(conv.output) != 1:
+        j, conv = graph.conv_of(bn.input[0])
+        if conv is None or graph.readers.get(bn.input[0]) != 1:
             continue
-        w = values.get(conv.input[1]) if len(conv.input) > 1 else None
-        b = values.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-        stats = [values.get(name) for name in bn.input[1:]]
-        if w is None or None in stats or len(w.shape) < 3 or (len(conv.input) > 2 and conv.input[2] and b is None):
+        weights = graph.weight_and_bias(conv)
+        stats = [graph.values.get(name) for name in bn.input[1:]]
+        if weights is None or None in stats or len(weights[0].shape) < 3:
             continue
+        w, b = weights
         channels = stats + ([b] if b is not None else [])
         if w.onnx_type != "float32" or any(c.onnx_type != "float32" or c.shape != (w.shape[0],) for c in channels):
             continue
@@ -106,21 +141,15 @@ def fold_batch_norms(nodes, constants, graph_outputs):
         s = [sc / math.sqrt(v + eps) for sc, v in zip(scale, var)]
         bias = b.python_values() if b is not None else [0.0] * len(s)
         per = len(w.values) // w.shape[0]
-        weights = array("f")
+        folded_w = array("f")
         for o, so in enumerate(s):
-            weights.extend(v * so for v in w.values[o * per:(o + 1) * per])
+            folded_w.extend(v * so for v in w.values[o * per:(o + 1) * per])
         shift = array("f", ((bo - m) * so + be for bo, m, so, be in zip(bias, mean, s, beta)))
-        w_name, b_name = fresh_name(conv.input[1] + "_bn"), fresh_name(bn.input[2] + "_bn")
-        constants[w_name] = Constant("float32", w.shape, weights)
+        w_name, b_name = graph.fresh_name(conv.input[1] + "_bn"), graph.fresh_name(bn.input[2] + "_bn")
+        constants[w_name] = Constant("float32", w.shape, folded_w)
         constants[b_name] = Constant("float32", (w.shape[0],), shift)
-        folded = _NODE()
-        folded.input = [conv.input[0], w_name, b_name]
-        folded.output = list(bn.output)
-        folded.name = conv.name or bn.name
-        folded.op_type, folded.domain = "Conv", conv.domain
-        folded.attribute = list(conv.attribute)
-        out[j], out[i] = None, folded
-    return [node for node in out if node is not None]
+        graph.fold(j, i, conv, [conv.input[0], w_name, b_name], bn)
+    return graph.nodes()
 
 
 def _known_values(nodes, constants):
@@ -142,42 +171,30 @@ def fold_conv_bias_adds(nodes, constants, graph_outputs):
     write every conv): the conv kernel adds it at its store, and an activation after it can
     fold too. The Conv's constant weight tells C."""
     from .codegen import Constant   # (codegen imports this module)
-    readers = _readers(nodes, graph_outputs)
-    values = _known_values(nodes, constants)
-    fresh_name = _namer(nodes, constants)
-    producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
-    out = list(nodes)
+    graph = _Fold(nodes, constants, graph_outputs)
     for i, add in enumerate(nodes):
         if add.op_type != "Add" or not _plain(add) or len(add.input) != 2:
             continue
         for k in (0, 1):
-            j, c = producer.get(add.input[k]), values.get(add.input[1 - k])
-            conv = out[j] if j is not None else None
-            if conv is None or c is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                    or readers.get(add.input[k]) != 1 or len(conv.output) != 1 \
+            (j, conv), c = graph.conv_of(add.input[k]), graph.values.get(add.input[1 - k])
+            if conv is None or c is None or graph.readers.get(add.input[k]) != 1 \
                     or any(a.name == "activation" for a in conv.attribute):
                 continue
-            w = values.get(conv.input[1]) if len(conv.input) > 1 else None
-            b = values.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
-            if w is None or len(w.shape) != 4 or (len(conv.input) > 2 and conv.input[2] and b is None):
+            weights = graph.weight_and_bias(conv)
+            if weights is None or len(weights[0].shape) != 4:
                 continue
+            w, b = weights
             channels = w.shape[0]
             if c.onnx_type != "float32" or w.onnx_type != "float32" or \
                     c.shape not in ((channels, 1, 1), (1, channels, 1, 1)) or (b is not None and b.onnx_type != "float32"):
                 continue
             bias = b.python_values() if b is not None else [0.0] * channels
-            b_name = fresh_name((conv.input[2] if b is not None else conv.input[1]) + "_add")
+            b_name = graph.fresh_name((conv.input[2] if b is not None else conv.input[1]) + "_add")
             constants[b_name] = Constant("float32", (channels,),
                                          array("f", (bo + co for bo, co in zip(bias, c.python_values()))))
-            folded = _NODE()
-            folded.input = [conv.input[0], conv.input[1], b_name]
-            folded.output = list(add.output)
-            folded.name = conv.name or add.name
-            folded.op_type, folded.domain = "Conv", conv.domain
-            folded.attribute = list(conv.attribute)
-            out[j], out[i] = None, folded
+            graph.fold(j, i, conv, [conv.input[0], conv.input[1], b_name], add)
             break
-    return [node for node in out if node is not None]
+    return graph.nodes()
 
 
 def _clip_bounds(node, constants):
@@ -246,38 +263,32 @@ def fold_conv_activations(nodes, constants, graph_outputs):
     full-size tensors less (a backend whose kernel lacks it composes it after the kernel). Not
     for the layer-style source (the board's Conv2d layer has no activation); the folded node's
     attribute is one only cinders' Conv op reads."""
-    readers = _readers(nodes, graph_outputs)
-    values = _known_values(nodes, constants)
-    producer = {node.output[0]: i for i, node in enumerate(nodes) if node.output}
-    out = list(nodes)
+    graph = _Fold(nodes, constants, graph_outputs)
+    readers, producer, out = graph.readers, graph.producer, graph.out
     for i, node in enumerate(nodes):
         found = _gated(node, nodes, producer, readers)
-        if found is None and node.input and _activation(node, values):
-            found = _activation(node, values), node.input[0], None
+        if found is None and node.input and _activation(node, graph.values):
+            found = _activation(node, graph.values), node.input[0], None
         if found is None:
             continue
         activation, x, gate = found
         if readers.get(x) != (1 if gate is None else 2):
             continue
-        j, skipped = producer.get(x), []
+        skipped, j = [], producer.get(x)
         while j is not None and out[j] is not None and out[j].op_type == "Identity" and _plain(out[j]) \
                 and readers.get(out[j].input[0]) == 1:   # (PaddlePaddle's exports put them there)
             skipped.append(j)
-            j = producer.get(out[j].input[0])
-        conv = out[j] if j is not None else None
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                or len(conv.output) != 1 or any(a.name == "activation" for a in conv.attribute):
+            x = out[j].input[0]
+            j = producer.get(x)
+        j, conv = graph.conv_of(x)
+        if conv is None or any(a.name == "activation" for a in conv.attribute):
             continue
-        w = values.get(conv.input[1]) if len(conv.input) > 1 else None
+        w = graph.values.get(conv.input[1]) if len(conv.input) > 1 else None
         if w is None or len(w.shape) != 4:
             continue
         attr = _ATTRIBUTE()
         attr.name, attr.type, attr.s = "activation", 3, activation.encode()
-        folded = _NODE()
-        folded.input, folded.output = list(conv.input), list(node.output)
-        folded.name, folded.op_type, folded.domain = conv.name or node.name, "Conv", conv.domain
-        folded.attribute = list(conv.attribute) + [attr]
-        out[j], out[i] = None, folded
+        graph.fold(j, i, conv, conv.input, node, [attr])
         for k in skipped + ([gate] if gate is not None else []):
             out[k] = None
-    return [node for node in out if node is not None]
+    return graph.nodes()
