@@ -47,6 +47,9 @@ cn.profile sees no kernel events on cn.Wasm() (its queued kernels run in one hos
 kernel is run and timed on its own here: every launch then also pays one host call, which
 inflates small kernels; read the shares, not the absolute times.
     python benchmarks/quantized.py --profile --models bert --variants f32,q8_qdq --wasm-engine wasmtime
+With --backend wgpu, cn.Wgpu()'s instead: each kernel's GPU time (cn.profile's timestamps; "ms" is
+their sum, not the wall time) and launches per call.
+    python benchmarks/quantized.py --profile --backend wgpu --variants f32,f16,q8_dynamic,q8_qdq
 """
 
 import argparse
@@ -169,9 +172,10 @@ def _memory(stack, backend):
     return tracemalloc.get_traced_memory()[0]
 
 
-def cinders_runner(stack, path, feeds, wasm_engine=None):
-    """({memory_bytes, device}, run) of the model at path loaded on `stack`; run() -> output."""
-    backend = _backend(stack, wasm_engine)
+def cinders_runner(stack, path, feeds, wasm_engine=None, backend=None):
+    """({memory_bytes, device}, run) of the model at path loaded on `stack` (on `backend` where
+    given, else a new one); run() -> output."""
+    backend = backend or _backend(stack, wasm_engine)
     if stack == "wgpu":
         backend.synchronize()
         backend.empty_cache()
@@ -366,11 +370,31 @@ def wasm_kernel_profile(path, feeds, wasm_engine, repeat):
     return {name: [round(t, 3), launches[name] // repeat] for name, t in ms.most_common()}, row["device"]
 
 
-def profile_main(models, variants, repeat, small, wasm_engine):
+def wgpu_kernel_profile(path, feeds, repeat):
+    """({kernel: [GPU ms per call, launches per call]}, device) of the model at path on cn.Wgpu(),
+    from cn.profile's kernel timestamps."""
+    import collections
+    backend = cn.Wgpu()
+    row, run = cinders_runner("wgpu", path, feeds, backend=backend)
+    run()
+    ms, launches = collections.Counter(), collections.Counter()
+    for _ in range(repeat):
+        with cn.profile(backend) as p:
+            run()
+        for event in p.events:
+            if event["kind"] == "kernel":
+                ms[event["name"]] += (event.get("gpu_time") or 0.0) * 1000 / repeat
+                launches[event["name"]] += 1
+    return {name: [round(t, 3), launches[name] // repeat] for name, t in ms.most_common()}, row["device"]
+
+
+def profile_main(models, variants, repeat, small, wasm_engine, gpu):
     for name in models:
         src, feeds = float_model(name, small)
         for variant in variants:
-            kernels, device = wasm_kernel_profile(quantized_file(src, variant, feeds), feeds, wasm_engine, repeat)
+            path = quantized_file(src, variant, feeds)
+            kernels, device = wgpu_kernel_profile(path, feeds, repeat) if gpu else \
+                wasm_kernel_profile(path, feeds, wasm_engine, repeat)
             print(json.dumps({"bench": "quantized_profile", "model": name, "variant": variant, "device": device,
                               "launches": sum(n for _, n in kernels.values()),
                               "ms": round(sum(t for t, _ in kernels.values()), 3), "kernels": kernels}), flush=True)
@@ -399,7 +423,8 @@ def main():
                         help="cn.Wasm() in headless Chromium's /onnx/ page against ORT Web's WASM EP "
                              "(instead of the desktop stacks of --backend)")
     parser.add_argument("--profile", action="store_true",
-                        help="cn.Wasm()'s time per kernel instead of the stacks' comparison")
+                        help="cn.Wasm()'s time per kernel instead of the stacks' comparison "
+                             "(cn.Wgpu()'s GPU time with --backend wgpu)")
     parser.add_argument("--wasm-engine", default=None,
                         help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
@@ -409,7 +434,8 @@ def main():
     if unknown:
         parser.error("unknown stacks or variants: %s" % ", ".join(unknown))
     if args.profile:
-        return profile_main(args.models.split(","), variants, args.repeat, args.small, args.wasm_engine)
+        return profile_main(args.models.split(","), variants, args.repeat, args.small, args.wasm_engine,
+                            stacks == ["wgpu"])
     if args.tab:
         return tab_main(args.models.split(","), variants, args.repeat, args.small)
     for name in args.models.split(","):
