@@ -255,6 +255,12 @@ class Captured:
         return "cn.capture(%s: %d captures, %d replays)" % (self.__name__, self.captures,
                                                             self.replays)
 
+    @property
+    def fast_path(self):
+        """True when the next call with the last replay's signature is checked against it
+        argument by argument, before any signature is built (_LastCall)."""
+        return self._last is not None
+
     def replayable(self):
         """The program the last call replayed, when a host may replay it by itself, running no
         Python, until the program's `on_stale` callbacks run (cn.Wasm() in the page:
