@@ -519,7 +519,7 @@ def _as_2d_conv(X, W, w_scale, w_zero_point, axis, packed_shape, auto_pad, dilat
     sd, dd = strides[0], dilations[0]
     od = (depth - (kd - 1) * dd - 1) // sd + 1
     taps = stack([x[:, :, k * dd:k * dd + (od - 1) * sd + 1:sd] for k in range(kd)], axis=2)  # (N, C, KD, OD, H, W)
-    x = taps.permute(0, 3, 1, 2, 4, 5).reshape((n * od, c * kd) + tuple(x.shape[3:]))
+    x = taps.permute(0, 3, 1, 2, 4, 5).reshape((n * od, x.shape[1] * kd) + tuple(x.shape[3:]))
     two_d = (o, c * kd) + shape[3:]
     args = dict(auto_pad="NOTSET", dilations=dilations[1:], kernel_shape=list(shape[3:]),
                 pads=[begins[1], begins[2], ends[1], ends[2]], strides=strides[1:])

@@ -1,0 +1,204 @@
+"""4-bit QDQ weights (issue 28, items 2-3): DequantizeLinear of a constant int4/uint4 weight read by
+a MatMul, Gemm or Conv stays packed two values a byte (codegen `packed_four_bit`) and is read
+4-bit inside matmul_quantized on the backends that declare `quantized_matmul` (cn.NumPy, cn.Wasm
+on both engines, cn.Wgpu on lavapipe); blocks along N, 1-D and 3-D conv weights and 1x1 conv
+blocks stay quantized too (ops/quantization.py). Every answer is onnxruntime's for the graph as
+written (its optimizer turns DequantizeLinear -> MatMul into MatMulNBits, which quantizes A)."""
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders.onnx import load
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(28)
+BACKENDS = {"numpy": cn.NumPy, "wasm-native": lambda: cn.Wasm(engine="native"),
+            "wasm-wasmtime": lambda: cn.Wasm(engine="wasmtime"), "wgpu": lambda: cn.Wgpu(autotune=False)}
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def backend(request):
+    return BACKENDS[request.param]()
+
+
+def _four_bit(name, values, signed):
+    return helper.make_tensor(name, TensorProto.INT4 if signed else TensorProto.UINT4, values.shape,
+                              values.flatten().tolist())
+
+
+def _params(shape, signed, axis, block, zero_point):
+    """Random 4-bit W of `shape` with a scale (and zero point) per tensor (axis None), per axis,
+    or in opset 21 blocks along `axis`: initializers and DequantizeLinear's inputs and attributes."""
+    lo, hi = (-8, 8) if signed else (0, 16)
+    if axis is None:
+        grid = ()
+    elif block:
+        grid = tuple(-(-d // block) if i == axis else d for i, d in enumerate(shape))
+    else:
+        grid = (shape[axis],)
+    inits = [_four_bit("w", RNG.integers(lo, hi, shape), signed),
+             numpy_helper.from_array(RNG.uniform(0.01, 0.1, grid).astype(np.float32), "s")]
+    if zero_point:
+        inits.append(_four_bit("z", RNG.integers(lo, hi, grid), signed))
+    attrs = {"axis": axis or 0}
+    if block:
+        attrs["block_size"] = block
+    return inits, helper.make_node("DequantizeLinear", ["w", "s", "z"][:len(inits)], ["wf"], **attrs)
+
+
+def _model(node, x_shape, inits, dq):
+    graph = helper.make_graph([dq, node], "g", [helper.make_tensor_value_info("x", 1, x_shape)],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _onnxruntime(data, x):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _run(backend, data, x, monkeypatch):
+    """The model's output on backend and the `bits` of each matmul_quantized call it made."""
+    bits, inner = [], backend.matmul_quantized
+
+    def counted(*args, **kwargs):
+        bits.append(args[4].bits)
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(backend, "matmul_quantized", counted)
+    model = load(data, backend=backend)
+    out = model(cn.tensor(x, backend=backend)).numpy()
+    monkeypatch.undo()
+    return out, bits, model
+
+
+# (id, K, N, signed, axis of B (K, N) or None: per tensor, block, zero point, op; GemmT: Gemm
+# with transB, W stored (N, K))
+PRODUCTS = [
+    ("int4-block32-ragged", 70, 37, True, 0, 32, False, "MatMul"),    # MatMulNBitsQuantizer's QDQ form
+    ("uint4-block16-zp", 48, 24, False, 0, 16, True, "MatMul"),
+    ("int4-block16-zp-gemm", 40, 17, True, 0, 16, True, "Gemm"),
+    ("int4-block16-zp-transB", 40, 17, True, 0, 16, True, "GemmT"),
+    ("uint4-block32-ragged-transB", 70, 37, False, 0, 32, False, "GemmT"),
+    ("uint4-per-column-odd", 33, 9, False, 1, 0, True, "MatMul"),
+    ("int4-per-row-gemm", 33, 9, True, 0, 0, True, "Gemm"),
+    ("int4-per-column-transB", 33, 9, True, 1, 0, False, "GemmT"),
+    ("uint4-per-tensor-odd", 35, 11, False, None, 0, True, "MatMul"),
+    ("int4-per-tensor-transB", 35, 11, True, None, 0, False, "GemmT"),
+    ("int4-blocks-along-n", 33, 21, True, 1, 8, True, "MatMul"),
+    ("uint4-blocks-along-n-gemm", 20, 40, False, 1, 16, False, "Gemm"),
+    ("int4-blocks-along-n-transB", 20, 40, True, 1, 16, True, "GemmT"),
+]
+
+
+@pytest.mark.parametrize("case", PRODUCTS, ids=[c[0] for c in PRODUCTS])
+def test_four_bit_products_read_the_packed_weight_and_give_onnxruntimes_answer(backend, case, monkeypatch):
+    _, k, n, signed, axis, block, zero_point, op = case
+    transposed = op == "GemmT"
+    shape = (n, k) if transposed else (k, n)
+    stored_axis = None if axis is None else (1 - axis if transposed else axis)
+    inits, dq = _params(shape, signed, stored_axis, block, zero_point)
+    node = helper.make_node("Gemm" if transposed else op, ["x", "wf"], ["y"], **({"transB": 1} if transposed else {}))
+    x = RNG.standard_normal((3, k)).astype(np.float32)
+    data = _model(node, x.shape, inits, dq)
+    got, bits, model = _run(backend, data, x, monkeypatch)
+    blocks_along_n = block and axis == 1
+    assert bits == [4] * (-(-n // block) if blocks_along_n else 1), bits
+    weight = model.state_dict()[[name for name, t in model.state_dict().items() if t.shape == ((k * n + 1) // 2,)][0]]
+    assert weight.dtype is cn.uint8   # two values a byte
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+def test_without_the_ability_the_composition_gives_the_same_answer(monkeypatch):
+    """cn.Python has no quantized_matmul: the packed bytes are unpacked per call, the same numbers."""
+    inits, dq = _params((20, 7), True, 0, 8, True)
+    data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (2, 20), inits, dq)
+    x = RNG.standard_normal((2, 20)).astype(np.float32)
+    got = load(data, backend=cn.Python())(cn.tensor(x, backend=cn.Python())).numpy()
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+# (id, W shape, signed, axis or None, block, zero point, Conv attributes, group, x shape)
+CONVS = [
+    ("int4-2d-per-channel", (6, 3, 3, 3), True, 0, 0, False, dict(pads=[1, 0, 0, 1], strides=[2, 2]), (2, 3, 9, 8)),
+    ("uint4-1d-per-tensor", (5, 4, 3), False, None, 0, True, dict(pads=[1, 1]), (2, 4, 11)),
+    ("int4-3d-per-channel", (4, 3, 2, 3, 3), True, 0, 0, True,
+     dict(pads=[1, 0, 1, 0, 1, 1], strides=[2, 1, 1], dilations=[1, 2, 1]), (1, 3, 6, 7, 6)),
+    ("uint4-1x1-blocks-along-c", (7, 20, 1, 1), False, 1, 8, True, {}, (1, 20, 5, 5)),
+]
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[c[0] for c in CONVS])
+def test_four_bit_conv_weights_stay_packed(backend, case, monkeypatch):
+    _, shape, signed, axis, block, zero_point, attrs, x_shape = case
+    inits, dq = _params(shape, signed, axis, block, zero_point)
+    data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], **attrs), x_shape, inits, dq)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    got, bits, _ = _run(backend, data, x, monkeypatch)
+    assert bits == [4], bits
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_int8_conv3d_weight_stays_8_bit(backend, group, monkeypatch):
+    """An int8 Conv3d weight (per output channel) is the 2-D (O, C*KD, kh, kw) weight of the
+    image's depth taps, the same bytes: read 8-bit inside matmul_quantized at group 1, dequantized
+    for a grouped one (no grouped quantized_conv), both onnxruntime's answer."""
+    w = RNG.integers(-127, 128, (4, 4 // group, 3, 2, 2)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(RNG.uniform(0.01, 0.02, 4).astype(np.float32), "s")]
+    dq = helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0)
+    conv = helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 1, 0, 1, 1, 0], strides=[2, 1, 1], group=group)
+    data = _model(conv, (1, 4, 5, 4, 4), inits, dq)
+    x = RNG.standard_normal((1, 4, 5, 4, 4)).astype(np.float32)
+    got, bits, model = _run(backend, data, x, monkeypatch)
+    assert bits == ([8] if group == 1 else []), bits
+    assert any(t.dtype is cn.int8 for t in model.state_dict().values())
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+def test_blocked_3x3_conv_weight_is_dequantized(backend, monkeypatch):
+    """A 3x3 conv weight in blocks along C has no QuantizedLayout (docs/onnx.md): dequantized per
+    call, onnxruntime's answer."""
+    inits, dq = _params((5, 12, 3, 3), True, 1, 8, True)
+    data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 1, 1, 1]), (1, 12, 6, 6), inits, dq)
+    x = RNG.standard_normal((1, 12, 6, 6)).astype(np.float32)
+    got, bits, _ = _run(backend, data, x, monkeypatch)
+    assert bits == [], bits
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+def _held_bytes(backend, model):
+    """Bytes the model's tensors hold: cn.Wgpu's device buffers (memory_stats), cn.Wasm's heap
+    blocks, cn.NumPy's arrays."""
+    if backend.name == "numpy":
+        return sum(t.handle.nbytes for t in model.state_dict().values())
+    backend.synchronize()
+    return backend.memory_stats()["allocated_bytes"] if backend.name == "wgpu" else backend.heap.in_use
+
+
+def test_a_four_bit_model_holds_an_eighth_of_the_float_bytes(backend):
+    k, n = 512, 512
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    float_data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (3, k), [numpy_helper.from_array(w, "w")],
+                        helper.make_node("Identity", ["w"], ["wf"]))
+    inits, dq = _params((k, n), True, 0, 32, False)
+    q4_data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (3, k), inits, dq)
+    sizes = []
+    for data in (float_data, q4_data):
+        if backend.name == "wgpu":
+            backend.synchronize()
+            backend.empty_cache()
+        before = 0 if backend.name == "numpy" else _held_bytes(backend, None)
+        model = load(data, backend=backend)
+        sizes.append(_held_bytes(backend, model) - before)
+        del model
+    f32, q4 = sizes
+    assert f32 >= 4 * k * n
+    # k * n / 2 bytes of nibbles and a float32 scale per 32 values (1/32 of the float bytes)
+    assert 0.125 <= q4 / f32 < 0.165, (q4, f32)
