@@ -202,3 +202,23 @@ def test_a_four_bit_model_holds_an_eighth_of_the_float_bytes(backend):
     assert f32 >= 4 * k * n
     # k * n / 2 bytes of nibbles and a float32 scale per 32 values (1/32 of the float bytes)
     assert 0.125 <= q4 / f32 < 0.165, (q4, f32)
+
+
+def test_import_onnx_record_holds_the_packed_bytes(tmp_path, monkeypatch):
+    """`cinders import-onnx` writes a 4-bit QDQ weight as its packed bytes (safetensors U8, half a
+    byte a value); the written module loads them on cn.Python (no quantized_matmul: unpacked per
+    call) with onnxruntime's answer."""
+    import importlib
+    from cinders.onnx import import_onnx
+    inits, dq = _params((40, 9), True, 0, 16, False)
+    data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (2, 40), inits, dq)
+    path = tmp_path / "q4.onnx"
+    path.write_bytes(data)
+    py_path, st_path, _ = import_onnx(str(path), str(tmp_path / "out"), name="q4_net")
+    from safetensors.numpy import load_file
+    assert [(a.dtype, a.shape) for a in load_file(st_path).values() if a.dtype == np.uint8] == [(np.uint8, (180,))]
+    monkeypatch.syspath_prepend(str(tmp_path / "out"))
+    module = importlib.import_module("q4_net")
+    x = RNG.standard_normal((2, 40)).astype(np.float32)
+    got = module.Model.load(st_path, backend=cn.Python())(cn.tensor(x, backend=cn.Python()))
+    np.testing.assert_allclose(got.numpy(), _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
