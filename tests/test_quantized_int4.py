@@ -1,9 +1,10 @@
 """4-bit QDQ weights (issue 28, items 2-3): DequantizeLinear of a constant int4/uint4 weight read by
 a MatMul, Gemm or Conv stays packed two values a byte (codegen `packed_four_bit`) and is read
 4-bit inside matmul_quantized on the backends that declare `quantized_matmul` (cn.NumPy, cn.Wasm
-on both engines, cn.Wgpu on lavapipe); blocks along N, 1-D and 3-D conv weights and 1x1 conv
-blocks stay quantized too (ops/quantization.py). Every answer is onnxruntime's for the graph as
-written (its optimizer turns DequantizeLinear -> MatMul into MatMulNBits, which quantizes A)."""
+on both engines, cn.Wgpu on lavapipe). Blocks along N, 1-D and 3-D conv weights and 1x1 conv
+blocks along C stay quantized too, 8-bit ones included (ops/quantization.py). Every answer is
+onnxruntime's for the graph as written (its optimizer turns DequantizeLinear -> MatMul into
+MatMulNBits, which may quantize A)."""
 
 import numpy as np
 import pytest
@@ -25,25 +26,29 @@ def backend(request):
     return BACKENDS[request.param]()
 
 
-def _four_bit(name, values, signed):
-    return helper.make_tensor(name, TensorProto.INT4 if signed else TensorProto.UINT4, values.shape,
-                              values.flatten().tolist())
+TYPES = {True: TensorProto.INT4, False: TensorProto.UINT4, "int8": TensorProto.INT8}   # signed -> its 4-bit type
+RANGES = {True: (-8, 8), False: (0, 16), "int8": (-128, 128)}
+
+
+def _quantized(name, values, signed):
+    return helper.make_tensor(name, TYPES[signed], values.shape, values.flatten().tolist())
 
 
 def _params(shape, signed, axis, block, zero_point):
-    """Random 4-bit W of `shape` with a scale (and zero point) per tensor (axis None), per axis,
-    or in opset 21 blocks along `axis`: initializers and DequantizeLinear's inputs and attributes."""
-    lo, hi = (-8, 8) if signed else (0, 16)
+    """Random int4 (signed True), uint4 (False) or int8 ("int8") W of `shape` with a scale (and
+    zero point) per tensor (axis None), per axis, or in opset 21 blocks along `axis`:
+    initializers and DequantizeLinear's inputs and attributes."""
+    lo, hi = RANGES[signed]
     if axis is None:
         grid = ()
     elif block:
         grid = tuple(-(-d // block) if i == axis else d for i, d in enumerate(shape))
     else:
         grid = (shape[axis],)
-    inits = [_four_bit("w", RNG.integers(lo, hi, shape), signed),
+    inits = [_quantized("w", RNG.integers(lo, hi, shape), signed),
              numpy_helper.from_array(RNG.uniform(0.01, 0.1, grid).astype(np.float32), "s")]
     if zero_point:
-        inits.append(_four_bit("z", RNG.integers(lo, hi, grid), signed))
+        inits.append(_quantized("z", RNG.integers(lo, hi, grid), signed))
     attrs = {"axis": axis or 0}
     if block:
         attrs["block_size"] = block
@@ -94,11 +99,13 @@ PRODUCTS = [
     ("int4-blocks-along-n", 33, 21, True, 1, 8, True, "MatMul"),
     ("uint4-blocks-along-n-gemm", 20, 40, False, 1, 16, False, "Gemm"),
     ("int4-blocks-along-n-transB", 20, 40, True, 1, 16, True, "GemmT"),
+    ("int8-blocks-along-n", 33, 21, "int8", 1, 8, True, "MatMul"),
+    ("int8-blocks-along-n-transB", 20, 40, "int8", 1, 16, False, "GemmT"),
 ]
 
 
 @pytest.mark.parametrize("case", PRODUCTS, ids=[c[0] for c in PRODUCTS])
-def test_four_bit_products_read_the_packed_weight_and_give_onnxruntimes_answer(backend, case, monkeypatch):
+def test_qdq_products_read_the_quantized_weight_and_give_onnxruntimes_answer(backend, case, monkeypatch):
     _, k, n, signed, axis, block, zero_point, op = case
     transposed = op == "GemmT"
     shape = (n, k) if transposed else (k, n)
@@ -109,9 +116,10 @@ def test_four_bit_products_read_the_packed_weight_and_give_onnxruntimes_answer(b
     data = _model(node, x.shape, inits, dq)
     got, bits, model = _run(backend, data, x, monkeypatch)
     blocks_along_n = block and axis == 1
-    assert bits == [4] * (-(-n // block) if blocks_along_n else 1), bits
-    weight = model.state_dict()[[name for name, t in model.state_dict().items() if t.shape == ((k * n + 1) // 2,)][0]]
-    assert weight.dtype is cn.uint8   # two values a byte
+    width = 8 if signed == "int8" else 4
+    assert bits == [width] * (-(-n // block) if blocks_along_n else 1), bits
+    held = [t.dtype for t in model.state_dict().values() if t.numel() == (k * n if width == 8 else (k * n + 1) // 2)]
+    assert held == [cn.int8 if width == 8 else cn.uint8], held   # one byte, or two values a byte
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
@@ -131,17 +139,18 @@ CONVS = [
     ("int4-3d-per-channel", (4, 3, 2, 3, 3), True, 0, 0, True,
      dict(pads=[1, 0, 1, 0, 1, 1], strides=[2, 1, 1], dilations=[1, 2, 1]), (1, 3, 6, 7, 6)),
     ("uint4-1x1-blocks-along-c", (7, 20, 1, 1), False, 1, 8, True, {}, (1, 20, 5, 5)),
+    ("int8-1x1-blocks-along-c", (7, 20, 1, 1), "int8", 1, 16, False, dict(strides=[2, 2]), (1, 20, 5, 5)),
 ]
 
 
 @pytest.mark.parametrize("case", CONVS, ids=[c[0] for c in CONVS])
-def test_four_bit_conv_weights_stay_packed(backend, case, monkeypatch):
+def test_qdq_conv_weights_stay_quantized(backend, case, monkeypatch):
     _, shape, signed, axis, block, zero_point, attrs, x_shape = case
     inits, dq = _params(shape, signed, axis, block, zero_point)
     data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], **attrs), x_shape, inits, dq)
     x = RNG.standard_normal(x_shape).astype(np.float32)
     got, bits, _ = _run(backend, data, x, monkeypatch)
-    assert bits == [4], bits
+    assert bits == [8 if signed == "int8" else 4], bits
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 

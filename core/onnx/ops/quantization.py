@@ -20,7 +20,8 @@ float32 or int32 copy of B. ConvInteger and QLinearConv (group 1, 2-D) do the sa
 unfolded image (`quantized_conv`), QLinearMatMul through `integer_matmul`, and a QDQ graph's
 weights too: the importer joins `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm
 that reads it into DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen),
-which keep W 8-bit; it joins an activation's QuantizeLinear -> DequantizeLinear into
+which keep W 8-bit (an int4/uint4 W 4-bit: the importer packs it two values a byte, and the
+products read it with `bits` 4, as MatMulNBits does); it joins an activation's QuantizeLinear -> DequantizeLinear into
 QuantizeDequantize (one kernel, the `quantize_dequantize` ability where declared), and where
 that activation is a joined product's input it hands the product the activation's scale
 (x_scale): its integers then multiply W's in exact int32 sums (matmul_quantized's a_scale), as
