@@ -160,7 +160,8 @@ def test_int8_conv3d_weight_stays_8_bit(backend, group, monkeypatch):
     image's depth taps, the same bytes: read 8-bit inside matmul_quantized at group 1, dequantized
     for a grouped one (no grouped quantized_conv), both onnxruntime's answer."""
     w = RNG.integers(-127, 128, (4, 4 // group, 3, 2, 2)).astype(np.int8)
-    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(RNG.uniform(0.01, 0.02, 4).astype(np.float32), "s")]
+    inits = [numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(RNG.uniform(0.01, 0.02, 4).astype(np.float32), "s")]
     dq = helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0)
     conv = helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 1, 0, 1, 1, 0], strides=[2, 1, 1], group=group)
     data = _model(conv, (1, 4, 5, 4, 4), inits, dq)
@@ -231,3 +232,35 @@ def test_import_onnx_record_holds_the_packed_bytes(tmp_path, monkeypatch):
     x = RNG.standard_normal((2, 40)).astype(np.float32)
     got = module.Model.load(st_path, backend=cn.Python())(cn.tensor(x, backend=cn.Python()))
     np.testing.assert_allclose(got.numpy(), _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["int4", "uint4-zero-points"])
+def test_matmul_nbits_quantizer_qdq_files(backend, symmetric, monkeypatch):
+    """What onnxruntime's MatMulNBitsQuantizer writes with quant_format=QDQ: DequantizeLinear of
+    an int4 weight (symmetric) or a uint4 one with uint4 zero points, blocks of 16 along K (70:
+    a ragged last block), feeding each MatMul."""
+    import logging
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    weights = {"w1": RNG.standard_normal((70, 40)), "w2": RNG.standard_normal((40, 13))}
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", 1, (3, 70))],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(w.astype(np.float32), n) for n, w in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    config = DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=symmetric, quant_format=QuantFormat.QDQ)
+    logging.disable(logging.INFO)   # (the quantizer logs every node)
+    try:
+        quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+        quantizer.process()
+    finally:
+        logging.disable(logging.NOTSET)
+    data = quantizer.model.model.SerializeToString()
+    assert {t.data_type for t in quantizer.model.model.graph.initializer} == \
+        ({TensorProto.INT4, TensorProto.FLOAT} if symmetric else {TensorProto.UINT4, TensorProto.FLOAT})
+    x = RNG.standard_normal((3, 70)).astype(np.float32)
+    got, bits, _ = _run(backend, data, x, monkeypatch)
+    assert bits == [4, 4], bits
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-4)

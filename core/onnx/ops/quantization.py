@@ -21,11 +21,12 @@ unfolded image (`quantized_conv`), QLinearMatMul through `integer_matmul`, and a
 weights too: the importer joins `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm
 that reads it into DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen),
 which keep W 8-bit (an int4/uint4 W 4-bit: the importer packs it two values a byte, and the
-products read it with `bits` 4, as MatMulNBits does); it joins an activation's QuantizeLinear -> DequantizeLinear into
-QuantizeDequantize (one kernel, the `quantize_dequantize` ability where declared), and where
-that activation is a joined product's input it hands the product the activation's scale
-(x_scale): its integers then multiply W's in exact int32 sums (matmul_quantized's a_scale), as
-onnxruntime's QLinear kernels.
+products read it with `bits` 4, as MatMulNBits does); it joins an activation's
+QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel, the
+`quantize_dequantize` ability where declared), and where that activation is a joined
+product's input it hands the product the activation's scale (x_scale): its integers then
+multiply W's 8-bit values in exact int32 sums (matmul_quantized's a_scale), as onnxruntime's
+QLinear kernels.
 
 A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy) has a convolution kernel of its
 own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
@@ -564,11 +565,12 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
 def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed, x_scale=None,
                          packed_shape=None, zp_default=0):
     """a @ dequantize(W) (W^T where transposed) read 8-bit (or 4-bit: packed_shape; zero point
-    zp_default where none is given) inside the kernel, or None where the backend cannot (then the caller dequantizes). x_scale: where a is a
-    QDQ activation (codegen `quantized_activation_inputs`), its scale: a / x_scale are then
-    integers, which the kernel multiplies by W's 8-bit values in exact int32 sums, scaled once
-    (what onnxruntime's QLinearMatMul and MatMulIntegerToFloat do); without the ability, the same
-    exact sums in exact_matmul."""
+    zp_default where none is given) inside the kernel, or None where the backend cannot (then the
+    caller dequantizes). x_scale: where a is a QDQ activation (codegen
+    `quantized_activation_inputs`), its scale: a / x_scale are then integers, which the kernel
+    multiplies by W's 8-bit values in exact int32 sums, scaled once (what onnxruntime's
+    QLinearMatMul and MatMulIntegerToFloat do); without the ability, the same exact sums in
+    exact_matmul."""
     shape = tuple(packed_shape or w.shape)
     if a.dtype is not float32 or len(shape) != 2:
         return None
