@@ -264,3 +264,43 @@ def test_matmul_nbits_quantizer_qdq_files(backend, symmetric, monkeypatch):
     got, bits, _ = _run(backend, data, x, monkeypatch)
     assert bits == [4, 4], bits
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def static_int4_file(tmp_path_factory):
+    """onnxruntime's quantize_static with weight_type=QInt4 (QDQ, per channel) of a small CNN."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    folder = tmp_path_factory.mktemp("static_int4")
+    nodes = [helper.make_node("Conv", ["x", "wc", "bc"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("MatMul", ["f", "wm"], ["y"])]
+    inits = {"wc": RNG.standard_normal((8, 3, 3, 3)), "bc": RNG.standard_normal(8),
+             "wm": RNG.standard_normal((288, 10)) * 0.1}
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", 1, (1, 3, 6, 6))],
+                              [helper.make_tensor_value_info("y", 1, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(folder / "f.onnx"))
+    samples = iter([{"x": RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)} for _ in range(4)])
+
+    class Samples(CalibrationDataReader):
+        def get_next(self):
+            return next(samples, None)
+    quantize_static(str(folder / "f.onnx"), str(folder / "q.onnx"), Samples(), quant_format=QuantFormat.QDQ,
+                    weight_type=QuantType.QInt4, activation_type=QuantType.QUInt8, per_channel=True)
+    return (folder / "q.onnx").read_bytes()
+
+
+def test_quantize_static_int4_weights(backend, static_int4_file, monkeypatch):
+    """quantize_static's int4 Conv and MatMul weights between uint8 activation round trips are
+    read 4-bit in both products; the output is onnxruntime's (it is requantized: within one
+    quantization step where a float32 rounding lands a value on the other side of a rounding
+    boundary)."""
+    data = static_int4_file
+    x = RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    got, bits, _ = _run(backend, data, x, monkeypatch)
+    assert bits == [4, 4], bits
+    step = float(numpy_helper.to_array([t for t in onnx.load_from_string(data).graph.initializer
+                                        if t.name == "y_scale"][0]))
+    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=0, atol=step * 1.001)
