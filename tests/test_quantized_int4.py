@@ -172,15 +172,18 @@ def test_int8_conv3d_weight_stays_8_bit(backend, group, monkeypatch):
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
-def test_blocked_3x3_conv_weight_is_dequantized(backend, monkeypatch):
-    """A 3x3 conv weight in blocks along C has no QuantizedLayout (docs/onnx.md): dequantized per
-    call, onnxruntime's answer."""
-    inits, dq = _params((5, 12, 3, 3), True, 1, 8, True)
-    data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 1, 1, 1]), (1, 12, 6, 6), inits, dq)
-    x = RNG.standard_normal((1, 12, 6, 6)).astype(np.float32)
-    got, bits, _ = _run(backend, data, x, monkeypatch)
-    assert bits == [], bits
-    np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
+def test_blocked_3x3_conv_weight_is_read_one_tap_at_a_time(backend, monkeypatch):
+    """A 3x3 conv weight in blocks along C (ragged: 12 = 8 + 4) is read 4-bit one kernel tap at a
+    time (ops/quantization.py conv_weight_layouts); one per axis along C has no layout and is
+    dequantized per call (docs/onnx.md). Both give onnxruntime's answer."""
+    for axis, block, calls in ((1, 8, [4] * 9), (1, 0, [])):
+        inits, dq = _params((5, 12, 3, 3), True, axis, block, True)
+        data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 0, 1, 1], strides=[1, 2]), (1, 12, 6, 7),
+                      inits, dq)
+        x = RNG.standard_normal((1, 12, 6, 7)).astype(np.float32)
+        got, bits, _ = _run(backend, data, x, monkeypatch)
+        assert bits == calls, bits
+        np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
 def _held_bytes(backend, model):

@@ -303,34 +303,42 @@ def weight_layout(k, n, q, scale, zero_point, along_n=True, bits=8, zp_default=0
                            zp=(0, _per_channel(zero_point), 0), zp_default=zp_default)
 
 
-def conv_weight_layout(shape, bits, scale, zero_point, block_size, axis, zp_default=0):
-    """QuantizedLayout of a conv weight of `shape` (O, C, kh, kw) read by the unfolded image's
-    rows (k = (c, i, j), contiguous), or None where its parameters do not fit that: one scale
-    per tensor or per output channel (axis 0), or opset 21 blocks along C of a 1x1 kernel (k is
-    then c: one scale per block and output channel)."""
-    o, ckk = shape[0], shape[1] * shape[2] * shape[3]
-    q = (0, 1, ckk)
+def conv_weight_layouts(shape, bits, scale, zero_point, block_size, axis, zp_default=0):
+    """[(tap, QuantizedLayout)] of a conv weight of `shape` (O, C, kh, kw) read by the unfolded
+    image's rows (k = (c, i, j)), or None where its parameters do not fit: one scale per tensor
+    or per output channel (axis 0) read by all of k at once (tap None); opset 21 blocks along C
+    (axis 1: scale (O, C blocks, kh, kw)) one kernel tap r = (i, j) at a time, the rows' columns
+    r::kh*kw times W's values at k = c (c in blocks, as the kernels' `block` counts them), the
+    taps' products summed."""
+    o, c = shape[:2]
+    taps = shape[2] * shape[3]
     if not block_size:
         if (_per_channel(scale) or _per_channel(zero_point)) and _axis(axis, 4) != 0:
             return None
-        return weight_layout(ckk, o, q, scale, zero_point, bits=bits, zp_default=zp_default)
-    blocks = -(-shape[1] // block_size)
-    grid = (o, blocks, 1, 1)
-    if _axis(axis, 4) != 1 or ckk != shape[1] or tuple(scale.shape) != grid or \
+        return [(None, weight_layout(c * taps, o, (0, 1, c * taps), scale, zero_point, bits=bits,
+                                     zp_default=zp_default))]
+    blocks = -(-c // block_size)
+    grid = (o, blocks) + tuple(shape[2:])
+    if _axis(axis, 4) != 1 or tuple(scale.shape) != grid or \
             (zero_point is not None and tuple(zero_point.shape) != grid):
         return None
-    params = (0, 1, blocks)
-    return QuantizedLayout(ckk, o, bits, block_size, q, scale=params, zp=(0, 0, 0) if zero_point is None else params,
-                           zp_default=zp_default)
+    out = []
+    for r in range(taps):
+        params = (r, taps, blocks * taps)
+        out.append((r if taps > 1 else None,
+                    QuantizedLayout(c, o, bits, block_size, (r, taps, c * taps), scale=params,
+                                    zp=(0, 0, 0) if zero_point is None else params, zp_default=zp_default)))
+    return out
 
 
 def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, pads, strides, shape=None,
-                   layout=None):
+                   layouts=None):
     """2-D convolution (group 1) of x (N, C, H, W) with an 8-bit weight W (O, C, kh, kw) whose
-    scale and zero point are one value or one per output channel (or as `layout` says: blocks,
-    or a packed 4-bit W's bytes, whose own shape is `shape`; conv_weight_layout): the unfolded image's rows times W read
-    k-contiguous inside matmul_quantized. Float32 x and a scale give float32; integer values in
-    float32 x and no scale the exact int32 sums (ConvInteger: 8-bit differences)."""
+    scale and zero point are one value or one per output channel (or as `layouts` say:
+    conv_weight_layouts; a packed 4-bit W's bytes, whose own shape is `shape`): the unfolded
+    image's rows times W read k-contiguous inside matmul_quantized. Float32 x and a scale give
+    float32; integer values in float32 x and no scale the exact int32 sums (ConvInteger: 8-bit
+    differences)."""
     shape = tuple(shape or w.shape)
     kernel = list(shape[2:])
     strides, dilations = strides or [1, 1], dilations or [1, 1]
@@ -342,8 +350,11 @@ def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, p
     rows = cols.permute(0, 2, 1)
     rows = (rows if scale is not None else rows.cast(int32)).reshape((n * length, ckk))  # one copy
     o = shape[0]
-    layout = layout or weight_layout(ckk, o, (0, 1, ckk), scale, zero_point)
-    out = quantized_product(rows, w, scale, zero_point, layout)
+    out = None
+    taps = kernel[0] * kernel[1]
+    for tap, layout in layouts or [(None, weight_layout(ckk, o, (0, 1, ckk), scale, zero_point))]:
+        part = quantized_product(rows if tap is None else rows[:, tap::taps], w, scale, zero_point, layout)
+        out = part if out is None else out + part
     oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
     return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
 
@@ -550,15 +561,15 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     if packed_shape is None and x_scale is not None and X.dtype is float32 and \
             conv_kernel_applies(X, W, w_zero_point, w_scale, block_size, axis):
         return kernel_conv(X, x_scale.reshape(()).cast(float32), W, w_scale, w_zero_point, B, group, **conv_args)
-    layout = None
+    layouts = None
     if X.dtype is float32 and group == 1 and len(shape) == 4 and packed_weight(W, X):
-        layout = conv_weight_layout(shape, 8 if packed_shape is None else 4, w_scale, w_zero_point, block_size, axis,
-                                    packed_offset)
-    if layout is None:
+        layouts = conv_weight_layouts(shape, 8 if packed_shape is None else 4, w_scale, w_zero_point, block_size,
+                                      axis, packed_offset)
+    if layouts is None:
         return Conv(X, DequantizeLinear(_weight(W, w_zero_point, packed_shape, packed_offset), w_scale, w_zero_point,
                                         axis, block_size), B, group=group, **conv_args)
     out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
-                         shape=shape, layout=layout, **conv_args)
+                         shape=shape, layouts=layouts, **conv_args)
     return out if B is None else out + B.reshape((1, -1, 1, 1))
 
 
