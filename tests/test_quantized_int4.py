@@ -172,11 +172,12 @@ def test_int8_conv3d_weight_stays_8_bit(backend, group, monkeypatch):
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
-def test_blocked_3x3_conv_weight_is_read_one_tap_at_a_time(backend, monkeypatch):
+def test_conv_weights_blocked_or_per_input_channel(backend, monkeypatch):
     """A 3x3 conv weight in blocks along C (ragged: 12 = 8 + 4) is read 4-bit one kernel tap at a
-    time (ops/quantization.py conv_weight_layouts); one per axis along C has no layout and is
-    dequantized per call (docs/onnx.md). Both give onnxruntime's answer."""
-    for axis, block, calls in ((1, 8, [4] * 9), (1, 0, [])):
+    time (ops/quantization.py conv_weight_layouts), one per input channel (axis 1) in one
+    product; one per kernel row (axis 2) has no layout and is dequantized per call
+    (docs/onnx.md). Each gives onnxruntime's answer."""
+    for axis, block, calls in ((1, 8, [4] * 9), (1, 0, [4]), (2, 0, [])):
         inits, dq = _params((5, 12, 3, 3), True, axis, block, True)
         data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 0, 1, 1], strides=[1, 2]), (1, 12, 6, 7),
                       inits, dq)

@@ -305,18 +305,23 @@ def weight_layout(k, n, q, scale, zero_point, along_n=True, bits=8, zp_default=0
 
 def conv_weight_layouts(shape, bits, scale, zero_point, block_size, axis, zp_default=0):
     """[(tap, QuantizedLayout)] of a conv weight of `shape` (O, C, kh, kw) read by the unfolded
-    image's rows (k = (c, i, j)), or None where its parameters do not fit: one scale per tensor
-    or per output channel (axis 0) read by all of k at once (tap None); opset 21 blocks along C
+    image's rows (k = (c, i, j)), or None where its parameters do not fit: one scale per tensor,
+    per output channel (axis 0) or per input channel (axis 1: blocks of kh*kw along k) read by
+    all of k at once (tap None); opset 21 blocks along C
     (axis 1: scale (O, C blocks, kh, kw)) one kernel tap r = (i, j) at a time, the rows' columns
     r::kh*kw times W's values at k = c (c in blocks, as the kernels' `block` counts them), the
     taps' products summed."""
     o, c = shape[:2]
     taps = shape[2] * shape[3]
+    q = (0, 1, c * taps)
     if not block_size:
-        if (_per_channel(scale) or _per_channel(zero_point)) and _axis(axis, 4) != 0:
+        if not (_per_channel(scale) or _per_channel(zero_point)) or _axis(axis, 4) == 0:
+            return [(None, weight_layout(c * taps, o, q, scale, zero_point, bits=bits, zp_default=zp_default))]
+        if _axis(axis, 4) != 1:
             return None
-        return [(None, weight_layout(c * taps, o, (0, 1, c * taps), scale, zero_point, bits=bits,
-                                     zp_default=zp_default))]
+        # per input channel: k // (kh * kw) is c
+        return [(None, QuantizedLayout(c * taps, o, bits, taps, q, scale=(0, _per_channel(scale), 0),
+                                       zp=(0, _per_channel(zero_point), 0), zp_default=zp_default))]
     blocks = -(-c // block_size)
     grid = (o, blocks) + tuple(shape[2:])
     if _axis(axis, 4) != 1 or tuple(scale.shape) != grid or \
