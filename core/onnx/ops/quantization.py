@@ -305,12 +305,11 @@ def weight_layout(k, n, q, scale, zero_point, along_n=True, bits=8, zp_default=0
 
 def conv_weight_layouts(shape, bits, scale, zero_point, block_size, axis, zp_default=0):
     """[(tap, QuantizedLayout)] of a conv weight of `shape` (O, C, kh, kw) read by the unfolded
-    image's rows (k = (c, i, j)), or None where its parameters do not fit: one scale per tensor,
-    per output channel (axis 0) or per input channel (axis 1: blocks of kh*kw along k) read by
-    all of k at once (tap None); opset 21 blocks along C
-    (axis 1: scale (O, C blocks, kh, kw)) one kernel tap r = (i, j) at a time, the rows' columns
-    r::kh*kw times W's values at k = c (c in blocks, as the kernels' `block` counts them), the
-    taps' products summed."""
+    image's rows (k = (c, i, j)), or None where its parameters do not fit. One scale per tensor,
+    per output channel (axis 0) or per input channel (axis 1: blocks of kh*kw along k): all of k
+    at once (tap None). Opset 21 blocks along C (axis 1, scale (O, C blocks, kh, kw)): one kernel
+    tap r = (i, j) at a time, the rows' columns r::kh*kw times W's values at k = c (in blocks,
+    as the kernels' `block` counts them), the taps' products summed."""
     o, c = shape[:2]
     taps = shape[2] * shape[3]
     q = (0, 1, c * taps)
