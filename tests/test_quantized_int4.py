@@ -308,3 +308,30 @@ def test_quantize_static_int4_weights(backend, static_int4_file, monkeypatch):
     step = float(numpy_helper.to_array([t for t in onnx.load_from_string(data).graph.initializer
                                         if t.name == "y_scale"][0]))
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=0, atol=step * 1.001)
+
+
+@pytest.mark.parametrize("k,n", [(3000, 200), (3001, 97)], ids=["even-odd-panels", "odd"])
+@pytest.mark.parametrize("stored", ["kn", "nk"])
+def test_numpy_reads_nibble_panels_from_whole_bytes(k, n, stored):
+    """cn.NumPy dequantizes a 4-bit B a panel of columns at a time, unpacking a strided view of
+    whole bytes where rows start on a byte (an odd panel start or stride: index arrays); blocks
+    of 32 along K with zero points. The panels (87 columns of K = 3000) start odd and even."""
+    from cinders.backend import QuantizedLayout
+    numpy = cn.NumPy()
+    values = RNG.integers(0, 16, k * n)
+    packed = np.zeros((k * n + 1) // 2, np.uint8)
+    packed[:] = values[0::2]
+    packed[:len(values[1::2])] |= (values[1::2] << 4).astype(np.uint8)
+    blocks = -(-k // 32)
+    scale = RNG.uniform(0.5, 1.5, blocks * n).astype(np.float32)
+    zp = RNG.integers(0, 16, blocks * n).astype(np.uint8)
+    grid = (0, 1, blocks) if stored == "nk" else (0, n, 1)
+    layout = QuantizedLayout(k, n, 4, 32, (0, 1, k) if stored == "nk" else (0, n, 1), scale=grid, zp=grid)
+    a = RNG.standard_normal((3, k)).astype(np.float32)
+    got = numpy.matmul_quantized(a, packed, scale, zp, layout)
+    q = values.reshape((n, k)).T if stored == "nk" else values.reshape((k, n))
+    rows = np.arange(k) // 32
+    s, z = (scale.reshape(n, blocks).T, zp.reshape(n, blocks).T) if stored == "nk" else \
+        (scale.reshape(blocks, n), zp.reshape(blocks, n))
+    expected = a.astype(np.float64) @ ((q - z[rows].astype(np.int64)) * s[rows].astype(np.float64))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
