@@ -74,7 +74,8 @@ def _dequantized(q, scale, zero_point, layout, ks, ns):
 
     def down_k(per_block):   # (blocks, width) -> (K, width)
         return per_block if per_block.shape[0] == 1 else np.repeat(per_block, block, axis=0)[:k]
-    values = values.astype(np.int32)
+    # (in rows of K, whatever B's contiguous axis: the per-block parameters are repeated down K)
+    values = values.astype(np.int32, order="C")
     if zero_point is None:
         values -= np.int32(layout.zp_default)
     else:
