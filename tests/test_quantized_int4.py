@@ -26,29 +26,29 @@ def backend(request):
     return BACKENDS[request.param]()
 
 
-TYPES = {True: TensorProto.INT4, False: TensorProto.UINT4, "int8": TensorProto.INT8}   # signed -> its 4-bit type
-RANGES = {True: (-8, 8), False: (0, 16), "int8": (-128, 128)}
+TYPES = {"int4": TensorProto.INT4, "uint4": TensorProto.UINT4, "int8": TensorProto.INT8}
+RANGES = {"int4": (-8, 8), "uint4": (0, 16), "int8": (-128, 128)}
 
 
-def _quantized(name, values, signed):
-    return helper.make_tensor(name, TYPES[signed], values.shape, values.flatten().tolist())
+def _quantized(name, values, kind):
+    return helper.make_tensor(name, TYPES[kind], values.shape, values.flatten().tolist())
 
 
-def _params(shape, signed, axis, block, zero_point):
-    """Random int4 (signed True), uint4 (False) or int8 ("int8") W of `shape` with a scale (and
-    zero point) per tensor (axis None), per axis, or in opset 21 blocks along `axis`:
-    initializers and DequantizeLinear's inputs and attributes."""
-    lo, hi = RANGES[signed]
+def _params(shape, kind, axis, block, zero_point):
+    """Random W of `shape` and type `kind` with a scale (and zero point) per tensor (axis None),
+    per axis, or in opset 21 blocks along `axis`: initializers and DequantizeLinear's inputs and
+    attributes."""
+    lo, hi = RANGES[kind]
     if axis is None:
         grid = ()
     elif block:
         grid = tuple(-(-d // block) if i == axis else d for i, d in enumerate(shape))
     else:
         grid = (shape[axis],)
-    inits = [_quantized("w", RNG.integers(lo, hi, shape), signed),
+    inits = [_quantized("w", RNG.integers(lo, hi, shape), kind),
              numpy_helper.from_array(RNG.uniform(0.01, 0.1, grid).astype(np.float32), "s")]
     if zero_point:
-        inits.append(_quantized("z", RNG.integers(lo, hi, grid), signed))
+        inits.append(_quantized("z", RNG.integers(lo, hi, grid), kind))
     attrs = {"axis": axis or 0}
     if block:
         attrs["block_size"] = block
@@ -83,22 +83,22 @@ def _run(backend, data, x, monkeypatch):
     return out, bits, model
 
 
-# (id, K, N, signed, axis of B (K, N) or None: per tensor, block, zero point, op; GemmT: Gemm
+# (id, K, N, type, axis of B (K, N) or None: per tensor, block, zero point, op; GemmT: Gemm
 # with transB, W stored (N, K))
 PRODUCTS = [
-    ("int4-block32-ragged", 70, 37, True, 0, 32, False, "MatMul"),    # MatMulNBitsQuantizer's QDQ form
-    ("uint4-block16-zp", 48, 24, False, 0, 16, True, "MatMul"),
-    ("int4-block16-zp-gemm", 40, 17, True, 0, 16, True, "Gemm"),
-    ("int4-block16-zp-transB", 40, 17, True, 0, 16, True, "GemmT"),
-    ("uint4-block32-ragged-transB", 70, 37, False, 0, 32, False, "GemmT"),
-    ("uint4-per-column-odd", 33, 9, False, 1, 0, True, "MatMul"),
-    ("int4-per-row-gemm", 33, 9, True, 0, 0, True, "Gemm"),
-    ("int4-per-column-transB", 33, 9, True, 1, 0, False, "GemmT"),
-    ("uint4-per-tensor-odd", 35, 11, False, None, 0, True, "MatMul"),
-    ("int4-per-tensor-transB", 35, 11, True, None, 0, False, "GemmT"),
-    ("int4-blocks-along-n", 33, 21, True, 1, 8, True, "MatMul"),
-    ("uint4-blocks-along-n-gemm", 20, 40, False, 1, 16, False, "Gemm"),
-    ("int4-blocks-along-n-transB", 20, 40, True, 1, 16, True, "GemmT"),
+    ("int4-block32-ragged", 70, 37, "int4", 0, 32, False, "MatMul"),    # MatMulNBitsQuantizer's QDQ form
+    ("uint4-block16-zp", 48, 24, "uint4", 0, 16, True, "MatMul"),
+    ("int4-block16-zp-gemm", 40, 17, "int4", 0, 16, True, "Gemm"),
+    ("int4-block16-zp-transB", 40, 17, "int4", 0, 16, True, "GemmT"),
+    ("uint4-block32-ragged-transB", 70, 37, "uint4", 0, 32, False, "GemmT"),
+    ("uint4-per-column-odd", 33, 9, "uint4", 1, 0, True, "MatMul"),
+    ("int4-per-row-gemm", 33, 9, "int4", 0, 0, True, "Gemm"),
+    ("int4-per-column-transB", 33, 9, "int4", 1, 0, False, "GemmT"),
+    ("uint4-per-tensor-odd", 35, 11, "uint4", None, 0, True, "MatMul"),
+    ("int4-per-tensor-transB", 35, 11, "int4", None, 0, False, "GemmT"),
+    ("int4-blocks-along-n", 33, 21, "int4", 1, 8, True, "MatMul"),
+    ("uint4-blocks-along-n-gemm", 20, 40, "uint4", 1, 16, False, "Gemm"),
+    ("int4-blocks-along-n-transB", 20, 40, "int4", 1, 16, True, "GemmT"),
     ("int8-blocks-along-n", 33, 21, "int8", 1, 8, True, "MatMul"),
     ("int8-blocks-along-n-transB", 20, 40, "int8", 1, 16, False, "GemmT"),
 ]
@@ -106,17 +106,17 @@ PRODUCTS = [
 
 @pytest.mark.parametrize("case", PRODUCTS, ids=[c[0] for c in PRODUCTS])
 def test_qdq_products_read_the_quantized_weight_and_give_onnxruntimes_answer(backend, case, monkeypatch):
-    _, k, n, signed, axis, block, zero_point, op = case
+    _, k, n, kind, axis, block, zero_point, op = case
     transposed = op == "GemmT"
     shape = (n, k) if transposed else (k, n)
     stored_axis = None if axis is None else (1 - axis if transposed else axis)
-    inits, dq = _params(shape, signed, stored_axis, block, zero_point)
+    inits, dq = _params(shape, kind, stored_axis, block, zero_point)
     node = helper.make_node("Gemm" if transposed else op, ["x", "wf"], ["y"], **({"transB": 1} if transposed else {}))
     x = RNG.standard_normal((3, k)).astype(np.float32)
     data = _model(node, x.shape, inits, dq)
     got, bits, model = _run(backend, data, x, monkeypatch)
     blocks_along_n = block and axis == 1
-    width = 8 if signed == "int8" else 4
+    width = 8 if kind == "int8" else 4
     assert bits == [width] * (-(-n // block) if blocks_along_n else 1), bits
     held = [t.dtype for t in model.state_dict().values() if t.numel() == (k * n if width == 8 else (k * n + 1) // 2)]
     assert held == [cn.int8 if width == 8 else cn.uint8], held   # one byte, or two values a byte
@@ -125,32 +125,32 @@ def test_qdq_products_read_the_quantized_weight_and_give_onnxruntimes_answer(bac
 
 def test_without_the_ability_the_composition_gives_the_same_answer(monkeypatch):
     """cn.Python has no quantized_matmul: the packed bytes are unpacked per call, the same numbers."""
-    inits, dq = _params((20, 7), True, 0, 8, True)
+    inits, dq = _params((20, 7), "int4", 0, 8, True)
     data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (2, 20), inits, dq)
     x = RNG.standard_normal((2, 20)).astype(np.float32)
     got = load(data, backend=cn.Python())(cn.tensor(x, backend=cn.Python())).numpy()
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
-# (id, W shape, signed, axis or None, block, zero point, Conv attributes, group, x shape)
+# (id, W shape, type, axis or None, block, zero point, Conv attributes, group, x shape)
 CONVS = [
-    ("int4-2d-per-channel", (6, 3, 3, 3), True, 0, 0, False, dict(pads=[1, 0, 0, 1], strides=[2, 2]), (2, 3, 9, 8)),
-    ("uint4-1d-per-tensor", (5, 4, 3), False, None, 0, True, dict(pads=[1, 1]), (2, 4, 11)),
-    ("int4-3d-per-channel", (4, 3, 2, 3, 3), True, 0, 0, True,
+    ("int4-2d-per-channel", (6, 3, 3, 3), "int4", 0, 0, False, dict(pads=[1, 0, 0, 1], strides=[2, 2]), (2, 3, 9, 8)),
+    ("uint4-1d-per-tensor", (5, 4, 3), "uint4", None, 0, True, dict(pads=[1, 1]), (2, 4, 11)),
+    ("int4-3d-per-channel", (4, 3, 2, 3, 3), "int4", 0, 0, True,
      dict(pads=[1, 0, 1, 0, 1, 1], strides=[2, 1, 1], dilations=[1, 2, 1]), (1, 3, 6, 7, 6)),
-    ("uint4-1x1-blocks-along-c", (7, 20, 1, 1), False, 1, 8, True, {}, (1, 20, 5, 5)),
+    ("uint4-1x1-blocks-along-c", (7, 20, 1, 1), "uint4", 1, 8, True, {}, (1, 20, 5, 5)),
     ("int8-1x1-blocks-along-c", (7, 20, 1, 1), "int8", 1, 16, False, dict(strides=[2, 2]), (1, 20, 5, 5)),
 ]
 
 
 @pytest.mark.parametrize("case", CONVS, ids=[c[0] for c in CONVS])
 def test_qdq_conv_weights_stay_quantized(backend, case, monkeypatch):
-    _, shape, signed, axis, block, zero_point, attrs, x_shape = case
-    inits, dq = _params(shape, signed, axis, block, zero_point)
+    _, shape, kind, axis, block, zero_point, attrs, x_shape = case
+    inits, dq = _params(shape, kind, axis, block, zero_point)
     data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], **attrs), x_shape, inits, dq)
     x = RNG.standard_normal(x_shape).astype(np.float32)
     got, bits, _ = _run(backend, data, x, monkeypatch)
-    assert bits == [8 if signed == "int8" else 4], bits
+    assert bits == [8 if kind == "int8" else 4], bits
     np.testing.assert_allclose(got, _onnxruntime(data, x), rtol=1e-5, atol=1e-5)
 
 
@@ -178,7 +178,7 @@ def test_conv_weights_blocked_or_per_input_channel(backend, monkeypatch):
     product; one per kernel row (axis 2) has no layout and is dequantized per call
     (docs/onnx.md). Each gives onnxruntime's answer."""
     for axis, block, calls in ((1, 8, [4] * 9), (1, 0, [4]), (2, 0, [])):
-        inits, dq = _params((5, 12, 3, 3), True, axis, block, True)
+        inits, dq = _params((5, 12, 3, 3), "int4", axis, block, True)
         data = _model(helper.make_node("Conv", ["x", "wf"], ["y"], pads=[1, 0, 1, 1], strides=[1, 2]), (1, 12, 6, 7),
                       inits, dq)
         x = RNG.standard_normal((1, 12, 6, 7)).astype(np.float32)
@@ -201,7 +201,7 @@ def test_a_four_bit_model_holds_an_eighth_of_the_float_bytes(backend):
     w = RNG.standard_normal((k, n)).astype(np.float32)
     float_data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (3, k), [numpy_helper.from_array(w, "w")],
                         helper.make_node("Identity", ["w"], ["wf"]))
-    inits, dq = _params((k, n), True, 0, 32, False)
+    inits, dq = _params((k, n), "int4", 0, 32, False)
     q4_data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (3, k), inits, dq)
     sizes = []
     for data in (float_data, q4_data):
@@ -224,7 +224,7 @@ def test_import_onnx_record_holds_the_packed_bytes(tmp_path, monkeypatch):
     call) with onnxruntime's answer."""
     import importlib
     from cinders.onnx import import_onnx
-    inits, dq = _params((40, 9), True, 0, 16, False)
+    inits, dq = _params((40, 9), "int4", 0, 16, False)
     data = _model(helper.make_node("MatMul", ["x", "wf"], ["y"]), (2, 40), inits, dq)
     path = tmp_path / "q4.onnx"
     path.write_bytes(data)
