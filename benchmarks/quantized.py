@@ -7,6 +7,8 @@ random weights; benchmarks/onnx_transformers.py builds and exports it), each as
                  / ConvInteger)
     q8_qdq       onnxruntime quantize_static in QDQ form (int8, random calibration batches)
     q4           onnxruntime MatMul4BitsQuantizer (MatMulNBits, 4-bit blocks of 32)
+    q4_qdq       the same quantizer with quant_format=QDQ (DequantizeLinear of uint4 weights in
+                 blocks of 32 along K, with zero points, feeding each MatMul)
     cinders_q8   `cinders quantize --mode q8` (DynamicQuantizeMatMul, int8 per-column weights)
     cinders_q4   `cinders quantize --mode q4` (MatMulNBits, block 32)
     f16          onnxruntime's float16 converter (convert_float_to_float16, keep_io_types: float32
@@ -39,6 +41,7 @@ max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
     python benchmarks/quantized.py --tab                    # cn.Wasm() in the tab vs ORT Web (WASM EP)
     python benchmarks/quantized.py --backend wasm,ort --wasm-engine wasmtime   # the tab's .wasm module
     python benchmarks/quantized.py --backend numpy,wasm,ort --variants f32,f16  # half models
+    python benchmarks/quantized.py --backend numpy,wasm,ort --models bert --variants f32,q4,q4_qdq
 
 --profile: where cn.Wasm()'s time goes instead, one JSON line per (model, variant):
     {"bench": "quantized_profile", "model", "variant", "device", "launches", "ms" (the kernels'
@@ -74,7 +77,7 @@ import cinders as cn  # noqa: E402
 from cinders.onnx import load  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "quantized")
-VARIANTS = ("f32", "q8_dynamic", "q8_qdq", "q4", "cinders_q8", "cinders_q4", "f16")
+VARIANTS = ("f32", "q8_dynamic", "q8_qdq", "q4", "cinders_q8", "cinders_q4", "f16", "q4_qdq")
 STACKS = ("numpy", "wasm", "wgpu", "ort")
 
 
@@ -127,6 +130,13 @@ def quantized_file(src, variant, feeds):
             elif variant == "q4":
                 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
                 q = MatMulNBitsQuantizer(onnx.load(src), block_size=32, is_symmetric=False)
+                q.process()
+                q.model.save_model_to_file(dst)
+            elif variant == "q4_qdq":
+                from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                             MatMulNBitsQuantizer)
+                config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+                q = MatMulNBitsQuantizer(onnx.load(src), algo_config=config)
                 q.process()
                 q.model.save_model_to_file(dst)
             else:

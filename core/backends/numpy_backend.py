@@ -30,27 +30,59 @@ def _stored(flat, index, bits):
     return flat[index]
 
 
+def _nibble_panel(flat, layout, k, ns):
+    """The (K, width) nibbles of a 4-bit B's columns ns, unpacked from a strided view of whole
+    bytes where B's contiguous axis starts every row (or column) on a byte; None elsewhere (odd
+    offsets or strides: index arrays)."""
+    off, sk, sn = layout.q
+    n0, width = int(ns[0, 0]), ns.shape[1]
+    if sn == 1 and off % 2 == 0 and sk % 2 == 0 and n0 % 2 == 0:     # (K, N): along n
+        lines, length, step, first, along_k = k, width, sk // 2, (off + n0) // 2, False
+    elif sk == 1 and off % 2 == 0 and sn % 2 == 0:                   # (N, K): along k
+        lines, length, step, first, along_k = width, k, sn // 2, (off + n0 * sn) // 2, True
+    else:
+        return None
+    size = -(-length // 2)
+    if first + (lines - 1) * step + size > flat.size:
+        return None
+    packed = np.lib.stride_tricks.as_strided(flat[first:], (lines, size), (step * flat.itemsize, flat.itemsize),
+                                             writeable=False)
+    out = np.empty((lines, 2 * size), np.uint8)
+    np.bitwise_and(packed, 15, out=out[:, 0::2])
+    np.right_shift(packed, 4, out=out[:, 1::2])
+    return out[:, :length].T if along_k else out[:, :length]
+
+
 def _dequantized(q, scale, zero_point, layout, ks, ns):
     """B[ks, ns] of matmul_quantized's layout (core/backend.py QuantizedLayout) in float32:
-    (q - zero point) * scale, or a float16 B widened."""
+    (q - zero point) * scale, or a float16 B widened. Scales and zero points are gathered once
+    per block of K and repeated down its rows."""
     flat = q.reshape(-1)
     if layout.bits == 4:
-        values = _stored(flat, layout.q[0] + ks * layout.q[1] + ns * layout.q[2], 4)
+        values = _nibble_panel(flat, layout, ks.shape[0], ns)
+        if values is None:
+            values = _stored(flat, layout.q[0] + ks * layout.q[1] + ns * layout.q[2], 4)
     else:   # a strided view of the panel's values (no index arrays), widened below
         first, (_, sk, sn) = layout.q[0] + int(ns[0, 0]) * layout.q[2], layout.q
         values = np.lib.stride_tricks.as_strided(flat[first:], (ks.shape[0], ns.shape[1]),
                                                  (sk * flat.itemsize, sn * flat.itemsize), writeable=False)
     if q.dtype == np.float16:
         return values.astype(np.float32)
-    block = ks // (layout.block or max(1, ks.shape[0]))
-    values = values.astype(np.int32)
+    k = ks.shape[0]
+    block = layout.block or max(1, k)
+    blocks = np.arange(-(-k // block))[:, None]
+
+    def down_k(per_block):   # (blocks, width) -> (K, width)
+        return per_block if per_block.shape[0] == 1 else np.repeat(per_block, block, axis=0)[:k]
+    # (in rows of K, whatever B's contiguous axis: the per-block parameters are repeated down K)
+    values = values.astype(np.int32, order="C")
     if zero_point is None:
         values -= np.int32(layout.zp_default)
     else:
-        values -= _stored(zero_point.reshape(-1), layout.zp[0] + block * layout.zp[1] + ns * layout.zp[2],
-                          layout.zp_bits).astype(np.int32)
-    scales = scale.reshape(-1)[layout.scale[0] + block * layout.scale[1] + ns * layout.scale[2]]
-    return values.astype(np.float32) * scales
+        values -= down_k(_stored(zero_point.reshape(-1), layout.zp[0] + blocks * layout.zp[1] + ns * layout.zp[2],
+                                 layout.zp_bits).astype(np.int32))
+    scales = scale.reshape(-1)[layout.scale[0] + blocks * layout.scale[1] + ns * layout.scale[2]]
+    return values.astype(np.float32) * down_k(scales)
 
 
 # erf in float64, rounded once to float32: within 1 float32 ulp of the correctly rounded erf

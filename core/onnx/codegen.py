@@ -553,6 +553,7 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
     # fold into convs in this source only: the layer-style one keeps its ReLU layers.
     nodes = quantized_activation_inputs(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
                                                           constants, graph.output), constants)
+    known.update(constants)   # (packed 4-bit weights are new constants)
     lines += scope.emit(fold_conv_activations(nodes, constants, [vi.name for vi in graph.output]))
     if problems:
         raise UnsupportedOps(source_name, problems)
@@ -675,10 +676,11 @@ DEQUANTIZED_WEIGHT_OPS = {"Conv": "DequantizedConv", "MatMul": "DequantizedMatMu
 
 
 def dequantized_weights(nodes, constants, graph_outputs):
-    """The nodes with each DequantizeLinear of a constant int8/uint8 weight whose one reader is a
-    Conv/MatMul/Gemm (as its weight, input 1) joined into that reader as Dequantized<op>
-    (inputs: x, W, its scale, its zero point, then the reader's others; both nodes' attributes,
-    whose names differ): the weight then stays 8-bit where the backend multiplies it so."""
+    """The nodes with each DequantizeLinear of a constant int8/uint8/int4/uint4 weight whose one
+    reader is a Conv/MatMul/Gemm (as its weight, input 1) joined into that reader as
+    Dequantized<op> (inputs: x, W, its scale, its zero point, then the reader's others; both
+    nodes' attributes, whose names differ): the weight then stays 8-bit where the backend
+    multiplies it so. A 4-bit weight is packed (`packed_four_bit`) and stays 4-bit there."""
     readers = _readers(nodes)
     outputs = {vi.name for vi in graph_outputs}
     joined, dropped = {}, set()
@@ -686,7 +688,7 @@ def dequantized_weights(nodes, constants, graph_outputs):
         params = list(node.input)
         if node.op_type != "DequantizeLinear" or node.domain not in SUPPORTED_DOMAINS or not params or \
                 not all(name in constants for name in params if name) or \
-                constants[params[0]].onnx_type not in ("int8", "uint8"):
+                constants[params[0]].onnx_type not in ("int8", "uint8") + FOUR_BIT_TYPES:
             continue
         users = readers.get(node.output[0], [])
         if node.output[0] in outputs or len(users) != 1:
@@ -696,16 +698,56 @@ def dequantized_weights(nodes, constants, graph_outputs):
             continue
         fused = MESSAGE_CLASSES["NodeProto"]()
         fused.op_type, fused.name, fused.domain = DEQUANTIZED_WEIGHT_OPS[user.op_type], user.name, onnx_ops.JOINED
-        inputs = [user.input[0]] + (params + ["", ""])[:3] + list(user.input[2:])
+        params = (params + ["", ""])[:3]
+        fused.attribute = list(user.attribute) + list(node.attribute)
+        if constants[params[0]].onnx_type in FOUR_BIT_TYPES:
+            offset = 8 if constants[params[0]].onnx_type == "int4" else 0
+            fused.attribute += [_attribute("packed_shape", 7, list(constants[params[0]].shape)),
+                                _attribute("packed_offset", 2, offset)]
+            params = packed_four_bit(params, constants, offset)
+        inputs = [user.input[0]] + params + list(user.input[2:])
         while inputs and not inputs[-1]:
             inputs.pop()
         fused.input, fused.output = inputs, list(user.output)
-        fused.attribute = list(user.attribute) + list(node.attribute)
         joined[id(user)] = fused
         dropped.add(id(node))
     if not joined:
         return nodes
     return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+FOUR_BIT_TYPES = ("int4", "uint4")
+_UINT4 = {offset: bytes(((b & 15) ^ offset) for b in range(256)) for offset in (0, 8)}   # byte -> v + offset
+
+
+def packed_four_bit(params, constants, offset):
+    """[W, scale, zero point] of a DequantizeLinear of 4-bit W as the names of new constants: W
+    packed two values a byte, low nibble first (core/dtypes.py), as uint4 (MatMulNBits' layout:
+    the kernels read unsigned nibbles), its zero point as uint8 values. Both are the graph's
+    values plus `offset` (int4: 8, its two's complement nibble with the top bit flipped; the
+    zero point is then `offset` where the graph gives none), so q - zp is the same integer."""
+    w_name, scale, zp_name = params
+    nibbles = array("b" if offset else "B", constants[w_name].values).tobytes().translate(_UINT4[offset])
+    # two nibbles a byte in one pass: each byte of `high` shifted by 4 stays inside its own byte
+    length = (len(nibbles) + 1) // 2
+    packed = int.from_bytes(nibbles[0::2], "little") | int.from_bytes(nibbles[1::2], "little") << 4
+    names = [w_name + "/uint4", scale, zp_name and zp_name + "/uint4"]
+    constants[names[0]] = Constant("uint8", (length,), array("B", packed.to_bytes(length, "little")))
+    if zp_name:
+        zp = constants[zp_name]
+        constants[names[2]] = Constant("uint8", zp.shape, array("B", (v + offset for v in zp.values)))
+    return names
+
+
+def _attribute(name, kind, value):
+    """An AttributeProto: kind 2 an int, 7 a list of ints."""
+    attr = MESSAGE_CLASSES["AttributeProto"]()
+    attr.name, attr.type = name, kind
+    if kind == 2:
+        attr.i = value
+    else:
+        attr.ints = value
+    return attr
 
 
 def _readers(nodes):

@@ -384,12 +384,22 @@ def _lstm(x, inputs, attrs):
     return [Info([x.shape[0], directions, x.shape[1], hidden]), state, state]
 
 
+def _dequantized(rule):
+    """A joined product's rule (ops/quantization.py Dequantized*): a packed 4-bit weight's input
+    holds its bytes, the weight's own shape is the packed_shape attribute."""
+    def joined(x, inputs, attrs):
+        if "packed_shape" in attrs:
+            inputs = [inputs[0], Info(attrs["packed_shape"])] + list(inputs[2:])
+        return rule(x, inputs, attrs)
+    return joined
+
+
 _RULES = {
     "Conv": _conv, "Pad": _pad, "LSTM": _lstm,
     "Shape": _shape, "Size": _size, "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
     "Concat": _concat, "Slice": _slice, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape,
     "Expand": _expand, "Range": _range, "Transpose": _transpose, "MatMul": _matmul, "Gemm": _gemm,
-    "DequantizedMatMul": _matmul, "DequantizedGemm": _gemm,
+    "DequantizedMatMul": _dequantized(_matmul), "DequantizedGemm": _dequantized(_gemm),
     "Flatten": _flatten, "GatherElements": _gather_elements,
     **{name: _reduce for name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                                   "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},

@@ -20,11 +20,13 @@ float32 or int32 copy of B. ConvInteger and QLinearConv (group 1, 2-D) do the sa
 unfolded image (`quantized_conv`), QLinearMatMul through `integer_matmul`, and a QDQ graph's
 weights too: the importer joins `DequantizeLinear(constant int8 W)` with the Conv/MatMul/Gemm
 that reads it into DequantizedConv/DequantizedMatMul/DequantizedGemm (cinders.onnx codegen),
-which keep W 8-bit; it joins an activation's QuantizeLinear -> DequantizeLinear into
-QuantizeDequantize (one kernel, the `quantize_dequantize` ability where declared), and where
-that activation is a joined product's input it hands the product the activation's scale
-(x_scale): its integers then multiply W's in exact int32 sums (matmul_quantized's a_scale), as
-onnxruntime's QLinear kernels.
+which keep W 8-bit (an int4/uint4 W 4-bit: the importer packs it two values a byte, and the
+products read it with `bits` 4, as MatMulNBits does); it joins an activation's
+QuantizeLinear -> DequantizeLinear into QuantizeDequantize (one kernel, the
+`quantize_dequantize` ability where declared), and where that activation is a joined
+product's input it hands the product the activation's scale (x_scale): its integers then
+multiply W's 8-bit values in exact int32 sums (matmul_quantized's a_scale), as onnxruntime's
+QLinear kernels.
 
 A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy) has a convolution kernel of its
 own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
@@ -38,6 +40,7 @@ import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
 from ...fusion import custom_op
+from ...functional import stack
 from ...tensor import Tensor, cat, unfold2d
 from ..proto import DATA_TYPES, OnnxError
 from .base import JOINED, _axis, _slice_axis, op
@@ -210,6 +213,22 @@ def DynamicQuantizeLinear(x, outputs=1):
     return results if outputs > 1 else y
 
 
+def unpack_nibbles(packed):
+    """uint8 bytes (as int32) -> twice as many 4-bit values along the last dim, low nibble first."""
+    low = packed % 16
+    high = (packed - low) // 16
+    return stack([low, high], axis=packed.ndim).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
+
+
+def unpacked(w, packed_shape):
+    """A packed 4-bit weight's values (codegen `packed_four_bit`: bytes holding two uint4 a byte)
+    as int32 of its own shape: the composition's copy, where no kernel reads the nibbles."""
+    count = 1
+    for d in packed_shape:
+        count *= d
+    return unpack_nibbles(w.cast(int32).reshape((-1,)))[:count].reshape(tuple(packed_shape))
+
+
 def exact_matmul(a, b):
     """int32 product of float32 matrices holding integer differences of 8-bit values (see the
     module's note), in chunks of EXACT_TERMS along K."""
@@ -274,21 +293,58 @@ def _per_channel(p):
     return 0 if p is None or p.numel() == 1 else 1
 
 
-def weight_layout(k, n, q, scale, zero_point, along_n=True):
-    """QuantizedLayout of an 8-bit (K, N) weight at strides q = (0, sk, sn) whose scale and zero
-    point are one value, or one per column (along_n) or per row of K."""
+def weight_layout(k, n, q, scale, zero_point, along_n=True, bits=8, zp_default=0):
+    """QuantizedLayout of an 8-bit (or packed 4-bit) (K, N) weight at strides q = (0, sk, sn)
+    whose scale and zero point are one value, or one per column (along_n) or per row of K."""
     if along_n:
-        return QuantizedLayout(k, n, 8, k, q, scale=(0, 0, _per_channel(scale)),
-                               zp=(0, 0, _per_channel(zero_point)))
-    return QuantizedLayout(k, n, 8, 1, q, scale=(0, _per_channel(scale), 0), zp=(0, _per_channel(zero_point), 0))
+        return QuantizedLayout(k, n, bits, k, q, scale=(0, 0, _per_channel(scale)),
+                               zp=(0, 0, _per_channel(zero_point)), zp_default=zp_default)
+    return QuantizedLayout(k, n, bits, 1, q, scale=(0, _per_channel(scale), 0),
+                           zp=(0, _per_channel(zero_point), 0), zp_default=zp_default)
 
 
-def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, pads, strides):
+def conv_weight_layouts(shape, bits, scale, zero_point, block_size, axis, zp_default=0):
+    """[(tap, QuantizedLayout)] of a conv weight of `shape` (O, C, kh, kw) read by the unfolded
+    image's rows (k = (c, i, j)), or None where its parameters do not fit. One scale per tensor,
+    per output channel (axis 0) or per input channel (axis 1: blocks of kh*kw along k): all of k
+    at once (tap None). Opset 21 blocks along C (axis 1, scale (O, C blocks, kh, kw)): one kernel
+    tap r = (i, j) at a time, the rows' columns r::kh*kw times W's values at k = c (in blocks,
+    as the kernels' `block` counts them), the taps' products summed."""
+    o, c = shape[:2]
+    taps = shape[2] * shape[3]
+    q = (0, 1, c * taps)
+    if not block_size:
+        if not (_per_channel(scale) or _per_channel(zero_point)) or _axis(axis, 4) == 0:
+            return [(None, weight_layout(c * taps, o, q, scale, zero_point, bits=bits, zp_default=zp_default))]
+        if _axis(axis, 4) != 1:
+            return None
+        # per input channel: k // (kh * kw) is c
+        return [(None, QuantizedLayout(c * taps, o, bits, taps, q, scale=(0, _per_channel(scale), 0),
+                                       zp=(0, _per_channel(zero_point), 0), zp_default=zp_default))]
+    blocks = -(-c // block_size)
+    grid = (o, blocks) + tuple(shape[2:])
+    if _axis(axis, 4) != 1 or tuple(scale.shape) != grid or \
+            (zero_point is not None and tuple(zero_point.shape) != grid):
+        return None
+    out = []
+    for r in range(taps):
+        params = (r, taps, blocks * taps)
+        out.append((r if taps > 1 else None,
+                    QuantizedLayout(c, o, bits, block_size, (r, taps, c * taps), scale=params,
+                                    zp=(0, 0, 0) if zero_point is None else params, zp_default=zp_default)))
+    return out
+
+
+def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, pads, strides, shape=None,
+                   layouts=None):
     """2-D convolution (group 1) of x (N, C, H, W) with an 8-bit weight W (O, C, kh, kw) whose
-    scale and zero point are one value or one per output channel: the unfolded image's rows times
-    W read k-contiguous inside matmul_quantized. Float32 x and a scale give float32; integer
-    values in float32 x and no scale the exact int32 sums (ConvInteger: 8-bit differences)."""
-    kernel = list(w.shape[2:])
+    scale and zero point are one value or one per output channel (or as `layouts` say:
+    conv_weight_layouts; a packed 4-bit W's bytes, whose own shape is `shape`): the unfolded
+    image's rows times W read k-contiguous inside matmul_quantized. Float32 x and a scale give
+    float32; integer values in float32 x and no scale the exact int32 sums (ConvInteger: 8-bit
+    differences)."""
+    shape = tuple(shape or w.shape)
+    kernel = list(shape[2:])
     strides, dilations = strides or [1, 1], dilations or [1, 1]
     begins, ends = _spatial_pads(x.shape, kernel, strides, dilations, pads, auto_pad)
     if begins != ends:   # unfold2d pads both sides alike: pad x itself first
@@ -297,17 +353,20 @@ def quantized_conv(x, w, scale, zero_point, auto_pad, dilations, kernel_shape, p
     n, ckk, length = cols.shape
     rows = cols.permute(0, 2, 1)
     rows = (rows if scale is not None else rows.cast(int32)).reshape((n * length, ckk))  # one copy
-    o = w.shape[0]
-    out = quantized_product(rows, w, scale, zero_point, weight_layout(ckk, o, (0, 1, ckk), scale, zero_point))
+    o = shape[0]
+    out = None
+    taps = kernel[0] * kernel[1]
+    for tap, layout in layouts or [(None, weight_layout(ckk, o, (0, 1, ckk), scale, zero_point))]:
+        part = quantized_product(rows if tap is None else rows[:, tap::taps], w, scale, zero_point, layout)
+        out = part if out is None else out + part
     oh = (x.shape[2] + 2 * begins[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
     return out.reshape((n, length, o)).permute(0, 2, 1).reshape((n, o, oh, length // oh))
 
 
-def quantized_conv_applies(x, w, group, scale=None, block_size=0, axis=0):
-    """True where quantized_conv computes this Conv: a 2-D, group-1 convolution of a packed weight
-    with one scale per tensor or per output channel (axis 0)."""
-    return w.ndim == 4 and group == 1 and not block_size and packed_weight(w, x) and \
-        (not _per_channel(scale) or _axis(axis, 4) == 0)
+def quantized_conv_applies(x, w, group):
+    """True where quantized_conv computes this integer Conv: a 2-D, group-1 convolution of an
+    8-bit weight held on x's backend."""
+    return w.ndim == 4 and group == 1 and packed_weight(w, x)
 
 
 def conv_kernel_applies(x, w, zero_point=None, scale=None, block_size=0, axis=0):
@@ -438,59 +497,121 @@ def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_z
                       "QLinearConv")
 
 
-# ---- QDQ weights: DequantizeLinear(constant 8-bit W) joined with its Conv/MatMul/Gemm ----------
+# ---- QDQ weights: DequantizeLinear(constant 8-bit or 4-bit W) joined with its Conv/MatMul/Gemm --
 # The importer (codegen, `dequantized_weights`) emits these for the pattern; where the backend
-# cannot read W quantized (no quantized_matmul, grouped or blocked) they compute what the two
-# nodes did.
+# cannot read W quantized (no quantized_matmul, a layout it cannot express) they compute what
+# the two nodes did. packed_shape: W is a 4-bit weight of that shape, packed two values a byte
+# (codegen `packed_four_bit`: uint4 values, the graph's plus packed_offset, 8 for int4, its zero
+# point too, and packed_offset where the graph gives none).
+
+def _weight(w, w_zero_point, packed_shape, packed_offset):
+    """W as DequantizeLinear reads it with w_zero_point: its values, unpacked where they are
+    packed 4-bit (less the offset where no zero point takes it off)."""
+    if packed_shape is None:
+        return w
+    values = unpacked(w, packed_shape)
+    return values - packed_offset if w_zero_point is None and packed_offset else values
+
+
+def _as_2d_conv(X, W, w_scale, w_zero_point, axis, packed_shape, auto_pad, dilations, kernel_shape, pads, strides):
+    """A 1-D or 3-D convolution as a 2-D one of the same weight bytes, or None where W's
+    parameters would not follow (blocks; per-axis along a dim the view moves). 1-D: height 1,
+    W (O, C, k) read as (O, C, 1, k). 3-D: the image's depth taps become channels, (c, kd) pairs,
+    and its output depths batch rows: W (O, C, KD, kh, kw) is the (O, C*KD, kh, kw) weight
+    (no copy; the image is copied KD times, as an unfold copies it). Returns (x, W, packed_shape,
+    axis, 2-D conv attributes, rebuild(y))."""
+    shape = tuple(packed_shape or W.shape)
+    if len(shape) == 3:
+        a = _axis(axis, 3)
+        two_d = shape[:2] + (1,) + shape[2:]
+        return (X.unsqueeze(2), W if packed_shape else W.unsqueeze(2), packed_shape and two_d, a + (a == 2),
+                conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides), lambda y: y.squeeze(2))
+    if (_per_channel(w_scale) or _per_channel(w_zero_point)) and _axis(axis, 5) != 0:
+        return None
+    o, c, kd = shape[:3]
+    strides, dilations = list(strides or [1, 1, 1]), list(dilations or [1, 1, 1])
+    begins, ends = _spatial_pads(X.shape, list(shape[2:]), strides, dilations, pads, auto_pad)
+    x = _pad_spatial(X, [begins[0], 0, 0], [ends[0], 0, 0], 0.0)
+    n, depth = x.shape[0], x.shape[2]
+    sd, dd = strides[0], dilations[0]
+    od = (depth - (kd - 1) * dd - 1) // sd + 1
+    taps = stack([x[:, :, k * dd:k * dd + (od - 1) * sd + 1:sd] for k in range(kd)], axis=2)  # (N, C, KD, OD, H, W)
+    x = taps.permute(0, 3, 1, 2, 4, 5).reshape((n * od, x.shape[1] * kd) + tuple(x.shape[3:]))
+    two_d = (o, c * kd) + shape[3:]
+    args = dict(auto_pad="NOTSET", dilations=dilations[1:], kernel_shape=list(shape[3:]),
+                pads=[begins[1], begins[2], ends[1], ends[2]], strides=strides[1:])
+
+    def rebuild(y):
+        return y.reshape((n, od) + tuple(y.shape[1:])).permute(0, 2, 1, 3, 4)
+    return x, W.reshape(two_d) if packed_shape is None else W, packed_shape and two_d, 0, args, rebuild
+
 
 @op(domain=JOINED)
 def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
-                    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+                    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+                    packed_shape=None, packed_offset=0):
     """x_scale: where X is a QDQ activation (codegen `quantized_activation_inputs`: X = (q - zp) *
     x_scale with q 8-bit), its scale: X / x_scale are then integers and the backend's integer
     conv kernel computes the convolution."""
-    if W.ndim == 3 and W.dtype in (int8, uint8) and not block_size:   # 1-D: as 2-D of height 1
-        a = _axis(axis, 3)
-        return DequantizedConv(X.unsqueeze(2), W.unsqueeze(2), w_scale, w_zero_point, B, x_scale, a + (a == 2),
-                               block_size, output_dtype, group=group,
-                               **conv1d_as_2d(auto_pad, dilations, kernel_shape, pads, strides)).squeeze(2)
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
-    if x_scale is not None and X.dtype is float32 and \
+    shape = tuple(packed_shape or W.shape)
+    quantized = packed_shape is not None or W.dtype in (int8, uint8)
+    if len(shape) in (3, 5) and quantized and not block_size:   # 1-D, 3-D: as 2-D, W's bytes kept
+        view = _as_2d_conv(X, W, w_scale, w_zero_point, axis, packed_shape, **conv_args)
+        if view is not None:
+            x, w, two_d, a, args, rebuild = view
+            return rebuild(DequantizedConv(x, w, w_scale, w_zero_point, B, x_scale, a, block_size, output_dtype,
+                                           group=group, packed_shape=two_d, packed_offset=packed_offset, **args))
+    if packed_shape is None and x_scale is not None and X.dtype is float32 and \
             conv_kernel_applies(X, W, w_zero_point, w_scale, block_size, axis):
         return kernel_conv(X, x_scale.reshape(()).cast(float32), W, w_scale, w_zero_point, B, group, **conv_args)
-    if X.dtype is not float32 or not quantized_conv_applies(X, W, group, w_scale, block_size, axis):
-        return Conv(X, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), B, group=group, **conv_args)
+    layouts = None
+    if X.dtype is float32 and group == 1 and len(shape) == 4 and packed_weight(W, X):
+        layouts = conv_weight_layouts(shape, 8 if packed_shape is None else 4, w_scale, w_zero_point, block_size,
+                                      axis, packed_offset)
+    if layouts is None:
+        return Conv(X, DequantizeLinear(_weight(W, w_zero_point, packed_shape, packed_offset), w_scale, w_zero_point,
+                                        axis, block_size), B, group=group, **conv_args)
     out = quantized_conv(X, W, w_scale.reshape((-1,)), None if w_zero_point is None else w_zero_point.reshape((-1,)),
-                         **conv_args)
+                         shape=shape, layouts=layouts, **conv_args)
     return out if B is None else out + B.reshape((1, -1, 1, 1))
 
 
-def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed, x_scale=None):
-    """a @ dequantize(W) (W^T where transposed) read 8-bit inside the kernel, or None where the
-    backend cannot (then the caller dequantizes). x_scale: where a is a QDQ activation (codegen
+def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transposed, x_scale=None,
+                         packed_shape=None, zp_default=0):
+    """a @ dequantize(W) (W^T where transposed) read 8-bit (or 4-bit: packed_shape; zero point
+    zp_default where none is given) inside the kernel, or None where the backend cannot (then the
+    caller dequantizes). x_scale: where a is a QDQ activation (codegen
     `quantized_activation_inputs`), its scale: a / x_scale are then integers, which the kernel
-    multiplies by W's in exact int32 sums, scaled once (what onnxruntime's QLinearMatMul and
-    MatMulIntegerToFloat do); without the ability, the same exact sums in exact_matmul."""
-    if a.dtype is not float32 or w.ndim != 2:
+    multiplies by W's 8-bit values in exact int32 sums, scaled once (what onnxruntime's
+    QLinearMatMul and MatMulIntegerToFloat do); without the ability, the same exact sums in
+    exact_matmul."""
+    shape = tuple(packed_shape or w.shape)
+    if a.dtype is not float32 or len(shape) != 2:
         return None
-    rows, cols = w.shape
+    bits = 8 if packed_shape is None else 4
+    rows, cols = shape
     k, n = (cols, rows) if transposed else (rows, cols)
     along_n = _axis(axis, 2) == (0 if transposed else 1)
+    q = (0, 1, k) if transposed else (0, n, 1)
     zp = None if w_zero_point is None else w_zero_point.reshape((-1,))
-    if block_size:   # opset 21 blocks: along K the kernel reads them (one scale per block and column)
+    if block_size and along_n:   # opset 21 blocks along N: one product per block of columns
+        return _column_blocks(a, w, w_scale, zp, block_size, transposed, k, n, bits, zp_default)
+    if block_size:   # opset 21 blocks along K: the kernel reads them (one scale per block and column)
         blocks = -(-k // block_size)
         grid = (n, blocks) if transposed else (blocks, n)
-        if along_n or tuple(w_scale.shape) != grid or not packed_weight(w, a) or \
+        if tuple(w_scale.shape) != grid or not packed_weight(w, a) or \
                 (zp is not None and tuple(w_zero_point.shape) != grid):
             return None
         params = (0, 1, blocks) if transposed else (0, n, 1)
-        layout = QuantizedLayout(k, n, 8, block_size, (0, 1, k) if transposed else (0, n, 1), scale=params,
-                                 zp=(0, 0, 0) if zp is None else params)
+        layout = QuantizedLayout(k, n, bits, block_size, q, scale=params, zp=(0, 0, 0) if zp is None else params,
+                                 zp_default=zp_default)
         return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout)
     if packed_weight(w, a):
-        layout = weight_layout(k, n, (0, 1, k) if transposed else (0, n, 1), w_scale, zp, along_n)
-        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout, x_scale)
-    if x_scale is None or not (along_n or w_scale.numel() == 1 and (zp is None or zp.numel() == 1)):
+        layout = weight_layout(k, n, q, w_scale, zp, along_n, bits, zp_default)
+        return quantized_product(a, w, w_scale.reshape((-1,)), zp, layout, x_scale if bits == 8 else None)
+    if packed_shape is not None or x_scale is None or \
+            not (along_n or w_scale.numel() == 1 and (zp is None or zp.numel() == 1)):
         return None
     x_scale = x_scale.reshape(()).cast(float32)
     b = centered(w, None if zp is None else column_param(zp) if not transposed else _channel_param(zp, 2))
@@ -499,19 +620,46 @@ def _dequantized_product(a, w, w_scale, w_zero_point, axis, block_size, transpos
     return acc.cast(float32) * (x_scale * column_param(w_scale).cast(float32))
 
 
+def _column_blocks(a, w, w_scale, zp, block_size, transposed, k, n, bits, zp_default):
+    """a @ dequantize(W) whose opset 21 blocks run along N (scale (K, N blocks), or (N blocks,
+    K) for a transposed W): QuantizedLayout's scales are per (block of K, column), so each block
+    of columns is its own product, with a scale per row of K; the products are concatenated.
+    None where the backend does not read W quantized."""
+    blocks = -(-n // block_size)
+    grid = (blocks, k) if transposed else (k, blocks)
+    if tuple(w_scale.shape) != grid or not packed_weight(w, a) or (zp is not None and zp.numel() != k * blocks):
+        return None
+    scale, parts = w_scale.reshape((-1,)), []
+    for j in range(blocks):
+        width = min(block_size, n - j * block_size)
+        first = j * block_size * (k if transposed else 1)
+        q = (first, 1, k) if transposed else (first, n, 1)
+        params = (j * k, 1, 0) if transposed else (j, blocks, 0)
+        layout = QuantizedLayout(k, width, bits, 1, q, scale=params, zp=(0, 0, 0) if zp is None else params,
+                                 zp_default=zp_default)
+        parts.append(quantized_product(a, w, scale, zp, layout))
+    return parts[0] if blocks == 1 else cat(parts, axis=-1)
+
+
 @op(domain=JOINED)
-def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0):
-    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale) \
-        if A.ndim >= 2 else None
-    return MatMul(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size)) if out is None else out
+def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
+                      packed_shape=None, packed_offset=0):
+    out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale, packed_shape,
+                               packed_offset) if A.ndim >= 2 else None
+    if out is None:
+        return MatMul(A, DequantizeLinear(_weight(W, w_zero_point, packed_shape, packed_offset), w_scale, w_zero_point,
+                                          axis, block_size))
+    return out
 
 
 @op(domain=JOINED)
 def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
-                    alpha=1.0, beta=1.0, transA=0, transB=0):
-    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale)
+                    alpha=1.0, beta=1.0, transA=0, transB=0, packed_shape=None, packed_offset=0):
+    out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale,
+                                                   packed_shape, packed_offset)
     if out is None:
-        return Gemm(A, DequantizeLinear(W, w_scale, w_zero_point, axis, block_size), C, alpha, beta, transA, transB)
+        return Gemm(A, DequantizeLinear(_weight(W, w_zero_point, packed_shape, packed_offset), w_scale, w_zero_point,
+                                        axis, block_size), C, alpha, beta, transA, transB)
     if alpha != 1.0:
         out = out * alpha
     return out if C is None else out + (C * beta if beta != 1.0 else C)

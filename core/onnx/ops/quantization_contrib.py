@@ -9,7 +9,6 @@ domain's namespace, `ops.com_microsoft` (contrib.py, which re-exports them).
 """
 
 from ...dtypes import float32
-from ...functional import stack
 from ...tensor import cat
 from ..proto import OnnxError
 from .base import REGISTRY, _axis, op
@@ -19,7 +18,7 @@ from .reductions import Softmax
 from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, QuantizedLayout, centered,
                            column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
-                           quantize, quantized_product, requantize, type_at)
+                           quantize, quantized_product, requantize, type_at, unpack_nibbles)
 
 MS = "com.microsoft"
 # onnxruntime's com.microsoft QuantizeLinear/DequantizeLinear are the ai.onnx ones
@@ -151,13 +150,6 @@ def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
     acc = integer_matmul(a_q, a_zp, B, column_param(b_zero_point))
     y = acc.cast(float32) * (a_scale * column_param(b_scale))
     return y if bias is None else y + bias
-
-
-def unpack_nibbles(packed):
-    """uint8 bytes (as int32) -> twice as many 4-bit values along the last dim, low nibble first."""
-    low = packed % 16
-    high = (packed - low) // 16
-    return stack([low, high], axis=packed.ndim).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
 
 
 @op(domain=MS)
