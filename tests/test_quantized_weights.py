@@ -317,3 +317,46 @@ def test_conv_integer_and_qlinear_conv_are_exact_in_the_kernel(backend, monkeypa
     assert names.count({"wgpu": "matmul_quantized", "wasm": "conv2d_quantized"}[backend.name]) == 2, names
     for g, e in zip(got, run(cn.NumPy())):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("stored", ["nk", "kn"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_numpy_integer_products_go_a_panel_of_b_at_a_time(stored, bits, monkeypatch):
+    """cn.NumPy reads an integer product's B a few columns at a time (QUANT_PANEL values, made
+    small here so that 70 columns take five panels, the last a ragged one): the exact int32 sums
+    of MatMulInteger and a QDQ activation's scaled sums, per-column zero points or 4-bit zero
+    points per block of K, B stored (N, K) or (K, N)."""
+    from cinders.backend import QuantizedLayout
+    from cinders.backends import numpy_backend
+    monkeypatch.setattr(numpy_backend, "QUANT_PANEL", 16 * 40)
+    np_b = cn.NumPy()
+    k, n, m = 40, 70, 3
+    if bits == 8:
+        w = RNG.integers(-128, 128, (n, k) if stored == "nk" else (k, n)).astype(np.int8)
+        b = (w.T if stored == "nk" else w).astype(np.int64)
+        q, block, zp_bits = w.reshape(-1), k, 8
+        zp = RNG.integers(-5, 5, n).astype(np.int8)
+        zp_full = np.broadcast_to(zp.astype(np.int64), (k, n))
+        zp_layout, blocks = (0, 0, 1), 1
+    else:
+        values = RNG.integers(0, 16, (n, k) if stored == "nk" else (k, n)).astype(np.uint8)
+        b = (values.T if stored == "nk" else values).astype(np.int64)
+        flat = values.reshape(-1)
+        q, block, zp_bits = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8), 16, 4
+        blocks = -(-k // block)
+        zp_values = RNG.integers(0, 16, (blocks, n)).astype(np.uint8)    # (block, n) at block * n + n
+        zflat = zp_values.reshape(-1)
+        zp = (zflat[0::2] | (zflat[1::2] << 4)).astype(np.uint8)
+        zp_full = np.repeat(zp_values.astype(np.int64), block, axis=0)[:k]
+        zp_layout = (0, n, 1)
+    layout = QuantizedLayout(k, n, bits, block, (0, 1, k) if stored == "nk" else (0, n, 1),
+                             scale=(0, 0, 1), zp=zp_layout, zp_bits=zp_bits)
+    a = RNG.integers(-255, 256, (m, k)).astype(np.int32)
+    got = np_b.matmul_quantized(a, q, None, zp, layout)
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ (b - zp_full))
+    if bits == 8:   # a QDQ activation: its integers times a_scale
+        a_scale = np.float32(0.05)
+        scale = RNG.uniform(0.5, 1.5, n).astype(np.float32)
+        got = np_b.matmul_quantized((a * a_scale).astype(np.float32), q, scale, zp, layout, a_scale=a_scale)
+        expected = (a.astype(np.int64) @ (b - zp_full)).astype(np.float32) * (a_scale * scale)
+        np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -192,6 +192,12 @@ def _strided_index(layout, rows, n):
     return off + np.arange(rows)[:, None] * sr + np.arange(n)[None, :] * sc
 
 
+def _from_column(layout, n0):
+    """A QuantizedLayout triple (off, s_r, s_c) moved to start at column n0."""
+    off, sr, sc = layout
+    return off + n0 * sc, sr, sc
+
+
 def _strided_values(h, layout, rows, n, bits):
     """int32 (rows, n) values of 8-bit (or int32) storage h at a QuantizedLayout triple, or of
     its nibbles (bits 4, low first): a strided view of the bytes, gathered only for nibbles."""
@@ -319,29 +325,34 @@ class NumPy(Backend):
         return np.matmul(a, b)
 
     def matmul_quantized(self, a, q, scale, zero_point, layout, a_scale=None):
-        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"). Integer products (no scale:
-        MatMulInteger; or a QDQ activation's a_scale) read B's values q - zp for this call only
-        (BLAS multiplies floats) and sum them exactly (_exact_product); float products dequantize
-        QUANT_PANEL values of B (a few columns of all of K) at a time, each panel multiplied by
-        all of a, so no float32 copy of the whole of B is held (a float16 B, a half model's
-        weight, is only widened)."""
+        """C = a @ dequantize(B) (core/backend.py "quantized_matmul"), QUANT_PANEL values of B (a
+        few columns of all of K) at a time, so no copy of the whole of B is made. Integer products
+        (no scale: MatMulInteger; or a QDQ activation's a_scale) read each panel's values q - zp
+        (BLAS multiplies floats) and sum them exactly (_exact_product); float products
+        dequantize each panel (a float16 B, a half model's weight, is only widened)."""
         k, n = layout.k, layout.n
         block = layout.block or k
         blocks = -(-k // block)
+        width = max(1, QUANT_PANEL // max(k, 1))
         integer = scale is None and q.dtype.kind != "f"
         if integer or (a_scale is not None and blocks == 1):
-            b = _strided_values(q, layout.q, k, n, layout.bits)
-            if zero_point is None:
-                b -= np.int32(layout.zp_default)
-            else:   # (one row of zero points per block of K, repeated down its rows)
-                zp = _strided_values(zero_point, layout.zp, blocks, n, layout.zp_bits)
-                b -= zp if blocks == 1 else np.repeat(zp, block, axis=0)[:k]
+            a_values = a if integer else np.rint(a / a_scale)
+            largest_a = _largest(a_values)
+            sums = np.empty((a.shape[0], n), np.int32)
+            for n0 in range(0, n, width):
+                cols = min(width, n - n0)
+                b = _strided_values(q, _from_column(layout.q, n0), k, cols, layout.bits)
+                if zero_point is None:
+                    b -= np.int32(layout.zp_default)
+                else:   # (one row of zero points per block of K, repeated down its rows)
+                    zp = _strided_values(zero_point, _from_column(layout.zp, n0), blocks, cols, layout.zp_bits)
+                    b -= zp if blocks == 1 else np.repeat(zp, block, axis=0)[:k]
+                sums[:, n0:n0 + cols] = _exact_product(a_values, b, largest_a * _largest(b))
             if integer:
-                return _exact_product(a, b)
+                return sums
             s = scale.reshape(-1)[_strided_index(layout.scale, blocks, n)]
-            return _exact_product(np.rint(a / a_scale), b).astype(np.float32) * (a_scale * s)
+            return sums.astype(np.float32) * (a_scale * s)
         out = np.empty((a.shape[0], n), np.float32)
-        width = max(1, QUANT_PANEL // max(k, 1))
         ks = np.arange(k)[:, None]
         for n0 in range(0, n, width):
             ns = np.arange(n0, min(n, n0 + width))[None, :]
