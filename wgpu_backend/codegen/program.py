@@ -300,8 +300,8 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
     lines.append("  let L = %s;" % P["S" if split == "combine" else "L"])
     span = ("t", "L", "0u")
     if split == "partial":
-        lines.append("  let k0 = chunk * %s; let k1 = min(L, k0 + %s);" % (P["C"], P["C"]))
-        span = ("k0 + t", "k1", "k0")
+        lines.append("  let chunk_lo = chunk * %s; let chunk_hi = min(L, chunk_lo + %s);" % (P["C"], P["C"]))
+        span = ("chunk_lo + t", "chunk_hi", "chunk_lo")
     planes = partial_planes(program) if split else []
     lines.append("  var inf_bits = 0x7f800000u;")
     lines.append(unravel("row", P.array("outer"), "o").rstrip("\n"))
