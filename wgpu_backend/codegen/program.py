@@ -209,6 +209,11 @@ def flat_wgsl(program, binding_of, slot_types, storage, layouts, out_layouts, wi
 
 
 # ---- rows kernels --------------------------------------------------------------------------
+def _bitcast(to, source, value):
+    """WGSL of `value` (of type `source`) as type `to`, the same bits (no identity bitcast)."""
+    return value if to == source else "bitcast<%s>(%s)" % (to, value)
+
+
 def rows_layout(program, split=False):
     """P of a rows kernel: rows, axis length L, the outer shape (the frame without the axis),
     const bits, per leaf offset, outer strides and axis stride, then the outer strides and axis
@@ -357,7 +362,7 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
             operand = _operand_dtypes(program, refs)[0]
             if split == "combine":  # the same reduction over the chunks' values
                 v = "f_p%d" % k
-                body = ["    let %s = bitcast<%s>(%s);" % (v, operand.wgsl, plane_at(k, "value", "k"))]
+                body = ["    let %s = %s;" % (v, _bitcast(operand.wgsl, "i32", plane_at(k, "value", "k")))]
             else:
                 body, (v,) = full_block(refs, "    ")
             arg_combine = split == "combine" and op[7:] in ARG_REDUCTIONS
@@ -374,9 +379,9 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
     if split == "partial":
         lines.append("  if (t == 0u) {")
         for k, what in planes:
-            lines.append("    %s = %s;" % (plane_at(k, what, "chunk"), "x%d" % k if what == "index"
-                                          else "bitcast<i32>(%s%d)" % (
-                                              "xv" if nodes[k][0][7:] in ARG_REDUCTIONS else "x", k)))
+            value = "x%d" % k if what == "index" or nodes[k][0][7:] not in ARG_REDUCTIONS else "xv%d" % k
+            operand = "i32" if what == "index" else _operand_dtypes(program, nodes[k][2])[0].wgsl
+            lines.append("    %s = %s;" % (plane_at(k, what, "chunk"), _bitcast("i32", operand, value)))
         lines.append("  }")
         src = header(P.size, buffers(program, slot_types, storage)[:len(slot_types)]
                      + [("part", "i32", True)], "\n".join(shared))
