@@ -149,7 +149,9 @@ def test_dynamic_quantize_linear_equals_onnxruntime(values):
         got = model(xt)
         backend.synchronize()
     # min and max in one pass (two stages where x is long), then scale, zero point and y
-    assert p.kernel_launches == (3 if x.size >= 2048 else 2), [e["name"] for e in p.events]
+    names = [e["name"] for e in p.events if e["kind"] == "kernel"]
+    assert names == ["dynamic_quantize_range_partial"] * (x.size >= 2048) + ["dynamic_quantize_range",
+                                                                               "dynamic_quantize"], names
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(g.numpy(), e)
 
@@ -173,5 +175,5 @@ def test_quantize_dequantize_is_one_kernel_equal_to_numpy(zero_points, size):
     a = args(backend)
     with cn.profile(backend) as p:
         got = backend.to_numpy(backend.quantize_dequantize(*a))
-    assert p.kernel_launches == 1
+    assert [e["name"] for e in p.events if e["kind"] == "kernel"] == ["quantize_dequantize"]
     np.testing.assert_array_equal(got, numpy.quantize_dequantize(*args(numpy)))

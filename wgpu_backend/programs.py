@@ -69,9 +69,10 @@ class ProgramRunner:
     def binding_key(h):
         return id(h.storage)
 
-    def run(self, program, out=None):
+    def run(self, program, out=None, name=None):
         """Launch `program`; returns [handle per output]. out: destination views, one per
         output, to write into instead of new buffers (copies into a region of a cat or pad).
+        name: what cn.profile calls its kernel (default: the Program's `name`).
         Its plan is kept per `program_signature` (a training step flushes the same groups over
         the same shapes every step); later calls patch the leaves' offsets and the constants'
         values into the parameter block."""
@@ -79,7 +80,7 @@ class ProgramRunner:
         signature = program_signature(program, leaves, out)
         plan = self._plans.get(signature)
         if plan is None:
-            plan = self._plan(program, out)
+            plan = self._plan(program, out, name)
             self._keep(signature, plan)
         return self._execute(plan, leaves, out, [bits(c.arg, c.dtype) for c in program.consts])
 
@@ -105,14 +106,14 @@ class ProgramRunner:
             self._plans.clear()
         self._plans[signature] = plan
 
-    def _plan(self, program, out):
+    def _plan(self, program, out, name=None):
         """How to launch `program` (a Plan; its key is None where nothing is to compute)."""
         shape, axis = program.shape, program.axis
         flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
         items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
         specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         if items == 0:
-            return Plan(None, None, None, (), None, None, specs, (), program.name, (), None, None)
+            return Plan(None, None, None, (), None, None, specs, (), name or program.name, (), None, None)
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
         slots, binding_of, slot_leaf = {}, [], []
@@ -205,7 +206,7 @@ class ProgramRunner:
         out_offsets = [(layout.position(name), j, w) for name, j, w in out_fields]
         consts_at = layout.array_position("consts") if consts else None
         return Plan(key, build, layout.pack(**values), offsets, groups, slot_leaf, specs,
-                    donors, program.name, out_offsets, consts_at, partial)
+                    donors, name or program.name, out_offsets, consts_at, partial)
 
     def _execute(self, plan, leaf_handles, out, consts=()):
         """Launch a plan over these leaves (and destinations), with these constants' words."""

@@ -8,6 +8,9 @@ generator of elementwise and reduction kernels (codegen/program.py) writes their
     quantize_dequantize  a flat Program: the zero points widened where they are read, and the
                          round trip. One launch.
 
+cn.profile calls their kernels dynamic_quantize_range (and _partial, its first stage),
+dynamic_quantize, and quantize_dequantize.
+
 The arithmetic is the composition's of core/onnx/ops/quantization.py, step for step in float32
 (x / scale, round half to even, + zero point, clamp; ONNX's and onnxruntime's), so the results
 are the same bits as cn.NumPy's and the composed kernels'.
@@ -65,14 +68,15 @@ def dynamic_quantize(backend, runner, x):
     scale = row("custom", _SCALE, [lo, hi], dtypes.float32)
     zero_point = row("custom", _ZERO_POINT, [lo, hi], dtypes.float32)
     zero_int = row("cast_i", None, [zero_point], dtypes.int32)
-    scale_h, zero_h = runner.run(Program([lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame))
+    scale_h, zero_h = runner.run(Program([lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame),
+                                 name="dynamic_quantize_range")
     flat_frame = ((n,), None)
     zero_f = _node("cast_f", None, [leaf(backend.reshape(zero_h, (1,)))], (1,), (1,), dtypes.float32,
                    flat_frame)
     q = _node("custom", _QUANTIZE_U8, [values, leaf(backend.reshape(scale_h, (1,))), zero_f], (n,), (n,),
               dtypes.float32, flat_frame)
     y = _node("cast_i", None, [q], (n,), (n,), dtypes.int32, flat_frame)
-    (y_h,) = runner.run(Program([zero_f, q, y], [y], flat_frame))
+    (y_h,) = runner.run(Program([zero_f, q, y], [y], flat_frame), name="dynamic_quantize")
     return backend.reshape(y_h, x.shape), scale_h, zero_h
 
 
@@ -92,4 +96,4 @@ def quantize_dequantize(backend, runner, x, y_scale, y_zero_point, x_scale, x_ze
             nodes.append(value)
         inputs.append(value)
     out = _node("custom", _round_trip(lo, hi), inputs, shape, shape, dtypes.float32, frame)
-    return runner.run(Program(nodes + [out], [out], frame))[0]
+    return runner.run(Program(nodes + [out], [out], frame), name="quantize_dequantize")[0]
