@@ -558,3 +558,29 @@ def test_qdq_activation_round_trips_run_as_one_op(backend, dtype):
     expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for e, g in zip(expected, _cinders(data, {"x": x}, backend)):
         np.testing.assert_array_equal(g.astype(e.dtype), e)
+
+
+@pytest.mark.parametrize("variant", ["cnn_dynamic_u8", "cnn_dynamic_s8", "mlp_dynamic_s8", "cnn_qdq_u8", "mlp_qdq"])
+def test_quantized_model_matches_onnxruntime_on_wgpu(quantized, variant, monkeypatch):
+    """quantize_dynamic's and quantize_static's models on cn.Wgpu, whose DynamicQuantizeLinear and
+    QDQ round trips are kernels of their own (the dynamic_quantize and quantize_dequantize
+    abilities): onnxruntime's answer, as on cn.NumPy above."""
+    name, how, optimized = VARIANTS[variant]
+    path = quantized / (variant + ".onnx")
+    x = np.random.default_rng(5).standard_normal(SHAPES[name]).astype(np.float32)
+    expected = _onnxruntime(path, x, optimized)[0]
+    backend = BACKENDS["wgpu"]()
+    calls = []
+
+    def spy(ability):
+        kernel = getattr(backend, ability)
+
+        def call(*args):
+            calls.append(ability)
+            return kernel(*args)
+        return call
+    for ability in ("dynamic_quantize", "quantize_dequantize"):
+        monkeypatch.setattr(backend, ability, spy(ability))
+    got = load(str(path), backend=backend)(cn.tensor(x, backend=backend)).numpy()
+    assert calls and set(calls) == {"dynamic_quantize" if "dynamic" in how else "quantize_dequantize"}, calls
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))

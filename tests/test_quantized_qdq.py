@@ -171,7 +171,7 @@ def test_blocked_and_1d_conv_weights_stay_8_bit(name, monkeypatch):
         np.testing.assert_allclose(g, e, rtol=0, atol=1e-4 * np.abs(e).max())
 
 
-@pytest.mark.parametrize("name", ["numpy", "wasm-native", "wasm-wasmtime"])
+@pytest.mark.parametrize("name", ["numpy", "wasm-native", "wasm-wasmtime", "wgpu"])
 @pytest.mark.parametrize("zero_points", [(np.int8(-3), np.int8(-3)), (np.uint8(130), np.uint8(128)), (np.int8(5), np.int8(-7))])
 def test_quantize_dequantize_kernel_is_the_composition(name, zero_points):
     """The quantize_dequantize ability's one kernel equals QuantizeLinear then DequantizeLinear
@@ -216,3 +216,22 @@ def test_captured_qdq_bert_replays_the_same_answer(qdq_bert):
     assert forward.replays >= 1
     for out in outs:
         np.testing.assert_array_equal(out, expected)
+
+
+def test_qdq_bert_round_trips_are_one_launch_each_on_wgpu(qdq_bert, monkeypatch):
+    """cn.Wgpu's quantize_dequantize: each activation round trip one launch (the composition
+    adds a cast of each zero point), the same answer as the composition's."""
+    backend = cn.Wgpu(autotune=False)
+    model = load(qdq_bert, backend=backend)
+    trips = sum(n.op_type == "QuantizeLinear" for n in onnx.load(qdq_bert).graph.node)
+    ids = cn.tensor(IDS.astype(np.int32), backend=backend)
+    launches, outs = [], []
+    for ability in (True, False):
+        if not ability:
+            monkeypatch.setattr(backend, "quantize_dequantize", False)
+        outs.append(model(ids).numpy())
+        with cn.profile(backend) as p:
+            model(ids).numpy()
+        launches.append(p.kernel_launches)
+    assert launches[0] <= launches[1] - trips, (launches, trips)
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -22,7 +22,7 @@ from cinders.errors import CindersError
 from cinders.fusion.graph import row_shape, squeezed_row_shape
 from cinders.ops import result_dtype
 
-from . import conv, conv_grad
+from . import conv, conv_grad, quantize
 from .codegen import images
 from .codegen.packing import HALF, PACKED, directives, fill_word, word_count
 from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
@@ -132,6 +132,9 @@ class Wgpu(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES
     # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
     quantized_matmul = True
+    # Activations: DynamicQuantizeLinear in three launches, a QDQ round trip in one (quantize.py).
+    dynamic_quantize = True
+    quantize_dequantize = True
 
     def __init__(self, adapter=None, autotune=None, instance=0, shader_f16=True):
         self._rt = _runtime(adapter, instance, bool(shader_f16))
@@ -564,6 +567,15 @@ class Wgpu(Backend):
                     "matmul_quantized",
                     4 * m * k + k * n * layout.bits // 8, 4 * m * n)
         return out
+
+    def dynamic_quantize(self, x):
+        """ONNX DynamicQuantizeLinear (core/backend.py "dynamic_quantize"; quantize.py)."""
+        return quantize.dynamic_quantize(self, self._programs, x)
+
+    def quantize_dequantize(self, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
+        """QuantizeLinear then DequantizeLinear in one kernel (core/backend.py; quantize.py)."""
+        return quantize.quantize_dequantize(self, self._programs, x, y_scale, y_zero_point, x_scale,
+                                            x_zero_point, lo, hi)
 
     # ---- movement (views where possible) --------------------------------------------------
     def reshape(self, x, shape):

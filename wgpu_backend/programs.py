@@ -23,6 +23,7 @@ from cinders.fusion.graph import Expr, LEAF, PENDING, Program, row_shape
 from .codegen import images
 from .codegen.prelude import WG, bits, groups_for
 from .codegen.program import (flat_layout, flat_wgsl, rows_layout, rows_wgsl, row_threads,
+                              row_splits, splittable, partial_planes,
                               epilogue_layout, epilogue_wgsl, prologue_wgsl, buffers, ROW_THREADS)
 from .codegen.matmul import matmul_param_count
 from .codegen.packing import binding_type
@@ -68,9 +69,10 @@ class ProgramRunner:
     def binding_key(h):
         return id(h.storage)
 
-    def run(self, program, out=None):
+    def run(self, program, out=None, name=None):
         """Launch `program`; returns [handle per output]. out: destination views, one per
         output, to write into instead of new buffers (copies into a region of a cat or pad).
+        name: what cn.profile calls its kernel (default: the Program's `name`).
         Its plan is kept per `program_signature` (a training step flushes the same groups over
         the same shapes every step); later calls patch the leaves' offsets and the constants'
         values into the parameter block."""
@@ -78,7 +80,7 @@ class ProgramRunner:
         signature = program_signature(program, leaves, out)
         plan = self._plans.get(signature)
         if plan is None:
-            plan = self._plan(program, out)
+            plan = self._plan(program, out, name)
             self._keep(signature, plan)
         return self._execute(plan, leaves, out, [bits(c.arg, c.dtype) for c in program.consts])
 
@@ -104,14 +106,14 @@ class ProgramRunner:
             self._plans.clear()
         self._plans[signature] = plan
 
-    def _plan(self, program, out):
+    def _plan(self, program, out, name=None):
         """How to launch `program` (a Plan; its key is None where nothing is to compute)."""
         shape, axis = program.shape, program.axis
         flat = not program.has_reduce and all(program.nodes[o][3] == "full" for o in program.outputs)
         items = math.prod(shape) if flat else math.prod(shape[:axis] + shape[axis + 1:])
         specs = [(program.exprs[o].shape, program.exprs[o].dtype) for o in program.outputs]
         if items == 0:
-            return Plan(None, None, None, (), None, None, specs, (), program.name, (), None)
+            return Plan(None, None, None, (), None, None, specs, (), name or program.name, (), None, None)
         views = [self._frame_view(e.value, shape, axis) for e in program.leaves]
         # One binding per distinct buffer (a tensor read through two views binds once).
         slots, binding_of, slot_leaf = {}, [], []
@@ -127,7 +129,7 @@ class ProgramRunner:
         slot_types = tuple(binding_type(dt, storage_layout) for _, dt in slots)
         slot_dtypes = tuple(dt for _, dt in slots)
         consts = [bits(c.arg, c.dtype) for c in program.consts]
-        donors = ()
+        donors, partial = (), None
         if flat:
             n = items
             # "c": contiguous in the frame shape (read at offset + i); "s": through strides.
@@ -167,11 +169,23 @@ class ProgramRunner:
             out_fields = [("o%d_off" % j, j, width) for j in range(len(out or ()))]
         else:
             width, length = 1, shape[axis]
-            threads = row_threads(length)
-            key = ("rows", program.key, tuple(binding_of), slot_dtypes, storage_layout, threads)
+            # Few rows over a long axis: two stages (codegen/program.py "rows"), where the
+            # second binds the scratch buffer besides what the one stage binds.
+            splits = row_splits(items, length) if splittable(program) and \
+                len(slots) + 1 + len(program.outputs) <= self.max_buffers else 1
+            threads = row_threads(length if splits == 1 else splits)
+            key = ("rows", program.key, tuple(binding_of), slot_dtypes, storage_layout, threads,
+                   splits > 1)
             outer = [d for d in range(len(shape)) if d != axis]
             values = {"rows": items, "L": length, "outer": [shape[d] for d in outer],
                       "consts": consts}
+            if splits > 1:
+                chunk = -(-length // splits)
+                values["S"], values["C"] = splits, chunk
+                partial_key = key + ("partial",)
+                partial = (partial_key, lambda inplace=None: rows_wgsl(  # noqa: E731
+                    program, binding_of, slot_types, storage_layout, ROW_THREADS, "partial"),
+                           groups_for(items * splits, 1), len(partial_planes(program)) * items * splits)
             for j, (_, strides, offset) in enumerate(views):
                 values["l%d_off" % j] = offset
                 values["l%d_outer" % j] = [strides[d] for d in outer]
@@ -180,10 +194,11 @@ class ProgramRunner:
             values["o_outer"], values["o_axis"] = [cs[d] for d in outer], cs[axis]
             layout = _LAYOUTS.get(key)
             if layout is None:
-                layout = _LAYOUTS[key] = rows_layout(program)
+                layout = _LAYOUTS[key] = rows_layout(program, splits > 1)
             groups = groups_for(items, 1 if threads > 1 else ROW_THREADS)
             build = lambda inplace=None: rows_wgsl(  # noqa: E731
-                program, binding_of, slot_types, storage_layout, threads)
+                program, binding_of, slot_types, storage_layout, threads,
+                "combine" if splits > 1 else None)
             out_fields = []
         # Where the per-call values (the offsets of leaves and destinations, the constants) sit
         # in P.
@@ -191,7 +206,7 @@ class ProgramRunner:
         out_offsets = [(layout.position(name), j, w) for name, j, w in out_fields]
         consts_at = layout.array_position("consts") if consts else None
         return Plan(key, build, layout.pack(**values), offsets, groups, slot_leaf, specs,
-                    donors, program.name, out_offsets, consts_at)
+                    donors, name or program.name, out_offsets, consts_at, partial)
 
     def _execute(self, plan, leaf_handles, out, consts=()):
         """Launch a plan over these leaves (and destinations), with these constants' words."""
@@ -205,9 +220,15 @@ class ProgramRunner:
             params[position] = leaf_handles[j].offset // width
         for position, j, width in plan.out_offsets:
             params[position] = out[j].offset // width
-        return backend.launch(plan.key, plan.build, [leaf_handles[j] for j in plan.slot_leaf],
-                              out or plan.specs, params, plan.groups, plan.name,
-                              sum(4 * h.size // h.dtype.per_word for h in leaf_handles),
+        inputs = [leaf_handles[j] for j in plan.slot_leaf]
+        read = sum(4 * h.size // h.dtype.per_word for h in leaf_handles)
+        if plan.partial is not None:  # a split reduction's first stage: its partials
+            key, build, groups, words = plan.partial
+            inputs += backend.launch(key, build, inputs, [((words,), dtypes.int32)], params, groups,
+                                     plan.name + "_partial", read, 4 * words)
+            read = 4 * words
+        return backend.launch(plan.key, plan.build, inputs, out or plan.specs, params, plan.groups,
+                              plan.name, read,
                               sum(4 * math.prod(s) // dt.per_word for s, dt in plan.specs),
                               donors=plan.donors)
 
@@ -336,25 +357,37 @@ class Plan:
     leaf bound in each slot), outputs."""
 
     __slots__ = ("key", "build", "params", "offsets", "groups", "slot_leaf", "specs", "donors",
-                 "name", "out_offsets", "consts_at")
+                 "name", "out_offsets", "consts_at", "partial")
 
     def __init__(self, key, build, params, offsets, groups, slot_leaf, specs, donors, name,
-                 out_offsets, consts_at):
+                 out_offsets, consts_at, partial):
         self.key, self.build, self.params, self.offsets = key, build, params, offsets
         self.groups, self.slot_leaf, self.specs, self.donors = groups, slot_leaf, specs, donors
         self.name, self.out_offsets, self.consts_at = name, out_offsets, consts_at
+        # a split reduction's first stage (key, build, groups, scratch words), launched with the
+        # same parameters before this plan's kernel, which reads its scratch buffer
+        self.partial = partial
 
     def keep_sources(self):
         """Let the plan outlive its Program, whose leaves hold the first call's buffers: the
-        kernel sources (the usual one and the in-place variants) are generated now, once per
-        kernel, and the plan's builder reads them."""
+        kernel sources (the usual one, the in-place variants, a first stage's) are generated
+        now, once per kernel, and the plan's builders read them."""
         if self.key is None:
             return
-        sources = _SOURCES.setdefault(self.key, {})
-        for inplace in (None,) + tuple(self.donors):
-            if inplace not in sources:
-                sources[inplace] = self.build(inplace)
-        self.build = lambda inplace=None: sources[inplace]
+        self.build = _kept(self.key, self.build, self.donors)
+        if self.partial is not None:
+            key, build, groups, words = self.partial
+            self.partial = (key, _kept(key, build, ()), groups, words)
+
+
+def _kept(key, build, donors):
+    """A builder reading the sources of `key` (the usual one and the in-place variants of
+    `donors`), generated now."""
+    sources = _SOURCES.setdefault(key, {})
+    for inplace in (None,) + tuple(donors):
+        if inplace not in sources:
+            sources[inplace] = build(inplace)
+    return lambda inplace=None: sources[inplace]
 
 
 class MatmulEpilogue:

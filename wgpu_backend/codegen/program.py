@@ -12,6 +12,14 @@ Three kernel shapes:
             per row; full values are recomputed inside each loop over the axis that needs them
             (the prologue of every reduction, then the epilogue loop that writes full outputs).
             So softmax and layer norm read their input a few times from cache and write it once.
+            Few rows over a long axis (a whole tensor's min, a long sum) would leave the GPU
+            idle with one workgroup per row: there the axis is cut into chunks (`row_splits`)
+            and the rows kernel runs in two stages, `split` "partial" (one workgroup per
+            (row, chunk): each reduction's value over its chunk, and an arg reduction's index,
+            into one scratch buffer of words) then "combine" (per row: the same reduction of the
+            partials, then the row values and outputs). A Program splits where every output is
+            a row value and no reduction's prologue reads a row value (`splittable`): sums and
+            extrema with their prologues and epilogues; softmax and layer norm keep one stage.
   epilogue  a flat Program run at a matmul's store of C (`fn epilogue(acc, i)`, matmul.py).
 
 Bindings: leaf slots b0.. (one per distinct buffer and dtype), then outputs out0.. Leaves are
@@ -30,11 +38,47 @@ from .prelude import ParamLayout, header, entry_1d, entry_per_group, unravel, do
 ROW_THREADS = 64     # workgroup size of the rows kernel when the reduced axis is long
 ROW_MIN_AXIS = 128   # shorter axes: one invocation loops over the whole row
 ARG_REDUCTIONS = ("argmax", "argmin")
+# Two-stage rows kernels: aim for SPLIT_GROUPS workgroups, each over at least SPLIT_MIN_CHUNK
+# elements of its row (16 per thread: fewer and the partials' pass costs what it saves).
+SPLIT_GROUPS = 512
+SPLIT_MIN_CHUNK = 16 * ROW_THREADS
 
 
 def row_threads(length):
     """Threads per row of a rows kernel over an axis of `length`."""
     return ROW_THREADS if length >= ROW_MIN_AXIS else 1
+
+
+def row_splits(rows, length):
+    """Chunks each row's axis is cut into (1: one stage): enough for SPLIT_GROUPS workgroups
+    where the rows alone are too few, none shorter than SPLIT_MIN_CHUNK."""
+    if rows >= SPLIT_GROUPS // 2:
+        return 1
+    return max(1, min(-(-SPLIT_GROUPS // rows), length // SPLIT_MIN_CHUNK))
+
+
+def splittable(program):
+    """Can the Program's reductions run in two stages? Every output a row value, and no
+    reduction reads a row value (through the full values of its prologue)."""
+    nodes = program.nodes
+    if any(nodes[o][3] != "row" for o in program.outputs):
+        return False
+
+    def reads_row(refs):
+        return any(kind == "n" and (nodes[j][3] == "row" or reads_row(nodes[j][2]))
+                   for kind, j in refs)
+    return not any(op.startswith("reduce_") and reads_row(refs) for op, _, refs, _, _ in nodes)
+
+
+def partial_planes(program):
+    """The scratch planes of a split Program: [(node, "value" or "index")] in node order."""
+    planes = []
+    for k, (op, *_) in enumerate(program.nodes):
+        if op.startswith("reduce_"):
+            planes.append((k, "value"))
+            if op[7:] in ARG_REDUCTIONS:
+                planes.append((k, "index"))
+    return planes
 
 
 # ---- expressions ---------------------------------------------------------------------------
@@ -165,30 +209,43 @@ def flat_wgsl(program, binding_of, slot_types, storage, layouts, out_layouts, wi
 
 
 # ---- rows kernels --------------------------------------------------------------------------
-def rows_layout(program):
+def _bitcast(to, source, value):
+    """WGSL of `value` (of type `source`) as type `to`, the same bits (no identity bitcast)."""
+    return value if to == source else "bitcast<%s>(%s)" % (to, value)
+
+
+def rows_layout(program, split=False):
     """P of a rows kernel: rows, axis length L, the outer shape (the frame without the axis),
     const bits, per leaf offset, outer strides and axis stride, then the outer strides and axis
-    stride of full outputs (contiguous in the frame shape; row outputs are indexed by row)."""
+    stride of full outputs (contiguous in the frame shape; row outputs are indexed by row); a
+    split one (both stages) also the chunks per row S and their length C."""
     outer = len(program.shape) - 1
     fields = ["rows", "L", ("outer", outer), ("consts", len(program.consts))]
     fields += _leaf_fields(len(program.leaves), [("l%d_outer", outer), ("l%d_axis", None)])
     fields += [("o_outer", outer), "o_axis"]
+    if split:
+        fields += ["S", "C"]
     return ParamLayout(*fields)
 
 
-def reduction_lines(k, op, operand_dtype, value_block, threads, step):
+def reduction_lines(k, op, operand_dtype, value_block, threads, step, span=("t", "L", "0u"),
+                    result="x%d"):
     """Lines folding node k's reduction over the axis (value_block: the loop body's lines and the
-    operand's name at position k) into `x{k}`; and its workgroup arrays."""
+    operand's name at position k) into `result` % k; and its workgroup arrays. span: the loop's
+    first position, its end, and the index an arg reduction answers where nothing beat the
+    identity (a split kernel's chunk: its start). An arg reduction also names its best value
+    `xv{k}`."""
     body, v = value_block
+    first, end, fallback = span
     kind, ty = operand_dtype.kind, operand_dtype.wgsl
     lines = ["  var a%d: %s = %s;" % (k, ty, REDUCE_IDENTITY[op][kind])]
     shared = ["var<workgroup> r%d: array<%s, %d>;" % (k, ty, threads)] if threads > 1 else []
     if op in ARG_REDUCTIONS:
         # Index L marks "nothing better than the identity seen": then every element equals the
-        # identity and the first one, 0, is the answer. Ties go to the lower index.
+        # identity and the first one is the answer. Ties go to the lower index.
         better, ties = reduce_better(op, kind), reduce_ties(kind)
         lines.append("  var ai%d = L;" % k)
-        lines.append("  for (var k = t; k < L; k = k + %s) {" % step)
+        lines.append("  for (var k = %s; k < %s; k = k + %s) {" % (first, end, step))
         lines += body
         lines.append("    if %s { a%d = %s; ai%d = k; }" % (better.format(v=v, b="a%d" % k), k, v, k))
         lines.append("  }")
@@ -201,13 +258,13 @@ def reduction_lines(k, op, operand_dtype, value_block, threads, step):
             lines.append("      if (%s || (%s && oi < ri%d[t])) { r%d[t] = ov; ri%d[t] = oi; }" % (
                 better.format(v="ov", b="r%d[t]" % k), ties.format(v="ov", b="r%d[t]" % k), k, k, k))
             lines.append("    }\n    workgroupBarrier();\n  }")
-            lines.append("  let bi%d = ri%d[0];" % (k, k))
+            lines.append("  let bi%d = ri%d[0]; let xv%d = r%d[0];" % (k, k, k, k))
         else:
-            lines.append("  let bi%d = ai%d;" % (k, k))
-        lines.append("  let x%d = i32(select(bi%d, 0u, bi%d >= L));" % (k, k, k))
+            lines.append("  let bi%d = ai%d; let xv%d = a%d;" % (k, k, k, k))
+        lines.append("  let %s = i32(select(bi%d, %s, bi%d >= L));" % (result % k, k, fallback, k))
         return lines, shared
     combine = REDUCE_COMBINE[op][kind]
-    lines.append("  for (var k = t; k < L; k = k + %s) {" % step)
+    lines.append("  for (var k = %s; k < %s; k = k + %s) {" % (first, end, step))
     lines += body
     lines.append("    a%d = %s;" % (k, combine.format(a="a%d" % k, b=v)))
     lines.append("  }")
@@ -217,27 +274,40 @@ def reduction_lines(k, op, operand_dtype, value_block, threads, step):
         lines.append("    if (t < s) { r%d[t] = %s; }" % (
             k, combine.format(a="r%d[t]" % k, b="r%d[t + s]" % k)))
         lines.append("    workgroupBarrier();\n  }")
-        lines.append("  let x%d = r%d[0];" % (k, k))
+        lines.append("  let %s = r%d[0];" % (result % k, k))
     else:
-        lines.append("  let x%d = a%d;" % (k, k))
+        lines.append("  let %s = a%d;" % (result % k, k))
     return lines, shared
 
 
-def rows_wgsl(program, binding_of, slot_types, storage, threads):
+def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
     """Reductions along the frame's axis with their prologues and epilogue, one row per
-    workgroup (threads > 1) or per invocation (P: rows_layout)."""
+    workgroup (threads > 1) or per invocation (P: rows_layout). split "partial": the first
+    stage of a split Program, a workgroup per (row, chunk) writing the `partial_planes` into
+    the scratch binding `part` (plane p of row r, chunk c at (p * rows + r) * S + c); "combine":
+    the second, reading `part` (bound after the leaves) where the one stage reads the axis."""
     outer = len(program.shape) - 1
-    P = rows_layout(program)
+    P = rows_layout(program, split is not None)
     nodes = program.nodes
     shared = []
-    if threads > 1:
+    if split == "partial":
+        lines = [entry_per_group(threads, "g"),
+                 "  let row = g / %s; let chunk = g %% %s;" % (P["S"], P["S"])]
+        step = "%du" % threads
+    elif threads > 1:
         lines = [entry_per_group(threads, "row")]
         step = "%du" % threads
     else:
         lines = [entry_1d(ROW_THREADS) + "  let row = i;\n  let t = 0u;"]
         step = "1u"
     lines.append("  if (row >= %s) { return; }" % P["rows"])
-    lines.append("  let L = %s;" % P["L"])
+    # (combine: the loops run over the row's S partials, its "axis")
+    lines.append("  let L = %s;" % P["S" if split == "combine" else "L"])
+    span = ("t", "L", "0u")
+    if split == "partial":
+        lines.append("  let chunk_lo = chunk * %s; let chunk_hi = min(L, chunk_lo + %s);" % (P["C"], P["C"]))
+        span = ("chunk_lo + t", "chunk_hi", "chunk_lo")
+    planes = partial_planes(program) if split else []
     lines.append("  var inf_bits = 0x7f800000u;")
     lines.append(unravel("row", P.array("outer"), "o").rstrip("\n"))
     coords = ["o%d" % d for d in range(outer)]
@@ -282,19 +352,40 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads):
             return load(program.leaves[j].dtype, storage, "b%d" % binding_of[j], "lb%d" % j)
         return "x%d" % j
 
+    def plane_at(k, what, chunk):  # the scratch word of node k's plane `what`
+        return "part[(%du * %s + row) * %s + %s]" % (planes.index((k, what)), P["rows"], P["S"], chunk)
+
     for k, (op, arg, refs, role, dtype) in enumerate(nodes):
         if role == "full":
             continue  # computed inside the loops that need it
         if op.startswith("reduce_"):
-            body, (v,) = full_block(refs, "    ")
-            more, arrays = reduction_lines(k, op[7:], _operand_dtypes(program, refs)[0], (body, v),
-                                      threads, step)
+            operand = _operand_dtypes(program, refs)[0]
+            if split == "combine":  # the same reduction over the chunks' values
+                v = "f_p%d" % k
+                body = ["    let %s = %s;" % (v, _bitcast(operand.wgsl, "i32", plane_at(k, "value", "k")))]
+            else:
+                body, (v,) = full_block(refs, "    ")
+            arg_combine = split == "combine" and op[7:] in ARG_REDUCTIONS
+            more, arrays = reduction_lines(k, op[7:], operand, (body, v), threads, step, span,
+                                           "c%d" if arg_combine else "x%d")
             lines += more
             shared += arrays
-        else:
+            if arg_combine:  # the best chunk's index
+                lines.append("  let x%d = %s;" % (k, plane_at(k, "index", "u32(c%d)" % k)))
+        elif split != "partial":
             values = [row_value(r) for r in refs]
             lines.append("  let x%d = %s;" % (k, _node_expression(program, op, arg, refs, values,
                                                                   dtype)))
+    if split == "partial":
+        lines.append("  if (t == 0u) {")
+        for k, what in planes:
+            value = "x%d" % k if what == "index" or nodes[k][0][7:] not in ARG_REDUCTIONS else "xv%d" % k
+            operand = "i32" if what == "index" else _operand_dtypes(program, nodes[k][2])[0].wgsl
+            lines.append("    %s = %s;" % (plane_at(k, what, "chunk"), _bitcast("i32", operand, value)))
+        lines.append("  }")
+        src = header(P.size, buffers(program, slot_types, storage)[:len(slot_types)]
+                     + [("part", "i32", True)], "\n".join(shared))
+        return _finish(src + "\n".join(lines) + "\n}\n", program)
     full_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "full"]
     if full_outputs:
         lines.append("  let ob = %s; let os = %s;" % (dot("0u", coords, P.array("o_outer")),
@@ -312,7 +403,10 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads):
         for j, o in row_outputs:
             lines.append("    " + store(nodes[o][4], storage, "out%d" % j, "row", "x%d" % o))
         lines.append("  }")
-    src = header(P.size, buffers(program, slot_types, storage), "\n".join(shared))
+    bound = buffers(program, slot_types, storage)
+    if split == "combine":
+        bound.insert(len(slot_types), ("part", "i32", False))
+    src = header(P.size, bound, "\n".join(shared))
     src += "\n".join(lines) + "\n}\n"
     return _finish(src, program)
 

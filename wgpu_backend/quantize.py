@@ -1,0 +1,99 @@
+"""cn.Wgpu's activation quantization abilities (core/backend.py "dynamic_quantize",
+"quantize_dequantize") as Programs of a few nodes, run by the backend's ProgramRunner: the one
+generator of elementwise and reduction kernels (codegen/program.py) writes their kernels.
+
+    dynamic_quantize     a reduction Program over the flattened x: its min and max (two-stage
+                         when x is long: one pass over x for both), then per row (once) the
+                         scale and the zero point; then a flat Program: y. Three launches.
+    quantize_dequantize  a flat Program: the zero points widened where they are read, and the
+                         round trip. One launch.
+
+cn.profile calls their kernels dynamic_quantize_range (and _partial, its first stage),
+dynamic_quantize, and quantize_dequantize.
+
+The arithmetic is the composition's of core/onnx/ops/quantization.py, step for step in float32
+(x / scale, round half to even, + zero point, clamp; ONNX's and onnxruntime's), so the results
+are the same bits as cn.NumPy's and the composed kernels'.
+"""
+
+from cinders import dtypes
+from cinders.fusion import custom_op
+from cinders.fusion.graph import CONST, PENDING, Expr, Program
+
+from .programs import leaf
+
+# DynamicQuantizeLinear's range [min(x, 0), max(x, 0)] (a NaN min or max stays NaN, as the
+# composition's fmin/fmax keep it), its scale (1 where the range is empty) and zero point.
+_RANGE = """  let lo = select(min(mn, 0.0), mn, (bitcast<u32>(mn) & 0x7fffffffu) > 0x7f800000u);
+  let hi = select(max(mx, 0.0), mx, (bitcast<u32>(mx) & 0x7fffffffu) > 0x7f800000u);
+  let scale = select((hi - lo) / 255.0, 1.0, hi == lo);"""
+_SCALE = custom_op("cn_dq_scale", "fn cn_dq_scale(mn: f32, mx: f32) -> f32 {\n%s\n  return scale;\n}"
+                   % _RANGE)
+_ROUND_TRIPS = {}  # (lo, hi) -> the custom op of (x, y_scale, y_zp, x_scale, x_zp)
+
+
+def _clamped(name, args, value, lo, hi, result="c", setup=""):
+    """A custom op: (setup lines,) v = value, c = v clamped to [lo, hi] (NaN stays NaN), then
+    `result`."""
+    return custom_op(name, "fn %s(%s) -> f32 {\n%s  let v = %s;\n  let c = select(select(v, %d.0, v < %d.0), "
+                     "%d.0, v > %d.0);\n  return %s;\n}" % (name, args, setup, value, lo, lo, hi, hi, result))
+
+
+_ZERO_POINT = _clamped("cn_dq_zero_point", "mn: f32, mx: f32", "round(-lo / scale)", 0, 255, setup=_RANGE + "\n")
+_QUANTIZE_U8 = _clamped("cn_dq_quantize", "x: f32, s: f32, z: f32", "round(x / s) + z", 0, 255)
+
+
+def _round_trip(lo, hi):
+    # (the saturated integer minus x's zero point is exact; times x's scale, one rounding)
+    if (lo, hi) not in _ROUND_TRIPS:
+        _ROUND_TRIPS[(lo, hi)] = _clamped("cn_qdq_%s%d_%d" % ("m" if lo < 0 else "", abs(lo), hi),
+                                          "x: f32, ys: f32, yz: f32, xs: f32, xz: f32",
+                                          "round(x / ys) + yz", lo, hi, "(c - xz) * xs")
+    return _ROUND_TRIPS[(lo, hi)]
+
+
+def _node(op, arg, inputs, shape, fshape, dtype, frame):
+    return Expr(PENDING, op, arg, tuple(inputs), shape, fshape, dtype, frame=frame)
+
+
+def dynamic_quantize(backend, runner, x):
+    """(y int32 shaped like x, scale float32 (), zero point int32 ()): ONNX DynamicQuantizeLinear."""
+    n = x.size
+    flat = backend.reshape(x, (n,))
+    frame = ((n,), 0)
+    row = lambda op, arg, inputs, dtype: _node(op, arg, inputs, (), (1,), dtype, frame)  # noqa: E731
+    values = leaf(flat)
+    lo = row("reduce_min", None, [values], dtypes.float32)
+    hi = row("reduce_max", None, [values], dtypes.float32)
+    scale = row("custom", _SCALE, [lo, hi], dtypes.float32)
+    zero_point = row("custom", _ZERO_POINT, [lo, hi], dtypes.float32)
+    zero_int = row("cast_i", None, [zero_point], dtypes.int32)
+    scale_h, zero_h = runner.run(Program([lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame),
+                                 name="dynamic_quantize_range")
+    flat_frame = ((n,), None)
+    zero_f = _node("cast_f", None, [leaf(backend.reshape(zero_h, (1,)))], (1,), (1,), dtypes.float32,
+                   flat_frame)
+    q = _node("custom", _QUANTIZE_U8, [values, leaf(backend.reshape(scale_h, (1,))), zero_f], (n,), (n,),
+              dtypes.float32, flat_frame)
+    y = _node("cast_i", None, [q], (n,), (n,), dtypes.int32, flat_frame)
+    (y_h,) = runner.run(Program([zero_f, q, y], [y], flat_frame), name="dynamic_quantize")
+    return backend.reshape(y_h, x.shape), scale_h, zero_h
+
+
+def quantize_dequantize(backend, runner, x, y_scale, y_zero_point, x_scale, x_zero_point, lo, hi):
+    """(min(max(round(x / y_scale) + y_zero_point, lo), hi) - x_zero_point) * x_scale, per tensor."""
+    shape = tuple(x.shape)
+    frame = (shape, None)
+    one = (1,) * len(shape)
+    nodes, inputs = [], [leaf(x)]
+    for p, is_zero_point in ((y_scale, False), (y_zero_point, True), (x_scale, False), (x_zero_point, True)):
+        if p is None:  # (no zero point: 0)
+            inputs.append(Expr(CONST, None, 0.0, (), one, one, dtypes.float32))
+            continue
+        value = leaf(backend.reshape(p, one))
+        if is_zero_point:  # int8/uint8/int32, exact in float32
+            value = _node("cast_f", None, [value], one, one, dtypes.float32, frame)
+            nodes.append(value)
+        inputs.append(value)
+    out = _node("custom", _round_trip(lo, hi), inputs, shape, shape, dtypes.float32, frame)
+    return runner.run(Program(nodes + [out], [out], frame), name="quantize_dequantize")[0]
