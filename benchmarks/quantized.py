@@ -14,7 +14,9 @@ random weights; benchmarks/onnx_transformers.py builds and exports it), each as
     f16          onnxruntime's float16 converter (convert_float_to_float16, keep_io_types: float32
                  inputs and outputs, float16 weights and activations inside)
 all written offline into .cache/quantized/. Stacks: cn.NumPy(), cn.Wasm() (the desktop engine:
-wasmtime in process), cn.Wgpu(), and onnxruntime's CPU provider (1 thread).
+wasmtime in process), cn.Wgpu(), cn.Fusion(cn.Wgpu()) ("fusion") and onnxruntime's CPU provider
+(1 thread). --capture times cn.capture(model)'s replays instead of eager calls (on a GPU the
+eager calls' time is mostly Python per kernel, and the quantized graphs have more kernels).
 
 One JSON line per (model, variant, stack):
     {"bench": "quantized", "model", "variant", "stack", "file_bytes", "file_ratio" (to f32),
@@ -35,6 +37,7 @@ the first output, in turns as above; ort_ratio and max_abs_diff are to ORT Web o
 max_abs_diff_ort_as_written to onnxruntime CPU with graph optimizations off.
 
     python benchmarks/quantized.py --backend wgpu           # the lent GPU (with onnxruntime CPU)
+    python benchmarks/quantized.py --backend wgpu,fusion,ort --capture   # the GPU, captured
     python benchmarks/quantized.py --small                  # lavapipe / 2 cores: small shapes
     python benchmarks/quantized.py --backend numpy,wasm,wgpu,ort --models bert
     python benchmarks/quantized.py --backend wasm,ort --variants f32,q8_dynamic,cinders_q8   # cn.Wasm() q8
@@ -78,7 +81,7 @@ from cinders.onnx import load  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "quantized")
 VARIANTS = ("f32", "q8_dynamic", "q8_qdq", "q4", "cinders_q8", "cinders_q4", "f16", "q4_qdq")
-STACKS = ("numpy", "wasm", "wgpu", "ort")
+STACKS = ("numpy", "wasm", "wgpu", "fusion", "ort")
 
 
 def _transformers_bench():
@@ -168,12 +171,12 @@ def _backend(stack, wasm_engine=None):
         return cn.NumPy()
     if stack == "wasm":
         return cn.Wasm(engine=wasm_engine)
-    return cn.Wgpu()
+    return cn.Fusion(cn.Wgpu()) if stack == "fusion" else cn.Wgpu()
 
 
 def _memory(stack, backend):
     """Bytes the backend holds now (see the module's docstring)."""
-    if stack == "wgpu":
+    if stack in ("wgpu", "fusion"):
         backend.synchronize()
         return backend.memory_stats()["allocated_bytes"]
     if stack == "wasm":
@@ -182,11 +185,11 @@ def _memory(stack, backend):
     return tracemalloc.get_traced_memory()[0]
 
 
-def cinders_runner(stack, path, feeds, wasm_engine=None, backend=None):
+def cinders_runner(stack, path, feeds, wasm_engine=None, backend=None, capture=False):
     """({memory_bytes, device}, run) of the model at path loaded on `stack` (on `backend` where
-    given, else a new one); run() -> output."""
+    given, else a new one); run() -> output; capture: run() replays cn.capture(model)."""
     backend = backend or _backend(stack, wasm_engine)
-    if stack == "wgpu":
+    if stack in ("wgpu", "fusion"):
         backend.synchronize()
         backend.empty_cache()
     tracemalloc.start()
@@ -197,10 +200,12 @@ def cinders_runner(stack, path, feeds, wasm_engine=None, backend=None):
     inputs = [cn.tensor(v.astype(np.int32) if v.dtype == np.int64 else v, backend=backend)
               for v in feeds.values()]
 
+    forward = cn.capture(model) if capture else model
+
     def run():
-        out = model(*inputs)
+        out = forward(*inputs)
         return (out[0] if isinstance(out, (tuple, list)) else out).numpy()
-    device = backend.device.name if stack == "wgpu" else stack
+    device = backend.device.name if stack == "wgpu" else backend.inner.device.name if stack == "fusion" else stack
     if stack == "wasm":
         from cinders.wasm.engines import default_engine_name
         device = "wasm-%s" % (wasm_engine or default_engine_name())
@@ -435,6 +440,8 @@ def main():
     parser.add_argument("--profile", action="store_true",
                         help="cn.Wasm()'s time per kernel instead of the stacks' comparison "
                              "(cn.Wgpu()'s GPU time with --backend wgpu)")
+    parser.add_argument("--capture", action="store_true",
+                        help="time cn.capture(model)'s replays (no Python per kernel) instead of eager calls")
     parser.add_argument("--wasm-engine", default=None,
                         help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
@@ -455,7 +462,8 @@ def main():
             path = quantized_file(src, variant, feeds)
             for stack in ["ort"] + [s for s in stacks if s != "ort"]:   # onnxruntime: the reference
                 try:
-                    row, run = ort_runner(path, feeds) if stack == "ort" else cinders_runner(stack, path, feeds, args.wasm_engine)
+                    row, run = ort_runner(path, feeds) if stack == "ort" else \
+                        cinders_runner(stack, path, feeds, args.wasm_engine, capture=args.capture)
                 except cn.CindersError as e:   # a graph this stack refuses: say so, go on
                     print(json.dumps({"bench": "quantized", "model": name, "variant": variant,
                                       "stack": stack, "error": str(e)[:300]}), flush=True)
