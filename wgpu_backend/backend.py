@@ -132,6 +132,9 @@ class Wgpu(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES
     # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
     quantized_matmul = True
+    # ... and the conv kernels read 8-bit and float16 weights (conv.py conv2d_quantized).
+    quantized_conv2d = True
+    half_conv2d = True
 
     def __init__(self, adapter=None, autotune=None, instance=0, shader_f16=True):
         self._rt = _runtime(adapter, instance, bool(shader_f16))
@@ -658,6 +661,10 @@ class Wgpu(Backend):
 
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        return conv.conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding,
+                                     dilation, groups)
 
     def conv2d_grad_input(self, g, w, size, stride, padding, dilation, groups):
         return conv_grad.grad_input(self, g, w, size, stride, padding, dilation, groups)

@@ -8,6 +8,7 @@ kernel either writes C or calls an epilogue generated from a fusion Program (pro
 from .mathlib import helpers_for
 from .packing import binding_type, load
 from .prelude import ParamLayout, header, unravel, dot
+from .quantized import PackedReader
 
 # The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
 # template: the same parameters, prologue, bounds-checked global loads and stores of C; each
@@ -198,7 +199,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                           _store_tile(rows, cols, vec_b, exact, epilogue))
 
 
-def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, n0=None):
+def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, n0=None, acc="f32"):
     """The register-tiled, double-buffered loop of C[m, n] = sum_k A[m, k] * B[k, n] over k from
     `k_begin` to `k_end` (WGSL names the caller defines), shared by the matmul
     (matmul_regtile_wgsl) and the implicit-GEMM convolution (conv.py), which differ only in how
@@ -220,14 +221,17 @@ def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, 
 
     Returns (shared, entry, body, rows, cols): the workgroup memory, the entry point up to m0 and
     n0 (workgroup x: column tiles, y: row tiles), the loop, [(WGSL of row m, r)] and [(WGSL of
-    the first of 4 columns, g)]; the accumulator of row r and column group g is the vec4 c<r>_<g>."""
+    the first of 4 columns, g)]; the accumulator of row r and column group g is the vec4 c<r>_<g>.
+    acc: the type staged and summed, "f32" or "i32" (integer products: exact sums, a quantized
+    convolution of integer images, conv.py)."""
+    vt = "vec4<%s>" % acc
     wx, wy = bn // tn, bm // tm
     threads = wx * wy
     ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
     sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
     a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
-    shared = ("var<workgroup> As: array<vec4<f32>, %d>;\n"
-              "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
+    shared = ("var<workgroup> As: array<%s, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
+              % (vt, 2 * a_tile, vt, 2 * b_tile))
     warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
     entry = """
 @compute @workgroup_size(%d)
@@ -273,9 +277,11 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
                 for j in range(nbv)]
         return out
 
-    body = ["  var pa%d: vec4<f32>;" % j for j in range(na)]
-    body += ["  var pb%d: vec4<f32>;" % j for j in range(nbv)]
-    body += ["  var c%d_%d = vec4<f32>(0.0);" % (r, g) for r in range(tm) for g in range(gj)]
+    body = ["  var pa%d: %s;" % (j, vt) for j in range(na)]
+    body += ["  var pb%d: %s;" % (j, vt) for j in range(nbv)]
+    body += ["  var c%d_%d = %s(0);" % (r, g, vt) for r in range(tm) for g in range(gj)]
+    # (WGSL has no integer fma)
+    madd = "fma(%s, %s, %s)" if acc == "f32" else "%s * %s + %s"
     body += fetch("k_begin") + stash("0u")
     body += ["  workgroupBarrier();", "  var cur = 0u;",
              "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
@@ -284,8 +290,9 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     for kk in range(bk):
         body += ["    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy) for i in range(ri)]
         body += ["    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx) for g in range(gj)]
-        body += ["    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
-                 % (r, g, kk, r // 4, r % 4, kk, g, r, g) for r in range(tm) for g in range(gj)]
+        body += ["    c%d_%d = %s;" % (r, g, madd % ("%s(a%d_%d[%d])" % (vt, kk, r // 4, r % 4),
+                                                   "b%d_%d" % (kk, g), "c%d_%d" % (r, g)))
+                 for r in range(tm) for g in range(gj)]
     body.append("    cur = 1u - cur;")
     body += stash("cur")
     body.append("    workgroupBarrier();\n  }")
@@ -406,32 +413,18 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     pw = quantized_per_word(q_dtype, bits)
     vec = "vec%d<%s>" % (R, acc)
 
-    def q_at(buf, dtype, nbits, index):
-        if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
-            return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
-        return load(dtype, storage, buf, index)
-
-    def field(word, j):
-        """Value j of a packed word of B as i32."""
-        if bits == 4:
-            return "i32(extractBits(%s, %du, 4u))" % (word, 4 * j)
-        if q_dtype.name == "int8":
-            return "extractBits(bitcast<i32>(%s), %du, 8u)" % (word, 8 * j)
-        return "i32(extractBits(%s, %du, 8u))" % (word, 8 * j)
+    reader = PackedReader(q_dtype, bits, storage, acc)
 
     def dequantized(raw, gk, gn):
         """The staged value of B[gk, gn] whose packed value is `raw` (i32; a float16 B's f32)."""
-        if q_dtype.is_float:   # a half model's weight: widened as loaded, no scale or zero point
+        if reader.is_float:   # a half model's weight: widened as loaded, no scale or zero point
             return raw
         blk = "(%s) / block" % gk
-        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % q_at(
-            "z", zp_dtype, zp_bits, "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]))
-        value = "(%s - %s)" % (raw, zp)
-        if scale_dtype is not None:
-            value = "f32%s * f32(%s)" % (value, load(
-                scale_dtype, storage, "s",
-                "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
-        return "%s(%s)" % (acc, value)
+        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % reader.at(
+            "z", "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]), zp_dtype, zp_bits)
+        scale = None if scale_dtype is None else "f32(%s)" % load(
+            scale_dtype, storage, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"]))
+        return reader.dequantized(raw, zp, scale)
 
     buffers = [("a", binding_type(a_dtype, storage), False),
                ("q", binding_type(q_dtype, storage), False)]
@@ -469,7 +462,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         for j in range(pw):
             lines.append("{ let gk = gk0 + %du; var v = %s(0); if (gn < N && gk < K) { v = %s; } "
                          "tb[kw + %du][bn / %du][bn %% %du] = v; }"
-                         % (j, acc, dequantized(field("word", j), "gk", "gn"), j, R, R))
+                         % (j, acc, dequantized(reader.field("word", j), "gk", "gn"), j, R, R))
         stage += staged(tile * BK // pw, lines)
     elif words == "n":
         per_row = tile // pw
@@ -479,7 +472,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
                  "if (gk < K && gn0 < N) { word = q[(%s) / %du]; }" % (q_index % ("gk", "gn0"), pw)]
         for j in range(pw):
             lines.append("var v%d = %s(0); if (gk < K && gn0 + %du < N) { v%d = %s; }"
-                         % (j, acc, j, j, dequantized(field("word", j), "gk", "gn0 + %du" % j)))
+                         % (j, acc, j, j, dequantized(reader.field("word", j), "gk", "gn0 + %du" % j)))
         lines += ["tb[bk][nw / %du + %du] = %s(%s);" % (R, g, vec, ", ".join("v%d" % (R * g + c) for c in range(R)))
                   for g in range(pw // R)]
         stage += staged(tile * BK // pw, lines)
@@ -487,14 +480,14 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         stage += staged(tile * BK, [
             "let bn = e / %du; let bk = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (BK, BK),
             "var v = %s(0);" % acc,
-            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(reader.at("q", q_index % ("gk", "gn")),
                                                               "gk", "gn"),
             "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     else:
         stage += staged(tile * BK, [
             "let bk = e / %du; let bn = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (tile, tile),
             "var v = %s(0);" % acc,
-            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(reader.at("q", q_index % ("gk", "gn")),
                                                               "gk", "gn"),
             "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     madd = (lambda x, y, z: "fma(%s, %s, %s)" % (x, y, z)) if acc == "f32" else \
