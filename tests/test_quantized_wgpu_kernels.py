@@ -18,6 +18,7 @@ from cinders.onnx import load
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from test_quantized_conv import SHAPE, VARIANTS, cnn  # noqa: E402,F401  (cnn: onnxruntime's quantized CNNs)
+from test_onnx_float16 import _input, _ort, half_files  # noqa: E402,F401  (half_files: the float16 models)
 from test_quantized_weights import _kernels_run, _resident_bytes  # noqa: E402
 
 RNG = np.random.default_rng(2028)
@@ -121,3 +122,89 @@ def test_quantized_conv_on_both_kernels(gpus, kind, monkeypatch, name, mode, lay
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_quantized_cnn_runs_every_conv_in_the_kernels(cnn, monkeypatch, variant):
+    """onnxruntime's quantized CNN (stem, grouped, depthwise, pointwise convolutions): each
+    convolution is one conv2d_qint8 launch on cn.Wgpu (no unfold2d, no float conv, no
+    copy of the weight; the Linear is not a convolution), the output onnxruntime's; on
+    cn.Fusion(cn.Wgpu()) too."""
+    x = np.random.default_rng(5).standard_normal(SHAPE).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = ort.InferenceSession(cnn[variant], options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    gpu = cn.Wgpu(autotune=False)
+    model = load(cnn[variant], backend=gpu)
+    got, names = _kernels_run(gpu, monkeypatch, lambda: model(cn.tensor(x, backend=gpu)).numpy())
+    assert len([n for n in names if n.startswith("conv2d_q")]) == 4, names
+    assert names.count("matmul_quantized") <= 1, names   # (the Linear, where it is quantized)
+    assert not [n for n in names if n.startswith(("unfold", "conv2d_reg", "conv2d_direct", "copy"))], names
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+    fused = cn.Fusion(gpu)
+    got = load(cnn[variant], backend=fused)(cn.tensor(x, backend=fused)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+def _qdq_conv(quantized):
+    """A 64 -> 64 channel 3x3 Conv of a QDQ activation whose weight is a DequantizeLinear of an
+    int8 constant (per-channel scale), or (quantized False) the same conv with a float32 weight."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(64)
+    w = rng.integers(-127, 128, (64, 64, 3, 3)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.01, 64).astype(np.float32)
+    inits = {"xs": np.float32(0.05), "xz": np.int8(3), "b": rng.standard_normal(64).astype(np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"])]
+    if quantized:
+        inits.update(wq=w, ws=scale)
+        nodes.append(helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], axis=0))
+    else:
+        inits["w"] = w.astype(np.float32) * scale.reshape(-1, 1, 1, 1)
+    nodes.append(helper.make_node("Conv", ["xd", "w", "b"], ["y"], pads=[1, 1, 1, 1]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 64, 6, 6))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def test_qdq_conv_weight_stays_8_bit_in_memory():
+    """The joined DequantizedConv holds its weight at a quarter of the float32 bytes in
+    memory_stats and reads it packed in one conv2d_qint8 launch (no unfold2d, no copy or cast of
+    the weight: no kernel writes more than the image's bytes), the output onnxruntime's."""
+    gpu = cn.Wgpu(autotune=False)
+    f32, kept = _resident_bytes(gpu, _qdq_conv(False))
+    q8, model = _resident_bytes(gpu, _qdq_conv(True))
+    assert f32 >= 4 * 64 * 64 * 9 and q8 < 0.3 * f32, (q8, f32)
+    x = RNG.standard_normal((1, 64, 6, 6)).astype(np.float32)
+    t = cn.tensor(x, backend=gpu)
+    with cn.profile(gpu) as p:
+        got = model(t).numpy()
+    kernels = [(e["name"], e["bytes_written"]) for e in p.events if e["kind"] == "kernel"]
+    names = [name for name, _ in kernels]
+    assert [n for n in names if n.startswith(("conv2d", "unfold", "copy", "matmul"))] == ["conv2d_qint8_direct"], names
+    # no kernel writes anything the size of the weight (a float32 or int32 copy would be 147 KiB)
+    assert max(written for _, written in kernels) <= 4 * x.size, kernels
+    expected = ort.InferenceSession(_qdq_conv(True), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("layout", ["f16", "packed"])
+def test_half_cnn_runs_its_convs_on_the_float16_weights(half_files, monkeypatch, layout):
+    """onnxruntime's float16 CNN (keep_io_types): its group-1 convolutions run on the conv
+    kernels with the weight read as float16 (conv2d_qfloat16: no unfold2d, no matmul_quantized),
+    the output onnxruntime's to a few float16 ulps (tests/test_onnx_float16.py); on
+    cn.Fusion(cn.Wgpu()) too."""
+    data, x = half_files[("cnn", True)], _input("cnn", False)
+    expected = _ort(data, x)
+    gpu = cn.Wgpu(autotune=False, shader_f16=layout == "f16")
+    model = load(data, backend=gpu)
+    got, names = _kernels_run(gpu, monkeypatch, lambda: model(cn.tensor(x, backend=gpu)).numpy())
+    assert len([n for n in names if n.startswith("conv2d_qfloat16_")]) == 2, names   # (the grouped one is widened at import)
+    assert not [n for n in names if n.startswith(("unfold", "copy"))] and "matmul_quantized" in names, names
+    bound = 4e-3 * max(1.0, float(np.abs(expected).max()))
+    assert np.abs(got - expected).max() <= bound
+    fused = cn.Fusion(gpu)
+    assert np.abs(load(data, backend=fused)(cn.tensor(x, backend=fused)).numpy() - expected).max() <= bound
