@@ -208,3 +208,76 @@ def test_half_cnn_runs_its_convs_on_the_float16_weights(half_files, monkeypatch,
     assert np.abs(got - expected).max() <= bound
     fused = cn.Fusion(gpu)
     assert np.abs(load(data, backend=fused)(cn.tensor(x, backend=fused)).numpy() - expected).max() <= bound
+
+
+# ---- matmul_quantized on the register-tiled loop --------------------------------------------
+
+# name: (M, K, N, B's storage: dtype, bits, stored (N, K) "nk" or (K, N) "kn", block)
+PRODUCTS = {
+    "int8 (N, K) words": (96, 64, 80, "int8", 8, "nk", 0),
+    "uint8 (K, N) words": (70, 48, 128, "uint8", 8, "kn", 0),
+    "int8 single values": (65, 70, 67, "int8", 8, "nk", 0),
+    "4-bit blocks of 16": (64, 96, 72, "uint8", 4, "nk", 16),
+    "float16 (N, K)": (80, 40, 64, "float16", 16, "nk", 0),
+    "small: the 32 x 32 tiles": (5, 64, 96, "int8", 8, "nk", 0),
+}
+
+
+def _product(name, integer):
+    """(a, B's packed values, scale, zero point, QuantizedLayout, B as a float64 (K, N) matrix
+    dequantized by the layout's definition, core/backend.py QuantizedLayout)."""
+    from cinders.backend import QuantizedLayout
+    m, k, n, dtype, bits, stored, block = PRODUCTS[name]
+    a = RNG.integers(-255, 256, (m, k)).astype(np.int32) if integer else RNG.standard_normal((m, k)).astype(np.float32)
+    if dtype == "float16":
+        w = RNG.standard_normal((n, k)).astype(np.float16)
+        return a, w.reshape(-1), None, None, QuantizedLayout(k, n, 16, k, (0, 1, k)), w.T.astype(np.float64)
+    lo, hi = (-128, 127) if dtype == "int8" else (0, 255) if bits == 8 else (0, 15)
+    values = RNG.integers(lo, hi + 1, (n, k) if stored == "nk" else (k, n))
+    b = (values.T if stored == "nk" else values).astype(np.float64)
+    block = block or k
+    blocks = -(-k // block)
+    zp = RNG.integers(lo, min(hi, lo + 20) + 1, (n, blocks))
+    scale = RNG.uniform(0.5, 1.5, (n, blocks)).astype(np.float32)
+    b = b - np.repeat(zp.T, block, axis=0)[:k]
+    if not integer:
+        b = b * np.repeat(scale.T, block, axis=0)[:k]
+    q = (0, 1, k) if stored == "nk" else (0, n, 1)
+    scale = None if integer else scale.reshape(-1)
+    if bits == 4:   # two nibbles a byte, low first (rows of whole bytes)
+        values, zp = values.reshape(-1), zp.reshape(-1)
+        return a, (values[0::2] | (values[1::2] << 4)).astype(np.uint8), scale, \
+            (zp[0::2] | (zp[1::2] << 4)).astype(np.uint8), \
+            QuantizedLayout(k, n, 4, block, q, (0, 1, blocks), (0, 1, blocks), zp_bits=4), b
+    return a, values.astype(dtype).reshape(-1), scale, zp.astype(dtype).reshape(-1), \
+        QuantizedLayout(k, n, 8, block, q, (0, 1, blocks), (0, 1, blocks)), b
+
+
+@pytest.mark.parametrize("name,integer,layout", [(name, integer, layout) for name in PRODUCTS for integer in (False, True)
+                                                 for layout in (("f16", "packed") if "float16" in name else ("f16",))
+                                                 if not (integer and "float16" in name)])
+def test_quantized_matmul_on_the_register_tiles(gpus, monkeypatch, name, integer, layout):
+    """The GPU's choice (forced on lavapipe): products whose sides fill 64 x 64 tiles run on the
+    register-tiled loop (matmul_quantized_reg64; B stored (N, K) transposed so that its packed
+    rows are the loop's k-contiguous operand), smaller ones on the 32 x 32 tiles; B dequantized
+    as it is fetched (per-column and per-block scale and zero point, 8 and 4 bits, float16 in
+    both layouts), integer A summed exactly in i32."""
+    from cinders.wgpu import backend as wgpu_backend
+    choose = wgpu_backend.quantized_tiling
+    monkeypatch.setattr(wgpu_backend, "quantized_tiling", lambda m, n, cpu: choose(m, n, False))
+    gpu = gpus[layout]
+    a, packed, scale, zp, qlayout, b = _product(name, integer)
+    qdtype = getattr(cn, packed.dtype.name)
+    handles = [None if v is None else cn.tensor(v, backend=gpu, dtype=d).handle
+               for v, d in ((a, None), (packed, qdtype), (scale, None), (zp, qdtype))]
+    with cn.profile(gpu) as p:
+        out = gpu.matmul_quantized(*handles, qlayout)
+        got = cn.Tensor(gpu, out, (a.shape[0], qlayout.n), cn.int32 if integer else cn.float32).numpy()
+    names = [e["name"] for e in p.events if e["kind"] == "kernel"]
+    m, n = a.shape[0], qlayout.n
+    assert names == ["matmul_quantized_reg64" if min(m, n) >= 64 else "matmul_quantized"], names
+    want = a.astype(np.float64) @ b
+    if integer:
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

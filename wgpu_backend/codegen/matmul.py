@@ -382,9 +382,45 @@ def quantized_micro(m, n):
     return 4 if tiles >= QUANT_MIN_GROUPS else 2
 
 
+def quantized_tiling(m, n, cpu):
+    """The register-tiled loop's tiling (matmul.VARIANTS) for a quantized-B product, or None for
+    matmul_quantized_wgsl's tiles: the float32 matmul's rule (matmul.heuristic: reg64 once both
+    sides fill a 64 x 64 tile on a GPU); CPU adapters keep the simpler tiles, whose fewer
+    barriers they run faster."""
+    return None if cpu or m < 64 or n < 64 else "reg64"
+
+
 def quantized_per_word(q_dtype, bits):
     """Values of B in one u32 word of its packed storage (nibbles when bits == 4)."""
-    return 8 if bits == 4 else q_dtype.per_word
+    return PackedReader(q_dtype, bits, None, None).per_word
+
+
+def _quantized_b(reader, scale_dtype, zp_dtype, zp_bits):
+    """dequantized(raw, gk, gn): the multiplied value of B[gk, gn] of the quantized-B matmuls
+    whose packed value is `raw` (i32; a float16 B's f32): minus its block's zero point (or
+    P.z_default), times its block's scale (where scale_dtype)."""
+    P = matmul_quantized_layout()
+
+    def dequantized(raw, gk, gn):
+        if reader.is_float:   # a half model's weight: widened as loaded, no scale or zero point
+            return raw
+        blk = "(%s) / block" % gk
+        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % reader.at(
+            "z", "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]), zp_dtype, zp_bits)
+        scale = None if scale_dtype is None else "f32(%s)" % load(
+            scale_dtype, reader.storage, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"]))
+        return reader.dequantized(raw, zp, scale)
+    return dequantized
+
+
+def _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc):
+    """The quantized-B matmuls' bindings: a, q, s (scales), z (zero points), out."""
+    buffers = [("a", binding_type(a_dtype, storage), False), ("q", binding_type(q_dtype, storage), False)]
+    if scale_dtype is not None:
+        buffers.append(("s", binding_type(scale_dtype, storage), False))
+    if zp_dtype is not None:
+        buffers.append(("z", binding_type(zp_dtype, storage), False))
+    return buffers + [("out", acc, True)]
 
 
 def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, storage, words=None,
@@ -414,25 +450,8 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     vec = "vec%d<%s>" % (R, acc)
 
     reader = PackedReader(q_dtype, bits, storage, acc)
-
-    def dequantized(raw, gk, gn):
-        """The staged value of B[gk, gn] whose packed value is `raw` (i32; a float16 B's f32)."""
-        if reader.is_float:   # a half model's weight: widened as loaded, no scale or zero point
-            return raw
-        blk = "(%s) / block" % gk
-        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % reader.at(
-            "z", "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]), zp_dtype, zp_bits)
-        scale = None if scale_dtype is None else "f32(%s)" % load(
-            scale_dtype, storage, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"]))
-        return reader.dequantized(raw, zp, scale)
-
-    buffers = [("a", binding_type(a_dtype, storage), False),
-               ("q", binding_type(q_dtype, storage), False)]
-    if scale_dtype is not None:
-        buffers.append(("s", binding_type(scale_dtype, storage), False))
-    if zp_dtype is not None:
-        buffers.append(("z", binding_type(zp_dtype, storage), False))
-    buffers.append(("out", acc, True))
+    dequantized = _quantized_b(reader, scale_dtype, zp_dtype, zp_bits)
+    buffers = _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc)
     # ta[k][m / R][m % R], tb[k][n / R][n % R]: a vector of R rows of A / columns of B
     shared = ("var<workgroup> ta: array<array<{vec}, {tr}>, {BK}>;\n"
               "var<workgroup> tb: array<array<{vec}, {tr}>, {BK}>;").format(vec=vec, tr=tile // R, BK=BK)
@@ -520,4 +539,67 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                            "      if (m < M && n < N) {{ out[m * N + n] = c{i}[j]; }}\n"
                            "    }}\n  }}".format(R=R, i=i) for i in range(R)))
     src = header(P.size, buffers, shared) + body
+    return helpers_for(src) + src
+
+
+def matmul_quantized_regtile_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, storage, words, tiling):
+    """C = A @ dequantize(B) for large products on regtile_kernel's loop (the float32 matmul's
+    register tiles, double-buffered; `tiling` a matmul.VARIANTS reg* entry): same parameters,
+    bindings and results as matmul_quantized_wgsl, grid (ceil(cols / bn), ceil(rows / bm)).
+    Integer A sums in i32 (exact), float A in f32; B is dequantized as it is fetched. Where B is
+    stored (N, K) (words "k": 8-bit rows of whole words; "kv": float16) the product runs
+    transposed, C^T = B^T A^T, so that B is the loop's k-contiguous operand: a 4-deep quad of a
+    row of 8-bit B is one u32 word; A^T's columns are then read down A's rows. Elsewhere B is
+    the loop's B, a quad along n one word where B is stored (K, N) in whole words ("n")."""
+    P = matmul_quantized_layout()
+    acc = a_dtype.wgsl
+    reader = PackedReader(q_dtype, bits, storage, acc)
+    dequantized = _quantized_b(reader, scale_dtype, zp_dtype, zp_bits)
+    zero4 = "vec4<%s>(%s(0))" % (acc, acc)
+    q_index = "%s + (%%s) * %s + (%%s) * %s" % (P["q_off"], P["q_sk"], P["q_sn"])
+    a_index = "%s + (%%s) * K + %%s" % P["a_off"]
+    transposed = words in ("k", "kv")
+    rows, cols = ("N", "M") if transposed else ("M", "N")
+    word = reader.per_word == 4 and words in ("k", "n")
+
+    def b_quad(j, gk, gn, along_k):
+        """pa<j>/pb<j> = the 4 values of B from (gk, gn) along k or n."""
+        dst = ("pa%d" if along_k else "pb%d") % j
+        at = (lambda c: ("%s + %du" % (gk, c), gn)) if along_k else (lambda c: (gk, "%s + %du" % (gn, c)))
+        inside = "%s < N && %s < K" % (gn, gk)
+        if word:   # (whole words: the 4 values lie in one and are all inside)
+            return ["%s = %s; if (%s) { let word = q[(%s) / 4u];" % (dst, zero4, inside, q_index % (gk, gn))] + \
+                ["  %s[%d] = %s;" % (dst, c, dequantized(reader.field("word", c), *at(c))) for c in range(4)] + ["}"]
+        out = []
+        for c in range(4):
+            k_c, n_c = at(c)
+            out.append("%s[%d] = %s(0); if (%s < N && %s < K) { %s[%d] = %s; }"
+                       % (dst, c, acc, n_c, k_c, dst, c, dequantized(reader.at("q", q_index % (k_c, n_c)), k_c, n_c)))
+        return out
+
+    def a_quad(j, gm, gk, along_k):
+        dst = ("pa%d" if along_k else "pb%d") % j
+        at = (lambda c: (gm, "%s + %du" % (gk, c))) if along_k else (lambda c: ("%s + %du" % (gm, c), gk))
+        return ["%s[%d] = %s(0); if (%s < M && %s < K) { %s[%d] = a[%s]; }"
+                % (dst, c, acc, at(c)[0], at(c)[1], dst, c, a_index % at(c)) for c in range(4)]
+
+    if transposed:   # loop rows: n (B^T), loop columns: m (A^T)
+        load_a = lambda j: b_quad(j, "gk", "gm", True)    # noqa: E731
+        load_b = lambda j: a_quad(j, "gn", "gk", False)   # noqa: E731
+    else:
+        load_a = lambda j: a_quad(j, "gm", "gk", True)    # noqa: E731
+        load_b = lambda j: b_quad(j, "gk", "gn", False)   # noqa: E731
+    shared, entry, body, row_list, groups = regtile_kernel(
+        tiling.bm, tiling.bn, tiling.bk, tiling.tm, tiling.tn, tiling.lanes_x, tiling.pad_a, load_a, load_b,
+        lambda k0: "%s + %du" % (k0, tiling.bk), acc=acc)
+    prologue = ["  let M = %s; let N = %s; let K = %s; let block = %s;" % (P["M"], P["N"], P["K"], P["block"]),
+                "  let k_begin = 0u; let k_end = K;"]
+    stores = []
+    for n, g in groups:
+        for c in range(4):
+            for m, r in row_list:
+                stores.append("  { let row = %s; let col = %s + %du; if (row < %s && col < %s) { out[%s] = c%d_%d[%d]; } }"
+                              % (m, n, c, rows, cols, "col * N + row" if transposed else "row * N + col", r, g, c))
+    src = header(P.size, _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc), shared) + \
+        entry + "\n" + "\n".join(prologue + body + stores) + "\n}\n"
     return helpers_for(src) + src
