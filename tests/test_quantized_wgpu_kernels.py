@@ -6,9 +6,6 @@ Both kernel kinds are forced on lavapipe (a CPU adapter, which runs only the dir
 Integer results equal cn.NumPy()'s conv2d_quantized (tests/test_onnx_quant.py holds that to
 onnxruntime); float results are held to 1e-4 of the output's largest magnitude."""
 
-import logging
-import warnings
-
 import numpy as np
 import pytest
 
@@ -17,9 +14,11 @@ from cinders.onnx import load
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
-from test_quantized_conv import SHAPE, VARIANTS, cnn  # noqa: E402,F401  (cnn: onnxruntime's quantized CNNs)
-from test_onnx_float16 import _input, _ort, half_files  # noqa: E402,F401  (half_files: the float16 models)
+from test_onnx_float16 import _input, _ort, half_files  # noqa: E402  (the float16 models' files)
+from test_quantized_conv import SHAPE, VARIANTS, cnn  # noqa: E402  (onnxruntime's quantized CNNs)
 from test_quantized_weights import _kernels_run, _resident_bytes  # noqa: E402
+
+__all__ = ["cnn", "half_files"]   # (fixtures shared with those modules)
 
 RNG = np.random.default_rng(2028)
 

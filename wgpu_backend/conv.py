@@ -20,7 +20,9 @@ Both read x, the weight and the bias through strides (views cost no copy), write
 folds into weight and bias (a scale per output channel on the weight, a shift on the bias;
 PyTorch's ONNX export already does so), so the epilogue needs nothing more. Padding may be
 asymmetric ((top, bottom), (left, right)): the kernels need only top and left; bottom and
-right decide OH, OW. The simpler tiled template (`tiled_wgsl`, TILES) serves the backward
+right decide OH, OW. The same two kernels, generated with a weight reader (ConvReads), are
+conv2d_quantized: an 8-bit or float16 weight read from its storage (docs/gpu-kernels.md). The
+simpler tiled template (`tiled_wgsl`, TILES) serves the backward
 kernels, whose staging is irregular (stride phases, split reductions).
 """
 
