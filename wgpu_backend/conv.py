@@ -144,20 +144,22 @@ class ConvReads(namedtuple("ConvReads", "w_dtype bits storage x_int scale zp_dty
     def x_at(self, index):
         return "(X[%s] - Xz[xz_off])" % index if self.x_zp else "X[%s]" % index
 
-    def _zp(self, o):
+    def zp_let(self, o):
+        """WGSL defining `wz`, the weight's zero point of output channel o, read once where a
+        thread's weight values share it ("" where there is none)."""
         if self.zp_dtype is None:
-            return None
-        return "i32(%s)" % self.reader.at("Zp", "z_off + (%s) * z_stride" % o, self.zp_dtype, 8)
+            return ""
+        return "let wz = i32(%s);" % self.reader.at("Zp", "z_off + (%s) * z_stride" % o, self.zp_dtype, 8)
 
-    def w_at(self, index, o):
-        """Weight element `index` (of output channel o) as the value multiplied."""
+    def w_at(self, index):
+        """Weight element `index` as the value multiplied (after zp_let of its channel)."""
         if self.reader is None:
             return "Wt[%s]" % index
-        return self.reader.dequantized(self.reader.at("Wt", index), self._zp(o))
+        return self.reader.dequantized(self.reader.at("Wt", index), self.zp_dtype and "wz")
 
-    def w_word(self, word, j, o):
-        """Value j of packed weight word `word` (of output channel o) as the value multiplied."""
-        return self.reader.dequantized(self.reader.field(word, j), self._zp(o))
+    def w_word(self, word, j):
+        """Value j of packed weight word `word` as the value multiplied (after zp_let)."""
+        return self.reader.dequantized(self.reader.field(word, j), self.zp_dtype and "wz")
 
     def madd(self, x, w, acc):
         return "fma(%s, %s, %s)" % (x, w, acc) if self.acc == "f32" else "%s + %s * %s" % (acc, x, w)
@@ -184,7 +186,7 @@ def direct_wgsl(has_bias, activation, reads=FLOAT):
   let ox = i % OW; var r = i / OW; let oy = r % OH; r = r / OH; let o = r % O; let b = r / O;
   let pix = oy * OW + ox;
   let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
-  let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0;
+  let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0; ZP
   var acc = ZERO;
   for (var c = 0u; c < cg; c = c + 1u) {
     for (var ky = 0u; ky < kh; ky = ky + 1u) {
@@ -199,9 +201,9 @@ def direct_wgsl(has_bias, activation, reads=FLOAT):
   }
   STORE
 }
-""".replace("ZERO", zero(reads.acc)).replace("MADD", reads.madd(
+""".replace("ZP", reads.zp_let("o")).replace("ZERO", zero(reads.acc)).replace("MADD", reads.madd(
         reads.x_at("xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3"),
-        reads.w_at("wb + c * ws1 + ky * ws2 + kx * ws3", "o"), "acc")).replace(
+        reads.w_at("wb + c * ws1 + ky * ws2 + kx * ws3"), "acc")).replace(
         "STORE", _store(has_bias, activation, reads))
     return helpers_for(src) + src
 
@@ -319,17 +321,19 @@ def reg_wgsl(has_bias, activation, tile, flat_weight, reads=FLOAT, weight_words=
 
     def weight(k):
         if flat_weight:
-            return reads.w_at("wg + gm * ws0 + %s" % k, "g * og + gm")
+            return reads.w_at("wg + gm * ws0 + %s" % k)
         return reads.w_at("wg + gm * ws0 + (%s / khw) * ws1 + ((%s %% khw) / kw) * ws2 + (%s %% kw) * ws3"
-                          % (k, k, k), "g * og + gm")
+                          % (k, k, k))
 
     def load_a(j):
+        # (past the group's last row, min() keeps the zero point's read inside its buffer)
+        zp = [reads.zp_let("g * og + min(gm, og - 1u)")]
         if weight_words:
-            return ["pa%d = vec4<%s>(%s); if (gm < og && gk < K) { let word = Wt[(wg + gm * ws0 + gk) / 4u];"
-                    % (j, reads.acc, acc_zero)] + \
-                ["  pa%d[%d] = %s;" % (j, c, reads.w_word("word", c, "g * og + gm")) for c in range(4)] + ["}"]
-        return ["pa%d[%d] = %s; if (gm < og && gk + %du < K) { pa%d[%d] = %s; }"
-                % (j, c, acc_zero, c, j, c, weight("(gk + %du)" % c)) for c in range(4)]
+            return zp + ["pa%d = vec4<%s>(%s); if (gm < og && gk < K) { let word = Wt[(wg + gm * ws0 + gk) / 4u];"
+                         % (j, reads.acc, acc_zero)] + \
+                ["  pa%d[%d] = %s;" % (j, c, reads.w_word("word", c)) for c in range(4)] + ["}"]
+        return zp + ["pa%d[%d] = %s; if (gm < og && gk + %du < K) { pa%d[%d] = %s; }"
+                     % (j, c, acc_zero, c, j, c, weight("(gk + %du)" % c)) for c in range(4)]
 
     def load_b(j):
         lines = ["let kin = gk < K; let xc = (gk / khw) * xs1; let tap = gk % khw;",
