@@ -47,6 +47,9 @@ cn.profile sees no kernel events on cn.Wasm() (its queued kernels run in one hos
 kernel is run and timed on its own here: every launch then also pays one host call, which
 inflates small kernels; read the shares, not the absolute times.
     python benchmarks/quantized.py --profile --models bert --variants f32,q8_qdq --wasm-engine wasmtime
+With --backend wgpu, --profile gives cn.Wgpu()'s GPU time per kernel (cn.profile's timestamps,
+the largest 24 kernels), the same line:
+    python benchmarks/quantized.py --profile --backend wgpu --variants f32,f16,q8_dynamic,q8_qdq
 """
 
 import argparse
@@ -63,7 +66,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from timing import interleaved_median_ms  # noqa: E402
+from timing import interleaved_median_ms, kernel_table  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -366,11 +369,25 @@ def wasm_kernel_profile(path, feeds, wasm_engine, repeat):
     return {name: [round(t, 3), launches[name] // repeat] for name, t in ms.most_common()}, row["device"]
 
 
-def profile_main(models, variants, repeat, small, wasm_engine):
+def wgpu_kernel_profile(path, feeds, repeat):
+    """({kernel: [GPU ms per call, launches per call]}, device) of the model at path on cn.Wgpu()
+    (its GPU timestamps, cn.profile), after one warm-up call."""
+    row, run = cinders_runner("wgpu", path, feeds)
+    run()
+    with cn.profile(None) as p:
+        for _ in range(repeat):
+            run()
+    _, table = kernel_table(p, top=24)
+    return {name: [round(ms / repeat, 4), launches // repeat] for name, launches, ms in table}, row["device"]
+
+
+def profile_main(models, variants, repeat, small, wasm_engine, stack):
     for name in models:
         src, feeds = float_model(name, small)
         for variant in variants:
-            kernels, device = wasm_kernel_profile(quantized_file(src, variant, feeds), feeds, wasm_engine, repeat)
+            path = quantized_file(src, variant, feeds)
+            kernels, device = wgpu_kernel_profile(path, feeds, repeat) if stack == "wgpu" else \
+                wasm_kernel_profile(path, feeds, wasm_engine, repeat)
             print(json.dumps({"bench": "quantized_profile", "model": name, "variant": variant, "device": device,
                               "launches": sum(n for _, n in kernels.values()),
                               "ms": round(sum(t for t, _ in kernels.values()), 3), "kernels": kernels}), flush=True)
@@ -399,7 +416,8 @@ def main():
                         help="cn.Wasm() in headless Chromium's /onnx/ page against ORT Web's WASM EP "
                              "(instead of the desktop stacks of --backend)")
     parser.add_argument("--profile", action="store_true",
-                        help="cn.Wasm()'s time per kernel instead of the stacks' comparison")
+                        help="cn.Wasm()'s time per kernel (cn.Wgpu()'s GPU time with --backend wgpu) "
+                             "instead of the stacks' comparison")
     parser.add_argument("--wasm-engine", default=None,
                         help="cn.Wasm()'s engine: native, wasmtime or node (default: the desktop's, native)")
     args = parser.parse_args()
@@ -409,7 +427,8 @@ def main():
     if unknown:
         parser.error("unknown stacks or variants: %s" % ", ".join(unknown))
     if args.profile:
-        return profile_main(args.models.split(","), variants, args.repeat, args.small, args.wasm_engine)
+        return profile_main(args.models.split(","), variants, args.repeat, args.small, args.wasm_engine,
+                            "wgpu" if stacks == ["wgpu"] else "wasm")
     if args.tab:
         return tab_main(args.models.split(","), variants, args.repeat, args.small)
     for name in args.models.split(","):
