@@ -30,13 +30,16 @@ def gpus():
     return {"f16": cn.Wgpu(autotune=False), "packed": cn.Wgpu(autotune=False, shader_f16=False)}
 
 
-@pytest.fixture(params=["direct", "reg"])
+@pytest.fixture(params=["direct", "reg", "reg-r64x128"])
 def kind(request, monkeypatch):
     """The conv kernel kind the test forces where the product allows it (the tiled kernel needs
-    8 output channels a group and 16 deep sums, conv.kernel_kind)."""
+    8 output channels a group and 16 deep sums, conv.kernel_kind), and the tiled kernel's wider
+    tile (chosen only for layers larger than lavapipe runs quickly)."""
     from cinders.wgpu import conv as wgpu_conv
     choose = wgpu_conv.kernel_kind
     monkeypatch.setattr(wgpu_conv, "kernel_kind", lambda og, k, cpu: choose(og, k, request.param == "direct"))
+    if request.param == "reg-r64x128":
+        monkeypatch.setattr(wgpu_conv, "reg_tile_for", lambda og, cols, groups: "r64x128")
     return request.param
 
 
@@ -109,8 +112,8 @@ def test_quantized_conv_on_both_kernels(gpus, kind, monkeypatch, name, mode, lay
     convs = [n for n in names if n.startswith("conv2d_q")]
     assert len(convs) == 1 and names == convs, names   # one launch: no unfold2d, matmul or copy
     n, c, _, o, kernel, *_, groups = CASES[name][:9]
-    tiled = kind == "reg" and o // groups >= 8 and c // groups * kernel[0] * kernel[1] >= 16
-    assert ("_reg_" in convs[0]) == tiled, convs
+    tiled = kind != "direct" and o // groups >= 8 and c // groups * kernel[0] * kernel[1] >= 16
+    assert ("_reg_" in convs[0]) == tiled and (not tiled or convs[0].endswith(kind[4:] or "r64x64")), convs
     if mode == "half":
         want = _torch_half(name, arrays)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
