@@ -186,6 +186,10 @@ elsewhere reads these flags (never hasattr or class names):
                        values); scale None gives the int32 sums, else (float32 x, 1 or O
                        values) float32 sums * x_scale * scale[o] + bias[o] (bias None or (O,));
                        padding ((top, bottom), (left, right)). Contiguous handles.
+    half_conv2d        conv2d_quantized also takes a float16 q (a half model's weight, as
+                       matmul_quantized does): float32 x, x_param, scale and zero_point None,
+                       C float32 = conv(x, q widened) + bias[o], any group (cn.Wgpu: its conv
+                       kernels read the weight at 2 bytes a value)
     dynamic_quantize   dynamic_quantize(x) -> (y, scale, zero_point): ONNX DynamicQuantizeLinear
                        of float32 x in one kernel, y int32 (0..255) shaped like x, scale
                        float32 and zero_point int32 of shape (); the same float32 arithmetic
@@ -335,6 +339,7 @@ class Backend:
     dynamic_quantize = False  # dynamic_quantize(x) -> (y, scale, zero_point), see above
     quantize_dequantize = False  # quantize_dequantize(x, ys, yz, xs, xz, lo, hi), see above
     quantized_conv2d = False  # conv2d_quantized(x, x_param, q, scale, zero_point, ...), see above
+    half_conv2d = False  # conv2d_quantized with a float16 q, see above
 
     def device_key(self):
         """Hashable identity of the device this backend computes on."""

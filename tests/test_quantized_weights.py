@@ -295,10 +295,10 @@ def test_qdq_weights_stay_8_bit_inside_conv_gemm_and_matmul(backend, monkeypatch
 
 
 def test_conv_integer_and_qlinear_conv_are_exact_in_the_kernel(backend, monkeypatch):
-    """ConvInteger and QLinearConv read their int8 weight inside the kernel (cn.Wgpu: matmul_quantized
-    on the unfolded image's rows; cn.Wasm: its integer conv kernel, tests/test_quantized_conv.py)
-    and give cn.NumPy()'s exact integer results (tests/test_onnx_quant.py holds those to
-    onnxruntime)."""
+    """ConvInteger and QLinearConv read their int8 weight inside the kernel (cn.Wgpu: its conv
+    kernels' quantized variants, tests/test_quantized_wgpu_kernels.py; cn.Wasm: its integer conv
+    kernel, tests/test_quantized_conv.py) and give cn.NumPy()'s exact integer results
+    (tests/test_onnx_quant.py holds those to onnxruntime)."""
     x = RNG.integers(0, 256, (1, 4, 9, 9)).astype(np.uint8)
     inits = {"w": RNG.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8), "xz": np.uint8(129),
              "wz": RNG.integers(-4, 4, 5).astype(np.int8), "xs": np.float32(0.02),
@@ -314,7 +314,8 @@ def test_conv_integer_and_qlinear_conv_are_exact_in_the_kernel(backend, monkeypa
     data = model.SerializeToString()
     run = lambda b: [t.numpy() for t in load(data, backend=b)(cn.tensor(x.astype(np.int32), backend=b))]  # noqa: E731
     got, names = _kernels_run(backend, monkeypatch, lambda: run(backend))
-    assert names.count({"wgpu": "matmul_quantized", "wasm": "conv2d_quantized"}[backend.name]) == 2, names
+    kernel = {"wgpu": "conv2d_qint8_", "wasm": "conv2d_quantized"}[backend.name]
+    assert len([n for n in names if n.startswith(kernel)]) == 2, names
     for g, e in zip(got, run(cn.NumPy())):
         np.testing.assert_array_equal(g, e)
 

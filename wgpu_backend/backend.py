@@ -26,8 +26,8 @@ from . import conv, conv_grad, quantize
 from .codegen import images
 from .codegen.packing import HALF, PACKED, directives, fill_word, word_count
 from .codegen.matmul import (QUANT_THREADS, matmul_direct_wgsl, matmul_params, matmul_quantized_layout,
-                             matmul_quantized_wgsl, matmul_regtile_wgsl, matmul_wgsl,
-                             quantized_micro, quantized_per_word)
+                             matmul_quantized_regtile_wgsl, matmul_quantized_wgsl, matmul_regtile_wgsl,
+                             matmul_wgsl, quantized_micro, quantized_per_word, quantized_tiling)
 from .codegen.prelude import WG, MAX_GROUPS, bits, groups_for
 from .matmul import VARIANTS, Tuner, split_count
 from .pool import BufferPool, Placement
@@ -132,6 +132,9 @@ class Wgpu(Backend):
     storage_dtypes = dtypes.STORAGE_DTYPES
     # Quantized weights stay packed: matmul_quantized dequantizes them as the kernel reads them.
     quantized_matmul = True
+    # ... and the conv kernels read 8-bit and float16 weights (conv.py conv2d_quantized).
+    quantized_conv2d = True
+    half_conv2d = True
     # Activations: DynamicQuantizeLinear in three launches, a QDQ round trip in one (quantize.py).
     dynamic_quantize = True
     quantize_dequantize = True
@@ -537,11 +540,9 @@ class Wgpu(Backend):
         if k == 0:
             self._fill(out, 0)
             return out
+        tiling = quantized_tiling(m, n, self.device.is_cpu)
         micro = quantized_micro(m, n)
         tile = QUANT_THREADS * micro
-        if -(-m // tile) > MAX_GROUPS or -(-n // tile) > MAX_GROUPS:
-            raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
-                                   "device's 65535 workgroups per dimension" % (m, n))
         a = self._readable(a)
         handles = [a, q] + ([] if scale is None else [scale]) + ([] if zero_point is None else [zero_point])
         P = matmul_quantized_layout()
@@ -559,13 +560,23 @@ class Wgpu(Backend):
         words = ("kv" if q_sk == 1 else None) if q.dtype.is_float else \
             "k" if q_sk == 1 and q_off % pw == 0 and q_sn % pw == 0 else \
             "n" if q_sn == 1 and q_off % pw == 0 and q_sk % pw == 0 else None
-        key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
-        self.launch(key, lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,
-                                                       layout.zp_bits, self.storage_layout,
-                                                       words, micro),
-                    handles, [out], params, (-(-n // tile), -(-m // tile), 1),
-                    "matmul_quantized",
-                    4 * m * k + k * n * layout.bits // 8, 4 * m * n)
+        if tiling is None:
+            grid, name = (-(-n // tile), -(-m // tile), 1), "matmul_quantized"
+            key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, micro)
+            build = lambda: matmul_quantized_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,  # noqa: E731
+                                                  layout.zp_bits, self.storage_layout, words, micro)
+        else:   # the register-tiled loop; B stored (N, K) runs transposed (rows: n)
+            t = VARIANTS[tiling]
+            rows, cols = (n, m) if words in ("k", "kv") else (m, n)
+            grid, name = (-(-cols // t.bn), -(-rows // t.bm), 1), "matmul_quantized_" + tiling
+            key = ("matmul_quantized", a.dtype, q.dtype, layout.bits, sd, zd, layout.zp_bits, words, tiling)
+            build = lambda: matmul_quantized_regtile_wgsl(a.dtype, q.dtype, layout.bits, sd, zd,  # noqa: E731
+                                                          layout.zp_bits, self.storage_layout, words, t)
+        if max(grid) > MAX_GROUPS:
+            raise DeviceLimitError("cn.Wgpu matmul_quantized: (%d, %d) outputs need more than the "
+                                   "device's 65535 workgroups per dimension" % (m, n))
+        self.launch(key, build, handles, [out], params, grid, name,
+                    4 * m * k + k * n * layout.bits // 8, 4 * m * n, flops=2 * m * n * k)
         return out
 
     def dynamic_quantize(self, x):
@@ -670,6 +681,10 @@ class Wgpu(Backend):
 
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         return conv.conv2d(self, x, w, bias, stride, padding, dilation, groups, activation)
+
+    def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+        return conv.conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding,
+                                     dilation, groups)
 
     def conv2d_grad_input(self, g, w, size, stride, padding, dilation, groups):
         return conv_grad.grad_input(self, g, w, size, stride, padding, dilation, groups)

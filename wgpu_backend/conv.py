@@ -20,14 +20,21 @@ Both read x, the weight and the bias through strides (views cost no copy), write
 folds into weight and bias (a scale per output channel on the weight, a shift on the bias;
 PyTorch's ONNX export already does so), so the epilogue needs nothing more. Padding may be
 asymmetric ((top, bottom), (left, right)): the kernels need only top and left; bottom and
-right decide OH, OW. The simpler tiled template (`tiled_wgsl`, TILES) serves the backward
+right decide OH, OW. The same two kernels, generated with a weight reader (ConvReads), are
+conv2d_quantized: an 8-bit or float16 weight read from its storage (docs/gpu-kernels.md). The
+simpler tiled template (`tiled_wgsl`, TILES) serves the backward
 kernels, whose staging is irregular (stride phases, split reductions).
 """
 
 from collections import namedtuple
 
+from cinders import dtypes
+from cinders.errors import DTypeError
 from .codegen.matmul import regtile_kernel
-from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, entry_1d, groups_for, header as prelude_header
+from .codegen.mathlib import helpers_for
+from .codegen.packing import binding_type
+from .codegen.prelude import MAX_GROUPS, WG, ParamLayout, entry_1d, groups_for, header as prelude_header, zero
+from .codegen.quantized import PackedReader
 from .matmul import VARIANTS
 
 ACTIVATIONS = {
@@ -63,11 +70,13 @@ TILES = {
 # One parameter layout for every conv kernel, forward and backward (conv_grad.py): the geometry,
 # then x, the weight, the bias and the output gradient g by offset and strides. K and cols are
 # the implicit GEMM's reduction depth and column count (each kernel says what they count);
-# slice_len is the length of one split of a reduction.
+# slice_len is the length of one split of a reduction. A quantized weight's scale and zero point
+# (one or one per output channel: stride 0 or 1) and an integer image's zero point follow.
 PARAMS = ParamLayout("total", "N", "C", "H", "W", "O", "OH", "OW", "kh", "kw", "sh", "sw",
                      "pt", "pl", "dh", "dw", "groups", "cg", "og", "K", "cols",
                      "x_off", ("xs", 4), "w_off", ("ws", 4), "b_off", "b_stride",
-                     "g_off", ("gs", 4), "slice_len")
+                     "g_off", ("gs", 4), "slice_len", "s_off", "s_stride", "z_off", "z_stride",
+                     "xz_off")
 
 _SCALARS = [name for name, _, count in PARAMS.fields if count is None]
 _STRIDES = ("xs", "ws", "gs")
@@ -81,16 +90,18 @@ def pack(x, w_shape, out_hw, stride, padding, dilation, groups, **fields):
                   sh=stride[0], sw=stride[1], pt=padding[0][0], pl=padding[1][0],
                   dh=dilation[0], dw=dilation[1], groups=groups, cg=cg, og=o // groups,
                   x_off=0, xs=(0,) * 4, w_off=0, ws=(0,) * 4, b_off=0, b_stride=0,
-                  g_off=0, gs=(0,) * 4, slice_len=0)
+                  g_off=0, gs=(0,) * 4, slice_len=0, s_off=0, s_stride=0, z_off=0, z_stride=0,
+                  xz_off=0)
     values.update(fields)
     return PARAMS.pack(**values)
 
 
-def header(buffers, shared=""):
+def header(buffers, shared="", reads=None):
     """The uniform block P and storage bindings 1.. of `buffers` (f32 arrays, read only), then
-    the output Out."""
-    return prelude_header(PARAMS.size, [(name, "f32", False) for name in buffers]
-                          + [("Out", "f32", True)], shared)
+    the output Out; with `reads` (ConvReads) the bindings it names instead."""
+    bindings = [(name, "f32", False) for name in buffers] + [("Out", "f32", True)] \
+        if reads is None else reads.bindings(buffers)
+    return prelude_header(PARAMS.size, bindings, shared)
 
 
 def lets():
@@ -100,22 +111,83 @@ def lets():
     return "\n".join(lines) + "\n"
 
 
-def _store(has_bias, activation):
+class ConvReads(namedtuple("ConvReads", "w_dtype bits storage x_int scale zp_dtype x_zp")):
+    """How a forward conv kernel reads its operands and finishes a sum: the conv2d primitive's
+    float32 image and weight (FLOAT), or conv2d_quantized's (core/backend.py "quantized_conv2d")
+    weight `w_dtype` of `bits` (int8/uint8 packed four to a word; float16, widened as read)
+    through a codegen.quantized.PackedReader on the device's `storage` layout. x_int: the image
+    is int32 (minus its zero point Xz[xz_off] where x_zp) and the sums are exact i32; else
+    float32 sums. The weight's zero point (zp_dtype: its buffer's dtype, None: 0) is subtracted
+    as a value is staged; its scale (where `scale`) multiplies the sum at the store, being one
+    per output channel, so the staged weight values stay small integers."""
+
+    @property
+    def acc(self):
+        return "i32" if self.x_int else "f32"
+
+    @property
+    def reader(self):
+        return None if self.w_dtype is dtypes.float32 else \
+            PackedReader(self.w_dtype, self.bits, self.storage, self.acc)
+
+    def bindings(self, names):
+        """The storage bindings of inputs `names` (X, Wt, Bias), the quantization's, then Out."""
+        types = {"X": self.acc, "Wt": "f32" if self.reader is None else binding_type(self.w_dtype, self.storage),
+                 "Bias": "f32"}
+        out = [(name, types[name], False) for name in names if name != "Bias"]
+        out += [("Xz", "i32", False)] if self.x_zp else []
+        out += [("Scale", "f32", False)] if self.scale else []
+        out += [("Zp", binding_type(self.zp_dtype, self.storage), False)] if self.zp_dtype else []
+        out += [("Bias", "f32", False)] if "Bias" in names else []
+        return out + [("Out", "f32" if self.scale or not self.x_int else "i32", True)]
+
+    def x_at(self, index):
+        return "(X[%s] - Xz[xz_off])" % index if self.x_zp else "X[%s]" % index
+
+    def zp_let(self, o):
+        """WGSL defining `wz`, the weight's zero point of output channel o, read once where a
+        thread's weight values share it ("" where there is none)."""
+        if self.zp_dtype is None:
+            return ""
+        return "let wz = i32(%s);" % self.reader.at("Zp", "z_off + (%s) * z_stride" % o, self.zp_dtype, 8)
+
+    def w_at(self, index):
+        """Weight element `index` as the value multiplied (after zp_let of its channel)."""
+        if self.reader is None:
+            return "Wt[%s]" % index
+        return self.reader.dequantized(self.reader.at("Wt", index), self.zp_dtype and "wz")
+
+    def w_word(self, word, j):
+        """Value j of packed weight word `word` as the value multiplied (after zp_let)."""
+        return self.reader.dequantized(self.reader.field(word, j), self.zp_dtype and "wz")
+
+    def madd(self, x, w, acc):
+        return "fma(%s, %s, %s)" % (x, w, acc) if self.acc == "f32" else "%s + %s * %s" % (acc, x, w)
+
+    def finish(self):
+        """WGSL of the stored value from sum `acc` of output channel `o` (before bias)."""
+        return "acc * Scale[s_off + o * s_stride]" if self.scale else "acc"
+
+
+FLOAT = ConvReads(dtypes.float32, 32, None, False, False, None, False)
+
+
+def _store(has_bias, activation, reads=FLOAT):
     """WGSL storing accumulator `acc` of output channel `o`, image `b`, pixel `pix`."""
     bias = " + Bias[b_off + o * b_stride]" if has_bias else ""
-    return ("var v = acc%s; v = %s; Out[(b * O + o) * (OH * OW) + pix] = v;"
-            % (bias, ACTIVATIONS[activation]))
+    return ("var v = %s%s; v = %s; Out[(b * O + o) * (OH * OW) + pix] = v;"
+            % (reads.finish(), bias, ACTIVATIONS[activation]))
 
 
-def direct_wgsl(has_bias, activation):
+def direct_wgsl(has_bias, activation, reads=FLOAT):
     """One thread per output element (b, o, oy, ox), in the output's row-major order."""
-    return header(["X", "Wt"] + (["Bias"] if has_bias else [])) + entry_1d() + lets() + """\
+    src = header(["X", "Wt"] + (["Bias"] if has_bias else []), reads=reads) + entry_1d() + lets() + """\
   if (i >= total) { return; }
   let ox = i % OW; var r = i / OW; let oy = r % OH; r = r / OH; let o = r % O; let b = r / O;
   let pix = oy * OW + ox;
   let iy0 = i32(oy * sh) - i32(pt); let ix0 = i32(ox * sw) - i32(pl);
-  let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0;
-  var acc = 0.0;
+  let xb = x_off + b * xs0 + (o / og) * cg * xs1; let wb = w_off + o * ws0; ZP
+  var acc = ZERO;
   for (var c = 0u; c < cg; c = c + 1u) {
     for (var ky = 0u; ky < kh; ky = ky + 1u) {
       let iy = iy0 + i32(ky * dh);
@@ -123,14 +195,17 @@ def direct_wgsl(has_bias, activation):
       for (var kx = 0u; kx < kw; kx = kx + 1u) {
         let ix = ix0 + i32(kx * dw);
         if (ix < 0i || ix >= i32(W)) { continue; }
-        acc = fma(X[xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3],
-                  Wt[wb + c * ws1 + ky * ws2 + kx * ws3], acc);
+        acc = MADD;
       }
     }
   }
   STORE
 }
-""".replace("STORE", _store(has_bias, activation))
+""".replace("ZP", reads.zp_let("o")).replace("ZERO", zero(reads.acc)).replace("MADD", reads.madd(
+        reads.x_at("xb + c * xs1 + u32(iy) * xs2 + u32(ix) * xs3"),
+        reads.w_at("wb + c * ws1 + ky * ws2 + kx * ws3"), "acc")).replace(
+        "STORE", _store(has_bias, activation, reads))
+    return helpers_for(src) + src
 
 
 class Staged(namedtuple("Staged", "cond body")):
@@ -221,12 +296,15 @@ def check_grid(grid, what):
 REG_TILES = {"r64x128": VARIANTS["reg64x128"], "r64x64": VARIANTS["reg64x64"]}
 
 
-def reg_wgsl(has_bias, activation, tile, flat_weight):
+def reg_wgsl(has_bias, activation, tile, flat_weight, reads=FLOAT, weight_words=False):
     """The forward implicit GEMM (see the module docstring) on the register-tiled loop the large
     matmuls use: A is the group's weight as an og x K matrix (k = (c, ky, kx), read through its
     strides, or at k itself when each weight row is contiguous: flat_weight), B the virtual
     im2col matrix, gathered as it is staged. A thread's image columns stay the same at every K
-    step, so their pixel coordinates are computed once, before the loop."""
+    step, so their pixel coordinates are computed once, before the loop. reads: ConvReads (the
+    quantized and half weights); weight_words: each 4-value quad of a flat weight row is one
+    packed 8-bit word (row starts and K whole words), read as one u32."""
+    acc_zero = zero(reads.acc)
     threads = (tile.bn // tile.tn) * (tile.bm // tile.tm)
     quads = tile.bk * tile.bn // 4 // threads
     setup = ["  let g = wid.z % groups; let khw = kh * kw; let ohw = OH * OW;",
@@ -243,37 +321,45 @@ def reg_wgsl(has_bias, activation, tile, flat_weight):
 
     def weight(k):
         if flat_weight:
-            return "Wt[wg + gm * ws0 + %s]" % k
-        return ("Wt[wg + gm * ws0 + (%s / khw) * ws1 + ((%s %% khw) / kw) * ws2 + (%s %% kw) * ws3]"
-                % (k, k, k))
+            return reads.w_at("wg + gm * ws0 + %s" % k)
+        return reads.w_at("wg + gm * ws0 + (%s / khw) * ws1 + ((%s %% khw) / kw) * ws2 + (%s %% kw) * ws3"
+                          % (k, k, k))
 
     def load_a(j):
-        return ["pa%d[%d] = 0.0; if (gm < og && gk + %du < K) { pa%d[%d] = %s; }"
-                % (j, c, c, j, c, weight("(gk + %du)" % c)) for c in range(4)]
+        # (past the group's last row, min() keeps the zero point's read inside its buffer)
+        zp = [reads.zp_let("g * og + min(gm, og - 1u)")]
+        if weight_words:
+            return zp + ["pa%d = vec4<%s>(%s); if (gm < og && gk < K) { let word = Wt[(wg + gm * ws0 + gk) / 4u];"
+                         % (j, reads.acc, acc_zero)] + \
+                ["  pa%d[%d] = %s;" % (j, c, reads.w_word("word", c)) for c in range(4)] + ["}"]
+        return zp + ["pa%d[%d] = %s; if (gm < og && gk + %du < K) { pa%d[%d] = %s; }"
+                     % (j, c, acc_zero, c, j, c, weight("(gk + %du)" % c)) for c in range(4)]
 
     def load_b(j):
         lines = ["let kin = gk < K; let xc = (gk / khw) * xs1; let tap = gk % khw;",
                  "let dy = i32((tap / kw) * dh); let dx = i32((tap % kw) * dw);"]
         for c in range(4):
             q = "%d_%d" % (j, c)
-            lines.append("{ let iy = iy%s + dy; let ix = ix%s + dx; pb%d[%d] = 0.0;" % (q, q, j, c))
+            lines.append("{ let iy = iy%s + dy; let ix = ix%s + dx; pb%d[%d] = %s;" % (q, q, j, c, acc_zero))
             lines.append("  if (kin && pin%s && iy >= 0i && iy < i32(H) && ix >= 0i && ix < i32(W)) {"
-                         " pb%d[%d] = X[xb%s + xc + u32(iy) * xs2 + u32(ix) * xs3]; } }" % (q, j, c, q))
+                         " pb%d[%d] = %s; } }"
+                         % (q, j, c, reads.x_at("xb%s + xc + u32(iy) * xs2 + u32(ix) * xs3" % q)))
         return lines
 
     shared, entry, body, rows, groups = regtile_kernel(
         tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.lanes_x, tile.pad_a, load_a, load_b,
-        lambda k0: "%s + %du" % (k0, tile.bk), SPILL_N0 % tile.bn)
+        lambda k0: "%s + %du" % (k0, tile.bk), SPILL_N0 % tile.bn, reads.acc)
     stores = []
     for n, gi in groups:
         for c in range(4):
             stores.append("  { let p = %s + %du; let b = p / ohw; let pix = p %% ohw;" % (n, c))
             stores += ["    { let m = %s; if (m < og && p < cols) { let o = g * og + m; "
-                       "let acc = c%d_%d[%d]; %s } }" % (m, r, gi, c, _store(has_bias, activation))
+                       "let acc = c%d_%d[%d]; %s } }" % (m, r, gi, c, _store(has_bias, activation, reads))
                        for m, r in rows]
             stores.append("  }")
-    return (header(["X", "Wt"] + (["Bias"] if has_bias else []), shared) + entry + "\n" + lets()
-            + "\n".join(setup + body + stores) + "\n}\n")
+    src = (header(["X", "Wt"] + (["Bias"] if has_bias else []), shared, reads) + entry + "\n" + lets()
+           + "\n".join(setup + body + stores) + "\n}\n")
+    return helpers_for(src) + src
 
 
 def kernel_kind(og, k, cpu):
@@ -303,12 +389,48 @@ def reg_tile_for(og, cols, groups):
 def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     """Launch one conv kernel on `backend` (a cn.Wgpu) through its public kernel interface;
     returns the (N, O, OH, OW) output handle. Arguments as the protocol's conv2d primitive."""
+    return _launch(backend, x, w, bias, stride, padding, dilation, groups, activation, FLOAT, [], {})
+
+
+def conv2d_quantized(backend, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
+    """The conv2d_quantized ability (core/backend.py "quantized_conv2d") on the forward kernels:
+    the weight q (int8/uint8, or float16) read from its storage and dequantized as staged. An
+    int32 image minus its zero point x_param gives exact i32 sums (scale None); a float32 image
+    (a QDQ activation: its integers times x_param, its scale) times q - zero_point sums in f32,
+    scaled at the store by scale[o] (x_param is already in the image's values); a float16 q is
+    a half model's weight, no scale or zero point."""
+    half = q.dtype is dtypes.float16
+    if q.dtype not in (dtypes.int8, dtypes.uint8) and not half:
+        raise DTypeError("cn.Wgpu conv2d_quantized: the weight is %s; int8, uint8 or float16 are "
+                         "read in the conv kernels" % q.dtype.name)
+    x_int = x.dtype is dtypes.int32
+    valid = not x_int and scale is None and zero_point is None if half else x_int == (scale is None)
+    if not valid:
+        raise DTypeError("cn.Wgpu conv2d_quantized: a %s image with a %s weight%s is not a "
+                         "quantized convolution (core/backend.py \"quantized_conv2d\")"
+                         % (x.dtype.name, q.dtype.name, " and a scale" if scale is not None else ""))
+    x_zp = x_int and x_param is not None
+    reads = ConvReads(q.dtype, 16 if half else 8, backend.storage_layout, x_int, scale is not None,
+                      None if zero_point is None else zero_point.dtype, x_zp)
+    handles = ([x_param] if x_zp else []) + ([scale] if scale is not None else []) + \
+        ([zero_point] if zero_point is not None else [])
+    fields = dict(xz_off=x_param.offset if x_zp else 0)
+    if scale is not None:
+        fields.update(s_off=scale.offset, s_stride=int(scale.size > 1))
+    if zero_point is not None:
+        fields.update(z_off=zero_point.offset, z_stride=int(zero_point.size > 1))
+    return _launch(backend, x, q, bias, stride, padding, dilation, groups, None, reads, handles, fields)
+
+
+def _launch(backend, x, w, bias, stride, padding, dilation, groups, activation, reads, quant_handles,
+            quant_fields):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     (pt, pb), (pl, pr) = padding
     oh = (h + pt + pb - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     ow = (wd + pl + pr - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    out = backend.empty((n, o, oh, ow), x.dtype)
+    out_dtype = dtypes.int32 if reads.x_int and not reads.scale else dtypes.float32
+    out = backend.empty((n, o, oh, ow), out_dtype)
     total = n * o * oh * ow
     if total == 0:
         return out
@@ -325,18 +447,22 @@ def conv2d(backend, x, w, bias, stride, padding, dilation, groups, activation):
     params = pack(x.shape, w.shape, (oh, ow), stride, padding, dilation, groups, total=total,
                   K=k, cols=cols, x_off=x.offset, xs=x.strides, w_off=w.offset, ws=w.strides,
                   b_off=0 if bias is None else bias.offset,
-                  b_stride=0 if bias is None else bias.strides[0])
+                  b_stride=0 if bias is None else bias.strides[0], **quant_fields)
     has_bias = bias is not None
-    handles = [x, w] + ([bias] if has_bias else []) + [out]
-    # Each weight row (c, ky, kx) contiguous: A is read at k itself, no index arithmetic.
+    handles = [x, w] + quant_handles + ([bias] if has_bias else []) + [out]
+    # Each weight row (c, ky, kx) contiguous: A is read at k itself, no index arithmetic; packed
+    # 8-bit rows that start on words with K whole words are read a word (4 values) at a time.
     flat_weight = tuple(w.strides[1:]) == (kh * kw, kw, 1)
-    name = "conv2d_%s%s" % (kind, "_" + activation if activation else "")
+    weight_words = flat_weight and w.dtype.per_word == 4 and k % 4 == 0 and w.offset % 4 == 0 \
+        and w.strides[0] % 4 == 0
+    quantized = "" if reads is FLOAT else "q%s_" % w.dtype.name
+    name = "conv2d_%s%s%s" % (quantized, kind, "_" + activation if activation else "")
 
     def build():
         if kind == "direct":
-            return direct_wgsl(has_bias, activation)
-        return reg_wgsl(has_bias, activation, tile, flat_weight)
-    backend.run_kernel(("conv2d", kind, has_bias, activation, flat_weight), build, handles, params,
-                       grid, name, 4 * (x.size + w.size + (o if has_bias else 0)), 4 * total,
-                       flops=2 * total * k)
+            return direct_wgsl(has_bias, activation, reads)
+        return reg_wgsl(has_bias, activation, tile, flat_weight, reads, weight_words)
+    backend.run_kernel(("conv2d", kind, has_bias, activation, flat_weight, reads, weight_words), build,
+                       handles, params, grid, name, 4 * (x.size + (o if has_bias else 0)) + w.size * w.dtype.itemsize,
+                       4 * total, flops=2 * total * k)
     return out

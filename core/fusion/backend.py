@@ -395,7 +395,7 @@ class Fusion(Backend):
         return self._boundary(name, *args)
 
     # The products whose weights stay packed (core/backend.py "quantized_matmul",
-    # "quantized_conv2d"): boundaries, so int8, 4-bit and float16 weights stay at their size
+    # "quantized_conv2d", "half_conv2d"): boundaries, so int8, 4-bit and float16 weights stay at their size
     # under Fusion. (dynamic_quantize and quantize_dequantize are not forwarded: their
     # compositions are reductions and elementwise ops, which fuse with what they read.)
     @property
@@ -408,6 +408,10 @@ class Fusion(Backend):
     @property
     def quantized_conv2d(self):
         return self._inner.quantized_conv2d
+
+    @property
+    def half_conv2d(self):
+        return self._inner.half_conv2d
 
     def conv2d_quantized(self, x, x_param, q, scale, zero_point, bias, stride, padding, dilation, groups):
         return self._inner_kernel("conv2d_quantized", x, x_param, q, scale, zero_point, bias, stride, padding,

@@ -8,6 +8,7 @@ kernel either writes C or calls an epilogue generated from a fusion Program (pro
 from .mathlib import helpers_for
 from .packing import binding_type, load
 from .prelude import ParamLayout, header, unravel, dot
+from .quantized import PackedReader
 
 # The three matmul kernels (shared-memory tiles, register tiles double-buffered, direct) are one
 # template: the same parameters, prologue, bounds-checked global loads and stores of C; each
@@ -198,7 +199,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                           _store_tile(rows, cols, vec_b, exact, epilogue))
 
 
-def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, n0=None):
+def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, n0=None, acc="f32"):
     """The register-tiled, double-buffered loop of C[m, n] = sum_k A[m, k] * B[k, n] over k from
     `k_begin` to `k_end` (WGSL names the caller defines), shared by the matmul
     (matmul_regtile_wgsl) and the implicit-GEMM convolution (conv.py), which differ only in how
@@ -220,14 +221,17 @@ def regtile_kernel(bm, bn, bk, tm, tn, lanes_x, pad_a, load_a, load_b, next_k0, 
 
     Returns (shared, entry, body, rows, cols): the workgroup memory, the entry point up to m0 and
     n0 (workgroup x: column tiles, y: row tiles), the loop, [(WGSL of row m, r)] and [(WGSL of
-    the first of 4 columns, g)]; the accumulator of row r and column group g is the vec4 c<r>_<g>."""
+    the first of 4 columns, g)]; the accumulator of row r and column group g is the vec4 c<r>_<g>.
+    acc: the type staged and summed, "f32" or "i32" (integer products: exact sums, a quantized
+    convolution of integer images, conv.py)."""
+    vt = "vec4<%s>" % acc
     wx, wy = bn // tn, bm // tm
     threads = wx * wy
     ri, gj = tm // 4, tn // 4           # vec4 groups of rows / columns per thread
     sa, sb = bm // 4 + pad_a, bn // 4   # shared row strides in vec4
     a_tile, b_tile = bk * sa, bk * sb   # vec4 per buffer
-    shared = ("var<workgroup> As: array<vec4<f32>, %d>;\n"
-              "var<workgroup> Bs: array<vec4<f32>, %d>;" % (2 * a_tile, 2 * b_tile))
+    shared = ("var<workgroup> As: array<%s, %d>;\nvar<workgroup> Bs: array<%s, %d>;"
+              % (vt, 2 * a_tile, vt, 2 * b_tile))
     warps_x, lanes_y = wx // lanes_x, 32 // lanes_x
     entry = """
 @compute @workgroup_size(%d)
@@ -273,9 +277,11 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
                 for j in range(nbv)]
         return out
 
-    body = ["  var pa%d: vec4<f32>;" % j for j in range(na)]
-    body += ["  var pb%d: vec4<f32>;" % j for j in range(nbv)]
-    body += ["  var c%d_%d = vec4<f32>(0.0);" % (r, g) for r in range(tm) for g in range(gj)]
+    body = ["  var pa%d: %s;" % (j, vt) for j in range(na)]
+    body += ["  var pb%d: %s;" % (j, vt) for j in range(nbv)]
+    body += ["  var c%d_%d = %s(0);" % (r, g, vt) for r in range(tm) for g in range(gj)]
+    # (WGSL has no integer fma)
+    madd = "fma(%s, %s, %s)" if acc == "f32" else "%s * %s + %s"
     body += fetch("k_begin") + stash("0u")
     body += ["  workgroupBarrier();", "  var cur = 0u;",
              "  for (var k0 = k_begin; k0 < k_end; k0 = k0 + %du) {" % bk]
@@ -284,8 +290,9 @@ fn main(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
     for kk in range(bk):
         body += ["    let a%d_%d = As[ao + %du];" % (kk, i, kk * sa + i * wy) for i in range(ri)]
         body += ["    let b%d_%d = Bs[bo + %du];" % (kk, g, kk * sb + g * wx) for g in range(gj)]
-        body += ["    c%d_%d = fma(vec4<f32>(a%d_%d[%d]), b%d_%d, c%d_%d);"
-                 % (r, g, kk, r // 4, r % 4, kk, g, r, g) for r in range(tm) for g in range(gj)]
+        body += ["    c%d_%d = %s;" % (r, g, madd % ("%s(a%d_%d[%d])" % (vt, kk, r // 4, r % 4),
+                                                   "b%d_%d" % (kk, g), "c%d_%d" % (r, g)))
+                 for r in range(tm) for g in range(gj)]
     body.append("    cur = 1u - cur;")
     body += stash("cur")
     body.append("    workgroupBarrier();\n  }")
@@ -375,9 +382,45 @@ def quantized_micro(m, n):
     return 4 if tiles >= QUANT_MIN_GROUPS else 2
 
 
+def quantized_tiling(m, n, cpu):
+    """The register-tiled loop's tiling (matmul.VARIANTS) for a quantized-B product, or None for
+    matmul_quantized_wgsl's tiles: the float32 matmul's rule (matmul.heuristic: reg64 once both
+    sides fill a 64 x 64 tile on a GPU); CPU adapters keep the simpler tiles, whose fewer
+    barriers they run faster."""
+    return None if cpu or m < 64 or n < 64 else "reg64"
+
+
 def quantized_per_word(q_dtype, bits):
     """Values of B in one u32 word of its packed storage (nibbles when bits == 4)."""
-    return 8 if bits == 4 else q_dtype.per_word
+    return PackedReader(q_dtype, bits, None, None).per_word
+
+
+def _quantized_b(reader, scale_dtype, zp_dtype, zp_bits):
+    """dequantized(raw, gk, gn): the multiplied value of B[gk, gn] of the quantized-B matmuls
+    whose packed value is `raw` (i32; a float16 B's f32): minus its block's zero point (or
+    P.z_default), times its block's scale (where scale_dtype)."""
+    P = matmul_quantized_layout()
+
+    def dequantized(raw, gk, gn):
+        if reader.is_float:   # a half model's weight: widened as loaded, no scale or zero point
+            return raw
+        blk = "(%s) / block" % gk
+        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % reader.at(
+            "z", "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]), zp_dtype, zp_bits)
+        scale = None if scale_dtype is None else "f32(%s)" % load(
+            scale_dtype, reader.storage, "s", "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"]))
+        return reader.dequantized(raw, zp, scale)
+    return dequantized
+
+
+def _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc):
+    """The quantized-B matmuls' bindings: a, q, s (scales), z (zero points), out."""
+    buffers = [("a", binding_type(a_dtype, storage), False), ("q", binding_type(q_dtype, storage), False)]
+    if scale_dtype is not None:
+        buffers.append(("s", binding_type(scale_dtype, storage), False))
+    if zp_dtype is not None:
+        buffers.append(("z", binding_type(zp_dtype, storage), False))
+    return buffers + [("out", acc, True)]
 
 
 def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, storage, words=None,
@@ -406,40 +449,9 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
     pw = quantized_per_word(q_dtype, bits)
     vec = "vec%d<%s>" % (R, acc)
 
-    def q_at(buf, dtype, nbits, index):
-        if nbits == 4:  # two values a byte, low nibble first: nibble e of the packed uint8 data
-            return "i32(extractBits(%s[(%s) / 8u], ((%s) %% 8u) * 4u, 4u))" % (buf, index, index)
-        return load(dtype, storage, buf, index)
-
-    def field(word, j):
-        """Value j of a packed word of B as i32."""
-        if bits == 4:
-            return "i32(extractBits(%s, %du, 4u))" % (word, 4 * j)
-        if q_dtype.name == "int8":
-            return "extractBits(bitcast<i32>(%s), %du, 8u)" % (word, 8 * j)
-        return "i32(extractBits(%s, %du, 8u))" % (word, 8 * j)
-
-    def dequantized(raw, gk, gn):
-        """The staged value of B[gk, gn] whose packed value is `raw` (i32; a float16 B's f32)."""
-        if q_dtype.is_float:   # a half model's weight: widened as loaded, no scale or zero point
-            return raw
-        blk = "(%s) / block" % gk
-        zp = "bitcast<i32>(%s)" % P["z_default"] if zp_dtype is None else "i32(%s)" % q_at(
-            "z", zp_dtype, zp_bits, "%s + %s * %s + (%s) * %s" % (P["z_off"], blk, P["z_sb"], gn, P["z_sn"]))
-        value = "(%s - %s)" % (raw, zp)
-        if scale_dtype is not None:
-            value = "f32%s * f32(%s)" % (value, load(
-                scale_dtype, storage, "s",
-                "%s + %s * %s + (%s) * %s" % (P["s_off"], blk, P["s_sb"], gn, P["s_sn"])))
-        return "%s(%s)" % (acc, value)
-
-    buffers = [("a", binding_type(a_dtype, storage), False),
-               ("q", binding_type(q_dtype, storage), False)]
-    if scale_dtype is not None:
-        buffers.append(("s", binding_type(scale_dtype, storage), False))
-    if zp_dtype is not None:
-        buffers.append(("z", binding_type(zp_dtype, storage), False))
-    buffers.append(("out", acc, True))
+    reader = PackedReader(q_dtype, bits, storage, acc)
+    dequantized = _quantized_b(reader, scale_dtype, zp_dtype, zp_bits)
+    buffers = _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc)
     # ta[k][m / R][m % R], tb[k][n / R][n % R]: a vector of R rows of A / columns of B
     shared = ("var<workgroup> ta: array<array<{vec}, {tr}>, {BK}>;\n"
               "var<workgroup> tb: array<array<{vec}, {tr}>, {BK}>;").format(vec=vec, tr=tile // R, BK=BK)
@@ -469,7 +481,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         for j in range(pw):
             lines.append("{ let gk = gk0 + %du; var v = %s(0); if (gn < N && gk < K) { v = %s; } "
                          "tb[kw + %du][bn / %du][bn %% %du] = v; }"
-                         % (j, acc, dequantized(field("word", j), "gk", "gn"), j, R, R))
+                         % (j, acc, dequantized(reader.field("word", j), "gk", "gn"), j, R, R))
         stage += staged(tile * BK // pw, lines)
     elif words == "n":
         per_row = tile // pw
@@ -479,7 +491,7 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
                  "if (gk < K && gn0 < N) { word = q[(%s) / %du]; }" % (q_index % ("gk", "gn0"), pw)]
         for j in range(pw):
             lines.append("var v%d = %s(0); if (gk < K && gn0 + %du < N) { v%d = %s; }"
-                         % (j, acc, j, j, dequantized(field("word", j), "gk", "gn0 + %du" % j)))
+                         % (j, acc, j, j, dequantized(reader.field("word", j), "gk", "gn0 + %du" % j)))
         lines += ["tb[bk][nw / %du + %du] = %s(%s);" % (R, g, vec, ", ".join("v%d" % (R * g + c) for c in range(R)))
                   for g in range(pw // R)]
         stage += staged(tile * BK // pw, lines)
@@ -487,14 +499,14 @@ def matmul_quantized_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits
         stage += staged(tile * BK, [
             "let bn = e / %du; let bk = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (BK, BK),
             "var v = %s(0);" % acc,
-            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(reader.at("q", q_index % ("gk", "gn")),
                                                               "gk", "gn"),
             "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     else:
         stage += staged(tile * BK, [
             "let bk = e / %du; let bn = e %% %du; let gk = k0 + bk; let gn = n0 + bn;" % (tile, tile),
             "var v = %s(0);" % acc,
-            "if (gk < K && gn < N) { v = %s; }" % dequantized(q_at("q", q_dtype, bits, q_index % ("gk", "gn")),
+            "if (gk < K && gn < N) { v = %s; }" % dequantized(reader.at("q", q_index % ("gk", "gn")),
                                                               "gk", "gn"),
             "tb[bk][bn / %du][bn %% %du] = v;" % (R, R)])
     madd = (lambda x, y, z: "fma(%s, %s, %s)" % (x, y, z)) if acc == "f32" else \
@@ -527,4 +539,67 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                            "      if (m < M && n < N) {{ out[m * N + n] = c{i}[j]; }}\n"
                            "    }}\n  }}".format(R=R, i=i) for i in range(R)))
     src = header(P.size, buffers, shared) + body
+    return helpers_for(src) + src
+
+
+def matmul_quantized_regtile_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype, zp_bits, storage, words, tiling):
+    """C = A @ dequantize(B) for large products on regtile_kernel's loop (the float32 matmul's
+    register tiles, double-buffered; `tiling` a matmul.VARIANTS reg* entry): same parameters,
+    bindings and results as matmul_quantized_wgsl, grid (ceil(cols / bn), ceil(rows / bm)).
+    Integer A sums in i32 (exact), float A in f32; B is dequantized as it is fetched. Where B is
+    stored (N, K) (words "k": 8-bit rows of whole words; "kv": float16) the product runs
+    transposed, C^T = B^T A^T, so that B is the loop's k-contiguous operand: a 4-deep quad of a
+    row of 8-bit B is one u32 word; A^T's columns are then read down A's rows. Elsewhere B is
+    the loop's B, a quad along n one word where B is stored (K, N) in whole words ("n")."""
+    P = matmul_quantized_layout()
+    acc = a_dtype.wgsl
+    reader = PackedReader(q_dtype, bits, storage, acc)
+    dequantized = _quantized_b(reader, scale_dtype, zp_dtype, zp_bits)
+    zero4 = "vec4<%s>(%s(0))" % (acc, acc)
+    q_index = "%s + (%%s) * %s + (%%s) * %s" % (P["q_off"], P["q_sk"], P["q_sn"])
+    a_index = "%s + (%%s) * K + %%s" % P["a_off"]
+    transposed = words in ("k", "kv")
+    rows, cols = ("N", "M") if transposed else ("M", "N")
+    word = reader.per_word == 4 and words in ("k", "n")
+
+    def b_quad(j, gk, gn, along_k):
+        """pa<j>/pb<j> = the 4 values of B from (gk, gn) along k or n."""
+        dst = ("pa%d" if along_k else "pb%d") % j
+        at = (lambda c: ("%s + %du" % (gk, c), gn)) if along_k else (lambda c: (gk, "%s + %du" % (gn, c)))
+        inside = "%s < N && %s < K" % (gn, gk)
+        if word:   # (whole words: the 4 values lie in one and are all inside)
+            return ["%s = %s; if (%s) { let word = q[(%s) / 4u];" % (dst, zero4, inside, q_index % (gk, gn))] + \
+                ["  %s[%d] = %s;" % (dst, c, dequantized(reader.field("word", c), *at(c))) for c in range(4)] + ["}"]
+        out = []
+        for c in range(4):
+            k_c, n_c = at(c)
+            out.append("%s[%d] = %s(0); if (%s < N && %s < K) { %s[%d] = %s; }"
+                       % (dst, c, acc, n_c, k_c, dst, c, dequantized(reader.at("q", q_index % (k_c, n_c)), k_c, n_c)))
+        return out
+
+    def a_quad(j, gm, gk, along_k):
+        dst = ("pa%d" if along_k else "pb%d") % j
+        at = (lambda c: (gm, "%s + %du" % (gk, c))) if along_k else (lambda c: ("%s + %du" % (gm, c), gk))
+        return ["%s[%d] = %s(0); if (%s < M && %s < K) { %s[%d] = a[%s]; }"
+                % (dst, c, acc, at(c)[0], at(c)[1], dst, c, a_index % at(c)) for c in range(4)]
+
+    if transposed:   # loop rows: n (B^T), loop columns: m (A^T)
+        load_a = lambda j: b_quad(j, "gk", "gm", True)    # noqa: E731
+        load_b = lambda j: a_quad(j, "gn", "gk", False)   # noqa: E731
+    else:
+        load_a = lambda j: a_quad(j, "gm", "gk", True)    # noqa: E731
+        load_b = lambda j: b_quad(j, "gk", "gn", False)   # noqa: E731
+    shared, entry, body, row_list, groups = regtile_kernel(
+        tiling.bm, tiling.bn, tiling.bk, tiling.tm, tiling.tn, tiling.lanes_x, tiling.pad_a, load_a, load_b,
+        lambda k0: "%s + %du" % (k0, tiling.bk), acc=acc)
+    prologue = ["  let M = %s; let N = %s; let K = %s; let block = %s;" % (P["M"], P["N"], P["K"], P["block"]),
+                "  let k_begin = 0u; let k_end = K;"]
+    stores = []
+    for n, g in groups:
+        for c in range(4):
+            for m, r in row_list:
+                stores.append("  { let row = %s; let col = %s + %du; if (row < %s && col < %s) { out[%s] = c%d_%d[%d]; } }"
+                              % (m, n, c, rows, cols, "col * N + row" if transposed else "row * N + col", r, g, c))
+    src = header(P.size, _quantized_buffers(a_dtype, q_dtype, scale_dtype, zp_dtype, storage, acc), shared) + \
+        entry + "\n" + "\n".join(prologue + body + stores) + "\n}\n"
     return helpers_for(src) + src

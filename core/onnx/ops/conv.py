@@ -5,7 +5,7 @@ import math
 import cinders as cn
 from ...dtypes import float32
 from ...functional import conv2d, conv_activation, max_pool2d
-from ...tensor import unfold2d
+from ...tensor import Tensor, unfold2d
 from ..proto import OnnxError
 from .base import op
 from .linalg import half_product, half_weight, widened
@@ -69,18 +69,24 @@ def Conv(X, W, B=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=
         x, w = _to_2d(X), _to_2d(W)
         strides, dilations = [1] + list(strides), [1] + list(dilations)
         begins, ends = [0] + list(begins), [0] + list(ends)
-    if group == 1 and half_weight(w, x):
-        out = _half_conv(x, w, B, strides, dilations, begins, ends, activation)
+    if half_weight(w, x) and (group == 1 or x.backend.half_conv2d):
+        out = _half_conv(x, w, B, strides, dilations, begins, ends, group, activation)
         return out.squeeze(2) if nd == 1 else out
     out = conv2d(x, widened(w), B, stride=tuple(strides), padding=tuple(zip(begins, ends)),
                  dilation=tuple(dilations), groups=group, activation=activation)
     return out.squeeze(2) if nd == 1 else out
 
 
-def _half_conv(x, w, bias, strides, dilations, begins, ends, activation):
-    """2-D convolution (group 1) with a half model's float16 weight W (O, C, kh, kw): the
-    unfolded image's rows times W, read k-contiguous and widened inside matmul_quantized
-    (linalg.half_product), then bias and activation."""
+def _half_conv(x, w, bias, strides, dilations, begins, ends, group, activation):
+    """2-D convolution with a half model's float16 weight W (O, C/group, kh, kw), then bias and
+    activation: in the backend's conv kernels, which widen W as they read it, where it declares
+    `half_conv2d` (core/backend.py), else (group 1) the unfolded image's rows times W, read
+    k-contiguous and widened inside matmul_quantized (linalg.half_product)."""
+    if x.backend.half_conv2d:
+        bias = None if bias is None else bias.cast(float32).reshape((-1,)).handle
+        out = x.backend.conv2d_quantized(x.handle, None, w.handle, None, None, bias, tuple(strides),
+                                         tuple(zip(begins, ends)), tuple(dilations), group)
+        return conv_activation(Tensor(x.backend, out, x.backend.shape(out), float32), activation)
     kernel = tuple(w.shape[2:])
     if begins != ends:   # unfold2d pads both sides alike: pad x itself first
         x, begins = _pad_spatial(x, begins, ends, 0.0), [0, 0]

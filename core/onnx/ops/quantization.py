@@ -28,8 +28,8 @@ product's input it hands the product the activation's scale (x_scale): its integ
 multiply W's 8-bit values in exact int32 sums (matmul_quantized's a_scale), as onnxruntime's
 QLinear kernels.
 
-A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy) has a convolution kernel of its
-own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
+A backend that declares `quantized_conv2d` (cn.Wasm, cn.NumPy, cn.Wgpu) has a convolution kernel
+of its own whose products are integers (`kernel_conv`, any group): ConvInteger and QLinearConv hand it
 the 8-bit x and its zero point; DequantizedConv, where its X is a QuantizeDequantize of 8-bit
 values (the importer then gives it that round trip's scale, x_scale), hands it float32 X, whose
 integers are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off), and gets
