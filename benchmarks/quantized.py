@@ -72,7 +72,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from timing import interleaved_median_ms  # noqa: E402
+from timing import interleaved_median_ms, torch_cuda_context  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -389,6 +389,7 @@ def wgpu_kernel_profile(path, feeds, repeat):
     """({kernel: [GPU ms per call, launches per call]}, device) of the model at path on cn.Wgpu(),
     from cn.profile's kernel timestamps."""
     import collections
+    torch_cuda_context()
     backend = cn.Wgpu()
     row, run = cinders_runner("wgpu", path, feeds, backend=backend)
     run()
@@ -471,6 +472,7 @@ def main():
                 rows[variant, stack] = dict(bench="quantized", model=name, variant=variant, stack=stack,
                                             file_bytes=os.path.getsize(path), **row)
                 runs[variant, stack] = run
+        torch_cuda_context()   # (the exports imported torch: see timing.py)
         ms = interleaved_median_ms(runs, args.repeat)
         outputs = {key: np.asarray(run(), np.float64) for key, run in runs.items()}
         print_rows(rows, ms, outputs, "ort", stacks)

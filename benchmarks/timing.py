@@ -1,5 +1,5 @@
 """The timing rules the benchmarks share: warm up, then the median of `repeat` runs, in ms; and
-where a GPU spends a forward pass, by kernel."""
+where a GPU spends a forward pass, by kernel; and torch's CUDA context before the GPU is timed."""
 import collections
 import statistics
 import time
@@ -46,3 +46,16 @@ def kernel_table(profile, top=12):
             seconds[event["name"]] += event.get("gpu_time") or 0.0
     rows = [[name, launches[name], round(s * 1e3, 4)] for name, s in seconds.most_common(top)]
     return round(sum(seconds.values()) * 1e3, 4), rows
+
+
+def torch_cuda_context():
+    """Give an imported torch its CUDA context before cn.Wgpu is timed. Measured on the lent
+    H200 (torch 2.11+cu130, wgpu on NVIDIA's Vulkan driver): after `import torch`, and until
+    torch creates a CUDA context, cn.Wgpu's kernels ran 5.7x slower in GPU time (a 512-channel
+    3x3 conv: 318 -> 1810 us; loading libcuda and cuInit alone did not do it; a CUDA tensor
+    undid it). Benchmarks that import torch only to export models call this; those that run
+    torch on CUDA already make the context."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
