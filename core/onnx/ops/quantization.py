@@ -70,14 +70,35 @@ def type_at(input_types, index):
     return input_types[index] if input_types and index < len(input_types) else None
 
 
+def check_params(op_name, shape, scale, zero_point, axis=1, block_size=0):
+    """Refuse a scale or zero point that does not fit a quantized value of `shape` as ONNX says
+    (onnxruntime refuses these too; a looser reading would answer a silently wrong number):
+    one value (per tensor), a 1-D tensor of shape[axis] values (per axis), or with block_size
+    x's shape with ceil(shape[axis] / block_size) along axis (opset 21 blocked); a zero point
+    has its scale's shape."""
+    if block_size < 0:
+        raise OnnxError("%s: block_size must be >= 0, not %d" % (op_name, block_size))
+    if block_size or scale.numel() != 1:
+        if not -len(shape) <= axis < max(len(shape), 1):
+            raise OnnxError("%s: axis %d is outside a value of shape %s" % (op_name, axis, tuple(shape)))
+        a = _axis(axis, len(shape))
+        fits = [-(-d // block_size) if i == a else d for i, d in enumerate(shape)] if block_size else [shape[a]]
+        if list(scale.shape) != fits:
+            raise OnnxError("%s: scale of shape %s does not fit a value of shape %s %s along axis %d (it needs %s)"
+                            % (op_name, tuple(scale.shape), tuple(shape),
+                               "in blocks of %d" % block_size if block_size else "per axis", a, tuple(fits)))
+    if zero_point is not None and (tuple(zero_point.shape) != tuple(scale.shape) and
+                                   not (zero_point.numel() == 1 and scale.numel() == 1)):
+        raise OnnxError("%s: zero point of shape %s, scale of shape %s: they must have one shape"
+                        % (op_name, tuple(zero_point.shape), tuple(scale.shape)))
+
+
 def per_axis(t, x, axis=1, block_size=0):
     """A scale or zero point shaped to broadcast against x: one value (per tensor), a 1-D tensor
-    along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked)."""
+    along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked); its shape
+    checked (`check_params`) by the op."""
     if block_size:
         a = _axis(axis, x.ndim)
-        if t.ndim != x.ndim or t.shape[a] * block_size < x.shape[a]:
-            raise OnnxError("blocked quantization: parameter shape %s does not cover %s in blocks of %d along "
-                            "axis %d" % (t.shape, x.shape, block_size, a))
         shape = list(t.shape)
         wide = t.unsqueeze(a + 1).expand(shape[:a + 1] + [block_size] + shape[a + 1:])
         return _slice_axis(wide.reshape(shape[:a] + [shape[a] * block_size] + shape[a + 1:]), a, 0, x.shape[a])
@@ -126,6 +147,7 @@ def centered(x, zero_point):
 
 @op()
 def DequantizeLinear(x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0, input_types=None):
+    check_params("DequantizeLinear", x.shape, x_scale, x_zero_point, axis, block_size)
     zp = None if x_zero_point is None else per_axis(x_zero_point, x, axis, block_size)
     return centered(x, zp) * per_axis(x_scale, x, axis, block_size)
 
@@ -138,6 +160,7 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     else:
         out_type = "uint8" if output_dtype == 0 else DATA_TYPES.get(output_dtype, ("type %d" % output_dtype,))[0]
     lo, hi = quant_range(out_type, "QuantizeLinear")
+    check_params("QuantizeLinear", x.shape, y_scale, y_zero_point, axis, block_size)
     zp = None if y_zero_point is None else per_axis(y_zero_point, x, axis, block_size)
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
 
@@ -555,6 +578,7 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     conv kernel computes the convolution."""
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
     shape = tuple(packed_shape or W.shape)
+    check_params("DequantizeLinear", shape, w_scale, w_zero_point, axis, block_size)
     quantized = packed_shape is not None or W.dtype in (int8, uint8)
     if len(shape) in (3, 5) and quantized and not block_size:   # 1-D, 3-D: as 2-D, W's bytes kept
         view = _as_2d_conv(X, W, w_scale, w_zero_point, axis, packed_shape, **conv_args)
@@ -644,6 +668,7 @@ def _column_blocks(a, w, w_scale, zp, block_size, transposed, k, n, bits, zp_def
 @op(domain=JOINED)
 def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                       packed_shape=None, packed_offset=0):
+    check_params("DequantizeLinear", tuple(packed_shape or W.shape), w_scale, w_zero_point, axis, block_size)
     out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale, packed_shape,
                                packed_offset) if A.ndim >= 2 else None
     if out is None:
@@ -655,6 +680,7 @@ def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, bl
 @op(domain=JOINED)
 def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                     alpha=1.0, beta=1.0, transA=0, transB=0, packed_shape=None, packed_offset=0):
+    check_params("DequantizeLinear", tuple(packed_shape or W.shape), w_scale, w_zero_point, axis, block_size)
     out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale,
                                                    packed_shape, packed_offset)
     if out is None:

@@ -1,0 +1,156 @@
+"""Hostile and odd quantized graphs, tried as a new user would (issue 28): each either answers
+what onnxruntime answers for the graph as written or is refused with an OnnxError, on every
+backend, never a silent number where onnxruntime refuses the graph, never an IndexError.
+
+The table: name -> (graph bytes, feeds). onnxruntime (optimizer off: its fusions quantize
+activations the graph does not) decides which outcome is right."""
+
+import numpy as np
+import pytest
+
+import cinders as cn
+from cinders.onnx import OnnxError, load
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto as TP  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+RNG = np.random.default_rng(2811)
+BACKENDS = {"python": cn.Python, "numpy": cn.NumPy, "wasm": cn.Wasm, "wgpu": lambda: cn.Wgpu(autotune=False)}
+A = RNG.standard_normal((2, 64)).astype(np.float32)
+MS = "com.microsoft"
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def backend(request):
+    return BACKENDS[request.param]()
+
+
+def _graph(nodes, inits, inputs=(("a", (2, 64)),)):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _t(name, onnx_type, values, shape=None):
+    values = np.asarray(values)
+    return helper.make_tensor(name, onnx_type, values.shape if shape is None else shape, values.ravel().tolist())
+
+
+def _int8_w(k=64, n=8):
+    return _t("w", TP.INT8, RNG.integers(-127, 128, (k, n)))
+
+
+def _dq_matmul(w, scale, zero_point=None, inputs=(("a", (2, 64)),), **attrs):
+    """DequantizeLinear(constant W) -> MatMul: the QDQ weight the importer joins (DequantizedMatMul)."""
+    names = ["w", "s"] + (["z"] if zero_point is not None else [])
+    inits = [w, scale] + ([zero_point] if zero_point is not None else [])
+    return _graph([helper.make_node("DequantizeLinear", names, ["wf"], **attrs),
+                   helper.make_node("MatMul", [inputs[0][0], "wf"], ["y"])], inits, inputs)
+
+
+def _nbits(packed, scales, zero_points=None, k=64, n=8):
+    inits = [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s")]
+    names = ["a", "w", "s"]
+    if zero_points is not None:
+        inits.append(numpy_helper.from_array(zero_points, "z"))
+        names.append("z")
+    return _graph([helper.make_node("MatMulNBits", names, ["y"], domain=MS, K=k, N=n, bits=4, block_size=32)], inits)
+
+
+def _bytes(*shape):
+    return RNG.integers(0, 256, shape).astype(np.uint8)
+
+
+def _floats(value, *shape):
+    return np.full(shape, value, np.float32)
+
+
+CASES = {
+    # zero point of another type than its value (ONNX: one type T; onnxruntime refuses)
+    "dq zero point uint8 for int8 weight": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 8)),
+                                                      _t("z", TP.UINT8, np.zeros(8, int)), axis=1),
+    "dq zero point int32 for int8 weight": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 8)),
+                                                      _t("z", TP.INT32, np.zeros(8, int)), axis=1),
+    "dq integer scale": _dq_matmul(_int8_w(), _t("s", TP.INT32, np.ones(8, int)), axis=1),
+    "q uint8 then dq with int8 zero point": _graph(
+        [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z8"], ["y"])],
+        [_t("s", TP.FLOAT, 0.1, ()), _t("z", TP.UINT8, 3, ()), _t("z8", TP.INT8, 0, ())]),
+    "MatMulInteger uint8 zero point for int8 B": _graph(
+        [helper.make_node("DynamicQuantizeLinear", ["a"], ["aq", "as", "az"]),
+         helper.make_node("MatMulInteger", ["aq", "w", "az", "wz"], ["i"]), helper.make_node("Cast", ["i"], ["y"], to=1)],
+        [numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),
+         numpy_helper.from_array(np.zeros(8, np.uint8), "wz")]),
+    # a scale of 0: onnxruntime's answer (zeros; QuantizeLinear saturates x / 0)
+    "dq scale 0": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.0, 8)), axis=1),
+    "q scale 0": _graph([helper.make_node("QuantizeLinear", ["a", "s", "z"], ["q"]),
+                         helper.make_node("DequantizeLinear", ["q", "one", "z"], ["y"])],
+                        [_t("s", TP.FLOAT, 0.0, ()), _t("one", TP.FLOAT, 1.0, ()), _t("z", TP.INT8, 0, ())]),
+    "DynamicQuantizeMatMul scale 0": _graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["a", "w", "s"], ["y"], domain=MS)],
+        [numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),
+         numpy_helper.from_array(_floats(0.0, 8), "s")]),
+    # 4-bit weights of an odd element count (the last byte half used)
+    "int4 weight (63, 5) per axis": _dq_matmul(_t("w", TP.INT4, RNG.integers(-8, 8, (63, 5))),
+                                               _t("s", TP.FLOAT, _floats(0.1, 5)), axis=1, inputs=(("a63", (2, 63)),)),
+    "uint4 weight (7, 3) per tensor": _dq_matmul(_t("w", TP.UINT4, RNG.integers(0, 16, (7, 3))), _t("s", TP.FLOAT, 0.1, ()),
+                                                 _t("z", TP.UINT4, 3, ()), inputs=(("a7", (2, 7)),)),
+    # parameters whose shape does not fit the weight (onnxruntime refuses at run time)
+    "blocked scale with a block too many": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 3, 8)),
+                                                      axis=0, block_size=32),
+    "blocked scale of other columns": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 2, 4)), axis=0, block_size=32),
+    "blocked zero point of another shape": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 2, 8)),
+                                                      _t("z", TP.INT8, np.zeros((2, 4), int)), axis=0, block_size=32),
+    "blocked int4 scale with a block too many": _dq_matmul(_t("w", TP.INT4, RNG.integers(-8, 8, (64, 8))),
+                                                           _t("s", TP.FLOAT, _floats(0.1, 3, 8)), axis=0, block_size=32),
+    "per-axis scale one short": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 7)), axis=1),
+    "2-D scale without block_size": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 2, 8)), axis=0),
+    "MatMulNBits scales one short": _nbits(_bytes(8, 2, 16), _floats(0.1, 15)),
+    "MatMulNBits packed weight of another shape": _nbits(_bytes(8, 2, 15), _floats(0.1, 16)),
+    "MatMulNBits zero points too few": _nbits(_bytes(8, 2, 16), _floats(0.1, 16), np.full(3, 0x88, np.uint8)),
+    "DynamicQuantizeMatMul scales of other columns": _graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["a", "w", "s"], ["y"], domain=MS)],
+        [numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),
+         numpy_helper.from_array(_floats(0.1, 5), "s")]),
+}
+
+
+def _feeds(data):
+    inputs = onnx.load_from_string(data).graph.input
+    return {vi.name: RNG.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+            for vi in inputs}
+
+
+FEEDS = {name: _feeds(data) for name, data in CASES.items()}
+
+
+def _onnxruntime(data, feeds):
+    """onnxruntime's answer for the graph as written, or None where it refuses the graph."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 4
+    try:
+        return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    except Exception:   # onnxruntime's own exception classes: it refuses the graph
+        return None
+
+
+EXPECTED = {name: _onnxruntime(data, FEEDS[name]) for name, data in CASES.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_answers_as_onnxruntime_or_refuses(backend, name):
+    expected, feeds = EXPECTED[name], FEEDS[name]
+
+    def run():
+        model = load(CASES[name], backend=backend)
+        return model(*[cn.tensor(v, backend=backend) for v in feeds.values()]).numpy()
+    if expected is None:
+        with pytest.raises(OnnxError):
+            run()
+    else:
+        np.testing.assert_allclose(run(), expected, rtol=1e-5, atol=1e-5)
