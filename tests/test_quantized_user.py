@@ -61,6 +61,28 @@ def _nbits(packed, scales, zero_points=None, k=64, n=8):
     return _graph([helper.make_node("MatMulNBits", names, ["y"], domain=MS, K=k, N=n, bits=4, block_size=32)], inits)
 
 
+def _qlinear_matmul(w_scale, w_zero_point):
+    """a quantized to uint8, QLinearMatMul by an int8 W (|w| <= 63: onnxruntime's uint8 x int8
+    kernels saturate pairs of products in int16 beyond), the result dequantized."""
+    return _graph([helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+                   helper.make_node("QLinearMatMul", ["aq", "s", "z", "w", "ws", "wz", "s", "z"], ["q"]),
+                   helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+                  [_t("s", TP.FLOAT, 0.05, ()), _t("z", TP.UINT8, 128, ()),
+                   numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),
+                   numpy_helper.from_array(w_scale, "ws"), numpy_helper.from_array(w_zero_point, "wz")])
+
+
+def _qlinear_conv(w_scale, w_zero_point):
+    """x (1, 4, 6, 6) quantized to uint8, QLinearConv by an int8 W (3, 4, 3, 3), dequantized."""
+    return _graph([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+                   helper.make_node("QLinearConv", ["xq", "s", "z", "w", "ws", "wz", "s", "z"], ["q"]),
+                   helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+                  [_t("s", TP.FLOAT, 0.05, ()), _t("z", TP.UINT8, 128, ()),
+                   numpy_helper.from_array(RNG.integers(-63, 64, (3, 4, 3, 3)).astype(np.int8), "w"),
+                   numpy_helper.from_array(w_scale, "ws"), numpy_helper.from_array(w_zero_point, "wz")],
+                  inputs=(("x", (1, 4, 6, 6)),))
+
+
 def _bytes(*shape):
     return RNG.integers(0, 256, shape).astype(np.uint8)
 
@@ -112,6 +134,20 @@ CASES = {
     "MatMulNBits scales one short": _nbits(_bytes(8, 2, 16), _floats(0.1, 15)),
     "MatMulNBits packed weight of another shape": _nbits(_bytes(8, 2, 15), _floats(0.1, 16)),
     "MatMulNBits zero points too few": _nbits(_bytes(8, 2, 16), _floats(0.1, 16), np.full(3, 0x88, np.uint8)),
+    "MatMulInteger zero point of other columns": _graph(
+        [helper.make_node("DynamicQuantizeLinear", ["a"], ["aq", "as", "az"]),
+         helper.make_node("MatMulInteger", ["aq", "w", "az", "wz"], ["i"]), helper.make_node("Cast", ["i"], ["y"], to=1)],
+        [numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),
+         numpy_helper.from_array(np.zeros(5, np.int8), "wz")]),
+    "QLinearMatMul scale of other columns": _qlinear_matmul(_floats(0.01, 5), np.zeros(5, np.int8)),
+    "QLinearConv weight scale of other channels": _qlinear_conv(_floats(0.01, 5), np.zeros(1, np.int8)),
+    "QLinearConv weight zero point of other channels": _qlinear_conv(_floats(0.01, 3), np.zeros(2, np.int8)),
+    "QLinearConv per channel": _qlinear_conv(_floats(0.01, 3), np.zeros(3, np.int8)),
+    "dq axis outside the weight": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 8)), axis=2),
+    "dq negative block_size": _dq_matmul(_int8_w(), _t("s", TP.FLOAT, _floats(0.1, 2, 8)), axis=0, block_size=-32),
+    "MatMulNBits block_size 0": _graph(
+        [helper.make_node("MatMulNBits", ["a", "w", "s"], ["y"], domain=MS, K=64, N=8, bits=4, block_size=0)],
+        [numpy_helper.from_array(_bytes(8, 2, 16), "w"), numpy_helper.from_array(_floats(0.1, 16), "s")]),
     "DynamicQuantizeMatMul scales of other columns": _graph(
         [helper.make_node("DynamicQuantizeMatMul", ["a", "w", "s"], ["y"], domain=MS)],
         [numpy_helper.from_array(RNG.integers(-63, 64, (64, 8)).astype(np.int8), "w"),

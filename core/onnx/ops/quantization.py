@@ -93,6 +93,15 @@ def check_params(op_name, shape, scale, zero_point, axis=1, block_size=0):
                         % (op_name, tuple(zero_point.shape), tuple(scale.shape)))
 
 
+def check_counts(op_name, params):
+    """params: (name, scale or zero point or None, count). Refuse one that is neither one value
+    nor `count` values along its last dim (one per row of A, column of B, output channel of W),
+    as onnxruntime refuses it: broadcasting it would answer a wrong number or fail far away."""
+    for name, p, count in params:
+        if p is not None and p.numel() != 1 and (p.ndim == 0 or p.shape[-1] != count):
+            raise OnnxError("%s: %s of shape %s: it needs one value or %d" % (op_name, name, tuple(p.shape), count))
+
+
 def per_axis(t, x, axis=1, block_size=0):
     """A scale or zero point shaped to broadcast against x: one value (per tensor), a 1-D tensor
     along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked); its shape
@@ -448,6 +457,8 @@ def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
 
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
+    check_counts("MatMulInteger", [("a_zero_point", a_zero_point, A.shape[-2] if A.ndim > 1 else 1),
+                                   ("b_zero_point", b_zero_point, B.shape[-1])])
     return integer_matmul(A, row_param(a_zero_point), B, column_param(b_zero_point))
 
 
@@ -489,6 +500,7 @@ def _channel_param(p, ndim):
 @op()
 def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
                 kernel_shape=None, pads=None, strides=None):
+    check_counts("ConvInteger", [("x_zero_point", x_zero_point, 1), ("w_zero_point", w_zero_point, w.shape[0])])
     return integer_conv(x, x_zero_point, w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
                                                                                 pads, strides))
 
@@ -502,6 +514,10 @@ def requantize(acc, multiplier, zero_point, out_type, op_name):
 
 @op()
 def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
+    rows = a.shape[-2] if a.ndim > 1 else 1
+    check_counts("QLinearMatMul", [("a_scale", a_scale, rows), ("a_zero_point", a_zero_point, rows),
+                                   ("b_scale", b_scale, b.shape[-1]), ("b_zero_point", b_zero_point, b.shape[-1]),
+                                   ("y_scale", y_scale, 1), ("y_zero_point", y_zero_point, 1)])
     acc = integer_matmul(a, row_param(a_zero_point), b, column_param(b_zero_point))
     multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
     return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
@@ -511,6 +527,9 @@ def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
 def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
                 input_types=None):
+    check_counts("QLinearConv", [("x_scale", x_scale, 1), ("x_zero_point", x_zero_point, 1),
+                                 ("w_scale", w_scale, w.shape[0]), ("w_zero_point", w_zero_point, w.shape[0]),
+                                 ("y_scale", y_scale, 1), ("y_zero_point", y_zero_point, 1)])
     acc = integer_conv(x, x_zero_point, w, w_zero_point, group,
                        **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
     if B is not None:

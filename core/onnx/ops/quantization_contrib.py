@@ -17,7 +17,7 @@ from .elementwise import LeakyRelu
 from .reductions import Softmax
 from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, QuantizedLayout, centered,
-                           column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
+                           check_counts, column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
                            quantize, quantized_product, requantize, type_at, unpack_nibbles)
 
 MS = "com.microsoft"
@@ -146,10 +146,8 @@ def QGemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=No
 def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
     """A quantized to uint8 at run time (DynamicQuantizeLinear), an exact integer product with B,
     scaled back by a_scale * b_scale."""
-    for name, p in (("b_scale", b_scale), ("b_zero_point", b_zero_point)):
-        if p is not None and p.numel() not in (1, B.shape[-1]):
-            raise OnnxError("DynamicQuantizeMatMul: %s has %d values for B's %d columns (one, or one a column)"
-                            % (name, p.numel(), B.shape[-1]))
+    check_counts("DynamicQuantizeMatMul", [("b_scale", b_scale, B.shape[-1]),
+                                           ("b_zero_point", b_zero_point, B.shape[-1])])
     a_q, a_scale, a_zp = DynamicQuantizeLinear(A, outputs=3)
     acc = integer_matmul(a_q, a_zp, B, column_param(b_zero_point))
     y = acc.cast(float32) * (a_scale * column_param(b_scale))
