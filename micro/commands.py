@@ -9,14 +9,18 @@ from ..cli import arg, command, shape_arg
                      "with an accuracy report", [
     arg("record", help="float32/float16 record (.safetensors), or an ONNX model (.onnx)"),
     arg("--out", required=True, help="int8 record, or quantized .onnx, to write"),
-    arg("--mode", choices=("q8", "q4"), default="q8",
-        help="ONNX only: q8 = int8 per-column weights (DynamicQuantizeMatMul), q4 = 4-bit blocks "
-             "of 32 (MatMulNBits); needs the onnx package"),
+    arg("--mode", choices=("q8", "q4"),
+        help="ONNX only (default q8): q8 = int8 per-column MatMul weights (DynamicQuantizeMatMul), "
+             "q4 = 4-bit blocks of 32 (MatMulNBits); in both Conv weights int8 per output channel "
+             "(DequantizeLinear); needs the onnx package"),
     arg("--batch", type=int, default=8, help="ONNX only: rows of random input for the accuracy report"),
 ])
 def quantize(args):
     if args.record.lower().endswith(".onnx"):
         return _quantize_onnx(args)
+    if args.mode is not None:
+        raise ValueError("--mode %s is for ONNX models: a record is quantized to int8 per channel (leave --mode out)"
+                         % args.mode)
     from .quantize import quantize_file
     quantize_file(args.record, args.out)
     print("wrote %s (int8 per-channel weights, float32 scales)" % args.out, flush=True)
@@ -25,10 +29,11 @@ def quantize(args):
 
 def _quantize_onnx(args):
     from ..onnx.quantize import accuracy, quantize_model, random_inputs
-    count = quantize_model(args.record, args.out, args.mode)
+    mode = args.mode or "q8"
+    matmuls, convs = quantize_model(args.record, args.out, mode)
     report = accuracy(args.record, args.out, random_inputs(args.record, batch=args.batch))
-    print("wrote %s (%s: %d MatMul weights quantized; %d -> %d bytes)"
-          % (args.out, args.mode, count, os.path.getsize(args.record), os.path.getsize(args.out)))
+    print("wrote %s (%s: %d MatMul weights quantized, %d Conv weights int8; %d -> %d bytes)"
+          % (args.out, mode, matmuls, convs, os.path.getsize(args.record), os.path.getsize(args.out)))
     print("accuracy on random inputs (batch %d): max error %.6g, argmax agreement %.1f%%"
           % (args.batch, report["max_error"], 100 * report["argmax_agreement"]), flush=True)
     return 0

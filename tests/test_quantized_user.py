@@ -5,6 +5,8 @@ backend, never a silent number where onnxruntime refuses the graph, never an Ind
 The table: name -> (graph bytes, feeds). onnxruntime (optimizer off: its fusions quantize
 activations the graph does not) decides which outcome is right."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -190,3 +192,91 @@ def test_answers_as_onnxruntime_or_refuses(backend, name):
             run()
     else:
         np.testing.assert_allclose(run(), expected, rtol=1e-5, atol=1e-5)
+
+
+# ---- `cinders quantize` as a user runs it ----------------------------------------------------
+
+def _cnn(path, depthwise=False):
+    """A float CNN (opset 17, as torch exports): Conv -> Relu -> Conv (grouped where depthwise)
+    -> GlobalAveragePool -> Flatten -> Gemm: its weights are nearly all Conv weights."""
+    inits = [numpy_helper.from_array(RNG.standard_normal(s).astype(np.float32) / 8, n) for n, s in
+             (("w1", (32, 8, 3, 3)), ("b1", (32,)), ("w2", (32, 1, 3, 3) if depthwise else (16, 32, 3, 3)),
+              ("fc", (10, 32 if depthwise else 16)), ("fb", (10,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], group=32 if depthwise else 1),
+             helper.make_node("GlobalAveragePool", ["c2"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TP.FLOAT, ("batch", 8, 16, 16))],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _held(backend):
+    """Bytes backend holds: cn.Wgpu's device buffers, cn.Wasm's heap blocks."""
+    backend.synchronize()
+    return backend.memory_stats()["allocated_bytes"] if backend.name == "wgpu" else backend.heap.in_use
+
+
+@pytest.mark.parametrize("mode", ["q8", "q4"])
+@pytest.mark.parametrize("depthwise", [False, True], ids=["dense", "depthwise"])
+def test_quantize_makes_conv_weights_int8(backend, tmp_path, capsys, mode, depthwise):
+    """A CNN's Conv weights, not only its Gemm, become int8 (per output channel): the file and
+    the weights held on cn.Wasm / cn.Wgpu take about a quarter of the float32 bytes, and every
+    backend answers what onnxruntime answers for the quantized file."""
+    from cinders import cli
+    src = _cnn(str(tmp_path / "cnn.onnx"), depthwise)
+    out = str(tmp_path / "cnn-q.onnx")
+    assert cli.main(["quantize", src, "--out", out, "--mode", mode]) == 0
+    assert "1 MatMul weights quantized, 2 Conv weights int8" in capsys.readouterr().out
+    weights = [t for t in onnx.load(out).graph.initializer if len(t.dims) == 4]
+    assert sorted(t.data_type for t in weights) == [TP.INT8, TP.INT8]
+    assert os.path.getsize(out) < os.path.getsize(src) / 3
+    x = RNG.standard_normal((2, 8, 16, 16)).astype(np.float32)
+    want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sizes = []
+    for path in (src, out):
+        before = _held(backend) if backend.name in ("wgpu", "wasm") else 0
+        model = load(path, backend=backend)
+        sizes.append(_held(backend) - before if backend.name in ("wgpu", "wasm") else 0)
+        got = model(cn.tensor(x, backend=backend)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    if backend.name in ("wgpu", "wasm"):
+        assert sizes[1] < sizes[0] * 0.3
+
+
+def test_quantize_refuses_mode_for_a_record_and_a_file_that_is_no_model(tmp_path, capsys):
+    """--mode q4 on a record would silently write int8; a corrupt .onnx gave protobuf's trace."""
+    from cinders import cli
+    record = os.path.join(os.path.dirname(__file__), "..", "web_demos", "models", "mnist-mlp.safetensors")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is no ONNX model\n")
+    assert cli.main(["quantize", str(junk), "--out", str(tmp_path / "x.onnx")]) != 0
+    assert "ONNX file corrupt" in capsys.readouterr().err
+    assert cli.main(["quantize", record, "--out", str(tmp_path / "x.safetensors"), "--mode", "q4"]) != 0
+    assert "--mode q4 is for ONNX models" in capsys.readouterr().err
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+@pytest.mark.parametrize("mode", ["q8", "q4"])
+def test_quantize_unnamed_nodes(tmp_path, mode):
+    """Nodes without names (ONNX allows them; hand-made graphs have them): the nodes quantize
+    adds get names of their own, never two alike (onnxruntime refuses a graph that has those)."""
+    from cinders.onnx.quantize import quantize_model
+    inits = [numpy_helper.from_array(RNG.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w1", (64, 32)), ("b1", (32,)), ("w2", (32, 16)), ("b2", (16,)))]
+    graph = helper.make_graph([helper.make_node("Gemm", ["a", "w1", "b1"], ["h"]),
+                               helper.make_node("Gemm", ["h", "w2", "b2"], ["y"])], "mlp",
+                              [helper.make_tensor_value_info("a", TP.FLOAT, (2, 64))],
+                              [helper.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src, out = str(tmp_path / "mlp.onnx"), str(tmp_path / "mlp-q.onnx")
+    onnx.save(model, src)
+    assert quantize_model(src, out, mode) == (2, 0)
+    want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"a": A})[0]
+    np.testing.assert_allclose(load(out, backend=cn.NumPy())(cn.tensor(A, backend=cn.NumPy())).numpy(), want,
+                               rtol=1e-4, atol=1e-4)
