@@ -280,3 +280,18 @@ def test_quantize_unnamed_nodes(tmp_path, mode):
     want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"a": A})[0]
     np.testing.assert_allclose(load(out, backend=cn.NumPy())(cn.tensor(A, backend=cn.NumPy())).numpy(), want,
                                rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_refuses_a_float16_model(tmp_path, capsys):
+    """A float16 model's MatMul became DynamicQuantizeMatMul of a float16 input: a graph
+    onnxruntime refuses (and cinders ran). Refused with the way out instead."""
+    from cinders import cli
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "half",
+                              [helper.make_tensor_value_info("a", TP.FLOAT16, (2, 64))],
+                              [helper.make_tensor_value_info("y", TP.FLOAT16, None)],
+                              [numpy_helper.from_array(RNG.standard_normal((64, 8)).astype(np.float16), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "half.onnx"))
+    assert cli.main(["quantize", str(tmp_path / "half.onnx"), "--out", str(tmp_path / "q.onnx")]) != 0
+    assert "float32 original" in capsys.readouterr().err and not (tmp_path / "q.onnx").exists()

@@ -5,7 +5,9 @@ an Add) whose B is a 2-D float initializer used only there becomes com.microsoft
 DynamicQuantizeMatMul with int8 weights, symmetric per output column (scale = max|w| / 63: Q8_MAX);
 the activations are quantized at run time. q4: com.microsoft MatMulNBits, 4-bit blocks of 32
 along K per output column, symmetric (scale = max|w| / 7, value + 8 stored as uint4, two per
-byte, low nibble first; no zero_points input, so the default 8 applies). In both modes a Conv
+byte, low nibble first; no zero_points input, so the default 8 applies). Only float32 weights
+are quantized (DynamicQuantizeMatMul computes in float32: a float16 model's products would
+mix types onnxruntime refuses). In both modes a Conv
 (1-D, 2-D or 3-D) whose W is a float32 initializer used only there reads it through
 DequantizeLinear(int8 W, one scale per output channel, axis 0) (opset 13 and later; 4-bit
 DequantizeLinear would need opset 21): cinders keeps W 8-bit (the QDQ weight path of
@@ -113,7 +115,7 @@ def quantize_model(src, dst, mode):
         gemm = _plain_gemm(node, onnx)
         b = node.input[1] if (node.op_type == "MatMul" and node.domain in ("", "ai.onnx")) or gemm else None
         t = inits.get(b)
-        if t is None or len(t.dims) != 2 or t.data_type not in (1, 10, 11) or used[b] != 1:
+        if t is None or len(t.dims) != 2 or t.data_type != 1 or used[b] != 1:
             nodes.append(node)
             continue
         w = numpy_helper.to_array(t).astype(np.float32)
@@ -143,8 +145,8 @@ def quantize_model(src, dst, mode):
             nodes.append(add)
         count += 1
     if not count and not convs:
-        raise QuantizeError("quantize: %s has no MatMul, Gemm or Conv with a constant float weight to quantize"
-                            % (src,))
+        raise QuantizeError("quantize: %s has no MatMul, Gemm or Conv with a constant float32 weight to quantize "
+                            "(quantize a float16 model's float32 original)" % (src,))
     kept = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(kept)
