@@ -295,3 +295,27 @@ def test_quantize_refuses_a_float16_model(tmp_path, capsys):
     onnx.save(model, str(tmp_path / "half.onnx"))
     assert cli.main(["quantize", str(tmp_path / "half.onnx"), "--out", str(tmp_path / "q.onnx")]) != 0
     assert "float32 original" in capsys.readouterr().err and not (tmp_path / "q.onnx").exists()
+
+
+def test_quantize_reports_accuracy_on_the_users_data(tmp_path, capsys):
+    """The accuracy report runs on --data (a .npz by input name for ONNX, a JSON list as
+    `cinders predict` reads for a record), and a record gets a report too (random samples of its
+    model's input shape); a --data file that does not fit is refused before anything is written."""
+    import json
+    from cinders import cli
+    src = _cnn(str(tmp_path / "cnn.onnx"))
+    np.savez(tmp_path / "x.npz", x=RNG.standard_normal((3, 8, 16, 16)).astype(np.float32))
+    assert cli.main(["quantize", src, "--out", str(tmp_path / "q.onnx"), "--data", str(tmp_path / "x.npz")]) == 0
+    assert "accuracy on %s: max error" % (tmp_path / "x.npz") in capsys.readouterr().out
+    np.savez(tmp_path / "other.npz", image=np.zeros((1, 8, 16, 16), np.float32))
+    assert cli.main(["quantize", src, "--out", str(tmp_path / "q2.onnx"), "--data", str(tmp_path / "other.npz")]) != 0
+    assert "lacks the inputs x" in capsys.readouterr().err and not (tmp_path / "q2.onnx").exists()
+    record = os.path.join(os.path.dirname(__file__), "..", "web_demos", "models", "mnist-mlp.safetensors")
+    digits = tmp_path / "digits.json"
+    digits.write_text(json.dumps(RNG.uniform(0, 1, (2, 1, 28, 28)).round(3).tolist()))
+    assert cli.main(["quantize", record, "--out", str(tmp_path / "q.safetensors"), "--data", str(digits)]) == 0
+    printed = capsys.readouterr().out
+    report = printed.split("accuracy on %s: max error " % digits)[1]
+    assert 0 < float(report.split(",")[0]) < 0.5 and "argmax agreement" in report
+    assert cli.main(["quantize", record, "--out", str(tmp_path / "r.safetensors")]) == 0
+    assert "accuracy on random inputs (batch 8): max error" in capsys.readouterr().out
