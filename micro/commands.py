@@ -60,13 +60,16 @@ def _record_report(args, data):
 
 
 def _report(source, reference, quantized):
-    """Print the largest absolute difference of the two outputs and the share of rows (along the
+    """Print the largest absolute difference of the two outputs (and its share of the largest
+    reference value: random weights can give outputs near 0) and the share of rows (along the
     last dim) whose argmax agree."""
     error = (reference - quantized).abs().max().item()
+    largest = reference.abs().max().item()
     rows = [t.reshape((-1, t.shape[-1] if t.ndim else 1)).tolist() for t in (reference, quantized)]
     agree = sum(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
                 for a, b in zip(*rows)) / len(rows[0])
-    print("accuracy on %s: max error %.6g, argmax agreement %.1f%%" % (source, error, 100 * agree), flush=True)
+    print("accuracy on %s: max error %.6g (%.3g%% of the largest output), argmax agreement %.1f%%"
+          % (source, error, 100 * error / largest if largest else 0.0, 100 * agree), flush=True)
 
 
 def _quantize_onnx(args):
