@@ -9,28 +9,80 @@ from ..cli import arg, command, shape_arg
                      "with an accuracy report", [
     arg("record", help="float32/float16 record (.safetensors), or an ONNX model (.onnx)"),
     arg("--out", required=True, help="int8 record, or quantized .onnx, to write"),
-    arg("--mode", choices=("q8", "q4"), default="q8",
-        help="ONNX only: q8 = int8 per-column weights (DynamicQuantizeMatMul), q4 = 4-bit blocks "
-             "of 32 (MatMulNBits); needs the onnx package"),
-    arg("--batch", type=int, default=8, help="ONNX only: rows of random input for the accuracy report"),
+    arg("--mode", choices=("q8", "q4"),
+        help="ONNX only (default q8): q8 = int8 per-column MatMul weights (DynamicQuantizeMatMul), "
+             "q4 = 4-bit blocks of 32 (MatMulNBits); in both Conv weights int8 per output channel "
+             "(DequantizeLinear); needs the onnx package"),
+    arg("--batch", type=int, default=8, help="rows of random input for the accuracy report"),
+    arg("--data", metavar="FILE", help="inputs for the accuracy report instead of random ones: for an ONNX "
+                                       "model a .npz with one array per input name or a .npy of the one "
+                                       "input; for a record a JSON list (one sample or a batch, as "
+                                       "`cinders predict` reads)"),
 ])
 def quantize(args):
     if args.record.lower().endswith(".onnx"):
         return _quantize_onnx(args)
+    if args.mode is not None:
+        raise ValueError("--mode %s is for ONNX models: a record is quantized to int8 per channel (leave --mode out)"
+                         % args.mode)
+    from ..cli import read_json_file
     from .quantize import quantize_file
+    data = read_json_file(args.data) if args.data else None   # a bad file is refused before writing
     quantize_file(args.record, args.out)
-    print("wrote %s (int8 per-channel weights, float32 scales)" % args.out, flush=True)
+    print("wrote %s (int8 per-channel weights, float32 scales; %d -> %d bytes)"
+          % (args.out, os.path.getsize(args.record), os.path.getsize(args.out)), flush=True)
+    _record_report(args, data)
     return 0
 
 
+def _record_report(args, data):
+    """The accuracy report of an int8 record: both records' models on the --data inputs (what
+    `cinders predict` or `eval --data` reads), or on --batch random samples of the shape the
+    record (else the model class) states."""
+    import cinders as cn
+    from ..cli import flat_numbers, input_batch, input_shape_of
+    from ..record import load_model, read_header
+    models = [load_model(path) for path in (args.record, args.out)]
+    meta = read_header(args.record)[0]
+    if data is not None:
+        numbers = flat_numbers(data["inputs"] if isinstance(data, dict) and "inputs" in data else data, args.data)
+        values, shape = input_batch(numbers, input_shape_of(models[0], meta, None, len(numbers)), args.data,
+                                    models[0])
+        x, source = cn.tensor(values).reshape(shape), args.data
+    else:
+        shape = input_shape_of(models[0], meta)
+        if shape is None:
+            print("no accuracy report: the record states no input shape (give --data)", flush=True)
+            return
+        x = cn.random((args.batch,) + tuple(shape), distribution="normal", seed=0)
+        source = "random inputs (batch %d)" % args.batch
+    _report(source, *[model(x) for model in models])
+
+
+def _report(source, reference, quantized):
+    """Print the largest absolute difference of the two outputs (and its share of the largest
+    reference value: random weights can give outputs near 0) and the share of rows (along the
+    last dim) whose argmax agree."""
+    error = (reference - quantized).abs().max().item()
+    largest = reference.abs().max().item()
+    rows = [t.reshape((-1, t.shape[-1] if t.ndim else 1)).tolist() for t in (reference, quantized)]
+    agree = sum(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
+                for a, b in zip(*rows)) / len(rows[0])
+    print("accuracy on %s: max error %.6g (%.3g%% of the largest output), argmax agreement %.1f%%"
+          % (source, error, 100 * error / largest if largest else 0.0, 100 * agree), flush=True)
+
+
 def _quantize_onnx(args):
-    from ..onnx.quantize import accuracy, quantize_model, random_inputs
-    count = quantize_model(args.record, args.out, args.mode)
-    report = accuracy(args.record, args.out, random_inputs(args.record, batch=args.batch))
-    print("wrote %s (%s: %d MatMul weights quantized; %d -> %d bytes)"
-          % (args.out, args.mode, count, os.path.getsize(args.record), os.path.getsize(args.out)))
-    print("accuracy on random inputs (batch %d): max error %.6g, argmax agreement %.1f%%"
-          % (args.batch, report["max_error"], 100 * report["argmax_agreement"]), flush=True)
+    from ..onnx.quantize import outputs, quantize_model, random_inputs, read_inputs
+    mode = args.mode or "q8"
+    feeds = random_inputs(args.record, batch=args.batch)
+    if args.data:
+        feeds = read_inputs(args.data, list(feeds))   # a bad file is refused before writing
+    matmuls, convs = quantize_model(args.record, args.out, mode)
+    reference, quantized = outputs(args.record, args.out, feeds)
+    print("wrote %s (%s: %d MatMul weights quantized, %d Conv weights int8; %d -> %d bytes)"
+          % (args.out, mode, matmuls, convs, os.path.getsize(args.record), os.path.getsize(args.out)))
+    _report(args.data or "random inputs (batch %d)" % args.batch, reference, quantized)
     return 0
 
 

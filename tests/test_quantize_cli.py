@@ -76,5 +76,5 @@ def test_quantize_refuses_a_model_without_weights(tmp_path, capsys):
     path = str(tmp_path / "relu.onnx")
     onnx.save(onnx.helper.make_model(graph), path)
     assert cli.main(["quantize", path, "--out", str(tmp_path / "q.onnx")]) != 0
-    assert "no MatMul or Gemm" in capsys.readouterr().err
+    assert "no MatMul, Gemm or Conv" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "q.onnx")

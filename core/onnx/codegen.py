@@ -551,7 +551,8 @@ def generate(model, external=None, class_name="Model", source_name="model.onnx",
               if element_type(vi.type)[0] == "float16"]
     # Quantized weights stay 8-bit and Q -> DQ pairs join (the op's kernels read them); activations
     # fold into convs in this source only: the layer-style one keeps its ReLU layers.
-    nodes = quantized_activation_inputs(requantized_activations(dequantized_weights(graph.node, constants, graph.output),
+    nodes = check_quantized_types(graph.node, constants, scope.types)
+    nodes = quantized_activation_inputs(requantized_activations(dequantized_weights(nodes, constants, graph.output),
                                                           constants, graph.output), constants)
     known.update(constants)   # (packed 4-bit weights are new constants)
     lines += scope.emit(fold_conv_activations(nodes, constants, [vi.name for vi in graph.output]))
@@ -714,6 +715,46 @@ def dequantized_weights(nodes, constants, graph_outputs):
     if not joined:
         return nodes
     return [joined.get(id(n), n) for n in nodes if id(n) not in dropped]
+
+
+# ONNX's type constraints of the quantized ops, as onnxruntime enforces them at load: (pairs of
+# inputs of one type: a value and its zero point, inputs that are scales). A zero point of
+# another type than its value would saturate to the wrong range, a scale that is no float
+# would scale by its bits: refused at import instead.
+QUANTIZED_TYPE_RULES = {
+    ("", "DequantizeLinear"): (((0, 2),), (1,)),
+    ("", "QuantizeLinear"): ((), (1,)),
+    ("", "MatMulInteger"): (((0, 2), (1, 3)), ()),
+    ("", "ConvInteger"): (((0, 2), (1, 3)), ()),
+    ("", "QLinearMatMul"): (((0, 2), (3, 5)), (1, 4, 6)),
+    ("", "QLinearConv"): (((0, 2), (3, 5)), (1, 4, 6)),
+    ("com.microsoft", "DynamicQuantizeMatMul"): (((1, 3),), (2,)),
+}
+SCALE_TYPES = ("float32", "float16", "bfloat16")
+
+
+def check_quantized_types(nodes, constants, types):
+    """The nodes, once every quantized op among them has inputs of the types ONNX allows
+    (`QUANTIZED_TYPE_RULES`) where the graph states them."""
+    for node in nodes:
+        rule = QUANTIZED_TYPE_RULES.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
+        if rule is None:
+            continue
+        names = onnx_ops.REGISTRY[("" if node.domain == "ai.onnx" else node.domain, node.op_type)].inputs
+
+        def type_of(i):
+            name = node.input[i] if i < len(node.input) else ""
+            return (constants[name].onnx_type if name in constants else types.get(name)) if name else None
+        pairs, scales = rule
+        for i, j in pairs:
+            if type_of(i) and type_of(j) and type_of(i) != type_of(j):
+                raise OnnxError("node %s (%s): %s is %s but %s is %s; ONNX requires one type"
+                                % (ascii(node.name), node.op_type, names[j], type_of(j), names[i], type_of(i)))
+        for i in scales:
+            if type_of(i) and type_of(i) not in SCALE_TYPES:
+                raise OnnxError("node %s (%s): %s is %s; a scale is float32, float16 or bfloat16"
+                                % (ascii(node.name), node.op_type, names[i], type_of(i)))
+    return nodes
 
 
 FOUR_BIT_TYPES = ("int4", "uint4")

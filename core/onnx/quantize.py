@@ -1,11 +1,17 @@
-"""`cinders quantize MODEL.onnx`: q8 and q4 versions of an ONNX model's MatMul weights.
+"""`cinders quantize MODEL.onnx`: q8 and q4 versions of an ONNX model's MatMul and Conv weights.
 
 q8 (dynamic): every MatMul (or Gemm with alpha = beta = 1 and A not transposed; its bias becomes
 an Add) whose B is a 2-D float initializer used only there becomes com.microsoft
 DynamicQuantizeMatMul with int8 weights, symmetric per output column (scale = max|w| / 63: Q8_MAX);
 the activations are quantized at run time. q4: com.microsoft MatMulNBits, 4-bit blocks of 32
 along K per output column, symmetric (scale = max|w| / 7, value + 8 stored as uint4, two per
-byte, low nibble first; no zero_points input, so the default 8 applies). Both run in onnxruntime
+byte, low nibble first; no zero_points input, so the default 8 applies). Only float32 weights
+are quantized (DynamicQuantizeMatMul computes in float32: a float16 model's products would
+mix types onnxruntime refuses). In both modes a Conv
+(1-D, 2-D or 3-D) whose W is a float32 initializer used only there reads it through
+DequantizeLinear(int8 W, one scale per output channel, axis 0) (opset 13 and later; 4-bit
+DequantizeLinear would need opset 21): cinders keeps W 8-bit (the QDQ weight path of
+ops/quantization.py), onnxruntime dequantizes it and runs its float conv. Both run in onnxruntime
 and in cinders. Writing ONNX needs the `onnx` package (the [onnx] extra): this is a desktop
 command, the importer itself does not need it.
 """
@@ -13,6 +19,9 @@ command, the importer itself does not need it.
 import numpy as np
 
 from ..errors import CindersError
+from ..files import read_regular
+from . import MAX_FILE_BYTES
+from .proto import read_model
 
 MODES = ("q8", "q4")
 BLOCK = 32
@@ -39,12 +48,19 @@ def _onnx():
 Q8_MAX = 63
 
 
-def quantize_q8(w):
+def quantize_q8(w, q_max=Q8_MAX):
     """(int8 weights, float32 scales per column) of a float (K, N) matrix."""
-    scale = np.abs(w).max(axis=0) / Q8_MAX
+    scale = np.abs(w).max(axis=0) / q_max
     scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-    q = np.clip(np.rint(w / scale), -Q8_MAX, Q8_MAX).astype(np.int8)
+    q = np.clip(np.rint(w / scale), -q_max, q_max).astype(np.int8)
     return q, scale
+
+
+def quantize_conv_weight(w):
+    """(int8 weights, float32 scales per output channel) of a float conv weight (O, C, ...):
+    the full int8 range (no integer kernel of onnxruntime reads a weight-only DequantizeLinear)."""
+    q, scale = quantize_q8(w.reshape(w.shape[0], -1).T, 127)
+    return np.ascontiguousarray(q.T).reshape(w.shape), scale
 
 
 def quantize_q4(w):
@@ -64,23 +80,40 @@ def quantize_q4(w):
 
 def quantize_model(src, dst, mode):
     """Write `dst`, the `mode` ("q8"/"q4") version of the ONNX model at `src`; returns the
-    number of MatMuls quantized."""
+    numbers of MatMul (or Gemm) and Conv weights quantized."""
     if mode not in MODES:
         raise QuantizeError("quantize: mode must be one of %s, not %r" % (", ".join(MODES), mode))
     onnx, numpy_helper = _onnx()
-    model = onnx.load(src)
+    model = _load(src)
     graph = model.graph
+    opset = max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [1])
     inits = {t.name: t for t in graph.initializer}
     used = {}
     for node in graph.node:
         for name in node.input:
             used[name] = used.get(name, 0) + 1
-    nodes, count, dropped = [], 0, set()
+    nodes, count, convs, dropped = [], 0, 0, set()
     for node in graph.node:
+        w_name = node.input[1] if node.op_type == "Conv" and node.domain in ("", "ai.onnx") and opset >= 13 \
+            and len(node.input) > 1 else None
+        t = inits.get(w_name)
+        if t is not None and 3 <= len(t.dims) <= 5 and t.data_type == 1 and used[w_name] == 1:
+            q, scale = quantize_conv_weight(numpy_helper.to_array(t))
+            graph.initializer.extend([numpy_helper.from_array(q, w_name + "_q8"),
+                                      numpy_helper.from_array(scale, w_name + "_scale")])
+            nodes.append(onnx.helper.make_node("DequantizeLinear", [w_name + "_q8", w_name + "_scale"],
+                                               [w_name + "_dequantized"], name=w_name + "_dequantize", axis=0))
+            conv = onnx.NodeProto()
+            conv.CopyFrom(node)
+            conv.input[1] = w_name + "_dequantized"
+            nodes.append(conv)
+            dropped.add(w_name)
+            convs += 1
+            continue
         gemm = _plain_gemm(node, onnx)
         b = node.input[1] if (node.op_type == "MatMul" and node.domain in ("", "ai.onnx")) or gemm else None
         t = inits.get(b)
-        if t is None or len(t.dims) != 2 or t.data_type not in (1, 10, 11) or used[b] != 1:
+        if t is None or len(t.dims) != 2 or t.data_type != 1 or used[b] != 1:
             nodes.append(node)
             continue
         w = numpy_helper.to_array(t).astype(np.float32)
@@ -89,7 +122,7 @@ def quantize_model(src, dst, mode):
         outputs = list(node.output)
         if gemm and len(node.input) > 2 and node.input[2]:  # Gemm's bias: an Add after the product
             product = node.output[0] + "_product"
-            add = onnx.helper.make_node("Add", [product, node.input[2]], outputs, name=node.name + "_bias")
+            add = onnx.helper.make_node("Add", [product, node.input[2]], outputs, name=(node.name or node.output[0]) + "_bias")
             outputs = [product]
         k, n = w.shape
         if mode == "q8":
@@ -109,8 +142,9 @@ def quantize_model(src, dst, mode):
         if outputs != list(node.output):
             nodes.append(add)
         count += 1
-    if not count:
-        raise QuantizeError("quantize: %s has no MatMul or Gemm with a constant 2-D float weight to quantize" % (src,))
+    if not count and not convs:
+        raise QuantizeError("quantize: %s has no MatMul, Gemm or Conv with a constant float32 weight to quantize "
+                            "(quantize a float16 model's float32 original)" % (src,))
     kept = [t for t in graph.initializer if t.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(kept)
@@ -119,7 +153,15 @@ def quantize_model(src, dst, mode):
     if not any(o.domain == _MS for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(_MS, 1))
     onnx.save(model, dst)
-    return count
+    return count, convs
+
+
+def _load(path, load_external_data=True):
+    """The onnx package's ModelProto of the file at `path`, read by cinders' own reader first: what
+    is no ONNX model gets its one-line OnnxError, not protobuf's trace."""
+    onnx, _ = _onnx()
+    read_model(read_regular(path, QuantizeError, "ONNX file", MAX_FILE_BYTES))
+    return onnx.load(path, load_external_data=load_external_data)
 
 
 def _plain_gemm(node, onnx):
@@ -134,8 +176,7 @@ def _plain_gemm(node, onnx):
 
 def random_inputs(path, seed=0, batch=1):
     """{input name: float32/int array} for every graph input (dynamic dims get `batch`)."""
-    onnx, _ = _onnx()
-    graph = onnx.load(path, load_external_data=False).graph
+    graph = _load(path, load_external_data=False).graph
     inits = {t.name for t in graph.initializer}
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -151,9 +192,30 @@ def random_inputs(path, seed=0, batch=1):
     return feeds
 
 
-def accuracy(original, quantized, feeds, backend=None):
-    """{max_error, argmax_agreement} of the quantized model's first output against the
-    original's, both run by cinders on `feeds`."""
+def read_inputs(path, names):
+    """{input name: array} from the user's `--data` file: a .npz with one array per input name, or
+    a .npy holding the one input (read as data: pickled objects are refused)."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise QuantizeError("--data %s: %s (a .npz of the inputs by name, or a .npy of the one input)"
+                            % (path, e)) from None
+    if isinstance(data, np.ndarray):
+        if len(names) != 1:
+            raise QuantizeError("--data %s holds one array; the model's inputs are %s: give a .npz with one "
+                                "array per name" % (path, ", ".join(names)))
+        return {names[0]: data}
+    with data:
+        missing = [n for n in names if n not in data.files]
+        if missing:
+            raise QuantizeError("--data %s lacks the inputs %s (it holds %s)"
+                                % (path, ", ".join(missing), ", ".join(data.files) or "nothing"))
+        return {n: data[n] for n in names}
+
+
+def outputs(original, quantized, feeds, backend=None):
+    """The first outputs of the original and the quantized model, both run by cinders on `feeds`
+    (for `cinders quantize`'s accuracy report)."""
     from . import load
     from ..creation import tensor
     from ..tensor import default_backend
@@ -162,8 +224,5 @@ def accuracy(original, quantized, feeds, backend=None):
     for path in (original, quantized):
         model = load(path, backend=backend)
         out = model(*[tensor(v, backend=backend) for v in feeds.values()])
-        out = out[0] if isinstance(out, (tuple, list)) else out
-        outs.append(out.numpy().astype(np.float64))
-    ref, got = outs
-    agree = float(np.mean(ref.reshape(-1, ref.shape[-1]).argmax(-1) == got.reshape(-1, got.shape[-1]).argmax(-1)))
-    return {"max_error": float(np.abs(ref - got).max()), "argmax_agreement": agree}
+        outs.append(out[0] if isinstance(out, (tuple, list)) else out)
+    return outs

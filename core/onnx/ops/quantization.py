@@ -70,14 +70,44 @@ def type_at(input_types, index):
     return input_types[index] if input_types and index < len(input_types) else None
 
 
+def check_params(op_name, shape, scale, zero_point, axis=1, block_size=0):
+    """Refuse a scale or zero point that does not fit a quantized value of `shape` as ONNX says
+    (onnxruntime refuses these too; a looser reading would answer a silently wrong number):
+    one value (per tensor), a 1-D tensor of shape[axis] values (per axis), or with block_size
+    x's shape with ceil(shape[axis] / block_size) along axis (opset 21 blocked); a zero point
+    has its scale's shape."""
+    if block_size < 0:
+        raise OnnxError("%s: block_size must be >= 0, not %d" % (op_name, block_size))
+    if block_size or scale.numel() != 1:
+        if not -len(shape) <= axis < max(len(shape), 1):
+            raise OnnxError("%s: axis %d is outside a value of shape %s" % (op_name, axis, tuple(shape)))
+        a = _axis(axis, len(shape))
+        fits = [-(-d // block_size) if i == a else d for i, d in enumerate(shape)] if block_size else [shape[a]]
+        if list(scale.shape) != fits:
+            raise OnnxError("%s: scale of shape %s does not fit a value of shape %s %s along axis %d (it needs %s)"
+                            % (op_name, tuple(scale.shape), tuple(shape),
+                               "in blocks of %d" % block_size if block_size else "per axis", a, tuple(fits)))
+    if zero_point is not None and (tuple(zero_point.shape) != tuple(scale.shape) and
+                                   not (zero_point.numel() == 1 and scale.numel() == 1)):
+        raise OnnxError("%s: zero point of shape %s, scale of shape %s: they must have one shape"
+                        % (op_name, tuple(zero_point.shape), tuple(scale.shape)))
+
+
+def check_counts(op_name, params):
+    """params: (name, scale or zero point or None, count). Refuse one that is neither one value
+    nor `count` values along its last dim (one per row of A, column of B, output channel of W),
+    as onnxruntime refuses it: broadcasting it would answer a wrong number or fail far away."""
+    for name, p, count in params:
+        if p is not None and p.numel() != 1 and (p.ndim == 0 or p.shape[-1] != count):
+            raise OnnxError("%s: %s of shape %s: it needs one value or %d" % (op_name, name, tuple(p.shape), count))
+
+
 def per_axis(t, x, axis=1, block_size=0):
     """A scale or zero point shaped to broadcast against x: one value (per tensor), a 1-D tensor
-    along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked)."""
+    along `axis` (per axis), or blocks of `block_size` along `axis` (opset 21 blocked); its shape
+    checked (`check_params`) by the op."""
     if block_size:
         a = _axis(axis, x.ndim)
-        if t.ndim != x.ndim or t.shape[a] * block_size < x.shape[a]:
-            raise OnnxError("blocked quantization: parameter shape %s does not cover %s in blocks of %d along "
-                            "axis %d" % (t.shape, x.shape, block_size, a))
         shape = list(t.shape)
         wide = t.unsqueeze(a + 1).expand(shape[:a + 1] + [block_size] + shape[a + 1:])
         return _slice_axis(wide.reshape(shape[:a] + [shape[a] * block_size] + shape[a + 1:]), a, 0, x.shape[a])
@@ -126,6 +156,7 @@ def centered(x, zero_point):
 
 @op()
 def DequantizeLinear(x, x_scale, x_zero_point=None, axis=1, block_size=0, output_dtype=0, input_types=None):
+    check_params("DequantizeLinear", x.shape, x_scale, x_zero_point, axis, block_size)
     zp = None if x_zero_point is None else per_axis(x_zero_point, x, axis, block_size)
     return centered(x, zp) * per_axis(x_scale, x, axis, block_size)
 
@@ -138,6 +169,7 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     else:
         out_type = "uint8" if output_dtype == 0 else DATA_TYPES.get(output_dtype, ("type %d" % output_dtype,))[0]
     lo, hi = quant_range(out_type, "QuantizeLinear")
+    check_params("QuantizeLinear", x.shape, y_scale, y_zero_point, axis, block_size)
     zp = None if y_zero_point is None else per_axis(y_zero_point, x, axis, block_size)
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
 
@@ -425,6 +457,8 @@ def integer_conv(x, x_zero_point, w, w_zero_point, group, **conv_args):
 
 @op()
 def MatMulInteger(A, B, a_zero_point=None, b_zero_point=None):
+    check_counts("MatMulInteger", [("a_zero_point", a_zero_point, A.shape[-2] if A.ndim > 1 else 1),
+                                   ("b_zero_point", b_zero_point, B.shape[-1])])
     return integer_matmul(A, row_param(a_zero_point), B, column_param(b_zero_point))
 
 
@@ -466,6 +500,7 @@ def _channel_param(p, ndim):
 @op()
 def ConvInteger(x, w, x_zero_point=None, w_zero_point=None, auto_pad="NOTSET", dilations=None, group=1,
                 kernel_shape=None, pads=None, strides=None):
+    check_counts("ConvInteger", [("x_zero_point", x_zero_point, 1), ("w_zero_point", w_zero_point, w.shape[0])])
     return integer_conv(x, x_zero_point, w, w_zero_point, group, **_conv_args(auto_pad, dilations, kernel_shape,
                                                                                 pads, strides))
 
@@ -479,6 +514,10 @@ def requantize(acc, multiplier, zero_point, out_type, op_name):
 
 @op()
 def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, input_types=None):
+    rows = a.shape[-2] if a.ndim > 1 else 1
+    check_counts("QLinearMatMul", [("a_scale", a_scale, rows), ("a_zero_point", a_zero_point, rows),
+                                   ("b_scale", b_scale, b.shape[-1]), ("b_zero_point", b_zero_point, b.shape[-1]),
+                                   ("y_scale", y_scale, 1), ("y_zero_point", y_zero_point, 1)])
     acc = integer_matmul(a, row_param(a_zero_point), b, column_param(b_zero_point))
     multiplier = row_param(a_scale) * column_param(b_scale) / y_scale.reshape(())
     return requantize(acc, multiplier, y_zero_point.reshape(()), type_at(input_types, 7), "QLinearMatMul")
@@ -488,6 +527,9 @@ def QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y
 def QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B=None,
                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
                 input_types=None):
+    check_counts("QLinearConv", [("x_scale", x_scale, 1), ("x_zero_point", x_zero_point, 1),
+                                 ("w_scale", w_scale, w.shape[0]), ("w_zero_point", w_zero_point, w.shape[0]),
+                                 ("y_scale", y_scale, 1), ("y_zero_point", y_zero_point, 1)])
     acc = integer_conv(x, x_zero_point, w, w_zero_point, group,
                        **_conv_args(auto_pad, dilations, kernel_shape, pads, strides))
     if B is not None:
@@ -555,6 +597,7 @@ def DequantizedConv(X, W, w_scale, w_zero_point=None, B=None, x_scale=None, axis
     conv kernel computes the convolution."""
     conv_args = _conv_args(auto_pad, dilations, kernel_shape, pads, strides)
     shape = tuple(packed_shape or W.shape)
+    check_params("DequantizeLinear", shape, w_scale, w_zero_point, axis, block_size)
     quantized = packed_shape is not None or W.dtype in (int8, uint8)
     if len(shape) in (3, 5) and quantized and not block_size:   # 1-D, 3-D: as 2-D, W's bytes kept
         view = _as_2d_conv(X, W, w_scale, w_zero_point, axis, packed_shape, **conv_args)
@@ -644,6 +687,7 @@ def _column_blocks(a, w, w_scale, zp, block_size, transposed, k, n, bits, zp_def
 @op(domain=JOINED)
 def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                       packed_shape=None, packed_offset=0):
+    check_params("DequantizeLinear", tuple(packed_shape or W.shape), w_scale, w_zero_point, axis, block_size)
     out = _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, False, x_scale, packed_shape,
                                packed_offset) if A.ndim >= 2 else None
     if out is None:
@@ -655,6 +699,7 @@ def DequantizedMatMul(A, W, w_scale, w_zero_point=None, x_scale=None, axis=1, bl
 @op(domain=JOINED)
 def DequantizedGemm(A, W, w_scale, w_zero_point=None, C=None, x_scale=None, axis=1, block_size=0, output_dtype=0,
                     alpha=1.0, beta=1.0, transA=0, transB=0, packed_shape=None, packed_offset=0):
+    check_params("DequantizeLinear", tuple(packed_shape or W.shape), w_scale, w_zero_point, axis, block_size)
     out = None if transA else _dequantized_product(A, W, w_scale, w_zero_point, axis, block_size, transB, x_scale,
                                                    packed_shape, packed_offset)
     if out is None:

@@ -17,7 +17,7 @@ from .elementwise import LeakyRelu
 from .reductions import Softmax
 from .recurrent import _recurrent
 from .quantization import (DequantizeLinear, DynamicQuantizeLinear, QuantizeLinear, QuantizedLayout, centered,
-                           column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
+                           check_counts, column_param, exact_matmul, integer_matmul, packed_weight, quant_range,
                            quantize, quantized_product, requantize, type_at, unpack_nibbles)
 
 MS = "com.microsoft"
@@ -146,6 +146,8 @@ def QGemm(A, a_scale, a_zero_point, B, b_scale, b_zero_point, C=None, y_scale=No
 def DynamicQuantizeMatMul(A, B, b_scale, b_zero_point=None, bias=None):
     """A quantized to uint8 at run time (DynamicQuantizeLinear), an exact integer product with B,
     scaled back by a_scale * b_scale."""
+    check_counts("DynamicQuantizeMatMul", [("b_scale", b_scale, B.shape[-1]),
+                                           ("b_zero_point", b_zero_point, B.shape[-1])])
     a_q, a_scale, a_zp = DynamicQuantizeLinear(A, outputs=3)
     acc = integer_matmul(a_q, a_zp, B, column_param(b_zero_point))
     y = acc.cast(float32) * (a_scale * column_param(b_scale))
@@ -163,7 +165,7 @@ def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, N=0,
         raise OnnxError("MatMulNBits: bits=%d is not supported (4 and 8 are)" % bits)
     if g_idx is not None:
         raise OnnxError("MatMulNBits: g_idx (act-order) is not supported")
-    blocks = -(-K // block_size)
+    blocks = _check_nbits(A, B, scales, zero_points, K, N, bits, block_size)
     if packed_weight(B, A) and (zero_points is None or zero_points.dtype is not float32):
         # dequantized in the matmul kernel as it reads B's nibbles (quantization.py)
         zp_row = blocks if bits == 8 else 2 * -(-blocks // 2)   # (4-bit rows: whole bytes)
@@ -185,6 +187,26 @@ def MatMulNBits(A, B, scales, zero_points=None, g_idx=None, bias=None, K=0, N=0,
     w = ((q - zp) * scales.reshape((N, blocks, 1))).reshape((N, blocks * block_size))[:, :K]
     y = A @ w.mT
     return y if bias is None else y + bias
+
+
+def _check_nbits(A, B, scales, zero_points, K, N, bits, block_size):
+    """MatMulNBits' blocks of K; its inputs' sizes checked against K, N and block_size as
+    onnxruntime checks them (a short scale or weight would otherwise be read past its end)."""
+    if K <= 0 or N <= 0 or block_size < 16 or block_size & (block_size - 1):
+        raise OnnxError("MatMulNBits: K=%d, N=%d, block_size=%d: K and N must be positive, block_size a power "
+                        "of 2 of at least 16" % (K, N, block_size))
+    if A.shape[-1] != K:
+        raise OnnxError("MatMulNBits: A's last dim is %d, K is %d" % (A.shape[-1], K))
+    blocks = -(-K // block_size)
+    zp_bytes = N * -(-blocks * bits // 8)
+    sizes = [("B", B, (N * blocks * block_size * bits // 8,)), ("scales", scales, (N * blocks,)),
+             ("zero_points", zero_points, (N * blocks if zero_points is not None and zero_points.dtype is float32
+                                           else zp_bytes,))]
+    for name, t, allowed in sizes:
+        if t is not None and t.numel() not in allowed:
+            raise OnnxError("MatMulNBits: %s has %d values; K=%d, N=%d in blocks of %d need %s" % (
+                name, t.numel(), K, N, block_size, " or ".join(str(n) for n in allowed)))
+    return blocks
 
 
 @op(multi=True, domain=MS)
