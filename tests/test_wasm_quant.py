@@ -114,3 +114,30 @@ def test_dynamic_quantize_linear_in_one_kernel_equals_onnxruntime(wasm, values, 
     assert names == ["dynamic_quantize_f32"], names
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("engine", ["native", "wasmtime"])
+@pytest.mark.parametrize("values", ["nan", "huge", "negative_zero"])
+def test_dynamic_quantize_kernel_is_the_composition(engine, values):
+    """runtime.h dynamic_quantize_f32 (its range on pmin/pmax with NaN tracked apart, the clamp
+    to 0..255 sending NaN to 0, the integer read from the float's bits) equals the composition
+    of tensor ops on cn.Python() value for value, on vectors of 4k + 3 values (the scalar tail
+    too) with a value of 1e30 or a -0 in the vector part and in the tail; a NaN makes the scale NaN
+    and every value 0."""
+    from cinders.onnx.ops.quantization import DynamicQuantizeLinear
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(203) * 3).astype(np.float32)
+    special = {"nan": np.nan, "huge": -1e30, "negative_zero": -0.0}[values]
+    x[[17, 201]] = special
+    if values == "negative_zero":
+        x = -np.abs(x)   # (every value <= 0: the range's top is 0 or -0)
+    backend = cn.Wasm(engine=engine)
+    got = [t.numpy() for t in DynamicQuantizeLinear(cn.tensor(x, backend=backend), outputs=3)]
+    if values == "nan":   # the range and scale NaN, every value NaN / NaN: 0 as trunc_f32_i32 makes
+        # NaN (the composition's cast of NaN is the backend's: not a reference here)
+        assert np.isnan(got[1]) and not got[0].any()
+        return
+    reference = cn.Python()
+    expected = [t.numpy() for t in DynamicQuantizeLinear(cn.tensor(x, backend=reference), outputs=3)]
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
