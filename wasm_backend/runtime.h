@@ -765,21 +765,36 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
 
 /* a16 (M, K2 * 2) <- a (M, K) int32, or (inv != 0) the integers rint(a * inv) of float32 a (a
  * QDQ graph's dequantized activation, inv = 1 / its scale, as conv2d_quantized reads x), 0 past
- * K; 0 when a value does not fit int16 (then the product takes the general loop) */
+ * K; 0 when a value does not fit int16 (then the product takes the general loop). 8 values per
+ * step: the range kept in two vectors, the int16 values by a saturating narrow (a float past
+ * int32's range saturates, and so lands outside int16 too; NaN is 0, as trunc_f32_i32 makes it) */
+static inline v128_t pair_ints(const void *a, int k, v128_t inv4, int scaled) {
+    if (!scaled) return wasm_v128_load((const int *)a + k);
+    return wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load((const float *)a + k), inv4)));
+}
+
 static int pack_pairs(short *a16, const void *a, int M, int K, float inv) {
-    int K2 = (K + 1) / 2, outside = 0;
-    const int *ai = (const int *)a;
-    const float *af = (const float *)a;
-    for (int m = 0; m < M; m++, ai += K, af += K, a16 += 2 * K2) {
-        for (int k = 0; k < K; k++) {
-            /* (a float past int32's range saturates, and so lands outside int16 too) */
-            int v = inv != 0.0f ? trunc_f32_i32(__builtin_rintf(af[k] * inv)) : ai[k];
+    int K2 = (K + 1) / 2, scaled = inv != 0.0f, outside = 0;
+    v128_t lo = wasm_i32x4_splat(0), hi = lo, inv4 = wasm_f32x4_splat(inv);
+    for (int m = 0; m < M; m++, a16 += 2 * K2) {
+        const void *row = scaled ? (const void *)((const float *)a + m * K) : (const void *)((const int *)a + m * K);
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            v128_t v0 = pair_ints(row, k, inv4, scaled), v1 = pair_ints(row, k + 4, inv4, scaled);
+            lo = wasm_i32x4_min(lo, wasm_i32x4_min(v0, v1));
+            hi = wasm_i32x4_max(hi, wasm_i32x4_max(v0, v1));
+            wasm_v128_store(a16 + k, wasm_i16x8_narrow_i32x4(v0, v1));
+        }
+        for (; k < K; k++) {
+            int v = scaled ? trunc_f32_i32(__builtin_rintf(((const float *)row)[k] * inv)) : ((const int *)row)[k];
             outside |= (unsigned)(v + 32768) > 65535u;
             a16[k] = (short)v;
         }
         if (K & 1) a16[K] = 0;
     }
-    return !outside;
+    lo = wasm_i32x4_lt(lo, wasm_i32x4_splat(-32768));
+    hi = wasm_i32x4_gt(hi, wasm_i32x4_splat(32767));
+    return !outside && !wasm_v128_any_true(wasm_v128_or(lo, hi));
 }
 
 /* the (K2, nn, 2) int16 panel of B[:, n0:n0 + nn] - zero point (8-bit B), its columns past nn
