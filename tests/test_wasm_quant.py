@@ -114,3 +114,78 @@ def test_dynamic_quantize_linear_in_one_kernel_equals_onnxruntime(wasm, values, 
     assert names == ["dynamic_quantize_f32"], names
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("engine", ["native", "wasmtime", "node"])
+@pytest.mark.parametrize("values", ["nan", "huge", "negative_zero"])
+def test_dynamic_quantize_kernel_is_the_composition(engine, values):
+    """runtime.h dynamic_quantize_f32 (its range on pmin/pmax with NaN tracked apart, the clamp
+    to 0..255 sending NaN to 0, the integer read from the float's bits) equals the composition
+    of tensor ops on cn.Python() value for value, on vectors of 4k + 3 values (the scalar tail
+    too) with a value of 1e30 or a -0 in the vector part and in the tail; a NaN makes the scale NaN
+    and every value 0. Node runs the tab's module on V8, which lowers pmin/pmax itself."""
+    from cinders.onnx.ops.quantization import DynamicQuantizeLinear
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(203) * 3).astype(np.float32)
+    special = {"nan": np.nan, "huge": -1e30, "negative_zero": -0.0}[values]
+    x[[17, 201]] = special
+    if values == "negative_zero":
+        x = -np.abs(x)   # (every value <= 0: the range's top is 0 or -0)
+    backend = cn.Wasm(engine=engine)
+    got = [t.numpy() for t in DynamicQuantizeLinear(cn.tensor(x, backend=backend), outputs=3)]
+    if values == "nan":   # the range and scale NaN, every value NaN / NaN: 0 as trunc_f32_i32 makes
+        # NaN (the composition's cast of NaN is the backend's: not a reference here)
+        assert np.isnan(got[1]) and not got[0].any()
+        return
+    reference = cn.Python()
+    expected = [t.numpy() for t in DynamicQuantizeLinear(cn.tensor(x, backend=reference), outputs=3)]
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+
+
+# (m, k, n): K past and short of the 8 values pack_pairs reads per step, M = 1, the largest K
+# of the pairs kernel (runtime.h Q_PANEL / 2 = 8192, odd), and past it the general int32 loop,
+# once with sums of 255 * 255 terms that wrap int32 (K = 40,000 > 2**31 / 255**2)
+EXTREME_SHAPES = [(1, 7, 4), (1, 9, 13), (5, 17, 8), (6, 24, 21), (7, 1030, 36), (3, 8191, 9), (1, 8193, 6),
+                  (1, 40000, 3)]
+
+
+def _extreme(rng, shape, low, high):
+    """Integers of [low, high] with a third of them at each end (the largest products)."""
+    v = rng.integers(low, high + 1, shape)
+    ends = rng.random(shape)
+    return np.where(ends < 1 / 3, low, np.where(ends > 2 / 3, high, v))
+
+
+@pytest.mark.parametrize("engine", ["native", "wasmtime", "node"])
+@pytest.mark.parametrize("weights", [np.int8, np.uint8])
+def test_integer_product_is_exact_over_shapes_on_every_engine(engine, weights):
+    """matmul_quantized's int32 product (MatMulInteger's) and its scaled float product (a QDQ
+    activation's, a_scale) equal NumPy's, wrapped to int32, with A's values at +-255 and B's
+    differences at +-255 (full-range 8-bit weights minus a zero point at the other end)."""
+    backend = cn.Wasm(engine=engine)
+    rng = np.random.default_rng(9)
+    info = np.iinfo(weights)
+    for m, k, n in EXTREME_SHAPES:
+        a = _extreme(rng, (m, k), -255, 255).astype(np.int32)
+        q = _extreme(rng, (k, n), info.min, info.max).astype(weights)
+        zp = np.where(np.arange(n) % 2, info.min, info.max).astype(weights)   # (q - zp: +-255)
+        expected = a.astype(np.int64) @ (q.astype(np.int64) - zp)
+        expected = ((expected + 2 ** 31) % 2 ** 32 - 2 ** 31).astype(np.int32)
+        np.testing.assert_array_equal(_product(backend, a, q, zp, k, n), expected, err_msg=str((m, k, n)))
+        if k > 8192:   # (the scaled product sums integers only where the pairs kernel runs)
+            continue
+        a_scale, scale = np.float32(0.037), rng.uniform(0.001, 0.01, n).astype(np.float32)
+        dtype = cn.int8 if weights == np.int8 else cn.uint8
+        layout = QuantizedLayout(k, n, 8, k, (0, n, 1), scale=(0, 0, 1), zp=(0, 0, 1))
+        got = quantized_product(cn.tensor((a * a_scale).astype(np.float32), backend=backend),
+                                cn.tensor(q, backend=backend, dtype=dtype), cn.tensor(scale, backend=backend),
+                                cn.tensor(zp, backend=backend, dtype=dtype), layout,
+                                cn.tensor(a_scale, backend=backend)).numpy()
+        np.testing.assert_array_equal(got, expected.astype(np.float32) * (a_scale * scale), err_msg=str((m, k, n)))
+    # A values past int16, in a step of 8 and in the tail: the general loop, exact
+    q = rng.integers(info.min, int(info.max) + 1, (21, 5)).astype(weights)
+    for at, value in (((1, 9), 40000), ((2, 19), -40000)):
+        a = rng.integers(-255, 256, (3, 21)).astype(np.int32)
+        a[at] = value
+        np.testing.assert_array_equal(_product(backend, a, q, None, 21, 5), a.astype(np.int64) @ q.astype(np.int64))

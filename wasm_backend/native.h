@@ -92,6 +92,23 @@ static inline v128_t wasm_f32x4_min(v128_t a, v128_t b) {
     v128_t gt = (v128_t)(x > y), lt = (v128_t)(x < y), eq = (v128_t)(x == y);
     return (lt & a) | (gt & b) | (eq & (a | b)) | (~(gt | lt | eq) & (v128_t)(x + y));
 }
+/* pmin/pmax: WebAssembly's pseudo-minimum b < a ? b : a and pseudo-maximum a < b ? b : a
+ * (no NaN rule: a NaN compares false and the other operand's lane is kept as written) */
+static inline v128_t wasm_f32x4_pmin(v128_t a, v128_t b) {
+    v128_t take_b = (v128_t)((f32x4)b < (f32x4)a);
+    return (take_b & b) | (~take_b & a);
+}
+static inline v128_t wasm_f32x4_pmax(v128_t a, v128_t b) {
+    v128_t take_b = (v128_t)((f32x4)a < (f32x4)b);
+    return (take_b & b) | (~take_b & a);
+}
+static inline v128_t wasm_i32x4_min(v128_t a, v128_t b) { return __builtin_elementwise_min(a, b); }
+static inline v128_t wasm_i32x4_max(v128_t a, v128_t b) { return __builtin_elementwise_max(a, b); }
+static inline v128_t wasm_i32x4_lt(v128_t a, v128_t b) { return (v128_t)(a < b); }
+static inline v128_t wasm_i32x4_gt(v128_t a, v128_t b) { return (v128_t)(a > b); }
+static inline v128_t wasm_f32x4_ne(v128_t a, v128_t b) { return (v128_t)((f32x4)a != (f32x4)b); }
+static inline v128_t wasm_v128_or(v128_t a, v128_t b) { return a | b; }
+static inline int wasm_v128_any_true(v128_t a) { return (a[0] | a[1] | a[2] | a[3]) != 0; }
 static inline v128_t wasm_f32x4_nearest(v128_t a) {
     return (v128_t)__builtin_elementwise_roundeven((f32x4)a);
 }

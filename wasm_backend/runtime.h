@@ -765,21 +765,36 @@ static void mm_pairs(int *o, const short *a16, const short *panel, int M, int K2
 
 /* a16 (M, K2 * 2) <- a (M, K) int32, or (inv != 0) the integers rint(a * inv) of float32 a (a
  * QDQ graph's dequantized activation, inv = 1 / its scale, as conv2d_quantized reads x), 0 past
- * K; 0 when a value does not fit int16 (then the product takes the general loop) */
+ * K; 0 when a value does not fit int16 (then the product takes the general loop). 8 values per
+ * step: the range kept in two vectors, the int16 values by a saturating narrow (a float past
+ * int32's range saturates, and so lands outside int16 too; NaN is 0, as trunc_f32_i32 makes it) */
+static inline v128_t pair_ints(const void *a, int k, v128_t inv4, int scaled) {
+    if (!scaled) return wasm_v128_load((const int *)a + k);
+    return wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load((const float *)a + k), inv4)));
+}
+
 static int pack_pairs(short *a16, const void *a, int M, int K, float inv) {
-    int K2 = (K + 1) / 2, outside = 0;
-    const int *ai = (const int *)a;
-    const float *af = (const float *)a;
-    for (int m = 0; m < M; m++, ai += K, af += K, a16 += 2 * K2) {
-        for (int k = 0; k < K; k++) {
-            /* (a float past int32's range saturates, and so lands outside int16 too) */
-            int v = inv != 0.0f ? trunc_f32_i32(__builtin_rintf(af[k] * inv)) : ai[k];
+    int K2 = (K + 1) / 2, scaled = inv != 0.0f, outside = 0;
+    v128_t lo = wasm_i32x4_splat(0), hi = lo, inv4 = wasm_f32x4_splat(inv);
+    for (int m = 0; m < M; m++, a16 += 2 * K2) {
+        const void *row = scaled ? (const void *)((const float *)a + m * K) : (const void *)((const int *)a + m * K);
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            v128_t v0 = pair_ints(row, k, inv4, scaled), v1 = pair_ints(row, k + 4, inv4, scaled);
+            lo = wasm_i32x4_min(lo, wasm_i32x4_min(v0, v1));
+            hi = wasm_i32x4_max(hi, wasm_i32x4_max(v0, v1));
+            wasm_v128_store(a16 + k, wasm_i16x8_narrow_i32x4(v0, v1));
+        }
+        for (; k < K; k++) {
+            int v = scaled ? trunc_f32_i32(__builtin_rintf(((const float *)row)[k] * inv)) : ((const int *)row)[k];
             outside |= (unsigned)(v + 32768) > 65535u;
             a16[k] = (short)v;
         }
         if (K & 1) a16[K] = 0;
     }
-    return !outside;
+    lo = wasm_i32x4_lt(lo, wasm_i32x4_splat(-32768));
+    hi = wasm_i32x4_gt(hi, wasm_i32x4_splat(32767));
+    return !outside && !wasm_v128_any_true(wasm_v128_or(lo, hi));
 }
 
 /* the (K2, nn, 2) int16 panel of B[:, n0:n0 + nn] - zero point (8-bit B), its columns past nn
@@ -909,26 +924,33 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
  * one pass for the range, one to quantize, instead of a dozen elementwise kernels */
 EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, float *scale_out,
                                                        int *zp_out, int n) {
-    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4;   /* (the range always includes 0) */
+    /* pmin/pmax are one instruction each on x86 (min/max, which propagate NaN, half a dozen in
+     * V8 and Wasmtime): a NaN is tracked on its own and makes the range NaN, as min/max would */
+    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4, nan4 = wasm_i32x4_splat(0);
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         v128_t v = wasm_v128_load(x + i);
-        lo4 = wasm_f32x4_min(lo4, v);
-        hi4 = wasm_f32x4_max(hi4, v);
+        lo4 = wasm_f32x4_pmin(lo4, v);
+        hi4 = wasm_f32x4_pmax(hi4, v);
+        nan4 = wasm_v128_or(nan4, wasm_f32x4_ne(v, v));
     }
     float lo = min_f32(min_f32(wasm_f32x4_extract_lane(lo4, 0), wasm_f32x4_extract_lane(lo4, 1)),
                        min_f32(wasm_f32x4_extract_lane(lo4, 2), wasm_f32x4_extract_lane(lo4, 3)));
     float hi = max_f32(max_f32(wasm_f32x4_extract_lane(hi4, 0), wasm_f32x4_extract_lane(hi4, 1)),
                        max_f32(wasm_f32x4_extract_lane(hi4, 2), wasm_f32x4_extract_lane(hi4, 3)));
+    if (wasm_v128_any_true(nan4)) lo = hi = __builtin_nanf("");
     for (; i < n; i++) { lo = min_f32(lo, x[i]); hi = max_f32(hi, x[i]); }
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = min_f32(max_f32(__builtin_rintf(-lo / scale), 0.0f), 255.0f);
-    /* (NaN stays NaN through f32x4.max/min and truncates to 0, as trunc_f32_i32 does) */
+    /* (-0 never arises: rint(..) + zp, zp >= +0; pmax(0, NaN) is 0, as trunc_f32_i32 makes NaN)
+     * the integer 0..255 in the low bits of v + 2**23, whose exponent bits are 0x4B000000 */
     v128_t s4 = wasm_f32x4_splat(scale), z4 = wasm_f32x4_splat(zp);
     v128_t bottom = wasm_f32x4_splat(0.0f), top = wasm_f32x4_splat(255.0f);
+    v128_t magic = wasm_f32x4_splat(8388608.0f), unbias = wasm_i32x4_splat(-0x4B000000);
     for (i = 0; i + 4 <= n; i += 4) {
         v128_t v = wasm_f32x4_add(wasm_f32x4_nearest(wasm_f32x4_div(wasm_v128_load(x + i), s4)), z4);
-        wasm_v128_store(y + i, wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_min(wasm_f32x4_max(v, bottom), top)));
+        v = wasm_f32x4_pmin(top, wasm_f32x4_pmax(bottom, v));
+        wasm_v128_store(y + i, wasm_i32x4_add(wasm_f32x4_add(v, magic), unbias));
     }
     for (; i < n; i++)
         y[i] = trunc_f32_i32(min_f32(max_f32(__builtin_rintf(x[i] / scale) + zp, 0.0f), 255.0f));
@@ -955,7 +977,9 @@ EXPORT(quantize_dequantize_f32) void quantize_dequantize_f32(float *y, const flo
     v128_t xz4 = wasm_f32x4_splat(-xzp), lo4 = wasm_f32x4_splat(lo), hi4 = wasm_f32x4_splat(hi);
     for (; i + 4 <= n; i += 4) {
         v128_t v = wasm_f32x4_add(wasm_f32x4_nearest(wasm_f32x4_div(wasm_v128_load(x + i), ys4)), yz4);
-        v = wasm_f32x4_min(wasm_f32x4_max(v, lo4), hi4);
+        /* pmax/pmin (one instruction each) keep a NaN v where v is their first operand; v is
+         * never -0 (rint(..) + yz, yz >= +0), so they order it as max/min do */
+        v = wasm_f32x4_pmin(wasm_f32x4_pmax(v, lo4), hi4);
         wasm_v128_store(y + i, wasm_f32x4_mul(wasm_f32x4_add(v, xz4), xs4));   /* (v + -xz: v - xz exactly) */
     }
     for (; i < n; i++)
