@@ -320,3 +320,25 @@ def test_a_list_argument_does_not_break_the_last_call_check():
     x, y = cn.tensor([1.0, 1.0], backend=backend), cn.tensor([1.0, 2.0], backend=backend)
     for _ in range(6):
         np.testing.assert_allclose(fast(x, [y]).numpy(), [3.0, 5.0])
+
+
+STORAGE_STACKS = {"wgpu": lambda: Wgpu(), "wgpu-packed": lambda: Wgpu(shader_f16=False),
+                  "fusion-wgpu": lambda: cn.Fusion(Wgpu()), "wasm": lambda: cn.Wasm()}
+
+
+@pytest.mark.parametrize("backend_name", list(STORAGE_STACKS))
+@pytest.mark.parametrize("dtype", [cn.float16, cn.int8, cn.uint8], ids=repr)
+def test_storage_dtype_outputs_replay_at_their_size(backend_name, dtype):
+    """An output stored 1 or 2 bytes a value (float16 in either layout, int8, uint8) is copied out
+    of the workspace by its own words (a replay copied 4 bytes a value, past the buffer's end),
+    with the answer of the uncaptured call; a row of a storage-dtype input too."""
+    backend = STORAGE_STACKS[backend_name]()
+    fn = lambda x: ((x * 2).cast(dtype), x.cast(dtype)[1])   # noqa: E731
+    fast = cn.capture(fn)
+    for i in range(5):
+        x = cn.tensor(np.arange(8 * 64, dtype=np.float32).reshape(8, 64) % 50 + i, backend=backend)
+        got, want = fast(x), fn(x)
+        for g, w in zip(got, want):
+            assert g.dtype is dtype
+            np.testing.assert_array_equal(g.numpy(), w.numpy())
+    assert fast.replays >= 2

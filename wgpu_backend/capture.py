@@ -11,6 +11,7 @@ import struct
 import weakref
 
 from cinders import dtypes
+from .codegen.packing import word_count
 
 
 class LaunchRecorder:
@@ -41,8 +42,10 @@ class LaunchRecorder:
     @staticmethod
     def buffer(h):
         """(buffer, byte offset, byte size) of a contiguous handle: what a replay rebinds
-        (inputs) and copies out (outputs)."""
-        return h.storage.raw, 4 * h.offset, 4 * h.size
+        (inputs) and copies out (outputs). A storage dtype packs `per_word` values to a u32
+        word (codegen/packing.py): its bytes are its whole words."""
+        per_word = h.dtype.per_word
+        return h.storage.raw, 4 * h.offset // per_word, 4 * word_count(h.dtype, h.size)
 
     def host_scalar(self, value):
         """A float32 scalar in a buffer of its own, never shared with any other value (a replay
