@@ -178,3 +178,20 @@ def test_profile_lists_the_queued_kernels(wasm):
     x.tanh().tolist()
     assert kernels(inner) == ["unary_exp_f32"]
     assert kernels(outer) == ["unary_exp_f32", "unary_sqrt_f32"]
+
+
+def test_memory_stats_count_the_heap_blocks_tensors_hold():
+    """cn.Wasm().memory_stats(): a tensor's block counts as allocated while it lives, then as
+    pooled (free for reuse) once collected; reserved is both."""
+    import gc
+    backend = cn.Wasm()
+    before = backend.memory_stats()
+    t = cn.tensor(np.ones(1000, np.float32), backend=backend)
+    held = backend.memory_stats()
+    assert 4000 <= held["allocated_bytes"] - before["allocated_bytes"] < 4000 * 1.25
+    assert held["reserved_bytes"] == held["allocated_bytes"] + held["pooled_bytes"] <= held["memory_bytes"]
+    del t
+    gc.collect()
+    freed = backend.memory_stats()
+    assert freed["allocated_bytes"] == before["allocated_bytes"]
+    assert freed["pooled_bytes"] >= before["pooled_bytes"] + 4000

@@ -291,6 +291,15 @@ class Wasm(Backend):
     def synchronize(self):
         self.commands.flush()
 
+    def memory_stats(self):
+        """Bytes of the module's linear memory (the keys cn.Wgpu's memory_stats has where they
+        mean the same): held by live tensors (their size classes), free in the heap's lists
+        for reuse, handed out by the heap in all, and the whole memory."""
+        heap = self.heap
+        pooled = sum(size * len(blocks) for size, blocks in heap.free.items())
+        return {"allocated_bytes": heap.in_use, "pooled_bytes": pooled,
+                "reserved_bytes": heap.in_use + pooled, "memory_bytes": heap.end}
+
     def profile_start(self):
         """Inside cn.profile each queued kernel is reported as a "kernel" event (its name); the
         queue is wrapped only then, so unprofiled calls cost nothing more."""
