@@ -158,6 +158,8 @@ def build_wheel(out_dir=None, bytecode=True):
                 "files": len(files), "bytecode": bool(bytecode), "pycache": None, "snapshot": None}
     if bytecode:
         manifest.update(precompile(path, out_dir))
+    if manifest["snapshot"]:  # the page sizes Pyodide's memory by it before the snapshot arrives (cinders.js)
+        manifest["snapshot_bytes"] = os.path.getsize(os.path.join(out_dir, manifest["snapshot"]))
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
     return path
@@ -174,6 +176,7 @@ def ensure_wheel(out_dir=None, bytecode=True):
         if (os.path.exists(path) and manifest.get("version") == cinders.__version__
                 and manifest.get("sources_sha256") == _sources_hash(source_files())
                 and (not bytecode or manifest.get("bytecode"))  # tried; None when it could not be made
+                and (not manifest.get("snapshot") or manifest.get("snapshot_bytes"))
                 and all(os.path.exists(os.path.join(out_dir, extra)) for extra in extras)):
             return path
     except (OSError, ValueError, KeyError):
