@@ -1,6 +1,6 @@
 // The worker side of Cinders.load({worker: true}) (cinders.js): Pyodide, cinders and the model live
 // here, off the page's thread. Messages in: {type: "load", options}, the start's downloads as the
-// page receives them ({type: "download", key: "manifest" | "wheel" | "snapshot", value} or
+// page receives them ({type: "download", key: "manifest" | "wheel" | "snapshot" | "interpreter", value} or
 // {..., error}), then {type: "predict", id,
 // pixels}, {type: "predictBatch", id, inputs} and {type: "run", id, values, sampleShape}. Messages out: {type: "status", text},
 // {type: "progress", progress} while loading, then {type: "ready", info, backend, backendName,
@@ -27,7 +27,8 @@ const download = (key) => {
 async function load({ downloadsHanded, ...options }) {
   const downloads = downloadsHanded ? {
     manifest: download("manifest").promise, wheel: download("wheel").promise,
-    snapshot: download("snapshot").promise, stop() {},   // the page's download ends by itself
+    snapshot: download("snapshot").promise, interpreter: download("interpreter").promise,
+    stop() {},   // the page's download ends by itself
   } : null;
   try {
     model = await Cinders.load({

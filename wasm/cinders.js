@@ -15,6 +15,7 @@
 // model class the record names.
 
 import { importedMemoryPages, startThreaded, threadCount } from "./kernel_threads.mjs";
+import { restoreZeroPages } from "./snapshot_pages.mjs";
 
 const HERE = new URL(".", import.meta.url);                     // .../wasm/
 const DEFAULTS = {
@@ -99,8 +100,9 @@ function fetchPart(manifest, manifestURL, name, what, signal = undefined) {
 // the memory snapshot it names (made by a Pyodide under Node: Pyodide with cinders imported; null
 // when there is none); stop() ends the snapshot's download. For a model loaded in a worker the
 // page's thread begins them (the worker's own start takes 0.1-0.3 s) and hands each over as it
-// arrives (loadInWorker).
-export function startDownloads(manifestURL, useSnapshot = true) {
+// arrives (loadInWorker), with `interpreter` too: pyodide.asm.wasm (from interpreterURL) compiled
+// as it downloads, a WebAssembly.Module (null if it failed: Pyodide then compiles its own).
+export function startDownloads(manifestURL, useSnapshot = true, interpreterURL = null) {
   const manifest = fetchOk(manifestURL, "the wheel manifest").then((r) => r.json());
   const stopper = new AbortController();
   const downloads = {
@@ -111,6 +113,12 @@ export function startDownloads(manifestURL, useSnapshot = true) {
     stop: () => stopper.abort(),
   };
   for (const key of ["manifest", "wheel", "snapshot"]) downloads[key].catch(() => {});  // reported where awaited
+  if (interpreterURL) {
+    downloads.interpreter = WebAssembly.compileStreaming(fetchOk(interpreterURL, "pyodide.asm.wasm")).catch((error) => {
+      console.warn("cinders: pyodide.asm.wasm did not compile on the page's thread:", error);
+      return null;
+    });
+  }
   return downloads;
 }
 
@@ -121,21 +129,36 @@ export function startDownloads(manifestURL, useSnapshot = true) {
 // up while the snapshot downloads; the createPyodideModule hook (Pyodide's own pyodide.asm.mjs,
 // imported from the start) hands the interpreter back only once the snapshot has filled the
 // buffer, and Pyodide reads the buffer only then (restoreSnapshot).
-// onInterpreter() is called when the interpreter is set up.
-function snapshotStart(snapshot, size, interpreterScript, onInterpreter) {
-  if (!size) return { _loadSnapshot: snapshot };   // an older manifest: the loader's own order
+// The file holds the memory's nonzero pages only (snapshot_pages.mjs). interpreter: {script, the
+// pyodide.asm.mjs import; module, pyodide.asm.wasm compiled by the page's thread (startDownloads)
+// or null}. onInterpreter() is called when the interpreter is set up.
+function snapshotStart(snapshot, size, interpreter, onInterpreter) {
   const memory = new Uint8Array(size);
-  const filled = snapshot.then((bytes) => {
-    if (bytes.byteLength !== size) throw new Error(`the snapshot has ${bytes.byteLength} bytes, its manifest says ${size}`);
-    memory.set(new Uint8Array(bytes));
-  });
+  const filled = snapshot.then((file) => restoreZeroPages(file, memory));
   const createPyodideModule = async (settings) => {
-    const { default: create } = await interpreterScript;
-    const created = create(settings);
+    const [{ default: create }, module] = await Promise.all([interpreter.script, interpreter.module]);
+    const created = new Promise((resolve, reject) => {
+      if (module) settings.instantiateWasm = instantiateFrom(module, reject);
+      create(settings).then(resolve, reject);
+    });
     created.then(onInterpreter, () => {});
     return (await Promise.all([created, filled]))[0];
   };
   return { _loadSnapshot: memory, createPyodideModule };
+}
+
+// Emscripten's instantiateWasm hook for a module compiled elsewhere (Pyodide's own hook fetches
+// and compiles pyodide.asm.wasm itself). The two error-marker imports are the ones Pyodide falls
+// back to where its jsverror.wasm helper cannot run (getJsvErrorImport, Pyodide's
+// src/core/jsverror.ts): a unique value and the test for it.
+function instantiateFrom(module, failed) {
+  return (imports, done) => {
+    const marker = Symbol("error marker");
+    imports.env.Jsv_GetError_import = () => marker;
+    imports.env.JsvError_Check = (value) => value === marker;
+    WebAssembly.instantiate(module, imports).then((instance) => done(instance, module), failed);
+    return {};  // instantiated asynchronously: no exports yet
+  };
 }
 
 // Pyodide started the fast way: from the server's memory snapshot (cinders already imported) when
@@ -162,7 +185,7 @@ export async function startPyodide(options) {
     wheelName: manifest.wheel,
     wheel: downloads.wheel,
     snapshot: useSnapshot && made(manifest.snapshot) ? downloads.snapshot : null,
-    snapshotBytes: manifest.snapshot_bytes || null,   // its size (older manifests: unknown)
+    snapshotBytes: manifest.snapshot_bytes,   // the memory it restores
     // Fetched lazily: only a start without the snapshot needs it.
     bytecode: made(manifest.pycache) ? () => fetchPart(manifest, wheelManifest, manifest.pycache, "the cinders bytecode") : null,
   };
@@ -172,7 +195,8 @@ export async function startPyodide(options) {
   const start = { ...pyodideOptions, indexURL: pyodideURL };
   if (parts.snapshot) {
     try {
-      pyodide = await loadPyodide({ ...start, ...snapshotStart(parts.snapshot, parts.snapshotBytes, interpreterScript,
+      const interpreter = { script: interpreterScript, module: downloads.interpreter || null };
+      pyodide = await loadPyodide({ ...start, ...snapshotStart(parts.snapshot, parts.snapshotBytes, interpreter,
                                                                 () => { timings.interpreter_ms = now() - t0; }) });
       timings.snapshot = true;
     } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
@@ -465,12 +489,14 @@ function loadInWorker(options) {
     for (const entry of list.getEntries()) pageBytes += entry.transferSize || 0;
   });
   if (observer) observer.observe({ type: "resource" });
+  const pyodideURL = new URL(options.pyodideURL || DEFAULTS.pyodideURL, location.href);
   const downloads = startDownloads(new URL(options.wheelManifest || DEFAULTS.wheelManifest, location.href).href,
-                                   (options.snapshot ?? DEFAULTS.snapshot) !== false);
+                                   (options.snapshot ?? DEFAULTS.snapshot) !== false,
+                                   new URL("pyodide.asm.wasm", pyodideURL).href);
   const workerCreatedMs = now();   // the page's clock: since navigation
   const worker = new Worker(new URL("./cinders-worker.js", import.meta.url), { type: "module" });
-  // Each download as it arrives; its buffer moves to the worker (no copy).
-  for (const key of ["manifest", "wheel", "snapshot"]) {
+  // Each download as it arrives; its buffer moves to the worker (no copy; a compiled module is shared).
+  for (const key of ["manifest", "wheel", "snapshot", "interpreter"]) {
     downloads[key].then(
       (value) => worker.postMessage({ type: "download", key, value }, value instanceof ArrayBuffer ? [value] : []),
       (error) => worker.postMessage({ type: "download", key, error: String(error && error.message ? error.message : error) }));
