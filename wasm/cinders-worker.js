@@ -1,7 +1,5 @@
 // The worker side of Cinders.load({worker: true}) (cinders.js): Pyodide, cinders and the model live
-// here, off the page's thread. Messages in: {type: "load", options}, the start's downloads as the
-// page receives them ({type: "download", key: "manifest" | "wheel" | "snapshot" | "interpreter", value} or
-// {..., error}), then {type: "predict", id,
+// here, off the page's thread. Messages in: {type: "load", options}, then {type: "predict", id,
 // pixels}, {type: "predictBatch", id, inputs} and {type: "run", id, values, sampleShape}. Messages out: {type: "status", text},
 // {type: "progress", progress} while loading, then {type: "ready", info, backend, backendName,
 // backendNote, wasmThreads, timings, timeOrigin} or {type: "error", message}; each call is answered by {type: "result", id,
@@ -12,27 +10,10 @@ let model = null;
 const post = (message) => self.postMessage(message);
 const messageOf = (error) => String(error && error.message ? error.message : error);
 
-// The downloads the page began for this start (cinders.js startDownloads), resolved as they come.
-const handed = {};
-const download = (key) => {
-  if (!handed[key]) {
-    let settle;
-    const promise = new Promise((resolve, reject) => { settle = { resolve, reject }; });
-    promise.catch(() => {});  // reported where it is awaited
-    handed[key] = { promise, ...settle };
-  }
-  return handed[key];
-};
-
-async function load({ downloadsHanded, ...options }) {
-  const downloads = downloadsHanded ? {
-    manifest: download("manifest").promise, wheel: download("wheel").promise,
-    snapshot: download("snapshot").promise, interpreter: download("interpreter").promise,
-    stop() {},   // the page's download ends by itself
-  } : null;
+async function load(options) {
   try {
     model = await Cinders.load({
-      ...options, worker: false, downloads,
+      ...options, worker: false,
       onStatus: (text) => post({ type: "status", text }),
       onProgress: (progress) => post({ type: "progress", progress }),
     });
@@ -49,11 +30,6 @@ let queue = Promise.resolve();
 
 self.onmessage = ({ data }) => {
   if (data.type === "load") { load(data.options); return; }
-  if (data.type === "download") {
-    const { resolve, reject } = download(data.key);
-    if (data.error === undefined) resolve(data.value); else reject(new Error(data.error));
-    return;
-  }
   queue = queue.then(async () => {
     try {
       const result = data.type === "predict" ? await model.predict(data.pixels)

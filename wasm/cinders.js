@@ -96,13 +96,10 @@ function fetchPart(manifest, manifestURL, name, what, signal = undefined) {
   return fetchOk(url.href, what, { signal }).then((r) => r.arrayBuffer());
 }
 
-// The downloads a start begins with, each a promise: the manifest, then the wheel and (useSnapshot)
-// the memory snapshot it names (made by a Pyodide under Node: Pyodide with cinders imported; null
-// when there is none); stop() ends the snapshot's download. For a model loaded in a worker the
-// page's thread begins them (the worker's own start takes 0.1-0.3 s) and hands each over as it
-// arrives (loadInWorker), with `interpreter` too: pyodide.asm.wasm (from interpreterURL) compiled
-// as it downloads, a WebAssembly.Module (null if it failed: Pyodide then compiles its own).
-export function startDownloads(manifestURL, useSnapshot = true, interpreterURL = null) {
+// The downloads a start begins with, each a promise: the manifest, then as soon as it is in the
+// wheel and (useSnapshot) the memory snapshot it names (made by a Pyodide under Node: Pyodide with
+// cinders imported; null when there is none); stop() ends the snapshot's download.
+function startDownloads(manifestURL, useSnapshot) {
   const manifest = fetchOk(manifestURL, "the wheel manifest").then((r) => r.json());
   const stopper = new AbortController();
   const downloads = {
@@ -113,12 +110,6 @@ export function startDownloads(manifestURL, useSnapshot = true, interpreterURL =
     stop: () => stopper.abort(),
   };
   for (const key of ["manifest", "wheel", "snapshot"]) downloads[key].catch(() => {});  // reported where awaited
-  if (interpreterURL) {
-    downloads.interpreter = WebAssembly.compileStreaming(fetchOk(interpreterURL, "pyodide.asm.wasm")).catch((error) => {
-      console.warn("cinders: pyodide.asm.wasm did not compile on the page's thread:", error);
-      return null;
-    });
-  }
   return downloads;
 }
 
@@ -129,36 +120,19 @@ export function startDownloads(manifestURL, useSnapshot = true, interpreterURL =
 // up while the snapshot downloads; the createPyodideModule hook (Pyodide's own pyodide.asm.mjs,
 // imported from the start) hands the interpreter back only once the snapshot has filled the
 // buffer, and Pyodide reads the buffer only then (restoreSnapshot).
-// The file holds the memory's nonzero pages only (snapshot_pages.mjs). interpreter: {script, the
-// pyodide.asm.mjs import; module, pyodide.asm.wasm compiled by the page's thread (startDownloads)
-// or null}. onInterpreter() is called when the interpreter is set up.
-function snapshotStart(snapshot, size, interpreter, onInterpreter) {
+// The file holds the memory's nonzero pages only (snapshot_pages.mjs). interpreterScript: the
+// import of pyodide.asm.mjs, begun with the loader's. onInterpreter() is called when the
+// interpreter is set up.
+function snapshotStart(snapshot, size, interpreterScript, onInterpreter) {
   const memory = new Uint8Array(size);
   const filled = snapshot.then((file) => restoreZeroPages(file, memory));
   const createPyodideModule = async (settings) => {
-    const [{ default: create }, module] = await Promise.all([interpreter.script, interpreter.module]);
-    const created = new Promise((resolve, reject) => {
-      if (module) settings.instantiateWasm = instantiateFrom(module, reject);
-      create(settings).then(resolve, reject);
-    });
+    const { default: create } = await interpreterScript;
+    const created = create(settings);
     created.then(onInterpreter, () => {});
     return (await Promise.all([created, filled]))[0];
   };
   return { _loadSnapshot: memory, createPyodideModule };
-}
-
-// Emscripten's instantiateWasm hook for a module compiled elsewhere (Pyodide's own hook fetches
-// and compiles pyodide.asm.wasm itself). The two error-marker imports are the ones Pyodide falls
-// back to where its jsverror.wasm helper cannot run (getJsvErrorImport, Pyodide's
-// src/core/jsverror.ts): a unique value and the test for it.
-function instantiateFrom(module, failed) {
-  return (imports, done) => {
-    const marker = Symbol("error marker");
-    imports.env.Jsv_GetError_import = () => marker;
-    imports.env.JsvError_Check = (value) => value === marker;
-    WebAssembly.instantiate(module, imports).then((instance) => done(instance, module), failed);
-    return {};  // instantiated asynchronously: no exports yet
-  };
 }
 
 // Pyodide started the fast way: from the server's memory snapshot (cinders already imported) when
@@ -167,13 +141,12 @@ function instantiateFrom(module, failed) {
 // (stdout, stderr, ...: PyScript passes those). Resolves to {pyodide, timings}.
 export async function startPyodide(options) {
   const { pyodideURL, wheelManifest, snapshot: useSnapshot = true, packages = [], status = () => {},
-          downloads: handed = null, ...pyodideOptions } = options;
+          ...pyodideOptions } = options;
   const timings = {};
   const t0 = now();
   status("loading Pyodide");
-  // The downloads (begun here unless the page's thread began them: options.downloads), Pyodide's
-  // loader and its interpreter's JS, all at once.
-  const downloads = handed || startDownloads(wheelManifest, useSnapshot);
+  // The downloads, Pyodide's loader and its interpreter's JS, all at once.
+  const downloads = startDownloads(wheelManifest, useSnapshot);
   const interpreterScript = import(new URL("pyodide.asm.mjs", pyodideURL).href);
   interpreterScript.catch(() => {});  // reported where it is awaited
   const { loadPyodide, version } = await import(new URL("pyodide.mjs", pyodideURL).href);
@@ -195,8 +168,7 @@ export async function startPyodide(options) {
   const start = { ...pyodideOptions, indexURL: pyodideURL };
   if (parts.snapshot) {
     try {
-      const interpreter = { script: interpreterScript, module: downloads.interpreter || null };
-      pyodide = await loadPyodide({ ...start, ...snapshotStart(parts.snapshot, parts.snapshotBytes, interpreter,
+      pyodide = await loadPyodide({ ...start, ...snapshotStart(parts.snapshot, parts.snapshotBytes, interpreterScript,
                                                                 () => { timings.interpreter_ms = now() - t0; }) });
       timings.snapshot = true;
     } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
@@ -301,7 +273,7 @@ async function startRuntime(options) {
     : wasmKernels(options, options.backend === "wasm" || !navigator.gpu);
   const { pyodide, timings } = await startPyodide({
     pyodideURL: options.pyodideURL, wheelManifest: options.wheelManifest, snapshot: options.snapshot,
-    packages: options.packages, status, downloads: options.downloads });
+    packages: options.packages, status });
   const t1 = now();
   const bridge = pyodide.pyimport("cinders.web.bridge");
   timings.wheel_ms += now() - t1;
@@ -483,41 +455,24 @@ function loadInWorker(options) {
     if (typeof value === "function") continue;   // callbacks stay here, their calls come as messages
     settings[key] = URL_OPTIONS.includes(key) && value ? new URL(value, location.href).href : value;
   }
-  // What this thread downloads for the worker (startDownloads) counts in the progress's bytes.
-  let pageBytes = 0;
-  const observer = typeof PerformanceObserver === "undefined" ? null : new PerformanceObserver((list) => {
-    for (const entry of list.getEntries()) pageBytes += entry.transferSize || 0;
-  });
-  if (observer) observer.observe({ type: "resource" });
-  const pyodideURL = new URL(options.pyodideURL || DEFAULTS.pyodideURL, location.href);
-  const downloads = startDownloads(new URL(options.wheelManifest || DEFAULTS.wheelManifest, location.href).href,
-                                   (options.snapshot ?? DEFAULTS.snapshot) !== false,
-                                   new URL("pyodide.asm.wasm", pyodideURL).href);
   const workerCreatedMs = now();   // the page's clock: since navigation
   const worker = new Worker(new URL("./cinders-worker.js", import.meta.url), { type: "module" });
-  // Each download as it arrives; its buffer moves to the worker (no copy; a compiled module is shared).
-  for (const key of ["manifest", "wheel", "snapshot", "interpreter"]) {
-    downloads[key].then(
-      (value) => worker.postMessage({ type: "download", key, value }, value instanceof ArrayBuffer ? [value] : []),
-      (error) => worker.postMessage({ type: "download", key, error: String(error && error.message ? error.message : error) }));
-  }
   return new Promise((resolve, reject) => {
-    const failed = (message) => { worker.terminate(); if (observer) observer.disconnect(); reject(new Error(message)); };
+    const failed = (message) => { worker.terminate(); reject(new Error(message)); };
     worker.onerror = (event) => failed(`cinders: the worker failed to start: ${event.message || "script error"}`);
     worker.onmessage = ({ data }) => {
       if (data.type === "status") (options.onStatus || (() => {}))(data.text);
-      else if (data.type === "progress") (options.onProgress || (() => {}))({ ...data.progress, bytes: data.progress.bytes + pageBytes });
+      else if (data.type === "progress") (options.onProgress || (() => {}))(data.progress);
       else if (data.type === "error") failed(data.message);
       else if (data.type === "ready") {
         worker.onerror = null;
-        if (observer) observer.disconnect();
         data.timings.worker_created_ms = workerCreatedMs;
         // The worker's clock starts when its thread does: on the page's clock, that is
         data.timings.worker_started_ms = data.timeOrigin - performance.timeOrigin;
         resolve(new WorkerModel(worker, data));
       }
     };
-    worker.postMessage({ type: "load", options: { ...settings, downloadsHanded: true } });
+    worker.postMessage({ type: "load", options: settings });
   });
 }
 
