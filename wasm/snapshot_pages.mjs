@@ -1,7 +1,7 @@
 // The Pyodide memory snapshot as the server stores and sends it: only its pages that hold a
 // nonzero byte. Half of the 31 MB memory is zero pages; the browser decodes (brotli) only what is
-// sent, and decoding was the network service's biggest task of a cold start (the full snapshot
-// took 0.3-0.4 s of one core to decode on the loaded test machine, the pages alone 0.17 s).
+// sent, and decoding was the network service's biggest task of a cold start (Python's brotli on
+// the test machine at load 8: 0.32-0.39 s of one core for the full memory, 0.17 s for its pages).
 // precompile.mjs writes the file, cinders.js restores it into a zeroed buffer of the memory's size.
 //
 // Layout (little-endian uint32 words, then bytes):
