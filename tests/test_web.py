@@ -190,3 +190,44 @@ def test_a_sites_model_source_is_its_own_module_and_never_an_installed_one(tmp_p
         asyncio.run(run())
     finally:
         sys.modules.pop("point_model", None)   # the site's module, registered by load_model
+
+
+SNAPSHOT_PAGES_CHECK = """
+import { dropZeroPages, restoreZeroPages, PAGE_BYTES } from %s;
+import fs from "node:fs";
+const memory = new Uint8Array(fs.readFileSync(process.argv[2]));
+const file = dropZeroPages(memory);
+fs.writeFileSync(process.argv[3], file);
+const restored = new Uint8Array(memory.length);
+restoreZeroPages(file.buffer, restored);
+const truncated = new Uint8Array(memory.length);
+let refused = "";
+try { restoreZeroPages(file.buffer.slice(0, file.length - 1), truncated); } catch (e) { refused = e.message; }
+console.log(JSON.stringify({same: Buffer.compare(Buffer.from(memory), Buffer.from(restored)) === 0, refused}));
+"""
+
+
+@pytest.mark.skipif(not __import__("shutil").which("node"), reason="Node is part of the browser set-up")
+def test_the_snapshot_file_drops_zero_pages_and_restores_the_memory_exactly(tmp_path):
+    """wasm/snapshot_pages.mjs: the snapshot as the server sends it (nonzero pages only) restores
+    the very memory, a last short page included; a cut file is refused; the manifest's
+    snapshot_bytes (wheel.snapshot_memory_bytes) reads the memory's size from its header."""
+    import subprocess
+    from cinders.web.wheel import snapshot_memory_bytes
+    rng = np.random.default_rng(0)
+    memory = np.zeros(4096 * 9 + 144, np.uint8)
+    for page in (0, 1, 4, 8):   # runs of nonzero pages between zero ones, and a short last page
+        memory[page * 4096 + rng.integers(0, 4096, 20) % (len(memory) - page * 4096)] = rng.integers(1, 256, 20)
+    memory[-1] = 7
+    (tmp_path / "memory.bin").write_bytes(memory.tobytes())
+    script = tmp_path / "check.mjs"
+    from cinders.web.wheel import PRECOMPILE_SCRIPT
+    module = os.path.join(os.path.dirname(PRECOMPILE_SCRIPT), "snapshot_pages.mjs")
+    script.write_text(SNAPSHOT_PAGES_CHECK % json.dumps("file://" + os.path.realpath(module)))
+    out = subprocess.run(["node", str(script), str(tmp_path / "memory.bin"), str(tmp_path / "snapshot.bin")],
+                         capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["same"] is True
+    assert "truncated or corrupt" in result["refused"]
+    assert (tmp_path / "snapshot.bin").stat().st_size < memory.nbytes - 3 * 4096   # the zero pages stay out
+    assert snapshot_memory_bytes(str(tmp_path / "snapshot.bin")) == memory.nbytes

@@ -15,6 +15,7 @@
 // model class the record names.
 
 import { importedMemoryPages, startThreaded, threadCount } from "./kernel_threads.mjs";
+import { restoreZeroPages } from "./snapshot_pages.mjs";
 
 const HERE = new URL(".", import.meta.url);                     // .../wasm/
 const DEFAULTS = {
@@ -82,30 +83,56 @@ export function progressReporter(options) {
 
 function now() { return performance.now(); }
 
-async function fetchOk(url, what) {
-  const response = await fetch(url);
+async function fetchOk(url, what, init = undefined) {
+  const response = await fetch(url, init);
   if (!response.ok) throw new Error(`cinders: cannot fetch ${what} from ${url}: HTTP ${response.status}`);
   return response;
 }
 
-// What the server prepared (cinders.web.wheel; `manifest` names it): the wheel, and made by this
-// very Pyodide under Node, the wheel's bytecode and a memory snapshot of Pyodide with cinders imported.
-function fetchParts(manifest, manifestURL, pyodideVersion, useSnapshot) {
-  const fetchPart = (name, what) => {
-    const url = new URL(name, manifestURL);
-    url.searchParams.set("v", manifest.sources_sha256.slice(0, 16));  // a new build is a new URL
-    const bytes = fetchOk(url.href, what).then((r) => r.arrayBuffer());
-    bytes.catch(() => {});  // reported where it is awaited
-    return bytes;
+// One file the server prepared (cinders.web.wheel; the manifest names it), as an ArrayBuffer.
+function fetchPart(manifest, manifestURL, name, what, signal = undefined) {
+  const url = new URL(name, manifestURL);
+  url.searchParams.set("v", manifest.sources_sha256.slice(0, 16));  // a new build is a new URL
+  return fetchOk(url.href, what, { signal }).then((r) => r.arrayBuffer());
+}
+
+// The downloads a start begins with, each a promise: the manifest, then as soon as it is in the
+// wheel and (useSnapshot) the memory snapshot it names (made by a Pyodide under Node: Pyodide with
+// cinders imported; null when there is none); stop() ends the snapshot's download.
+function startDownloads(manifestURL, useSnapshot) {
+  const manifest = fetchOk(manifestURL, "the wheel manifest").then((r) => r.json());
+  const stopper = new AbortController();
+  const downloads = {
+    manifest,
+    wheel: manifest.then((m) => fetchPart(m, manifestURL, m.wheel, "the cinders wheel")),
+    snapshot: manifest.then((m) => useSnapshot && m.snapshot
+      ? fetchPart(m, manifestURL, m.snapshot, "the Pyodide snapshot", stopper.signal) : null),
+    stop: () => stopper.abort(),
   };
-  const forThisPyodide = (name) => name && name.includes(`-pyodide-${pyodideVersion}.`);
-  return {
-    wheelName: manifest.wheel,
-    wheel: fetchPart(manifest.wheel, "the cinders wheel"),
-    snapshot: useSnapshot && forThisPyodide(manifest.snapshot) ? fetchPart(manifest.snapshot, "the Pyodide snapshot") : null,
-    // Fetched lazily: only a start without the snapshot needs it.
-    bytecode: forThisPyodide(manifest.pycache) ? () => fetchPart(manifest.pycache, "the cinders bytecode") : null,
+  for (const key of ["manifest", "wheel", "snapshot"]) downloads[key].catch(() => {});  // reported where awaited
+  return downloads;
+}
+
+// loadPyodide's options for a start from the snapshot. Pyodide's loader sizes the interpreter's
+// memory by the snapshot, so by itself it sets the interpreter up (compiles pyodide.asm.wasm,
+// links it, runs its constructors) only once the whole snapshot is in. Given the snapshot's size
+// (the manifest's snapshot_bytes), it gets a buffer of that size at once and sets the interpreter
+// up while the snapshot downloads; the createPyodideModule hook (Pyodide's own pyodide.asm.mjs,
+// imported from the start) hands the interpreter back only once the snapshot has filled the
+// buffer, and Pyodide reads the buffer only then (restoreSnapshot).
+// The file holds the memory's nonzero pages only (snapshot_pages.mjs). interpreterScript: the
+// import of pyodide.asm.mjs, begun with the loader's. onInterpreter() is called when the
+// interpreter is set up.
+function snapshotStart(snapshot, size, interpreterScript, onInterpreter) {
+  const memory = new Uint8Array(size);
+  const filled = snapshot.then((file) => restoreZeroPages(file, memory));
+  const createPyodideModule = async (settings) => {
+    const { default: create } = await interpreterScript;
+    const created = create(settings);
+    created.then(onInterpreter, () => {});
+    return (await Promise.all([created, filled]))[0];
   };
+  return { _loadSnapshot: memory, createPyodideModule };
 }
 
 // Pyodide started the fast way: from the server's memory snapshot (cinders already imported) when
@@ -118,18 +145,31 @@ export async function startPyodide(options) {
   const timings = {};
   const t0 = now();
   status("loading Pyodide");
-  // The manifest downloads while pyodide.mjs loads: every later fetch starts one round trip sooner.
-  const manifest = fetchOk(wheelManifest, "the wheel manifest").then((r) => r.json());
-  manifest.catch(() => {});  // reported where it is awaited
+  // The downloads, Pyodide's loader and its interpreter's JS, all at once.
+  const downloads = startDownloads(wheelManifest, useSnapshot);
+  const interpreterScript = import(new URL("pyodide.asm.mjs", pyodideURL).href);
+  interpreterScript.catch(() => {});  // reported where it is awaited
   const { loadPyodide, version } = await import(new URL("pyodide.mjs", pyodideURL).href);
-  // Everything downloads at once, while Pyodide compiles.
-  const parts = fetchParts(await manifest, wheelManifest, version, useSnapshot);
+  const manifest = await downloads.manifest;
+  // The bytecode and the snapshot serve only the very Pyodide that made them (a page may load
+  // another Pyodide: pyodideURL).
+  const made = (name) => name && name.includes(`-pyodide-${version}.`);
+  const parts = {
+    wheelName: manifest.wheel,
+    wheel: downloads.wheel,
+    snapshot: useSnapshot && made(manifest.snapshot) ? downloads.snapshot : null,
+    snapshotBytes: manifest.snapshot_bytes,   // the memory it restores
+    // Fetched lazily: only a start without the snapshot needs it.
+    bytecode: made(manifest.pycache) ? () => fetchPart(manifest, wheelManifest, manifest.pycache, "the cinders bytecode") : null,
+  };
+  if (!parts.snapshot) downloads.stop();
   if (parts.snapshot) parts.snapshot.then(() => { timings.snapshot_fetched_ms = now() - t0; }, () => {});
   let pyodide = null;
   const start = { ...pyodideOptions, indexURL: pyodideURL };
   if (parts.snapshot) {
     try {
-      pyodide = await loadPyodide({ ...start, _loadSnapshot: parts.snapshot });
+      pyodide = await loadPyodide({ ...start, ...snapshotStart(parts.snapshot, parts.snapshotBytes, interpreterScript,
+                                                                () => { timings.interpreter_ms = now() - t0; }) });
       timings.snapshot = true;
     } catch (error) {  // the snapshot API is experimental in Pyodide: a plain start still works
       console.warn("cinders: the Pyodide snapshot did not load, starting without it:", error);
@@ -168,23 +208,30 @@ export async function startPyodide(options) {
 // cn.Wasm()'s kernels: the threaded build on options.threads threads (kernel_threads.mjs: this
 // thread and threads - 1 Web Workers on one shared memory) where the page may share memory
 // (cross-origin isolated: `cinders serve` and export-web send COOP/COEP), else the single-threaded
-// module. The module downloads and compiles at once (while Pyodide starts); the instance and the
-// workers start on the first `await` (a page that runs on WebGPU starts none). Awaiting gives
+// module. With `eager` the module downloads and compiles at once (while Pyodide starts), else on
+// the first `await`; the instance and the workers start on the first `await` (a page that runs on
+// WebGPU starts none). Awaiting gives
 // {instance, memory, threads, note}. A pool on the page's own thread (?worker=0) works too: there
 // the calling thread spins for the workers' last items instead of blocking.
-function wasmKernels(options) {
+function wasmKernels(options, eager) {
   const threads = threadCount(options.threads, navigator.hardwareConcurrency);
   const threaded = threads > 1 && globalThis.crossOriginIsolated;
   const single = () => WebAssembly.compileStreaming(fetchOk(options.kernelsURL, "cn.Wasm()'s kernels"));
-  const compiled = threaded
-    ? fetchOk(options.threadedKernelsURL, "the threaded kernels").then((r) => r.arrayBuffer())
-      .then(async (bytes) => ({ bytes, module: await WebAssembly.compile(bytes) }))
-    : single();
-  compiled.catch(() => {});  // reported (or fallen back from) where it is awaited
+  let compiled = null;
+  const compile = () => {
+    if (compiled) return compiled;
+    compiled = threaded
+      ? fetchOk(options.threadedKernelsURL, "the threaded kernels").then((r) => r.arrayBuffer())
+        .then(async (bytes) => ({ bytes, module: await WebAssembly.compile(bytes) }))
+      : single();
+    compiled.catch(() => {});  // reported (or fallen back from) where it is awaited
+    return compiled;
+  };
+  if (eager) compile();
   let note = threads > 1 ? "single-threaded build (the page is not cross-origin isolated: no shared memory)"
     : "single-threaded build (threads: 1)";
   const startThreads = async () => {
-    const { bytes, module } = await compiled;
+    const { bytes, module } = await compile();
     const script = new URL("./cinders-kernel-thread.js", import.meta.url);
     const spawn = (data) => {
       const worker = new Worker(script, { type: "module" });
@@ -206,7 +253,7 @@ function wasmKernels(options) {
         console.warn("cinders:", note);
       }
     }
-    const instance = await WebAssembly.instantiate(await (threaded ? single() : compiled), {});
+    const instance = await WebAssembly.instantiate(await (threaded ? single() : compile()), {});
     console.info(`cinders: cn.Wasm() runs its ${note}`);
     return { instance, memory: instance.exports.memory, threads: 1, note };
   };
@@ -218,9 +265,12 @@ async function startRuntime(options) {
   // options.status: Cinders.load's progress reporter (onStatus and onProgress together)
   const status = options.status || options.onStatus || (() => {});
   const t0 = now();
-  // cn.Wasm()'s module (~150 KB) compiles while Pyodide starts; only a page forced onto another
-  // backend skips it.
-  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null : wasmKernels(options);
+  // cn.Wasm()'s module (~150 KB; threaded, ~180 KB) compiles while Pyodide starts where the page
+  // is likely to run on it; where the browser has WebGPU, which "auto" tries first, only once
+  // cn.Wasm() is chosen (the download and compile would compete with Pyodide's for the cores).
+  // A page forced onto another backend never loads it.
+  const kernels = ["webgpu", "python", "cpu"].includes(options.backend) ? null
+    : wasmKernels(options, options.backend === "wasm" || !navigator.gpu);
   const { pyodide, timings } = await startPyodide({
     pyodideURL: options.pyodideURL, wheelManifest: options.wheelManifest, snapshot: options.snapshot,
     packages: options.packages, status });

@@ -6,13 +6,15 @@
 //
 // pycache.zip   __pycache__/*.pyc of every cinders module (unchecked-hash pycs: valid without
 //               comparing source timestamps), so importing cinders compiles nothing.
-// snapshot.bin  Pyodide's memory right after start-up with cinders imported
+// snapshot.bin  Pyodide's memory right after start-up with cinders imported, without its zero
+//               pages (snapshot_pages.mjs)
 //               (loadPyodide({_loadSnapshot})): the page skips the interpreter's own start-up,
 //               most of a cold start. Pyodide marks the snapshot API experimental; cinders.js
 //               falls back to a plain start when the snapshot does not load.
 import fs from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
+import { dropZeroPages } from "./snapshot_pages.mjs";
 
 const [pyodideDir, wheelPath, pycachePath, snapshotPath] = process.argv.slice(2);
 const { loadPyodide } = await import(pathToFileURL(path.join(pyodideDir, "pyodide.mjs")).href);
@@ -96,4 +98,5 @@ if (pyodide._module.HEAP8.length > memoryAtStart) {
                 "No snapshot written.");
   process.exit(1);
 }
-fs.writeFileSync(snapshotPath, pyodide.makeMemorySnapshot());
+// Stored without its zero pages (snapshot_pages.mjs): half the bytes for the browser to decode.
+fs.writeFileSync(snapshotPath, dropZeroPages(pyodide.makeMemorySnapshot()));

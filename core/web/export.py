@@ -9,7 +9,7 @@ input while Pyodide (started from its memory snapshot) and the model load.
     DIR/app.js               the page's script: loads the model in the worker, runs it on Run
     DIR/<model source>.py    the model's class, copied unchanged (imported in the worker)
     DIR/model.safetensors    the record
-    DIR/wasm/                cinders.js, its worker and its kernel threads' scripts
+    DIR/wasm/                cinders.js, its worker, its kernel threads' scripts and the snapshot's reader
     DIR/wheels/              cinders itself (pure Python), its bytecode and Pyodide snapshot
     DIR/wasm-kernels/        cn.Wasm()'s kernels, for browsers without WebGPU
     DIR/node_modules/pyodide/   the Pyodide interpreter (npm `pyodide`, local copy)
@@ -253,7 +253,7 @@ def _write_runtime(out_dir, node_modules, replace=()):
     shutil.copytree(pyodide, os.path.join(out_dir, "node_modules", "pyodide"),
                     ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     os.makedirs(os.path.join(out_dir, "wasm"))
-    for name in ("cinders.js", "cinders-worker.js", "kernel_threads.mjs", "cinders-kernel-thread.js"):
+    for name in ("cinders.js", "cinders-worker.js", "kernel_threads.mjs", "cinders-kernel-thread.js", "snapshot_pages.mjs"):
         shutil.copyfile(os.path.join(REPO_ROOT, "wasm", name), os.path.join(out_dir, "wasm", name))
     wheel = ensure_wheel()
     wheels = os.path.join(out_dir, "wheels")

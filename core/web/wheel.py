@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -116,6 +117,13 @@ def precompile(wheel, out_dir):
     return made
 
 
+def snapshot_memory_bytes(path):
+    """The size of the memory a snapshot file restores: the second word of its header
+    (wasm/snapshot_pages.mjs, which writes the file without its zero pages)."""
+    with open(path, "rb") as f:
+        return struct.unpack("<2I", f.read(8))[1]
+
+
 def build_wheel(out_dir=None, bytecode=True):
     """Writes cinders-<version>-py3-none-any.whl and its manifest into out_dir; returns the path.
     bytecode: also precompile it for the browser's Pyodide (see `precompile`)."""
@@ -158,6 +166,8 @@ def build_wheel(out_dir=None, bytecode=True):
                 "files": len(files), "bytecode": bool(bytecode), "pycache": None, "snapshot": None}
     if bytecode:
         manifest.update(precompile(path, out_dir))
+    if manifest["snapshot"]:  # the page sizes Pyodide's memory by it before the snapshot arrives (cinders.js)
+        manifest["snapshot_bytes"] = snapshot_memory_bytes(os.path.join(out_dir, manifest["snapshot"]))
     with open(os.path.join(out_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
     return path
@@ -174,6 +184,7 @@ def ensure_wheel(out_dir=None, bytecode=True):
         if (os.path.exists(path) and manifest.get("version") == cinders.__version__
                 and manifest.get("sources_sha256") == _sources_hash(source_files())
                 and (not bytecode or manifest.get("bytecode"))  # tried; None when it could not be made
+                and (not manifest.get("snapshot") or manifest.get("snapshot_bytes"))
                 and all(os.path.exists(os.path.join(out_dir, extra)) for extra in extras)):
             return path
     except (OSError, ValueError, KeyError):
