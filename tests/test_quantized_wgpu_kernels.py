@@ -283,3 +283,31 @@ def test_quantized_matmul_on_the_register_tiles(gpus, monkeypatch, name, integer
         np.testing.assert_array_equal(got, want.astype(np.int64))
     else:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_padded_rows_past_k_are_never_read_as_values(gpus, monkeypatch):
+    """B stored (N, K) with rows padded to whole words (K 66, row stride 68) and blocks of 33: the
+    register tiles read its words whole, and the two values of the last word past K (whose block
+    would read a scale past the scales' end) stay 0, whatever the pool's buffers held before
+    (here inf and NaN; a leftover NaN once gave a NaN column)."""
+    import gc
+    from cinders.backend import QuantizedLayout
+    from cinders.wgpu import backend as wgpu_backend
+    choose = wgpu_backend.quantized_tiling
+    monkeypatch.setattr(wgpu_backend, "quantized_tiling", lambda m, n, cpu: choose(m, n, False))
+    gpu = gpus["f16"]
+    k, stride, n, block, m = 66, 68, 80, 33, 70
+    packed = RNG.integers(-128, 128, (n, stride)).astype(np.int8)
+    scale = RNG.uniform(0.5, 1.5, (n, 2)).astype(np.float32)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    for fill in (np.inf, np.nan):
+        for size in (161, 170, 192, 200, 256, 300, 512):   # stale values in the pool's buffers
+            cn.tensor(np.full(size, fill, np.float32), backend=gpu).numpy()
+        gc.collect()
+        layout = QuantizedLayout(k, n, 8, block, (0, 1, stride), scale=(0, 1, 2))
+        out = gpu.matmul_quantized(cn.tensor(a, backend=gpu).handle,
+                                   cn.tensor(packed.reshape(-1), backend=gpu, dtype=cn.int8).handle,
+                                   cn.tensor(scale.reshape(-1), backend=gpu).handle, None, layout)
+        got = cn.Tensor(gpu, out, (m, n), cn.float32).numpy()
+        want = a.astype(np.float64) @ (packed[:, :k].T * np.repeat(scale.T, block, axis=0)[:k])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -567,9 +567,12 @@ def matmul_quantized_regtile_wgsl(a_dtype, q_dtype, bits, scale_dtype, zp_dtype,
         dst = ("pa%d" if along_k else "pb%d") % j
         at = (lambda c: ("%s + %du" % (gk, c), gn)) if along_k else (lambda c: (gk, "%s + %du" % (gn, c)))
         inside = "%s < N && %s < K" % (gn, gk)
-        if word:   # (whole words: the 4 values lie in one and are all inside)
+        if word:   # (the 4 values lie in one word; those past K or N -- a padded row -- stay 0: their
+            # block's scale may lie past the scales' end)
             return ["%s = %s; if (%s) { let word = q[(%s) / 4u];" % (dst, zero4, inside, q_index % (gk, gn))] + \
-                ["  %s[%d] = %s;" % (dst, c, dequantized(reader.field("word", c), *at(c))) for c in range(4)] + ["}"]
+                ["  if (%s < K && %s < N) { %s[%d] = %s; }" % (at(c)[0], at(c)[1], dst, c,
+                                                           dequantized(reader.field("word", c), *at(c)))
+                 for c in range(4)] + ["}"]
         out = []
         for c in range(4):
             k_c, n_c = at(c)
