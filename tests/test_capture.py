@@ -331,13 +331,16 @@ STORAGE_STACKS = {"wgpu": lambda: Wgpu(), "wgpu-packed": lambda: Wgpu(shader_f16
 def test_storage_dtype_outputs_replay_at_their_size(backend_name, dtype):
     """An output stored 1 or 2 bytes a value (float16 in either layout, int8, uint8) is copied out
     of the workspace by its own words (a replay copied 4 bytes a value, past the buffer's end),
-    with the answer of the uncaptured call; a row of a storage-dtype input too."""
+    with the answer of the uncaptured call; a row of one, and views that start inside a packed
+    word (copied to a word of their own: buffer copies move whole words), of a computed output
+    and of a storage-dtype input."""
     backend = STORAGE_STACKS[backend_name]()
-    fn = lambda x: ((x * 2).cast(dtype), x.cast(dtype)[1])   # noqa: E731
+    fn = lambda x, q: ((x * 2).cast(dtype), x.cast(dtype)[1], x.cast(dtype).reshape(-1)[3:], q[3:])  # noqa: E731
     fast = cn.capture(fn)
     for i in range(5):
-        x = cn.tensor(np.arange(8 * 64, dtype=np.float32).reshape(8, 64) % 50 + i, backend=backend)
-        got, want = fast(x), fn(x)
+        values = np.arange(8 * 64, dtype=np.float32).reshape(8, 64) % 50 + i
+        x, q = cn.tensor(values, backend=backend), cn.tensor(values[0], backend=backend, dtype=dtype)
+        got, want = fast(x, q), fn(x, q)
         for g, w in zip(got, want):
             assert g.dtype is dtype
             np.testing.assert_array_equal(g.numpy(), w.numpy())

@@ -64,8 +64,15 @@ class LaunchRecorder:
         return self.backend.empty(shape, dtype)
 
     def contiguous(self, h):
-        """h, or a contiguous copy of it (what a replay binds and copies is contiguous)."""
-        return self.backend.contiguous(h)
+        """h, or a contiguous copy of it (what a replay binds and copies is contiguous, and
+        starts on a whole word: buffer copies move whole words, so a view of a storage dtype
+        that starts inside a word, x[3:] of int8 x, is copied to a word of its own)."""
+        h = self.backend.contiguous(h)
+        if h.offset % h.dtype.per_word:
+            whole = self.backend.empty(h.shape, h.dtype)
+            self.backend.copy_into(whole, h)
+            h = whole
+        return h
 
     def assign(self, dst, src):
         """Copy src into dst's own buffer, in place (state updates under cn.capture)."""
