@@ -584,3 +584,37 @@ def test_quantized_model_matches_onnxruntime_on_wgpu(quantized, variant, monkeyp
     got = load(str(path), backend=backend)(cn.tensor(x, backend=backend)).numpy()
     assert calls and set(calls) == {"dynamic_quantize" if "dynamic" in how else "quantize_dequantize"}, calls
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+# DynamicQuantizeLinear's edge inputs (name -> x, whether onnxruntime is the reference). Cinders'
+# rule: the range skips NaN, a NaN quotient (a NaN x, inf / inf) saturates to 0, an empty x gets
+# scale 1 and zero point 0. onnxruntime agrees where a NaN leads its vector lanes or is alone;
+# further into a long vector its min/max lanes drop other values (the range of [1.5, -2, NaN x 9,
+# 0.25 x 6] comes out [0, 0.25]), and with -inf its zero point is 255: there every backend gives
+# cn.Python's composition instead.
+DYNAMIC_EDGES = {"nan": ([np.nan, 1, 2, 3, -1], True), "inf": ([np.inf, 1.0], True), "all nan": ([np.nan] * 6, True),
+                 "empty": ([], True), "nan in a long vector": ([1.5, -2.0] + [np.nan] * 9 + [0.25] * 6, False),
+                 "-inf": ([2.0, -np.inf, 0.5], False)}
+
+
+@pytest.mark.parametrize("edge", list(DYNAMIC_EDGES))
+def test_dynamic_quantize_linear_edges_are_one_rule(backend, edge):
+    """The composition (cn.Python, cn.NumPy, under cn.Fusion) and the one-kernel abilities
+    (cn.Wgpu's Program, cn.Wasm's runtime.h kernel) give the same y, scale and zero point on NaN,
+    infinities and an empty x: onnxruntime's where it is defined (above)."""
+    values, ort_defined = DYNAMIC_EDGES[edge]
+    x = np.array(values, np.float32).reshape(-1)
+    graph = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info(n, t, None) for n, t in
+                               (("y", TensorProto.UINT8), ("s", TensorProto.FLOAT), ("z", TensorProto.UINT8))])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    if ort_defined:
+        expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    else:
+        expected = [t.numpy() for t in load(data, backend=cn.Python())(cn.tensor(x, backend=cn.Python()))]
+        assert 0 <= expected[2] <= 255 and all(0 <= v <= 255 for v in expected[0])
+    for b in (backend, cn.Fusion(backend)):
+        got = [t.numpy() for t in load(data, backend=b)(cn.tensor(x, backend=b))]
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(np.asarray(g, np.float64), np.asarray(e, np.float64))

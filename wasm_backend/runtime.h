@@ -924,24 +924,27 @@ EXPORT(matmul_quantized) void matmul_quantized(void *o, const void *a, const voi
  * one pass for the range, one to quantize, instead of a dozen elementwise kernels */
 EXPORT(dynamic_quantize_f32) void dynamic_quantize_f32(int *y, const float *x, float *scale_out,
                                                        int *zp_out, int n) {
-    /* pmin/pmax are one instruction each on x86 (min/max, which propagate NaN, half a dozen in
-     * V8 and Wasmtime): a NaN is tracked on its own and makes the range NaN, as min/max would */
-    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4, nan4 = wasm_i32x4_splat(0);
+    /* pmin/pmax (one instruction each on x86; min/max, which propagate NaN, are half a dozen in
+     * V8 and Wasmtime) keep the range when v is NaN: the range skips NaN, as onnxruntime's
+     * (core/onnx/ops/quantization.py); the scalar tail compares the same way */
+    v128_t lo4 = wasm_f32x4_splat(0.0f), hi4 = lo4;
     int i = 0;
     for (; i + 4 <= n; i += 4) {
         v128_t v = wasm_v128_load(x + i);
         lo4 = wasm_f32x4_pmin(lo4, v);
         hi4 = wasm_f32x4_pmax(hi4, v);
-        nan4 = wasm_v128_or(nan4, wasm_f32x4_ne(v, v));
     }
     float lo = min_f32(min_f32(wasm_f32x4_extract_lane(lo4, 0), wasm_f32x4_extract_lane(lo4, 1)),
                        min_f32(wasm_f32x4_extract_lane(lo4, 2), wasm_f32x4_extract_lane(lo4, 3)));
     float hi = max_f32(max_f32(wasm_f32x4_extract_lane(hi4, 0), wasm_f32x4_extract_lane(hi4, 1)),
                        max_f32(wasm_f32x4_extract_lane(hi4, 2), wasm_f32x4_extract_lane(hi4, 3)));
-    if (wasm_v128_any_true(nan4)) lo = hi = __builtin_nanf("");
-    for (; i < n; i++) { lo = min_f32(lo, x[i]); hi = max_f32(hi, x[i]); }
+    for (; i < n; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
     float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
     float zp = min_f32(max_f32(__builtin_rintf(-lo / scale), 0.0f), 255.0f);
+    if (zp != zp) zp = 0.0f;   /* (-inf in x: inf / inf; NaN saturates to 0, as in y) */
     /* (-0 never arises: rint(..) + zp, zp >= +0; pmax(0, NaN) is 0, as trunc_f32_i32 makes NaN)
      * the integer 0..255 in the low bits of v + 2**23, whose exponent bits are 0x4B000000 */
     v128_t s4 = wasm_f32x4_splat(scale), z4 = wasm_f32x4_splat(zp);

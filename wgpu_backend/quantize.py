@@ -22,8 +22,12 @@ from cinders.fusion.graph import CONST, PENDING, Expr, Program
 
 from .programs import leaf
 
-# DynamicQuantizeLinear's range [min(x, 0), max(x, 0)] (a NaN min or max stays NaN, as the
-# composition's fmin/fmax keep it), its scale (1 where the range is empty) and zero point.
+# DynamicQuantizeLinear's range [min(x, 0), max(x, 0)] of x with NaN read as 0 (onnxruntime's
+# range skips NaN: core/onnx/ops/quantization.py), its scale (1 where the range is empty) and zero
+# point; a NaN quotient (NaN x, inf / inf) saturates to 0.
+_NAN = "(bitcast<u32>(%s) & 0x7fffffffu) > 0x7f800000u"   # (x != x may be folded away)
+_NAN_AS_ZERO = custom_op("cn_dq_nan_as_zero", "fn cn_dq_nan_as_zero(x: f32) -> f32 {\n  return select(x, 0.0, %s);\n}"
+                         % (_NAN % "x"))
 _RANGE = """  let lo = select(min(mn, 0.0), mn, (bitcast<u32>(mn) & 0x7fffffffu) > 0x7f800000u);
   let hi = select(max(mx, 0.0), mx, (bitcast<u32>(mx) & 0x7fffffffu) > 0x7f800000u);
   let scale = select((hi - lo) / 255.0, 1.0, hi == lo);"""
@@ -39,8 +43,10 @@ def _clamped(name, args, value, lo, hi, result="c", setup=""):
                      "%d.0, v > %d.0);\n  return %s;\n}" % (name, args, setup, value, lo, lo, hi, hi, result))
 
 
-_ZERO_POINT = _clamped("cn_dq_zero_point", "mn: f32, mx: f32", "round(-lo / scale)", 0, 255, setup=_RANGE + "\n")
-_QUANTIZE_U8 = _clamped("cn_dq_quantize", "x: f32, s: f32, z: f32", "round(x / s) + z", 0, 255)
+_ZERO_POINT = _clamped("cn_dq_zero_point", "mn: f32, mx: f32", "round(-lo / scale)", 0, 255, setup=_RANGE + "\n",
+                       result="select(c, 0.0, %s)" % (_NAN % "c"))
+_QUANTIZE_U8 = _clamped("cn_dq_quantize", "x: f32, s: f32, z: f32", "round(x / s) + z", 0, 255,
+                        result="select(c, 0.0, %s)" % (_NAN % "c"))
 
 
 def _round_trip(lo, hi):
@@ -63,12 +69,13 @@ def dynamic_quantize(backend, runner, x):
     frame = ((n,), 0)
     row = lambda op, arg, inputs, dtype: _node(op, arg, inputs, (), (1,), dtype, frame)  # noqa: E731
     values = leaf(flat)
-    lo = row("reduce_min", None, [values], dtypes.float32)
-    hi = row("reduce_max", None, [values], dtypes.float32)
+    finite = _node("custom", _NAN_AS_ZERO, [values], (n,), (n,), dtypes.float32, frame)
+    lo = row("reduce_min", None, [finite], dtypes.float32)
+    hi = row("reduce_max", None, [finite], dtypes.float32)
     scale = row("custom", _SCALE, [lo, hi], dtypes.float32)
     zero_point = row("custom", _ZERO_POINT, [lo, hi], dtypes.float32)
     zero_int = row("cast_i", None, [zero_point], dtypes.int32)
-    scale_h, zero_h = runner.run(Program([lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame),
+    scale_h, zero_h = runner.run(Program([finite, lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame),
                                  name="dynamic_quantize_range")
     flat_frame = ((n,), None)
     zero_f = _node("cast_f", None, [leaf(backend.reshape(zero_h, (1,)))], (1,), (1,), dtypes.float32,

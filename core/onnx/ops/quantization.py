@@ -36,6 +36,8 @@ integers are X / x_scale (exactly: |q - zp| <= 255, a few float32 roundings off)
 float32 sums * x_scale * w_scale + B.
 """
 
+import math
+
 import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
@@ -212,7 +214,8 @@ def _dynamic_range(lo, hi):
     """DynamicQuantizeLinear's scale and (float) zero point from x's min and max, in tensor ops."""
     lo, hi = lo.minimum(0.0), hi.maximum(0.0)
     scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
-    return scale, (-lo / scale).round().maximum(0.0).minimum(255.0)
+    zero_point = (-lo / scale).round().maximum(0.0).minimum(255.0)
+    return scale, cn.where(zero_point != zero_point, 0.0, zero_point)   # (-inf in x: inf / inf)
 
 
 # The same steps in WGSL, one kernel each instead of eight (NaN propagates as fmin_f/fmax_f do).
@@ -226,21 +229,31 @@ _DYNAMIC_SCALE = custom_op("cn_dynamic_scale", _DYNAMIC_RANGE_WGSL.format(
     name="cn_dynamic_scale", result="return scale;"), lambda lo, hi: _dynamic_range(lo, hi)[0])
 _DYNAMIC_ZERO_POINT = custom_op("cn_dynamic_zero_point", _DYNAMIC_RANGE_WGSL.format(
     name="cn_dynamic_zero_point", result="let v = round(-lo / scale); "
-    "return select(select(v, 0.0, v < 0.0), 255.0, v > 255.0);"), lambda lo, hi: _dynamic_range(lo, hi)[1])
+    "return select(select(select(v, 0.0, v < 0.0), 255.0, v > 255.0), 0.0, (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);"),
+    lambda lo, hi: _dynamic_range(lo, hi)[1])
 
 
 @op(multi=True)
 def DynamicQuantizeLinear(x, outputs=1):
     """uint8 with the range [min(x, 0), max(x, 0)] (ONNX's formula, as onnxruntime computes it;
-    an all-zero x gets scale 1, as in onnxruntime, where the formula would divide by 0)."""
+    an all-zero or empty x gets scale 1 and zero point 0, as in onnxruntime, where the formula
+    would divide by 0). The range skips NaN and a NaN quotient (a NaN x; inf / inf, also in the
+    zero point where x holds -inf) saturates to 0: one rule on every backend. (onnxruntime's own
+    answer there depends on where a NaN falls in its vector lanes.)"""
     if x.backend.dynamic_quantize:   # the same arithmetic in one kernel (core/backend.py)
         handles = x.backend.dynamic_quantize(x.handle)
         results = tuple(Tensor(x.backend, h, shape, dtype) for h, shape, dtype in
                         zip(handles, (x.shape, (), ()), (int32, float32, int32)))[:outputs]
         return results if outputs > 1 else results[0]
-    lo, hi = x.min(), x.max()
+    if x.numel() == 0:
+        scale, zp = cn.full((), 1.0, backend=x.backend), cn.full((), 0, backend=x.backend, dtype=int32)
+        results = (x.cast(int32), scale, zp)[:outputs]
+        return results if outputs > 1 else results[0]
+    values = cn.where(x != x, 0.0, x.cast(float32))   # (0 is inside the range anyway)
+    lo, hi = values.min(), values.max()
     scale, zp = _DYNAMIC_SCALE(lo, hi), _DYNAMIC_ZERO_POINT(lo, hi)
-    y = quantize(x, scale, zp, 0, 255)
+    q = x.cast(float32) / scale
+    y = round_saturate(cn.where(q != q, -math.inf, q), zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]
     return results if outputs > 1 else y
 
