@@ -185,7 +185,10 @@ elsewhere reads these flags (never hasattr or class names):
                        8-bit weight (O, C/groups, kh, kw) minus zero_point (None, 1 or O
                        values); scale None gives the int32 sums, else (float32 x, 1 or O
                        values) float32 sums * x_scale * scale[o] + bias[o] (bias None or (O,));
-                       padding ((top, bottom), (left, right)). Contiguous handles.
+                       padding ((top, bottom), (left, right)). Contiguous handles. As
+                       matmul_quantized's a_scale: with float32 x a backend may instead sum
+                       x * (q - zero point) in float32 and scale by scale[o] (cn.Wgpu: a GPU's
+                       f32 fma is as fast as its i32 one), the same C to float32 rounding.
     half_conv2d        conv2d_quantized also takes a float16 q (a half model's weight, as
                        matmul_quantized does): float32 x, x_param, scale and zero_point None,
                        C float32 = conv(x, q widened) + bias[o], any group (cn.Wgpu: its conv

@@ -201,17 +201,22 @@ fs.writeFileSync(process.argv[3], file);
 const restored = new Uint8Array(memory.length);
 restoreZeroPages(file.buffer, restored);
 const truncated = new Uint8Array(memory.length);
-let refused = "";
-try { restoreZeroPages(file.buffer.slice(0, file.length - 1), truncated); } catch (e) { refused = e.message; }
-console.log(JSON.stringify({same: Buffer.compare(Buffer.from(memory), Buffer.from(restored)) === 0, refused}));
+const refusal = (bytes) => { try { restoreZeroPages(bytes, truncated); return ""; } catch (e) { return e.message; } };
+const overlapping = file.slice();
+new DataView(overlapping.buffer).setUint32(4 * 6, 0, true);   // the second run starts inside the first
+console.log(JSON.stringify({same: Buffer.compare(Buffer.from(memory), Buffer.from(restored)) === 0,
+                            refused: [refusal(file.buffer.slice(0, file.length - 1)),   // its last byte cut
+                                      refusal(file.buffer.slice(0, 20)),                // inside the run table
+                                      refusal(overlapping.buffer)]}));
 """
 
 
 @pytest.mark.skipif(not __import__("shutil").which("node"), reason="Node is part of the browser set-up")
 def test_the_snapshot_file_drops_zero_pages_and_restores_the_memory_exactly(tmp_path):
     """wasm/snapshot_pages.mjs: the snapshot as the server sends it (nonzero pages only) restores
-    the very memory, a last short page included; a cut file is refused; the manifest's
-    snapshot_bytes (wheel.snapshot_memory_bytes) reads the memory's size from its header."""
+    the very memory, a last short page included; a file cut at its end or inside its run table,
+    or whose runs overlap, is refused; the manifest's snapshot_bytes (wheel.snapshot_memory_bytes)
+    reads the memory's size from its header, and refuses a file without it."""
     import subprocess
     from cinders.web.wheel import snapshot_memory_bytes
     rng = np.random.default_rng(0)
@@ -228,6 +233,8 @@ def test_the_snapshot_file_drops_zero_pages_and_restores_the_memory_exactly(tmp_
                          capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["same"] is True
-    assert "truncated or corrupt" in result["refused"]
+    assert all("truncated or corrupt" in message for message in result["refused"]), result["refused"]
     assert (tmp_path / "snapshot.bin").stat().st_size < memory.nbytes - 3 * 4096   # the zero pages stay out
     assert snapshot_memory_bytes(str(tmp_path / "snapshot.bin")) == memory.nbytes
+    with pytest.raises(cinders.CindersError, match="not a cinders snapshot"):
+        snapshot_memory_bytes(str(tmp_path / "memory.bin"))

@@ -50,11 +50,16 @@ export function restoreZeroPages(file, target) {
   if (word(1) !== target.length) throw new Error(`the snapshot restores ${word(1)} bytes, the manifest says ${target.length}`);
   const runs = word(3);
   const bytes = new Uint8Array(file);
-  let at = 16 + 8 * runs;
+  let at = 16 + 8 * runs, written = 0;
+  if (at > bytes.length) throw new Error("the snapshot is truncated or corrupt");
   for (let run = 0; run < runs; run++) {
     const start = word(4 + 2 * run) * PAGE_BYTES;
     const end = Math.min(start + word(5 + 2 * run) * PAGE_BYTES, target.length);
-    if (end <= start || at + end - start > bytes.length) throw new Error("the snapshot is truncated or corrupt");
+    // (runs ascend without overlapping, as dropZeroPages writes them)
+    if (start < written || end <= start || at + end - start > bytes.length) {
+      throw new Error("the snapshot is truncated or corrupt");
+    }
+    written = end;
     target.set(bytes.subarray(at, at + end - start), start);
     at += end - start;
   }

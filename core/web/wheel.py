@@ -21,7 +21,7 @@ import zipfile
 
 import cinders
 from cinders.assets import REPO_ROOT, cache_dir, web_deps_dir
-from cinders.errors import SetupError
+from cinders.errors import CindersError, SetupError
 
 # What ships inside the packages (setup.py's package_data): Python sources and kernel templates.
 SHIPPED_SUFFIXES = (".py", ".wgsl", ".json", ".js", ".html", ".css")
@@ -117,11 +117,18 @@ def precompile(wheel, out_dir):
     return made
 
 
+SNAPSHOT_MAGIC = 0x50534E43   # "CNSP", the first word of wasm/snapshot_pages.mjs's files
+
+
 def snapshot_memory_bytes(path):
     """The size of the memory a snapshot file restores: the second word of its header
     (wasm/snapshot_pages.mjs, which writes the file without its zero pages)."""
     with open(path, "rb") as f:
-        return struct.unpack("<2I", f.read(8))[1]
+        header = f.read(8)
+    if len(header) < 8 or struct.unpack("<I", header[:4])[0] != SNAPSHOT_MAGIC:
+        raise CindersError("%s is not a cinders snapshot (wasm/snapshot_pages.mjs): rebuild the wheel "
+                           "(python -m cinders.web.wheel)" % path)
+    return struct.unpack("<2I", header)[1]
 
 
 def build_wheel(out_dir=None, bytecode=True):
