@@ -280,6 +280,13 @@ def reduction_lines(k, op, operand_dtype, value_block, threads, step, span=("t",
     return lines, shared
 
 
+def _touched(bound):
+    """A line that references every buffer in `bound`: each stage of a split Program binds all
+    the leaves, but may read only some, and a browser's pipeline layout ("auto") leaves out
+    the bindings its shader never references (Dawn then refuses the bind group)."""
+    return "  " + " ".join("_ = arrayLength(&%s);" % name for name, _, _ in bound)
+
+
 def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
     """Reductions along the frame's axis with their prologues and epilogue, one row per
     workgroup (threads > 1) or per invocation (P: rows_layout). split "partial": the first
@@ -383,8 +390,9 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
             operand = "i32" if what == "index" else _operand_dtypes(program, nodes[k][2])[0].wgsl
             lines.append("    %s = %s;" % (plane_at(k, what, "chunk"), _bitcast("i32", operand, value)))
         lines.append("  }")
-        src = header(P.size, buffers(program, slot_types, storage)[:len(slot_types)]
-                     + [("part", "i32", True)], "\n".join(shared))
+        leaves = buffers(program, slot_types, storage)[:len(slot_types)]
+        lines.insert(1, _touched(leaves))
+        src = header(P.size, leaves + [("part", "i32", True)], "\n".join(shared))
         return _finish(src + "\n".join(lines) + "\n}\n", program)
     full_outputs = [(j, o) for j, o in enumerate(program.outputs) if nodes[o][3] == "full"]
     if full_outputs:
@@ -405,6 +413,7 @@ def rows_wgsl(program, binding_of, slot_types, storage, threads, split=None):
         lines.append("  }")
     bound = buffers(program, slot_types, storage)
     if split == "combine":
+        lines.insert(1, _touched(bound[:len(slot_types)]))
         bound.insert(len(slot_types), ("part", "i32", False))
     src = header(P.size, bound, "\n".join(shared))
     src += "\n".join(lines) + "\n}\n"
