@@ -148,11 +148,12 @@ def test_half_model_matches_onnxruntime_with_half_weights(backend, half_files, n
     scale = float(np.abs(expected.astype(np.float32)).max())
     err = float(np.abs(got.astype(np.float32) - expected.astype(np.float32)).max())
     assert err <= 4e-3 * max(1.0, scale), (err, scale)
-    # the products' weights (and BERT's embedding table) stay float16: most of the weight bytes;
-    # the grouped conv's weight and small constants are widened at import
+    # the products' weights (every conv's, the grouped one's too, and BERT's embedding table)
+    # stay float16: most of the weight bytes; small constants are widened at import
     weights = [v for v in model.state_dict().values() if v.ndim >= 2]
     half = sum(v.numel() for v in weights if v.dtype is cn.float16) / sum(v.numel() for v in weights)
     assert half >= 0.75, half
+    assert all(v.dtype is cn.float16 for v in weights if v.ndim == 4)
 
 
 def _matmul_file(w, rows=3):

@@ -195,8 +195,8 @@ def test_qdq_conv_weight_stays_8_bit_in_memory():
 
 @pytest.mark.parametrize("layout", ["f16", "packed"])
 def test_half_cnn_runs_its_convs_on_the_float16_weights(half_files, monkeypatch, layout):
-    """onnxruntime's float16 CNN (keep_io_types): its group-1 convolutions run on the conv
-    kernels with the weight read as float16 (conv2d_qfloat16: no unfold2d, no matmul_quantized),
+    """onnxruntime's float16 CNN (keep_io_types): its convolutions, the grouped one too, run on
+    the conv kernels with the weight read as float16 (conv2d_qfloat16: no unfold2d, no matmul_quantized),
     the output onnxruntime's to a few float16 ulps (tests/test_onnx_float16.py); on
     cn.Fusion(cn.Wgpu()) too."""
     data, x = half_files[("cnn", True)], _input("cnn", False)
@@ -204,7 +204,7 @@ def test_half_cnn_runs_its_convs_on_the_float16_weights(half_files, monkeypatch,
     gpu = cn.Wgpu(autotune=False, shader_f16=layout == "f16")
     model = load(data, backend=gpu)
     got, names = _kernels_run(gpu, monkeypatch, lambda: model(cn.tensor(x, backend=gpu)).numpy())
-    assert len([n for n in names if n.startswith("conv2d_qfloat16_")]) == 2, names   # (the grouped one is widened at import)
+    assert len([n for n in names if n.startswith("conv2d_qfloat16_")]) == 3, names   # (the grouped one too)
     assert not [n for n in names if n.startswith(("unfold", "copy"))] and "matmul_quantized" in names, names
     bound = 4e-3 * max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= bound

@@ -638,9 +638,11 @@ HALF_WEIGHT_READERS = {"MatMul": (1, 2), "Gemm": (1, 2), "Conv": (1, 4), "Gather
 
 def half_weights(nodes, constants):
     """Mark (Constant.half) the float16 constants that only the nodes of HALF_WEIGHT_READERS
-    read as their weight (MatMul's B at 2-D, Gemm's B without transA, a 1-D/2-D Conv's W of group
-    1, Gather's data); a read anywhere else, subgraphs included, keeps the constant float32.
-    Only the float16 constants' reads are indexed: a graph's other values cost nothing here."""
+    read as their weight (MatMul's B at 2-D, Gemm's B without transA, a 1-D/2-D Conv's W of any
+    group, Gather's data); a read anywhere else, subgraphs included, keeps the constant float32.
+    (A grouped Conv's weight is read at 2 bytes where the backend declares half_conv2d, and
+    widened per call elsewhere: ops/conv.py.) Only the float16 constants' reads are indexed: a
+    graph's other values cost nothing here."""
     halves = {name for name, c in constants.items() if c.onnx_type == "float16"}
     if not halves:
         return
@@ -662,7 +664,7 @@ def half_weights(nodes, constants):
         slot, most = HALF_WEIGHT_READERS[node.op_type]
         attrs = {a.name: a.i for a in node.attribute if a.type == 2}
         shaped = dims >= 3 if node.op_type == "Conv" else dims == 2 or node.op_type == "Gather"
-        return read[1] == slot and shaped and dims <= most and not attrs.get("transA") and attrs.get("group", 1) == 1
+        return read[1] == slot and shaped and dims <= most and not attrs.get("transA")
 
     walk(nodes, True)
     for name, reads in readers.items():
