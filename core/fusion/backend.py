@@ -371,9 +371,7 @@ class Fusion(Backend):
     def conv2d(self, x, w, bias, stride, padding, dilation, groups, activation):
         # Only called when the inner backend declares the kernel; its bias and activation
         # run inside it, so the conv is a boundary like unfold2d.
-        if self.compiler is None:
-            return self._inner.conv2d(x, w, bias, stride, padding, dilation, groups, activation)
-        return self._boundary("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
+        return self._inner_kernel("conv2d", x, w, bias, stride, padding, dilation, groups, activation)
 
     @property
     def conv2d_backward_kernels(self):
@@ -395,9 +393,9 @@ class Fusion(Backend):
         return self._boundary(name, *args)
 
     # The products whose weights stay packed (core/backend.py "quantized_matmul",
-    # "quantized_conv2d", "half_conv2d"): boundaries, so int8, 4-bit and float16 weights stay at their size
-    # under Fusion. (dynamic_quantize and quantize_dequantize are not forwarded: their
-    # compositions are reductions and elementwise ops, which fuse with what they read.)
+    # "quantized_conv2d", "half_conv2d"): boundaries, so int8, 4-bit and float16 weights stay
+    # at their size under Fusion. (dynamic_quantize and quantize_dequantize are not forwarded:
+    # their compositions are reductions and elementwise ops, which fuse with what they read.)
     @property
     def quantized_matmul(self):
         return self._inner.quantized_matmul

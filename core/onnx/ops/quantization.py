@@ -218,10 +218,11 @@ def _dynamic_range(lo, hi):
     return scale, cn.where(zero_point != zero_point, 0.0, zero_point)   # (-inf in x: inf / inf)
 
 
-# The same steps in WGSL, one kernel each instead of eight (NaN propagates as fmin_f/fmax_f do).
+# The same steps in WGSL, one kernel each instead of eight (the min and max they get skip NaN:
+# DynamicQuantizeLinear).
 _DYNAMIC_RANGE_WGSL = """fn {name}(mn: f32, mx: f32) -> f32 {{
-  let lo = select(min(mn, 0.0), mn, (bitcast<u32>(mn) & 0x7fffffffu) > 0x7f800000u);
-  let hi = select(max(mx, 0.0), mx, (bitcast<u32>(mx) & 0x7fffffffu) > 0x7f800000u);
+  let lo = min(mn, 0.0);
+  let hi = max(mx, 0.0);
   let scale = select((hi - lo) / 255.0, 1.0, hi == lo);
   {result}
 }}"""
