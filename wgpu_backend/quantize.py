@@ -19,43 +19,19 @@ are the same bits as cn.NumPy's and the composed kernels'.
 from cinders import dtypes
 from cinders.fusion import custom_op
 from cinders.fusion.graph import CONST, PENDING, Expr, Program
+from cinders.quantization import dynamic_scale, dynamic_zero_point, quantize_dequantize_op
 
 from .programs import leaf
 
-# DynamicQuantizeLinear's range [min(x, 0), max(x, 0)] of x with NaN read as 0 (onnxruntime's
-# range skips NaN: core/onnx/ops/quantization.py), its scale (1 where the range is empty) and zero
-# point; a NaN quotient (NaN x, inf / inf) saturates to 0.
+# DynamicQuantizeLinear reads x with NaN as 0 (the range skips NaN: core/onnx/ops/quantization.py),
+# and a NaN quotient (NaN x, inf / inf) saturates to 0; the scale, the zero point and the round
+# trip are core/quantization.py's ops, the compositions' own.
 _NAN = "(bitcast<u32>(%s) & 0x7fffffffu) > 0x7f800000u"   # (x != x may be folded away)
 _NAN_AS_ZERO = custom_op("cn_dq_nan_as_zero", "fn cn_dq_nan_as_zero(x: f32) -> f32 {\n  return select(x, 0.0, %s);\n}"
                          % (_NAN % "x"))
-_RANGE = """  let lo = min(mn, 0.0);   // (mn and mx are never NaN: _NAN_AS_ZERO)
-  let hi = max(mx, 0.0);
-  let scale = select((hi - lo) / 255.0, 1.0, hi == lo);"""
-_SCALE = custom_op("cn_dq_scale", "fn cn_dq_scale(mn: f32, mx: f32) -> f32 {\n%s\n  return scale;\n}"
-                   % _RANGE)
-_ROUND_TRIPS = {}  # (lo, hi) -> the custom op of (x, y_scale, y_zp, x_scale, x_zp)
-
-
-def _clamped(name, args, value, lo, hi, result="c", setup=""):
-    """A custom op: (setup lines,) v = value, c = v clamped to [lo, hi] (NaN stays NaN), then
-    `result`."""
-    return custom_op(name, "fn %s(%s) -> f32 {\n%s  let v = %s;\n  let c = select(select(v, %d.0, v < %d.0), "
-                     "%d.0, v > %d.0);\n  return %s;\n}" % (name, args, setup, value, lo, lo, hi, hi, result))
-
-
-_ZERO_POINT = _clamped("cn_dq_zero_point", "mn: f32, mx: f32", "round(-lo / scale)", 0, 255, setup=_RANGE + "\n",
-                       result="select(c, 0.0, %s)" % (_NAN % "c"))
-_QUANTIZE_U8 = _clamped("cn_dq_quantize", "x: f32, s: f32, z: f32", "round(x / s) + z", 0, 255,
-                        result="select(c, 0.0, %s)" % (_NAN % "c"))
-
-
-def _round_trip(lo, hi):
-    # (the saturated integer minus x's zero point is exact; times x's scale, one rounding)
-    if (lo, hi) not in _ROUND_TRIPS:
-        _ROUND_TRIPS[(lo, hi)] = _clamped("cn_qdq_%s%d_%d" % ("m" if lo < 0 else "", abs(lo), hi),
-                                          "x: f32, ys: f32, yz: f32, xs: f32, xz: f32",
-                                          "round(x / ys) + yz", lo, hi, "(c - xz) * xs")
-    return _ROUND_TRIPS[(lo, hi)]
+_QUANTIZE_U8 = custom_op("cn_dq_quantize", "fn cn_dq_quantize(x: f32, s: f32, z: f32) -> f32 {\n"
+                         "  let v = round(x / s) + z;\n  let c = select(select(v, 0.0, v < 0.0), 255.0, v > 255.0);\n"
+                         "  return select(c, 0.0, %s);\n}" % (_NAN % "c"))
 
 
 def _node(op, arg, inputs, shape, fshape, dtype, frame):
@@ -72,8 +48,8 @@ def dynamic_quantize(backend, runner, x):
     finite = _node("custom", _NAN_AS_ZERO, [values], (n,), (n,), dtypes.float32, frame)
     lo = row("reduce_min", None, [finite], dtypes.float32)
     hi = row("reduce_max", None, [finite], dtypes.float32)
-    scale = row("custom", _SCALE, [lo, hi], dtypes.float32)
-    zero_point = row("custom", _ZERO_POINT, [lo, hi], dtypes.float32)
+    scale = row("custom", dynamic_scale, [lo, hi], dtypes.float32)
+    zero_point = row("custom", dynamic_zero_point, [lo, hi], dtypes.float32)
     zero_int = row("cast_i", None, [zero_point], dtypes.int32)
     scale_h, zero_h = runner.run(Program([finite, lo, hi, scale, zero_point, zero_int], [scale, zero_int], frame),
                                  name="dynamic_quantize_range")
@@ -102,5 +78,5 @@ def quantize_dequantize(backend, runner, x, y_scale, y_zero_point, x_scale, x_ze
             value = _node("cast_f", None, [value], one, one, dtypes.float32, frame)
             nodes.append(value)
         inputs.append(value)
-    out = _node("custom", _round_trip(lo, hi), inputs, shape, shape, dtypes.float32, frame)
+    out = _node("custom", quantize_dequantize_op(lo, hi), inputs, shape, shape, dtypes.float32, frame)
     return runner.run(Program(nodes + [out], [out], frame), name="quantize_dequantize")[0]

@@ -41,6 +41,7 @@ import math
 import cinders as cn
 from ...backend import QuantizedLayout
 from ...dtypes import float32, int32, int8, uint8
+from ...quantization import dynamic_scale, dynamic_zero_point, quantize_dequantize_op
 from ...fusion import custom_op
 from ...functional import stack
 from ...tensor import Tensor, cat, unfold2d
@@ -176,24 +177,6 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, axis=1, block_size=0, output_d
     return quantize(x, per_axis(y_scale, x, axis, block_size), zp, lo, hi)
 
 
-_QUANTIZE_DEQUANTIZE = {}   # (lo, hi) -> its elementwise op
-
-
-def _quantize_dequantize_op(lo, hi):
-    """(saturate(round(x / y_scale) + y_zp) - x_zp) * x_scale as one elementwise op: the same
-    float32 steps as QuantizeLinear then DequantizeLinear (the differences of integers below
-    2**24 are exact), in one kernel on cn.Wgpu instead of six."""
-    if (lo, hi) not in _QUANTIZE_DEQUANTIZE:
-        name = "cn_quantize_dequantize_%s%d_%d" % ("m" if lo < 0 else "", abs(lo), hi)
-        wgsl = ("fn %s(x: f32, ys: f32, yz: f32, xs: f32, xz: f32) -> f32 { let v = round(x / ys) + yz; "
-                "return (select(select(v, %d.0, v < %d.0), %d.0, v > %d.0) - xz) * xs; }" % (name, lo, lo, hi, hi))
-
-        def reference(x, ys, yz, xs, xz):
-            return (((x / ys).round() + yz).maximum(float(lo)).minimum(float(hi)) - xz) * xs
-        _QUANTIZE_DEQUANTIZE[(lo, hi)] = custom_op(name, wgsl, reference)
-    return _QUANTIZE_DEQUANTIZE[(lo, hi)]
-
-
 @op(domain=JOINED)
 def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, input_types=None):
     """DequantizeLinear(QuantizeLinear(x)) with per-tensor parameters (the importer joins the
@@ -207,31 +190,7 @@ def QuantizeDequantize(x, y_scale, y_zero_point, x_scale, x_zero_point=None, inp
                                                                zps[1], lo, hi), x.shape, float32)
     params = [p.reshape(()).cast(float32) for p in (y_scale, y_zero_point, x_scale)]
     xz = 0.0 if x_zero_point is None else x_zero_point.reshape(()).cast(float32)
-    return _quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
-
-
-def _dynamic_range(lo, hi):
-    """DynamicQuantizeLinear's scale and (float) zero point from x's min and max, in tensor ops."""
-    lo, hi = lo.minimum(0.0), hi.maximum(0.0)
-    scale = cn.where(hi == lo, 1.0, (hi - lo) / 255.0)
-    zero_point = (-lo / scale).round().maximum(0.0).minimum(255.0)
-    return scale, cn.where(zero_point != zero_point, 0.0, zero_point)   # (-inf in x: inf / inf)
-
-
-# The same steps in WGSL, one kernel each instead of eight (the min and max they get skip NaN:
-# DynamicQuantizeLinear).
-_DYNAMIC_RANGE_WGSL = """fn {name}(mn: f32, mx: f32) -> f32 {{
-  let lo = min(mn, 0.0);
-  let hi = max(mx, 0.0);
-  let scale = select((hi - lo) / 255.0, 1.0, hi == lo);
-  {result}
-}}"""
-_DYNAMIC_SCALE = custom_op("cn_dynamic_scale", _DYNAMIC_RANGE_WGSL.format(
-    name="cn_dynamic_scale", result="return scale;"), lambda lo, hi: _dynamic_range(lo, hi)[0])
-_DYNAMIC_ZERO_POINT = custom_op("cn_dynamic_zero_point", _DYNAMIC_RANGE_WGSL.format(
-    name="cn_dynamic_zero_point", result="let v = round(-lo / scale); "
-    "return select(select(select(v, 0.0, v < 0.0), 255.0, v > 255.0), 0.0, (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u);"),
-    lambda lo, hi: _dynamic_range(lo, hi)[1])
+    return quantize_dequantize_op(lo, hi)(x.cast(float32), params[0], params[1], params[2], xz)
 
 
 @op(multi=True)
@@ -252,7 +211,7 @@ def DynamicQuantizeLinear(x, outputs=1):
         return results if outputs > 1 else results[0]
     values = cn.where(x != x, 0.0, x.cast(float32))   # (0 is inside the range anyway)
     lo, hi = values.min(), values.max()
-    scale, zp = _DYNAMIC_SCALE(lo, hi), _DYNAMIC_ZERO_POINT(lo, hi)
+    scale, zp = dynamic_scale(lo, hi), dynamic_zero_point(lo, hi)
     q = x.cast(float32) / scale
     y = round_saturate(cn.where(q != q, -math.inf, q), zp, 0, 255)
     results = (y, scale, zp.cast(int32))[:outputs]
