@@ -14,6 +14,7 @@ import pytest
 
 import cinders as cn
 from cinders.onnx import load
+from capture_support import assert_replays_match_eager
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -181,9 +182,4 @@ def test_captured_quantized_cnn_replays_the_same_answer(cnn, variant):
     wasm = cn.Wasm()
     model = load(cnn[variant], backend=wasm)
     x = cn.tensor(np.random.default_rng(8).standard_normal(SHAPE).astype(np.float32), backend=wasm)
-    expected = model(x).numpy()
-    forward = cn.capture(model)
-    outs = [forward(x).numpy() for _ in range(4)]
-    assert forward.replays >= 1
-    for out in outs:
-        np.testing.assert_array_equal(out, expected)
+    assert_replays_match_eager(model, [x], calls=4, min_replays=1)

@@ -17,6 +17,7 @@ import pytest
 import cinders as cn
 from cinders.backend import QuantizedLayout
 from cinders.onnx import load
+from capture_support import assert_replays_match_eager
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -210,12 +211,7 @@ def test_captured_qdq_bert_replays_the_same_answer(qdq_bert):
     wasm = cn.Wasm()
     model = load(qdq_bert, backend=wasm)
     ids = cn.tensor(IDS.astype(np.int32), backend=wasm)
-    expected = model(ids).numpy()
-    forward = cn.capture(model)
-    outs = [forward(ids).numpy() for _ in range(4)]
-    assert forward.replays >= 1
-    for out in outs:
-        np.testing.assert_array_equal(out, expected)
+    assert_replays_match_eager(model, [ids], calls=4, min_replays=1)
 
 
 def test_qdq_bert_round_trips_are_one_launch_each_on_wgpu(qdq_bert, monkeypatch):

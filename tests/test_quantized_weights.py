@@ -10,6 +10,7 @@ import pytest
 
 import cinders as cn
 from cinders.onnx import load
+from capture_support import assert_replays_match_eager
 
 onnx = pytest.importorskip("onnx")
 from onnx import helper, numpy_helper  # noqa: E402
@@ -210,13 +211,7 @@ def test_captured_quantized_model_replays_the_same_answer(backend, make):
     scratch too)."""
     data = make()
     model = load(data, backend=backend)
-    x = cn.tensor(A, backend=backend)
-    expected = model(x).numpy()
-    forward = cn.capture(model)
-    outs = [forward(x).numpy() for _ in range(5)]
-    assert forward.replays >= 2
-    for out in outs:
-        np.testing.assert_array_equal(out, expected)
+    assert_replays_match_eager(model, [cn.tensor(A, backend=backend)], calls=5, min_replays=2)
 
 
 @pytest.mark.parametrize("m,k,n", [(5, 64, 96), (5, 70, 37), (1030, 36, 1024)],
